@@ -1,0 +1,72 @@
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <set>
+#include <vector>
+
+#include <tide/train/text_data.hpp>
+
+namespace tt = tide::train;
+
+TEST_CASE("window_loader: targets are the next bytes, windows come from the right split") {
+  std::string text;
+  for (int i = 0; i < 1000; ++i) text += static_cast<char>('a' + i % 26);
+  tt::byte_corpus corpus{text, 0.2};
+  CHECK(corpus.part(tt::split::train).size() == 800);
+  CHECK(corpus.part(tt::split::validation).size() == 200);
+  int const B = 4, T = 16;
+  std::vector<std::int32_t> in(B * T), tg(B * T);
+  tt::window_loader train{corpus, tt::split::train, B, T, 7};
+  std::set<std::int32_t> firsts;
+  for (int step = 0; step < 20; ++step) {
+    train.next({in.data(), {B, T}}, {tg.data(), {B, T}});
+    for (int b = 0; b < B; ++b) {
+      firsts.insert(in[b * T]);
+      for (int t = 0; t < T; ++t) {
+        int const x = in[b * T + t], y = tg[b * T + t];
+        REQUIRE(y == 'a' + (x - 'a' + 1) % 26);  // the text's next letter
+        if (t + 1 < T) REQUIRE(in[b * T + t + 1] == y);
+      }
+    }
+  }
+  CHECK(firsts.size() > 10);  // windows start at many places
+}
+
+TEST_CASE("window_loader: deterministic from the seed, resumable from its position") {
+  std::string text;
+  for (int i = 0; i < 5000; ++i) text += static_cast<char>(i * 7919 % 251);
+  tt::byte_corpus corpus{text};
+  int const B = 2, T = 8;
+  auto draw = [&](tt::window_loader& l) {
+    std::vector<std::int32_t> in(B * T), tg(B * T);
+    l.next({in.data(), {B, T}}, {tg.data(), {B, T}});
+    return in;
+  };
+  tt::window_loader a{corpus, tt::split::train, B, T, 42}, b{corpus, tt::split::train, B, T, 42},
+      c{corpus, tt::split::train, B, T, 43};
+  for (int i = 0; i < 5; ++i) CHECK(draw(a) == draw(b));
+  CHECK(draw(a) != draw(c));
+  // Resume: a fresh loader seeked to a's position draws what a draws next.
+  tt::window_loader resumed{corpus, tt::split::train, B, T, 42};
+  resumed.seek(a.position());
+  CHECK(draw(resumed) == draw(a));
+}
+
+TEST_CASE("bad input is refused with a clear error") {
+  tt::byte_corpus tiny{"hello world", 0.5};
+  CHECK_THROWS_AS((tt::window_loader{tiny, tt::split::validation, 1, 64, 0}), tide::error);
+  CHECK_THROWS_AS(tt::byte_corpus::from_path("/no/such/file"), tide::error);
+  tt::window_loader l{tt::byte_corpus{std::string(100, 'x')}, tt::split::train, 2, 4, 0};
+  std::vector<std::int32_t> in(6), tg(6);
+  CHECK_THROWS_AS(l.next({in.data(), {2, 3}}, {tg.data(), {2, 3}}), tide::error);
+}
+
+TEST_CASE("the fortunes corpus loads (./tide installs the Debian package)") {
+  REQUIRE_MESSAGE(std::filesystem::exists(tt::fortunes_path()), "install the Debian package fortunes");
+  auto corpus = tt::byte_corpus::from_path(tt::fortunes_path());
+  CHECK(corpus.bytes().size() > 1'000'000);
+  // English text: mostly printable ASCII.
+  std::size_t printable = 0;
+  for (unsigned char ch : corpus.bytes().substr(0, 100000)) printable += (ch >= 32 && ch < 127) || ch == '\n';
+  CHECK(printable > 95000);
+}
