@@ -1,0 +1,283 @@
+#pragma once
+// pinned_pool<B>: page-locked host blocks for copies between memory tiers, cached by size class
+// so no copy ever pins memory of its own: a freed block goes to its class's free list and the
+// next request of that class gets it back. trim() returns the cached blocks to the system.
+//
+//   tide::memory::pinned_pool<tide::host> pool;
+//   void* staging = pool.allocate(64_MiB);            // page-aligned, touched, mlock'ed
+//   pool.deallocate(staging, 64_MiB);                 // cached; the next 64 MiB request reuses it
+//
+// Blocks: tide::host maps pages (mmap), touches them and mlocks them; when the system refuses
+// mlock (RLIMIT_MEMLOCK) the block stays unlocked and one message goes to stderr per process.
+// tide::cuda (pinned_pool.cuh) uses cudaHostAlloc. stats().locked counts the locked blocks.
+//
+// Size classes: whole pages up to 32 pages, then 32 steps per doubling. A block is at most one
+// page larger than its request, and from 32 pages (128 KiB with 4 KiB pages) on less than 1/32
+// (3.125%) larger; so every request of at least 20 pages (80 KiB) holds at most 5% more than it
+// asked. Pinning works on whole pages, so smaller requests round up to whole pages.
+//
+// Thread safety: every member function may be called concurrently (one mutex per pool; mapping
+// and locking new pages happens outside it).
+
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include "tide/core/backend.hpp"
+#include "tide/core/bytes.hpp"
+#include "tide/core/concepts.hpp"
+#include "tide/core/error.hpp"
+#include "tide/memory/detail/best_fit.hpp"
+
+namespace tide::memory {
+
+struct pinned_pool_options {
+  bool lock_pages = true;  // tide::host: mlock every block (cudaHostAlloc always pins)
+};
+
+struct pinned_pool_stats {
+  std::size_t bytes_requested = 0;  // asked for by the blocks handed out now
+  std::size_t bytes_held = 0;       // of every block the pool holds: handed out and cached
+  std::size_t bytes_cached = 0;     // of the cached blocks
+  std::size_t blocks = 0;           // held, handed out and cached
+  std::size_t hits = 0;             // allocations served from the cache
+  std::size_t misses = 0;           // allocations that pinned a new block
+  std::size_t locked = 0;           // blocks among `blocks` whose pages are locked
+};
+
+namespace detail {
+
+template <class B>
+inline constexpr bool pool_has_no_pages = false;
+
+// Where a backend's page-locked blocks come from. Specialised per backend.
+template <Backend B>
+struct pinned_pages {
+  static_assert(pool_has_no_pages<B>,
+                "pinned_pool<B> has no page source for this backend: for tide::cuda include "
+                "<tide/memory/pinned_pool.cuh> and compile with nvcc");
+};
+
+// Set once the process has said that mlock was refused; tests reset it.
+inline std::atomic<bool>& mlock_refusal_reported() noexcept {
+  static std::atomic<bool> reported{false};
+  return reported;
+}
+
+inline void report_mlock_refusal(std::size_t bytes, int err) {
+  if (mlock_refusal_reported().exchange(true)) return;
+  std::fprintf(stderr,
+               "tide: mlock of %zu bytes refused (%s); pinned_pool<host> continues with unlocked pages, which "
+               "copies can still use but the system may swap out. Raise RLIMIT_MEMLOCK (ulimit -l) to lock "
+               "them. (Said once per process.)\n",
+               bytes, std::strerror(err));
+}
+
+template <>
+struct pinned_pages<host> {
+  struct block {
+    void* ptr;
+    bool locked;
+  };
+
+  [[nodiscard]] static std::size_t page_size() noexcept {
+    static std::size_t const page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    return page;
+  }
+
+  // `bytes` is a multiple of the page size.
+  [[nodiscard]] static block acquire(std::size_t bytes, bool lock) {
+    void* const p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      int const err = errno;
+      TIDE_FAIL(io, "pinned_pool<host>: mmap of ", bytes, " bytes failed (", std::strerror(err),
+                "); trim() cached blocks or use fewer staging buffers");
+    }
+    // Touch every page now, so the first copy into the block pays no page faults.
+    for (std::size_t i = 0; i < bytes; i += page_size()) static_cast<unsigned char volatile*>(p)[i] = 0;
+    bool locked = false;
+    if (lock) {
+      // The raw syscall, because ASan replaces mlock() with a no-op that reports success.
+      if (::syscall(SYS_mlock, p, bytes) == 0) locked = true;
+      else report_mlock_refusal(bytes, errno);
+    }
+    return {p, locked};
+  }
+
+  static void release(void* p, std::size_t bytes) noexcept { ::munmap(p, bytes); }  // also unlocks
+};
+
+}  // namespace detail
+
+template <Backend B>
+class pinned_pool {
+ public:
+  using backend = B;
+  using options = pinned_pool_options;
+  static constexpr unsigned steps_log2 = 5;                        // 32 steps per doubling
+  static constexpr std::size_t max_request = std::size_t{1} << 44;  // 16 TiB
+
+  // Destruction releases every block, cached or handed out.
+  explicit pinned_pool(options const& opts = {}) : state_(std::make_unique<state>(opts)) {}
+  pinned_pool(pinned_pool&&) noexcept = default;
+  pinned_pool& operator=(pinned_pool&&) noexcept = default;
+  pinned_pool(pinned_pool const&) = delete;
+  pinned_pool& operator=(pinned_pool const&) = delete;
+
+  // A page-aligned block of class_size(bytes) bytes; alignment may be up to the page size.
+  [[nodiscard]] void* allocate(std::size_t bytes, std::size_t alignment = 256) {
+    std::size_t const page = pages::page_size();
+    TIDE_REQUIRE(is_power_of_two(alignment) && alignment <= page, "pinned_pool<", B::name,
+                 ">::allocate: alignment ", alignment, " must be a power of two of at most the page size ", page);
+    TIDE_REQUIRE(bytes <= max_request, "pinned_pool<", B::name, ">::allocate: ", bytes,
+                 " bytes is more than the largest class, ", max_request, " bytes");
+    state& s = *state_;
+    std::size_t const cls = s.classes.index(bytes);
+    std::size_t const size = s.classes.round(bytes);
+    {
+      std::lock_guard lock(s.mutex);
+      if (std::uint32_t const i = s.heads[cls]; i != npos) {
+        block& b = s.blocks[i];
+        s.heads[cls] = b.next;
+        b.live = true;
+        b.requested = bytes;
+        s.stats.bytes_requested += bytes;
+        s.stats.bytes_cached -= b.bytes;
+        ++s.stats.hits;
+        return b.ptr;
+      }
+    }
+    auto const fresh = pages::acquire(size, s.opts.lock_pages);  // slow: outside the lock
+    try {
+      std::lock_guard lock(s.mutex);
+      std::uint32_t i = s.spare;
+      if (i != npos) s.spare = s.blocks[i].next;
+      else {
+        s.blocks.push_back({});
+        i = static_cast<std::uint32_t>(s.blocks.size() - 1);
+      }
+      s.blocks[i] = block{fresh.ptr, size, bytes, static_cast<std::uint32_t>(cls), npos, true, fresh.locked};
+      try {
+        s.index.emplace(fresh.ptr, i);
+      } catch (...) {
+        s.blocks[i] = block{};
+        s.blocks[i].next = s.spare;
+        s.spare = i;
+        throw;
+      }
+      s.stats.bytes_requested += bytes;
+      s.stats.bytes_held += size;
+      ++s.stats.blocks;
+      ++s.stats.misses;
+      if (fresh.locked) ++s.stats.locked;
+    } catch (...) {
+      pages::release(fresh.ptr, size);
+      throw;
+    }
+    return fresh.ptr;
+  }
+
+  // Returns the block to its class's free list. `bytes` must fall in the class it was allocated in.
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment = 256) {
+    (void)alignment;
+    state& s = *state_;
+    std::lock_guard lock(s.mutex);
+    auto const it = s.index.find(p);
+    TIDE_CHECK(it != s.index.end(), usage, "pinned_pool<", B::name, ">::deallocate: ", p,
+               " was not allocated by this pool");
+    block& b = s.blocks[it->second];
+    TIDE_CHECK(b.live, usage, "pinned_pool<", B::name, ">::deallocate: ", p, " was deallocated twice");
+    TIDE_CHECK(bytes <= max_request && s.classes.round(bytes) == b.bytes, usage, "pinned_pool<", B::name,
+               ">::deallocate: ", p, " is a ", b.bytes, "-byte block for a ", b.requested,
+               "-byte request, but deallocate was given ", bytes, " bytes");
+    b.live = false;
+    b.next = s.heads[b.cls];
+    s.heads[b.cls] = it->second;
+    s.stats.bytes_requested -= b.requested;
+    s.stats.bytes_cached += b.bytes;
+  }
+
+  // Releases every cached block to the system; blocks handed out are untouched.
+  void trim() {
+    state& s = *state_;
+    std::lock_guard lock(s.mutex);
+    for (auto& head : s.heads) {
+      while (head != npos) {
+        std::uint32_t const i = head;
+        block& b = s.blocks[i];
+        head = b.next;
+        pages::release(b.ptr, b.bytes);
+        s.index.erase(b.ptr);
+        s.stats.bytes_held -= b.bytes;
+        s.stats.bytes_cached -= b.bytes;
+        --s.stats.blocks;
+        if (b.locked) --s.stats.locked;
+        b = block{};
+        b.next = s.spare;
+        s.spare = i;
+      }
+    }
+  }
+
+  [[nodiscard]] pinned_pool_stats stats() const {
+    std::lock_guard lock(state_->mutex);
+    return state_->stats;
+  }
+
+  // The bytes a request of `bytes` holds.
+  [[nodiscard]] std::size_t class_size(std::size_t bytes) const noexcept { return state_->classes.round(bytes); }
+
+ private:
+  using pages = detail::pinned_pages<B>;
+  static constexpr std::uint32_t npos = 0xffffffffu;
+
+  struct block {
+    void* ptr = nullptr;
+    std::size_t bytes = 0;      // class size
+    std::size_t requested = 0;  // of the current holder
+    std::uint32_t cls = 0;
+    std::uint32_t next = npos;  // class free list when cached; spare records when ptr is null
+    bool live = false;
+    bool locked = false;
+  };
+
+  struct state {
+    explicit state(options const& o)
+        : opts(o),
+          classes{static_cast<unsigned>(std::countr_zero(pages::page_size())), steps_log2},
+          heads(classes.count(max_request), npos) {}
+    ~state() {
+      for (auto const& b : blocks)
+        if (b.ptr != nullptr) pages::release(b.ptr, b.bytes);
+    }
+    state(state const&) = delete;
+    state& operator=(state const&) = delete;
+    options opts;
+    detail::size_classes classes;
+    std::vector<std::uint32_t> heads;  // per class: first cached block
+    std::vector<block> blocks;
+    std::unordered_map<void const*, std::uint32_t> index;
+    std::uint32_t spare = npos;
+    pinned_pool_stats stats;
+    mutable std::mutex mutex;
+  };
+
+  std::unique_ptr<state> state_;
+};
+
+static_assert(MemoryResource<pinned_pool<host>>);
+
+}  // namespace tide::memory
