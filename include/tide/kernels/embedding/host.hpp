@@ -1,0 +1,140 @@
+#pragma once
+// The host path of encoder_forward / encoder_backward (token + position embeddings).
+//
+// Forward: threaded over the B*T rows; each row is one vectorised add of two table rows.
+// Backward, deterministic by construction: the positions are sorted by (token, position) once,
+// then the threads split the channels C (contiguous blocks of 16). For every channel, a token's
+// gradient is the sum of its positions' dout in position order, in float, added to dwte once;
+// a position's is the sum over b in order, added to dwpe once. No element's arithmetic depends
+// on how the channels are split, so dwte and dwpe are bit-identical for any thread count (and a
+// bf16 table is rounded once per call, not once per occurrence).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "tide/core/dtype.hpp"
+#include "tide/core/exec.hpp"
+#include "tide/core/parallel.hpp"
+#include "tide/core/tensor_view.hpp"
+#include "tide/kernels/embedding/check.hpp"
+
+namespace tide::kernels {
+
+// Host tuning: channels go to threads in blocks of 16 floats (one 64-byte line), so two threads
+// never write the same cache line of dwte / dwpe.
+struct encoder_tuning {
+  static constexpr index_t channel_block = 16;
+};
+
+namespace detail {
+
+// The positions [0, n) ordered by (token, position), and where each token's run starts:
+// run k is order[starts[k] .. starts[k + 1]).
+struct token_runs {
+  std::vector<std::int32_t> order;
+  std::vector<std::int32_t> starts;
+};
+
+inline token_runs encoder_token_runs(std::int32_t const* tokens, index_t n) {
+  std::vector<std::uint64_t> keys(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i)
+    keys[static_cast<std::size_t>(i)] =
+        (std::uint64_t{static_cast<std::uint32_t>(tokens[i])} << 32) | static_cast<std::uint64_t>(i);
+  std::sort(keys.begin(), keys.end());
+  token_runs runs;
+  runs.order.resize(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i) {
+    auto const k = keys[static_cast<std::size_t>(i)];
+    runs.order[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(k & 0xffffffffu);
+    if (i == 0 || (k >> 32) != (keys[static_cast<std::size_t>(i - 1)] >> 32))
+      runs.starts.push_back(static_cast<std::int32_t>(i));
+  }
+  runs.starts.push_back(static_cast<std::int32_t>(n));
+  return runs;
+}
+
+template <class D>
+void encoder_accumulate(float* __restrict acc, D const* __restrict d, index_t n) noexcept {
+  for (index_t c = 0; c < n; ++c) acc[c] += to_float(d[c]);
+}
+
+template <class G>
+void encoder_add_into(G* __restrict g, float const* __restrict acc, index_t n) noexcept {
+  for (index_t c = 0; c < n; ++c) g[c] = from_float<G>(to_float(g[c]) + acc[c]);
+}
+
+}  // namespace detail
+
+// out (B, T, C) = wte[tokens[b, t]] + wpe[t]. tokens (B, T) in [0, V), wte (V, C), wpe (maxT, C)
+// with maxT >= T. A token outside [0, V) throws tide::error(usage) before anything is written.
+template <Element T>
+void encoder_forward(exec<host> const& ex, tensor_view<T> out, tensor_view<std::int32_t const> tokens,
+                     std::type_identity_t<tensor_view<T const>> wte, std::type_identity_t<tensor_view<T const>> wpe) {
+  char const* what = "encoder_forward";
+  detail::encoder_check_shapes(what, "out", out, tokens, wte, wpe);
+  TIDE_REQUIRE(detail::encoder_disjoint(out, wte) && detail::encoder_disjoint(out, wpe), what,
+               ": out overlaps an embedding table; pass a separate buffer");
+  detail::encoder_check_tokens(what, tokens, wte.extent(0));
+  index_t const t_len = out.extent(1), c_len = out.extent(2);
+  T* o = out.data();
+  std::int32_t const* tok = tokens.data();
+  T const* te = wte.data();
+  T const* pe = wpe.data();
+  parallel_for(ex.pool, static_cast<std::size_t>(tokens.size()), [&](std::size_t begin, std::size_t end) {
+    for (auto i = static_cast<index_t>(begin); i < static_cast<index_t>(end); ++i) {
+      T* __restrict y = o + i * c_len;
+      T const* __restrict a = te + index_t{tok[i]} * c_len;
+      T const* __restrict p = pe + (i % t_len) * c_len;
+      for (index_t c = 0; c < c_len; ++c) y[c] = from_float<T>(to_float(a[c]) + to_float(p[c]));
+    }
+  });
+}
+
+// dwte (V, C) += the sum of dout rows over the positions of each token; dwpe (maxT, C): row t
+// += sum over b of dout[b, t]. dout (B, T, C), tokens (B, T). Deterministic (see above); sums in
+// float, one rounding into a bf16 / f16 table. A token outside [0, V) throws before any write.
+template <Element G, class D>
+  requires Element<std::remove_const_t<D>>
+void encoder_backward(exec<host> const& ex, tensor_view<G> dwte, tensor_view<G> dwpe, tensor_view<D> dout,
+                      tensor_view<std::int32_t const> tokens) {
+  char const* what = "encoder_backward";
+  detail::encoder_check_shapes(what, "dout", dout, tokens, dwte, dwpe);
+  TIDE_REQUIRE(detail::encoder_disjoint(dwte, dwpe), what, ": dwte and dwpe overlap; pass separate tables");
+  TIDE_REQUIRE(detail::encoder_disjoint(dout, dwte) && detail::encoder_disjoint(dout, dwpe), what,
+               ": dout overlaps a gradient table; pass a separate buffer");
+  detail::encoder_check_tokens(what, tokens, dwte.extent(0));
+  index_t const b_len = dout.extent(0), t_len = dout.extent(1), c_len = dout.extent(2);
+  index_t const n = b_len * t_len;
+  if (n == 0 || c_len == 0) return;
+  detail::token_runs const runs = detail::encoder_token_runs(tokens.data(), n);
+  std::int32_t const* tok = tokens.data();
+  std::remove_const_t<D> const* d = dout.data();
+  G* gte = dwte.data();
+  G* gpe = dwpe.data();
+  constexpr index_t block = encoder_tuning::channel_block;
+  index_t const blocks = (c_len + block - 1) / block;
+  parallel_for(ex.pool, static_cast<std::size_t>(blocks), [&](std::size_t begin, std::size_t end) {
+    index_t const c0 = static_cast<index_t>(begin) * block;
+    index_t const width = std::min(c_len, static_cast<index_t>(end) * block) - c0;
+    auto const scratch = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(width));
+    float* acc = scratch.get();
+    for (std::size_t k = 0; k + 1 < runs.starts.size(); ++k) {
+      std::fill_n(acc, width, 0.f);
+      for (std::int32_t i = runs.starts[k]; i < runs.starts[k + 1]; ++i)
+        detail::encoder_accumulate(acc, d + index_t{runs.order[static_cast<std::size_t>(i)]} * c_len + c0, width);
+      index_t const v = tok[runs.order[static_cast<std::size_t>(runs.starts[k])]];
+      detail::encoder_add_into(gte + v * c_len + c0, acc, width);
+    }
+    for (index_t t = 0; t < t_len; ++t) {
+      std::fill_n(acc, width, 0.f);
+      for (index_t b = 0; b < b_len; ++b) detail::encoder_accumulate(acc, d + (b * t_len + t) * c_len + c0, width);
+      detail::encoder_add_into(gpe + t * c_len + c0, acc, width);
+    }
+  });
+}
+
+}  // namespace tide::kernels
