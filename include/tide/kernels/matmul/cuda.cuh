@@ -1,0 +1,197 @@
+#pragma once
+// The CUDA path of the matmul kernels: the same entry names with exec<cuda> and device views,
+// enqueued on ex.stream. Products are cublasGemmEx on ex.blas (its stream set to ex.stream) with
+// fp32 compute for every element type (no TF32); the row-major products map onto column-major
+// cuBLAS as C^T = op(B)^T op(A)^T, the mapping llm.c uses.
+//
+//   bias      written into the output rows by a kernel first, then the GEMM adds with beta = 1,
+//             so a bf16 output is rounded once (as on the host)
+//   GELU      the GELU kernel's gelu_forward (out = gelu(pre) on the stored pre) after the GEMM;
+//             the backward runs its gelu_backward in place on dout first (as on the host)
+//   dbias     column sums in a fixed order (32 columns x 8 row groups per block, partials added
+//             in row-group order): deterministic, no atomics
+// cuBLASLt epilogues (bias, GELU, GELU_AUX) would fuse these passes; exec<cuda> carries a
+// cublasHandle_t only, so this path stays on cublasGemmEx. Not tuned (no GPU where it was
+// written).
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <source_location>
+#include <type_traits>
+
+#include "tide/core/config.hpp"
+#include "tide/core/cuda.cuh"
+#include "tide/core/dtype.hpp"
+#include "tide/core/exec.cuh"
+#include "tide/core/tensor_view.hpp"
+#include "tide/kernels/gelu/cuda.cuh"
+#include "tide/kernels/matmul/checks.hpp"
+
+namespace tide::kernels {
+
+// Not tuned on a GPU: 256 threads per elementwise block, 32 x 8 threads per dbias block.
+struct matmul_cuda_tuning {
+  static constexpr int block = 256;
+  static constexpr int blocks_per_sm = 8;
+  static constexpr int bias_columns = 32;  // threads along columns of a dbias block
+  static constexpr int bias_rows = 8;      // row groups of a dbias block
+};
+
+// Kernels in detail's ABI namespace (tests/cuda/README.md).
+namespace detail {
+TIDE_ABI_NAMESPACE_BEGIN
+
+// out(n, o) = bias(o) for the N x OC rows.
+template <class T>
+__global__ void __launch_bounds__(matmul_cuda_tuning::block)
+    matmul_bias_fill_kernel(T* __restrict__ out, T const* __restrict__ bias, index_t N, index_t OC) {
+  index_t const stride = static_cast<index_t>(blockDim.x) * gridDim.x;
+  for (index_t i = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < N * OC; i += stride)
+    out[i] = bias[i % OC];
+}
+
+// dbias(o) += sum over n of dout(n, o). Block (32, 8) takes 32 columns; thread (x, y) sums rows
+// y, y + 8, ... in order, then row group 0 adds the 8 partials in order: a fixed order.
+template <class T>
+__global__ void __launch_bounds__(matmul_cuda_tuning::bias_columns* matmul_cuda_tuning::bias_rows)
+    matmul_dbias_kernel(T* __restrict__ dbias, T const* __restrict__ dout, index_t N, index_t OC) {
+  constexpr int X = matmul_cuda_tuning::bias_columns, Y = matmul_cuda_tuning::bias_rows;
+  __shared__ float partial[Y][X];
+  index_t const o = static_cast<index_t>(blockIdx.x) * X + threadIdx.x;
+  float acc = 0.0f;
+  if (o < OC)
+    for (index_t n = threadIdx.y; n < N; n += Y) acc += to_float(dout[n * OC + o]);
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && o < OC) {
+    float s = 0.0f;
+#pragma unroll
+    for (int y = 0; y < Y; ++y) s += partial[y][threadIdx.x];
+    dbias[o] = from_float<T>(to_float(dbias[o]) + s);
+  }
+}
+
+TIDE_ABI_NAMESPACE_END
+
+[[noreturn]] inline void cublas_failed(cublasStatus_t status, char const* call, std::source_location where) {
+  tide::detail::fail(errc::cuda, where, call, " returned ", cublasGetStatusName(status), " (",
+                     cublasGetStatusString(status),
+                     "); check the handle (exec<cuda>::blas), the shapes and the pointers");
+}
+
+inline void check_cublas(cublasStatus_t status, char const* call,
+                         std::source_location where = std::source_location::current()) {
+  if (status != CUBLAS_STATUS_SUCCESS) [[unlikely]]
+    cublas_failed(status, call, where);
+}
+
+template <class T>
+inline constexpr cudaDataType_t cublas_type = std::is_same_v<T, float>  ? CUDA_R_32F
+                                              : std::is_same_v<T, bf16> ? CUDA_R_16BF
+                                                                        : CUDA_R_16F;
+
+}  // namespace detail
+
+TIDE_ABI_NAMESPACE_BEGIN
+
+namespace matmul_cuda {
+
+// A grid for a grid-stride loop over n elements.
+inline unsigned grid_for(index_t n) {
+  int device = 0, sms = 0;
+  TIDE_CUDA_CHECK(cudaGetDevice(&device));
+  TIDE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  index_t const needed = (n + matmul_cuda_tuning::block - 1) / matmul_cuda_tuning::block;
+  return static_cast<unsigned>(std::clamp<index_t>(needed, 1, index_t{sms} * matmul_cuda_tuning::blocks_per_sm));
+}
+
+// Row-major C (M, N) = op(A) @ op(B) + beta C (A stored (K, M) when transposed, B (N, K)).
+template <class T>
+void gemm(exec<tide::cuda> const& ex, bool transpose_a, bool transpose_b, index_t M, index_t N, index_t K, T const* a,
+          index_t lda, T const* b, index_t ldb, float beta, T* c, index_t ldc) {
+  float const alpha = 1.0f;
+  detail::check_cublas(cublasSetStream(ex.blas, ex.stream), "cublasSetStream");
+  constexpr cudaDataType_t type = detail::cublas_type<T>;
+  detail::check_cublas(
+      cublasGemmEx(ex.blas, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                   static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, b, type,
+                   static_cast<int>(ldb), a, type, static_cast<int>(lda), &beta, c, type, static_cast<int>(ldc),
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+}
+
+template <class T>
+void forward(exec<tide::cuda> const& ex, detail::matmul_dims const& d, T* out, T const* inp, T const* weight,
+             T const* bias) {
+  if (d.N == 0) return;
+  if (bias != nullptr) {
+    detail::matmul_bias_fill_kernel<T>
+        <<<grid_for(d.N * d.OC), matmul_cuda_tuning::block, 0, ex.stream>>>(out, bias, d.N, d.OC);
+    TIDE_CUDA_CHECK(cudaGetLastError());
+  }
+  // out (N, OC) (+)= inp (N, C) @ weight (OC, C)^T
+  gemm(ex, false, true, d.N, d.OC, d.C, inp, d.C, weight, d.C, bias != nullptr ? 1.0f : 0.0f, out, d.OC);
+}
+
+template <class T>
+void backward(exec<tide::cuda> const& ex, detail::matmul_dims const& d, T* dinp, T* dweight, T* dbias, T const* dout,
+              T const* inp, T const* weight) {
+  if (d.N == 0) return;
+  gemm(ex, false, false, d.N, d.C, d.OC, dout, d.OC, weight, d.C, 1.0f, dinp, d.C);  // dinp += dout @ weight
+  gemm(ex, true, false, d.OC, d.C, d.N, dout, d.OC, inp, d.C, 1.0f, dweight, d.C);   // dweight += dout^T @ inp
+  if (dbias != nullptr) {
+    constexpr int X = matmul_cuda_tuning::bias_columns, Y = matmul_cuda_tuning::bias_rows;
+    auto const blocks = static_cast<unsigned>((d.OC + X - 1) / X);
+    detail::matmul_dbias_kernel<T><<<blocks, dim3(X, Y), 0, ex.stream>>>(dbias, dout, d.N, d.OC);
+    TIDE_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace matmul_cuda
+
+// out = inp @ weight^T + bias (bias may be {}). Shapes and types as the host overload.
+template <Element T, class X, class W>
+  requires ReadView<X, T, tide::cuda> && ReadView<W, T, tide::cuda>
+void matmul_forward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> out, X inp, W weight,
+                    std::type_identity_t<tensor_view<T const, tide::cuda>> bias = {}) {
+  auto const d = detail::check_matmul_forward(out, inp, weight, bias);
+  matmul_cuda::forward(ex, d, out.data(), inp.data(), weight.data(), bias.data());
+}
+
+// pre = inp @ weight^T + bias, out = gelu(pre).
+template <Element T, class X, class W>
+  requires ReadView<X, T, tide::cuda> && ReadView<W, T, tide::cuda>
+void matmul_forward_gelu(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> out, tensor_view<T, tide::cuda> pre,
+                         X inp, W weight, std::type_identity_t<tensor_view<T const, tide::cuda>> bias = {}) {
+  auto const d = detail::check_matmul_forward_gelu(out, pre, inp, weight, bias);
+  matmul_cuda::forward(ex, d, pre.data(), inp.data(), weight.data(), bias.data());
+  gelu_forward(ex, out, tensor_view<T const, tide::cuda>(pre));
+}
+
+// dinp += dout @ weight, dweight += dout^T @ inp, dbias += column sums of dout (dbias may be {}).
+template <Element T, class D, class X, class W>
+  requires ReadView<D, T, tide::cuda> && ReadView<X, T, tide::cuda> && ReadView<W, T, tide::cuda>
+void matmul_backward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dinp, tensor_view<T, tide::cuda> dweight,
+                     std::type_identity_t<tensor_view<T, tide::cuda>> dbias, D dout, X inp, W weight) {
+  auto const d = detail::check_matmul_backward("matmul_backward", dinp, dweight, dbias, dout, inp, weight,
+                                               detail::region::use::read);
+  matmul_cuda::backward(ex, d, dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data());
+}
+
+// dout <- dout * gelu'(pre) in place, then matmul_backward.
+template <Element T, class P, class X, class W>
+  requires ReadView<P, T, tide::cuda> && ReadView<X, T, tide::cuda> && ReadView<W, T, tide::cuda>
+void matmul_backward_gelu(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dinp,
+                          tensor_view<T, tide::cuda> dweight, std::type_identity_t<tensor_view<T, tide::cuda>> dbias,
+                          tensor_view<T, tide::cuda> dout, P pre, X inp, W weight) {
+  auto const d = detail::check_matmul_backward("matmul_backward_gelu", dinp, dweight, dbias, dout, inp, weight,
+                                               detail::region::use::written);
+  detail::check_matmul_gelu_pre(dout, pre);
+  gelu_backward(ex, dout, tensor_view<T const, tide::cuda>(pre), tensor_view<T const, tide::cuda>(dout));
+  matmul_cuda::backward(ex, d, dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data());
+}
+
+TIDE_ABI_NAMESPACE_END
+}  // namespace tide::kernels
