@@ -38,6 +38,9 @@ if(CUDAToolkit_FOUND)
     target_link_libraries(tide_cuda INTERFACE CUDA::cublasLt)
   endif()
   target_compile_definitions(tide_cuda INTERFACE TIDE_HAS_CUDA=1)
+  # CMake 3.25 does not know nvcc's C++20 mode: CMAKE_CUDA_STANDARD 20 silently decays to 17
+  # there. The .cuh headers need C++20, so CUDA sources of a consumer get it from this target.
+  target_compile_options(tide_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
   list(APPEND tide_optional_targets tide_cuda)
 
   find_library(TIDE_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_ROOT}/lib64)

@@ -1,0 +1,150 @@
+// Every template of every .cuh, instantiated, compiled by nvcc for sm_80 and sm_90 with ptxas -v
+// and linked (ctest: cuda/instantiate_all). The hot kernels among the entry functions are listed
+// in hot_kernels.txt and must not spill. A new .cuh goes into tide/cuda.cuh and gets its calls
+// here, with the element types real callers use.
+//
+// Templates are instantiated by calling them from functions that are compiled and linked but
+// never run (the views are empty): a call names no parameter types, so it keeps compiling when a
+// signature gains a defaulted parameter, and it instantiates exactly what a caller would.
+
+#include <cstdint>
+
+#include <tide/cuda.cuh>
+
+namespace {
+
+using tide::bf16;
+using tide::f16;
+template <class T>
+using device_view = tide::tensor_view<T, tide::cuda>;
+template <class T>
+using host_view = tide::tensor_view<T, tide::host>;
+using cuda_exec = tide::exec<tide::cuda>;
+using tokens_view = device_view<std::int32_t const>;
+
+// ---- kernels/cast: every pair of f32, bf16, f16, on both backends ----------------------------
+template <class From, class To>
+void cast_pair(cuda_exec const& ex, tide::exec<tide::host> const& hx) {
+  tide::kernels::cast(ex, device_view<From const>{}, device_view<To>{});
+  tide::kernels::cast(hx, host_view<From const>{}, host_view<To>{});  // host code through nvcc
+}
+
+template <class From>
+void cast_from(cuda_exec const& ex, tide::exec<tide::host> const& hx) {
+  cast_pair<From, float>(ex, hx);
+  cast_pair<From, bf16>(ex, hx);
+  cast_pair<From, f16>(ex, hx);
+}
+
+// ---- kernels/adamw: fp32 master weights; f32, bf16, f16 gradients; working copies ------------
+template <class Grad, class Work>
+void adamw_of(cuda_exec const& ex, float const* device_scale) {
+  tide::kernels::adamw_hparams const hp{};
+  tide::kernels::adamw(ex, hp, 1, device_view<tide::kernels::adamw_tensor<Grad, Work> const>{}, 1.f, device_scale);
+  tide::kernels::adamw(ex, hp, 1, device_view<float>{}, device_view<Grad const>{}, device_view<float>{},
+                       device_view<float>{}, device_view<Work>{}, 1.f, device_scale);
+  tide::kernels::adamw(ex, hp, 1, device_view<float>{}, device_view<Grad const>{}, device_view<float>{},
+                       device_view<float>{});
+}
+
+// ---- kernels/grad_norm: flat chunks and both record types -------------------------------------
+template <class Grad>
+void grad_norm_of(cuda_exec const& ex, tide::kernels::grad_norm_scratch* scratch) {
+  tide::kernels::global_grad_norm(ex, device_view<Grad const>{}, scratch, 1.f);
+  tide::kernels::global_grad_norm(ex, device_view<tide::kernels::grad_tensor<Grad> const>{}, scratch);
+  tide::kernels::global_grad_norm(ex, device_view<tide::kernels::adamw_tensor<Grad, bf16> const>{}, scratch);
+}
+
+// ---- the layer kernels (softmax ... attention): activations and weights in f32 and bf16 -----
+template <class T>
+void activations_of(cuda_exec const& ex) {
+  namespace k = tide::kernels;
+  device_view<T> y{};
+  device_view<T const> x{};
+  device_view<float> losses{};
+  tokens_view tokens{};
+
+  k::softmax_forward(ex, y, x);
+  k::softmax_forward_causal(ex, y, x, 0.125f);
+  k::softmax_forward_masked(ex, y, x, tokens);
+  k::softmax_backward(ex, y, x, x);
+
+  k::fused_classifier(ex, y, losses, x, tokens, 50257);
+  k::fused_classifier(ex, y, losses, x, tokens, 50257, 0.5f);
+  k::fused_classifier(ex, y, losses, x, tokens, 50257, device_view<float const>{});
+  k::crossentropy_forward(ex, losses, x, tokens, 50257);
+  k::crossentropy_softmax_backward(ex, y, x, tokens, 50257, 0.5f);
+
+  k::encoder_forward(ex, y, tokens, x, x);
+  k::encoder_backward(ex, device_view<float>{}, device_view<float>{}, x, tokens);
+
+  k::matmul_forward(ex, y, x, x);
+  k::matmul_forward(ex, y, x, x, x);
+  k::matmul_forward_gelu(ex, y, y, x, x, x);
+  k::matmul_backward(ex, y, y, y, x, x, x);
+  k::matmul_backward_gelu(ex, y, y, y, y, x, x, x);
+
+  k::gelu_forward(ex, y, x);
+  k::gelu_backward(ex, y, x, x);
+  k::bias_gelu_forward(ex, y, x, x);
+  k::bias_gelu_backward(ex, y, y, x, x, x);
+
+  device_view<float> stats{};
+  device_view<float const> saved{};
+  k::layernorm_forward(ex, y, stats, stats, x, x, x);
+  k::residual_layernorm_forward(ex, y, y, stats, stats, x, x, x, x);
+  k::layernorm_backward(ex, y, y, y, x, x, x, saved, saved);
+
+  k::residual_forward(ex, y, x, x);
+  k::residual_backward(ex, y, y, x);
+
+  k::attention_forward(ex, y, losses, x, 12);
+  k::attention_backward(ex, y, x, x, x, device_view<float const>{}, 12);
+}
+
+// ---- memory: the cuda specialisations and the class templates over them ----------------------
+struct host_step {
+  int* counter;
+  void operator()() const { ++*counter; }
+};
+
+void memory_of() {
+  tide::memory::stream<tide::cuda> s;
+  tide::memory::event<tide::cuda> e;
+  e.record(s);
+  s.wait(e);
+  int counter = 0;
+  host_step step{&counter};
+  tide::memory::launch(s, step);
+  tide::memory::device_arena<tide::cuda> arena{{}};
+  tide::memory::caching_allocator<tide::cuda> cache{arena};
+  (void)cache.allocate(256);
+}
+
+}  // namespace
+
+template class tide::memory::device_arena<tide::cuda>;
+template class tide::memory::pinned_pool<tide::cuda>;
+template struct tide::memory::device_streams<tide::cuda>;
+template class tide::memory::transfer_engine<tide::cuda>;
+
+// Linked, never run: main refers to every function above without calling it on a device.
+int main(int argc, char**) {
+  if (argc < 1000 || !tide::has_cuda_device()) return 0;
+  cuda_exec const ex{};
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> const hx{pool};
+  cast_from<float>(ex, hx);
+  cast_from<bf16>(ex, hx);
+  cast_from<f16>(ex, hx);
+  adamw_of<float, bf16>(ex, nullptr);
+  adamw_of<bf16, bf16>(ex, nullptr);
+  adamw_of<f16, f16>(ex, nullptr);
+  grad_norm_of<float>(ex, nullptr);
+  grad_norm_of<bf16>(ex, nullptr);
+  grad_norm_of<f16>(ex, nullptr);
+  activations_of<float>(ex);
+  activations_of<bf16>(ex);
+  memory_of();
+  return 0;
+}
