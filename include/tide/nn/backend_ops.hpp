@@ -1,0 +1,41 @@
+#pragma once
+// The few operations nn/ needs besides the kernels: fill with zeros, sum the per-row losses,
+// check token ids. Host overloads here; the CUDA ones (cudaMemsetAsync, a copy back of the
+// losses, no token check: device memory) will sit in backend_ops.cuh, taking exec<cuda>, so the
+// model calls the same names on either backend.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "tide/core/error.hpp"
+#include "tide/core/exec.hpp"
+#include "tide/core/tensor_view.hpp"
+
+namespace tide::nn::detail {
+
+// x = 0, all bytes. Activation gradients start from zero because the kernels accumulate (+=).
+template <class T>
+void zero_fill(exec<host> const&, tensor_view<T> x) {
+  if (x.size() != 0) std::memset(static_cast<void*>(x.data()), 0, x.bytes());
+}
+
+// Sum of x in index order, in double: the same bits on every run and thread count.
+inline double ordered_sum(exec<host> const&, tensor_view<float const> x) {
+  double s = 0;
+  float const* p = x.data();
+  for (index_t i = 0; i < x.size(); ++i) s += static_cast<double>(p[i]);
+  return s;
+}
+
+// Every id in [0, vocab); throws tide::error(usage) naming the first bad one. `what` names the
+// tensor ("tokens", "targets").
+inline void check_token_ids(exec<host> const&, char const* op, char const* what, tensor_view<std::int32_t const> ids,
+                            index_t vocab) {
+  std::int32_t const* p = ids.data();
+  for (index_t i = 0; i < ids.size(); ++i)
+    TIDE_REQUIRE(p[i] >= 0 && p[i] < vocab, op, ": ", what, "[", i / ids.extent(1), ", ", i % ids.extent(1), "] = ",
+                 p[i], " is outside the vocabulary [0, ", vocab, ")");
+}
+
+}  // namespace tide::nn::detail

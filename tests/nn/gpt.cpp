@@ -1,0 +1,630 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <tide/kernels/adamw/adamw.hpp>
+#include <tide/kernels/grad_norm/grad_norm.hpp>
+#include <tide/memory/device_arena.hpp>
+#include <tide/nn/gpt.hpp>
+
+#include "nn/gpt_reference.hpp"
+
+using namespace tide::literals;
+using tide::index_t;
+using tide::nn::gpt_config;
+using vec = std::vector<double>;
+
+namespace {
+
+using host_gpt = tide::nn::gpt<tide::host>;
+
+// The tiny config of the gradient checks: Vp > V so the padding is exercised.
+constexpr gpt_config tiny{.layers = 2, .heads = 2, .channels = 8, .vocab = 16, .padded_vocab = 24, .max_seq = 8};
+constexpr int tiny_B = 2, tiny_T = 5;
+
+std::vector<std::int32_t> random_ids(std::size_t n, int vocab, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::int32_t> ids(n);
+  for (auto& t : ids) t = static_cast<std::int32_t>(rng() % static_cast<std::uint32_t>(vocab));
+  return ids;
+}
+
+tide::tensor_view<std::int32_t const> ids_view(std::vector<std::int32_t> const& v, index_t B, index_t T) {
+  return {v.data(), {B, T}};
+}
+
+vec random_vec(std::size_t n, std::mt19937& rng, double scale = 1.0) {
+  std::normal_distribution<double> d(0.0, scale);
+  vec v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+double dot(vec const& a, vec const& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Central differences of s(x) = <r, f(x)> over every element of every input, against the
+// analytic gradients `grads` (of the same s). Returns max |fd - analytic| / (1 + |analytic|).
+double fd_error(std::vector<vec*> const& inputs, std::vector<vec> const& grads, std::function<double()> const& s) {
+  constexpr double h = 1e-5;
+  double worst = 0;
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    vec& x = *inputs[k];
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      double const keep = x[i];
+      x[i] = keep + h;
+      double const up = s();
+      x[i] = keep - h;
+      double const down = s();
+      x[i] = keep;
+      double const fd = (up - down) / (2 * h);
+      worst = std::max(worst, std::abs(fd - grads[k][i]) / (1.0 + std::abs(grads[k][i])));
+    }
+  }
+  return worst;
+}
+
+// Central differences in double, h = 1e-5: truncation h^2 f'''/6 ~ 1e-11 and cancellation
+// eps |s| / h ~ 1e-11 for these O(1) functions, so 1e-8 leaves a 1000x margin and still fails
+// any real mistake in a backward (those are O(|gradient|)).
+constexpr double fd_tolerance = 1e-8;
+
+// Normwise relative error of a tensor: max |a - b| / max |b|.
+double normwise(float const* a, double const* b, std::size_t n) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::abs(b[i]));
+  }
+  return den == 0 ? num : num / den;
+}
+
+// The model's parameters as doubles, in the reference's flat layout (the same offsets).
+vec params_of(host_gpt const& m) {
+  auto const flat = m.flat_params();
+  return vec(flat.data(), flat.data() + flat.size());
+}
+
+}  // namespace
+
+// ---- every layer's backward, in double, against finite differences ---------------------------
+
+TEST_CASE("reference layers: backward matches central finite differences (double)") {
+  std::mt19937 rng(7);
+  int const B = 2, T = 5, C = 8, NH = 2, N = B * T, OC = 12, V = 10, Vp = 13;
+  auto sz = [](int n) { return static_cast<std::size_t>(n); };
+
+  SUBCASE("layernorm") {
+    vec x = random_vec(sz(N * C), rng), w = random_vec(sz(C), rng), b = random_vec(sz(C), rng);
+    vec const r = random_vec(sz(N * C), rng);
+    vec out(sz(N * C)), mean(sz(N)), rstd(sz(N));
+    auto s = [&] {
+      gpt_ref::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+      return dot(r, out);
+    };
+    s();
+    std::vector<vec> g = {vec(x.size()), vec(w.size()), vec(b.size())};
+    gpt_ref::layernorm_backward(g[0].data(), g[1].data(), g[2].data(), r.data(), x.data(), w.data(), mean.data(),
+                                rstd.data(), N, C);
+    CHECK(fd_error({&x, &w, &b}, g, s) < fd_tolerance);
+  }
+  SUBCASE("matmul") {
+    vec x = random_vec(sz(N * C), rng), w = random_vec(sz(OC * C), rng), b = random_vec(sz(OC), rng);
+    vec const r = random_vec(sz(N * OC), rng);
+    vec out(sz(N * OC));
+    auto s = [&] {
+      gpt_ref::matmul_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
+      return dot(r, out);
+    };
+    std::vector<vec> g = {vec(x.size()), vec(w.size()), vec(b.size())};
+    gpt_ref::matmul_backward(g[0].data(), g[1].data(), g[2].data(), r.data(), x.data(), w.data(), N, C, OC);
+    CHECK(fd_error({&x, &w, &b}, g, s) < fd_tolerance);
+  }
+  SUBCASE("causal self-attention") {
+    vec qkv = random_vec(sz(N * 3 * C), rng);
+    vec const r = random_vec(sz(N * C), rng);
+    vec out(sz(N * C)), pre(sz(B * NH * T * T)), att(sz(B * NH * T * T));
+    auto s = [&] {
+      gpt_ref::attention_forward(out.data(), pre.data(), att.data(), qkv.data(), B, T, C, NH);
+      return dot(r, out);
+    };
+    s();
+    std::vector<vec> g = {vec(qkv.size())};
+    gpt_ref::attention_backward(g[0].data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
+    CHECK(fd_error({&qkv}, g, s) < fd_tolerance);
+  }
+  SUBCASE("gelu (tanh)") {
+    vec x = random_vec(sz(N * 4), rng, 2.0);
+    vec const r = random_vec(x.size(), rng);
+    vec out(x.size());
+    auto s = [&] {
+      gpt_ref::gelu_forward(out.data(), x.data(), static_cast<int>(x.size()));
+      return dot(r, out);
+    };
+    std::vector<vec> g = {vec(x.size())};
+    gpt_ref::gelu_backward(g[0].data(), x.data(), r.data(), static_cast<int>(x.size()));
+    CHECK(fd_error({&x}, g, s) < fd_tolerance);
+  }
+  SUBCASE("token + position embedding") {
+    auto const tok = random_ids(sz(N), V, 3);
+    vec wte = random_vec(sz(V * C), rng), wpe = random_vec(sz(T * C), rng);
+    vec const r = random_vec(sz(N * C), rng);
+    vec out(sz(N * C));
+    auto s = [&] {
+      gpt_ref::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+      return dot(r, out);
+    };
+    std::vector<vec> g = {vec(wte.size()), vec(wpe.size())};
+    gpt_ref::encoder_backward(g[0].data(), g[1].data(), r.data(), tok.data(), B, T, C);
+    CHECK(fd_error({&wte, &wpe}, g, s) < fd_tolerance);
+  }
+  SUBCASE("softmax + cross-entropy over the real columns") {
+    auto const tgt = random_ids(sz(N), V, 4);
+    vec logits = random_vec(sz(N * Vp), rng, 2.0);
+    vec probs(logits.size()), losses(sz(N));
+    auto s = [&] { return gpt_ref::crossentropy_forward(probs.data(), losses.data(), logits.data(), tgt.data(), N, V, Vp); };
+    s();
+    std::vector<vec> g = {vec(logits.size())};
+    gpt_ref::crossentropy_backward(g[0].data(), probs.data(), tgt.data(), N, V, Vp);
+    CHECK(fd_error({&logits}, g, s) < fd_tolerance);
+    for (int n = 0; n < N; ++n)
+      for (int j = V; j < Vp; ++j) CHECK(g[0][sz(n * Vp + j)] == 0.0);  // padding takes no gradient
+  }
+}
+
+TEST_CASE("reference model: whole-model backward matches central finite differences (double)") {
+  tide::memory::device_arena<tide::host> arena{{.budget = 4_MiB}};
+  host_gpt const m(tiny, arena, {.seed = 11});
+  gpt_ref::model ref(tiny);
+  vec p = params_of(m);
+  // Spread LayerNorm weights and biases away from 1 and 0, so their gradients are not special.
+  std::mt19937 rng(5);
+  for (auto const& prm : ref.list)
+    if (prm.name().find("ln") != std::string_view::npos)
+      for (index_t i = 0; i < prm.numel(); ++i) p[prm.offset / 4 + static_cast<std::size_t>(i)] += 0.3 * random_vec(1, rng)[0];
+  auto const tok = random_ids(tiny_B * tiny_T, tiny.vocab, 1), tgt = random_ids(tiny_B * tiny_T, tiny.vocab, 2);
+  auto s = [&] { return ref.forward(p, tok, tgt, tiny_B, tiny_T); };
+  double const loss = s();
+  CHECK(std::isfinite(loss));
+  std::vector<vec> g = {vec(p.size(), 0.0)};
+  ref.backward(p, g[0]);
+  // All ~2000 parameters, padding included (its gradient is 0 both ways).
+  CHECK(fd_error({&p}, g, s) < fd_tolerance);
+}
+
+// ---- the model (float kernels) against the double reference ---------------------------------
+
+// Tolerances, normwise per tensor (max |x - ref| / max |ref|), for the float model against the
+// double reference on the tiny config. Each kernel is within a few (K + 2) u of its own double
+// sum (u = 2^-24, K <= 4C = 32 terms; docs/kernels/*), and the errors of ~20 chained ops add:
+// about 20 * 34 u ~ 4e-5 in the worst case; measured 2e-7 (logits, loss) and 1e-6 (gradients).
+// 1e-5 and 5e-5 leave 10-50x over the measured values and stay far below the O(1) error of a
+// wrong formula.
+constexpr double forward_tolerance = 1e-5;
+constexpr double gradient_tolerance = 5e-5;
+
+TEST_CASE("gpt<host, float>: logits, loss and every gradient match the double reference") {
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 4_MiB}};
+  host_gpt m(tiny, arena, {.seed = 3, .keep_logits = true});
+  gpt_ref::model ref(tiny);
+  // LayerNorm weights and biases away from 1 and 0 (as above), in both models.
+  std::mt19937 rng(9);
+  for (auto const& prm : m.parameters())
+    if (prm.name().find("ln") != std::string_view::npos)
+      for (auto& x : std::span(m.param(prm).data(), static_cast<std::size_t>(prm.numel())))
+        x += static_cast<float>(0.3 * random_vec(1, rng)[0]);
+  vec const p = params_of(m);
+  auto const tok = random_ids(tiny_B * tiny_T, tiny.vocab, 21), tgt = random_ids(tiny_B * tiny_T, tiny.vocab, 22);
+
+  double const ref_loss = ref.forward(p, tok, tgt, tiny_B, tiny_T);
+  m.zero_grad(ex);
+  float const loss = m.forward(ex, ids_view(tok, tiny_B, tiny_T), ids_view(tgt, tiny_B, tiny_T));
+  CHECK(std::abs(loss - ref_loss) <= forward_tolerance * std::abs(ref_loss));
+  auto const logits = m.logits();
+  REQUIRE(logits.size() == static_cast<index_t>(ref.logits.size()));
+  double const logits_err = normwise(logits.data(), ref.logits.data(), ref.logits.size());
+  MESSAGE("float model vs double reference: loss error ", std::abs(loss - ref_loss) / ref_loss, ", logits ", logits_err);
+  CHECK(logits_err <= forward_tolerance);
+  for (int i = 0; i < tiny_B * tiny_T; ++i)
+    CHECK(std::abs(m.losses().data()[i] - ref.losses[static_cast<std::size_t>(i)]) <= forward_tolerance * 4);
+
+  m.backward(ex);
+  vec g(p.size(), 0.0);
+  ref.backward(p, g);
+  double worst = 0;
+  for (auto const& prm : m.parameters()) {
+    auto const n = static_cast<std::size_t>(prm.numel());
+    double const err = normwise(m.grad(prm).data(), g.data() + prm.offset / 4, n);
+    worst = std::max(worst, err);
+    INFO(prm.name(), " normwise error ", err);
+    CHECK(err <= gradient_tolerance);
+  }
+  MESSAGE("float model vs double reference: worst normwise gradient error ", worst);
+
+  // Gradients accumulate: a second forward + backward doubles them, up to the roundings of
+  // adding into the old value (sgemm folds it into its k-sum: a few u of the largest value).
+  // backward needs its own forward: it reuses the memory of activations it is done with.
+  std::vector<float> once(m.flat_grads().data(), m.flat_grads().data() + m.flat_grads().size());
+  CHECK_THROWS_AS(m.backward(ex), tide::error);
+  m.forward(ex, ids_view(tok, tiny_B, tiny_T), ids_view(tgt, tiny_B, tiny_T));
+  m.backward(ex);
+  double off = 0, top = 0;
+  for (std::size_t i = 0; i < once.size(); ++i) {
+    off = std::max(off, std::abs(static_cast<double>(m.flat_grads().data()[i]) - 2.0 * once[i]));
+    top = std::max(top, 2.0 * std::abs(once[i]));
+  }
+  CHECK(off <= 1e-6 * top);
+  m.zero_grad(ex);
+  CHECK(tide::kernels::global_grad_norm(ex, m.flat_grads()) == 0.0);
+}
+
+TEST_CASE("gpt<host, bf16>: the same model in bf16 runs and stays near float") {
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 4_MiB}};
+  host_gpt m32(tiny, arena, {.seed = 3});
+  tide::nn::gpt<tide::host, tide::bf16> m16(tiny, arena, {.seed = 3});
+  auto const tok = random_ids(tiny_B * tiny_T, tiny.vocab, 31), tgt = random_ids(tiny_B * tiny_T, tiny.vocab, 32);
+  float const l32 = m32.forward(ex, ids_view(tok, tiny_B, tiny_T), ids_view(tgt, tiny_B, tiny_T));
+  float const l16 = m16.forward(ex, ids_view(tok, tiny_B, tiny_T), ids_view(tgt, tiny_B, tiny_T));
+  // bf16 keeps 8 bits: every activation is rounded to 2^-8 relative; over ~20 ops of a loss near
+  // log(16) ~ 2.8 that is ~20 * 2^-9 * 2.8 ~ 0.1 in the worst case; measured ~1e-3.
+  CHECK(std::abs(l16 - l32) < 0.05);
+  m16.backward(ex);
+  m32.backward(ex);
+  // Gradients, normwise: each of the ~20 ops on a gradient's path rounds its output to bf16
+  // (2^-8 relative), so 20 * 2^-8 ~ 0.08 in the worst case; measured up to 1.5e-2.
+  for (auto const& prm : m32.parameters()) {
+    auto const n = static_cast<std::size_t>(prm.numel());
+    auto const p16 = m16.parameters().find(prm.name());  // bf16 offsets differ from float's
+    CHECK(p16.type == tide::dtype::bf16);
+    vec g32(m32.grad(prm).data(), m32.grad(prm).data() + n), g16(n);
+    for (std::size_t i = 0; i < n; ++i) g16[i] = static_cast<double>(static_cast<float>(m16.grad(p16).data()[i]));
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < n; ++i) num = std::max(num, std::abs(g16[i] - g32[i])), den = std::max(den, std::abs(g32[i]));
+    INFO(prm.name());
+    CHECK(num <= 0.08 * den);
+  }
+  // A float model's parameter record does not index the bf16 model.
+  CHECK_THROWS_AS((void)m16.param(m32.parameters()[3]), tide::error);
+}
+
+// ---- training, determinism ------------------------------------------------------------------
+
+namespace {
+
+// `steps` AdamW steps on one fixed batch; returns the losses.
+std::vector<float> train(tide::exec<tide::host> const& ex, gpt_config const& c, int B, int T, int steps,
+                         std::vector<float>* final_params = nullptr) {
+  tide::memory::device_arena<tide::host> arena{{.budget = 64_MiB}};
+  host_gpt m(c, arena, {.seed = 42});
+  auto const tok = random_ids(static_cast<std::size_t>(B * T), c.vocab, 77);
+  auto const tgt = random_ids(static_cast<std::size_t>(B * T), c.vocab, 78);
+  auto const n = static_cast<std::size_t>(m.flat_params().size());
+  std::vector<float> mom(n, 0.f), var(n, 0.f);
+  std::vector<float> losses;
+  for (int step = 1; step <= steps; ++step) {
+    m.zero_grad(ex);
+    losses.push_back(m.forward(ex, ids_view(tok, B, T), ids_view(tgt, B, T)));
+    m.backward(ex);
+    double const norm = tide::kernels::global_grad_norm(ex, m.flat_grads());
+    tide::kernels::adamw(ex, {.lr = 1e-2f, .weight_decay = 0.0f}, step, m.flat_params(), m.flat_grads(),
+                         tide::tensor_view<float>(mom.data(), {static_cast<index_t>(n)}),
+                         tide::tensor_view<float>(var.data(), {static_cast<index_t>(n)}),
+                         tide::kernels::clip_scale(norm, 1.0f));
+  }
+  if (final_params) final_params->assign(m.flat_params().data(), m.flat_params().data() + n);
+  return losses;
+}
+
+bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("gpt: 10 AdamW steps on a fixed batch lower the loss") {
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> ex{pool};
+  auto const losses = train(ex, tiny, tiny_B, tiny_T, 10);
+  REQUIRE(losses.size() == 10);
+  // Initial loss near log(V) = 2.77 (logits ~ 0 at init); memorising one batch drives it down.
+  CHECK(losses.front() == doctest::Approx(std::log(16.0)).epsilon(0.05));
+  CHECK(losses.back() < 0.8f * losses.front());
+  int rises = 0;
+  for (std::size_t i = 1; i < losses.size(); ++i) rises += losses[i] > losses[i - 1];
+  CHECK(rises == 0);
+}
+
+TEST_CASE("gpt: training is bit-identical across runs and across 1 and 2 threads") {
+  // Big enough that the row kernels split into several tasks (rows of 4C = 512 floats, tasks of
+  // 64 rows; N = B T = 128 rows) and attention spreads its B NH = 16 pairs over both threads.
+  gpt_config const c{.layers = 2, .heads = 4, .channels = 128, .vocab = 64, .max_seq = 32};
+  int const B = 4, T = 32;
+  tide::thread_pool one{1}, two{2};
+  std::vector<float> p1, p2, p3;
+  auto const l1 = train(tide::exec<tide::host>{two}, c, B, T, 2, &p1);
+  auto const l2 = train(tide::exec<tide::host>{two}, c, B, T, 2, &p2);
+  CHECK(same_bits(l1, l2));
+  CHECK(same_bits(p1, p2));
+  // Every kernel the model calls documents results independent of the thread count (matmul by
+  // cutting products into shape-determined blocks of single-threaded sgemm): the whole step.
+  auto const l3 = train(tide::exec<tide::host>{one}, c, B, T, 2, &p3);
+  CHECK(same_bits(l1, l3));
+  CHECK(same_bits(p1, p3));
+}
+
+// ---- hooks ----------------------------------------------------------------------------------
+
+namespace {
+struct recording_hooks {
+  std::vector<std::string>* log;
+  void pre_forward(int b) { log->push_back("F<" + std::to_string(b)); }
+  void post_forward(int b) { log->push_back("F>" + std::to_string(b)); }
+  void pre_backward(int b) { log->push_back("B<" + std::to_string(b)); }
+  void post_backward(int b) { log->push_back("B>" + std::to_string(b)); }
+};
+static_assert(tide::nn::GptHooks<recording_hooks>);
+static_assert(tide::nn::GptHooks<tide::nn::no_hooks>);
+static_assert(!tide::nn::GptHooks<int>);
+}  // namespace
+
+TEST_CASE("gpt: hooks run around every block, forward then backward in reverse") {
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 4_MiB}};
+  std::vector<std::string> log;
+  tide::nn::gpt<tide::host, float, recording_hooks> m(tiny, arena, {}, recording_hooks{&log});
+  auto const tok = random_ids(tiny_B * tiny_T, tiny.vocab, 1);
+  m.forward(ex, ids_view(tok, tiny_B, tiny_T), ids_view(tok, tiny_B, tiny_T));
+  m.backward(ex);
+  std::vector<std::string> const expect = {"F<-1", "F>-1", "F<0", "F>0", "F<1", "F>1", "F<2", "F>2",
+                                           "B<2",  "B>2",  "B<1", "B>1", "B<0", "B>0", "B<-1", "B>-1"};
+  CHECK(log == expect);
+
+  // A hook that throws stops the pass; the model then needs a new forward before backward.
+  struct throwing_hooks {
+    int at;
+    void pre_forward(int b) const {
+      if (b == at) throw std::runtime_error("hook");
+    }
+    void post_forward(int) const {}
+    void pre_backward(int) const {}
+    void post_backward(int) const {}
+  };
+  tide::nn::gpt<tide::host, float, throwing_hooks> t(tiny, arena, {}, throwing_hooks{1});
+  CHECK_THROWS_AS(t.forward(ex, ids_view(tok, tiny_B, tiny_T), ids_view(tok, tiny_B, tiny_T)), std::runtime_error);
+  CHECK_THROWS_AS(t.backward(ex), tide::error);
+}
+
+// Which block reads which parameters, as a scheduler sees it: every parameter a block's kernels
+// touch has layer_of == the block, except the head's tied wte (block -1's).
+TEST_CASE("gpt: hooks bracket exactly the parameter reads of their block") {
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 4_MiB}};
+  // The hooks poison every parameter outside the current block with NaN and restore it after:
+  // if a block read another block's parameter, the loss or a gradient would be NaN. In backward
+  // they also check that only the block's own gradients changed.
+  struct fencing_hooks {
+    tide::nn::gpt<tide::host, float, fencing_hooks>* model = nullptr;
+    std::vector<float> saved, grads;
+    int foreign_writes = 0;
+    [[nodiscard]] bool uses(int block, tide::nn::parameter const& p) const {
+      return tide::nn::layer_of(p) == block || (block == tide::nn::head_block(model->config()) && p.name() == "wte");
+    }
+    void fence(int block) {
+      auto const flat = model->flat_params();
+      saved.assign(flat.data(), flat.data() + flat.size());
+      for (auto const& p : model->parameters())
+        if (!uses(block, p)) std::fill_n(model->param(p).data(), p.numel(), std::nanf(""));
+    }
+    void restore() { std::copy(saved.begin(), saved.end(), model->flat_params().data()); }
+    void pre_forward(int b) { fence(b); }
+    void post_forward(int) { restore(); }
+    void pre_backward(int b) {
+      fence(b);
+      grads.assign(model->flat_grads().data(), model->flat_grads().data() + model->flat_grads().size());
+    }
+    void post_backward(int b) {
+      restore();
+      for (auto const& p : model->parameters())
+        if (!uses(b, p))
+          foreign_writes += !std::equal(grads.begin() + static_cast<std::ptrdiff_t>(p.offset / 4),
+                                        grads.begin() + static_cast<std::ptrdiff_t>(p.end() / 4), model->grad(p).data());
+    }
+  };
+  tide::nn::gpt<tide::host, float, fencing_hooks> m(tiny, arena, {.seed = 5});
+  m.hooks().model = &m;
+  auto const tok = random_ids(tiny_B * tiny_T, tiny.vocab, 1), tgt = random_ids(tiny_B * tiny_T, tiny.vocab, 2);
+  m.zero_grad(ex);
+  float const loss = m.forward(ex, ids_view(tok, tiny_B, tiny_T), ids_view(tgt, tiny_B, tiny_T));
+  m.backward(ex);
+  CHECK(std::isfinite(loss));
+  CHECK(std::isfinite(tide::kernels::global_grad_norm(ex, m.flat_grads())));
+  CHECK(m.hooks().foreign_writes == 0);
+  // The same model without fences gives the same loss.
+  tide::memory::device_arena<tide::host> arena2{{.budget = 4_MiB}};
+  host_gpt plain(tiny, arena2, {.seed = 5});
+  CHECK(plain.forward(ex, ids_view(tok, tiny_B, tiny_T), ids_view(tgt, tiny_B, tiny_T)) == loss);
+}
+
+// ---- memory: the arena, the activation plan -------------------------------------------------
+
+TEST_CASE("gpt: activations are planned in one arena buffer, replanned when (B, T) changes") {
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 8_MiB}};
+  host_gpt m(tiny, arena, {.seed = 1});
+  std::size_t const param_bytes = m.parameters().bytes();
+  CHECK(arena.stats().in_use == param_bytes);
+  CHECK(m.activations().footprint == 0);
+
+  auto const tok = random_ids(4 * 8, tiny.vocab, 1);
+  m.forward(ex, ids_view(tok, tiny_B, tiny_T), ids_view(tok, tiny_B, tiny_T));
+  auto const r1 = m.activations();
+  CHECK(r1.batch == tiny_B);
+  CHECK(r1.seq == tiny_T);
+  CHECK(r1.tensors == m.activation_planner().size());
+  CHECK(r1.tensors == 20 * 2 + 8);  // 20 per block, 8 around them (+1 with keep_logits)
+  CHECK(r1.footprint >= r1.peak_live);
+  CHECK(r1.footprint < r1.unplanned);  // tensors share memory
+  CHECK_FALSE(tide::memory::find_conflict(m.activation_planner(), m.activation_offsets()).has_value());
+  auto const block = [](std::size_t n) { return tide::round_up(n, 256); };  // the arena's granule
+  CHECK(arena.stats().in_use == param_bytes + block(r1.footprint));
+  m.backward(ex);  // allocates the gradients
+  CHECK(arena.stats().in_use == 2 * param_bytes + block(r1.footprint));
+
+  // A longer sequence: a new plan, a bigger buffer, the old one returned.
+  m.forward(ex, ids_view(tok, 4, 8), ids_view(tok, 4, 8));
+  auto const r2 = m.activations();
+  CHECK(r2.batch == 4);
+  CHECK(r2.seq == 8);
+  CHECK(r2.footprint > r1.footprint);
+  CHECK_FALSE(tide::memory::find_conflict(m.activation_planner(), m.activation_offsets()).has_value());
+  CHECK(arena.stats().in_use == 2 * param_bytes + block(r2.footprint));
+
+  // The same (B, T) again keeps the plan and the buffer.
+  auto const* before = m.losses().data();
+  m.forward(ex, ids_view(tok, 4, 8), ids_view(tok, 4, 8));
+  CHECK(m.losses().data() == before);
+}
+
+TEST_CASE("gpt: a batch that does not fit the arena throws budget and keeps the parameters") {
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  gpt_config const c{.layers = 2, .heads = 2, .channels = 16, .vocab = 32, .max_seq = 64};
+  std::size_t const param_bytes = tide::nn::gpt_parameters(c, tide::dtype::f32).bytes();
+  // Room for the parameters, the gradients and a small batch's activations only.
+  tide::memory::device_arena<tide::host> arena{{.budget = 2 * param_bytes + 256_KiB}};
+  host_gpt m(c, arena, {.seed = 2});
+  auto const tok = random_ids(8 * 64, c.vocab, 3);
+  m.zero_grad(ex);
+  float const small = m.forward(ex, ids_view(tok, 1, 8), ids_view(tok, 1, 8));
+  std::vector<float> const params(m.flat_params().data(), m.flat_params().data() + m.flat_params().size());
+  try {
+    m.forward(ex, ids_view(tok, 8, 64), ids_view(tok, 8, 64));
+    FAIL("expected a budget error");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::budget);
+  }
+  CHECK(same_bits(params, std::vector<float>(m.flat_params().data(), m.flat_params().data() + params.size())));
+  CHECK_THROWS_AS(m.backward(ex), tide::error);  // no forward to go back through
+  CHECK(m.forward(ex, ids_view(tok, 1, 8), ids_view(tok, 1, 8)) == small);
+  // The parameters alone do not fit a smaller arena.
+  tide::memory::device_arena<tide::host> tiny_arena{{.budget = param_bytes / 2}};
+  CHECK_THROWS_AS(host_gpt(c, tiny_arena), tide::error);
+  CHECK(tiny_arena.stats().in_use == 0);
+}
+
+// ---- inputs, errors -------------------------------------------------------------------------
+
+TEST_CASE("gpt: bad inputs throw usage errors and change nothing") {
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 4_MiB}};
+  host_gpt m(tiny, arena, {.seed = 1});
+  auto tok = random_ids(4 * 16, tiny.vocab, 1);
+  auto expect_usage = [](auto&& f) {
+    try {
+      f();
+      FAIL("expected a usage error");
+    } catch (tide::error const& e) {
+      CHECK(e.category() == tide::errc::usage);
+    }
+  };
+  expect_usage([&] { (void)m.grad("wte"); });  // no gradients yet
+  expect_usage([&] { m.backward(ex); });        // no forward yet
+  expect_usage([&] { (void)m.logits(); });
+  expect_usage([&] { m.forward(ex, ids_view(tok, 1, 9)); });  // T > max_seq
+  expect_usage([&] { m.forward(ex, ids_view(tok, 2, 5), ids_view(tok, 5, 2)); });  // targets' shape
+  expect_usage([&] { (void)m.param("h7.ln1.w"); });
+  auto bad = tok;
+  bad[3] = tiny.vocab;  // in the padding: not a real token
+  expect_usage([&] { m.forward(ex, ids_view(bad, 2, 5)); });
+  expect_usage([&] { m.forward(ex, ids_view(tok, 2, 5), ids_view(bad, 2, 5)); });
+  bad[3] = -1;
+  expect_usage([&] { m.forward(ex, ids_view(bad, 2, 5)); });
+
+  // Without targets the logits stay, backward is refused; with targets (keep_logits false) the
+  // logits became dlogits and logits() says so.
+  m.forward(ex, ids_view(tok, 2, 5));
+  CHECK(m.logits().extents() == tide::shape(2, 5, 24));
+  CHECK(std::isnan(m.loss()));
+  expect_usage([&] { m.backward(ex); });
+  m.forward(ex, ids_view(tok, 2, 5), ids_view(tok, 2, 5));
+  expect_usage([&] { (void)m.logits(); });
+  CHECK(std::isfinite(m.loss()));
+}
+
+TEST_CASE("gpt: init is deterministic, GPT-2 shaped, and independent of the thread count") {
+  tide::thread_pool one{1}, two{2};
+  tide::memory::device_arena<tide::host> arena{{.budget = 16_MiB}};
+  gpt_config const c{.layers = 4, .heads = 2, .channels = 32, .vocab = 100, .max_seq = 16};
+  host_gpt a(c, arena, {.seed = 9}), b(c, arena, {.seed = 9}), d(c, arena, {.seed = 10});
+  auto flat = [](host_gpt const& m) { return std::vector<float>(m.flat_params().data(), m.flat_params().data() + m.flat_params().size()); };
+  CHECK(same_bits(flat(a), flat(b)));
+  CHECK_FALSE(same_bits(flat(a), flat(d)));
+  b.init(tide::exec<tide::host>{two}, 9);
+  CHECK(same_bits(flat(a), flat(b)));
+  d.init(tide::exec<tide::host>{one}, 9);
+  CHECK(same_bits(flat(a), flat(d)));
+
+  auto stats = [&](std::string_view name) {
+    auto const v = a.param(name);
+    double s = 0, s2 = 0;
+    for (index_t i = 0; i < v.size(); ++i) s += v.data()[i], s2 += double(v.data()[i]) * v.data()[i];
+    double const n = static_cast<double>(v.size());
+    return std::pair{s / n, std::sqrt(s2 / n - (s / n) * (s / n))};
+  };
+  auto const [m_fc, sd_fc] = stats("h1.mlp.fc.w");  // 4096 samples: sd within ~3%
+  CHECK(std::abs(m_fc) < 0.002);
+  CHECK(sd_fc == doctest::Approx(0.02).epsilon(0.05));
+  auto const [m_pr, sd_pr] = stats("h2.mlp.proj.w");
+  CHECK(sd_pr == doctest::Approx(0.02 / std::sqrt(8.0)).epsilon(0.05));
+  CHECK(stats("h0.attn.proj.w").second == doctest::Approx(0.02 / std::sqrt(8.0)).epsilon(0.1));
+  CHECK(stats("h3.ln2.w") == std::pair{1.0, 0.0});
+  CHECK(stats("h3.mlp.fc.b") == std::pair{0.0, 0.0});
+  CHECK(stats("lnf.b") == std::pair{0.0, 0.0});
+  // wte's padding rows (100 .. 127) are zero.
+  auto const wte = a.param("wte");
+  CHECK(std::all_of(wte.data() + 100 * 32, wte.data() + 128 * 32, [](float x) { return x == 0.f; }));
+  CHECK(std::any_of(wte.data(), wte.data() + 100 * 32, [](float x) { return x != 0.f; }));
+}
+
+// ---- sampling -------------------------------------------------------------------------------
+
+TEST_CASE("gpt: generate is seeded, stays in the vocabulary and slides past max_seq") {
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 4_MiB}};
+  host_gpt m(tiny, arena, {.seed = 4});
+  std::vector<std::int32_t> const prompt = {1, 2, 3};
+  auto const a = m.generate(ex, prompt, 10, 1.0f, 123);  // 13 tokens > max_seq 8: a window slides
+  auto const b = m.generate(ex, prompt, 10, 1.0f, 123);
+  auto const c = m.generate(ex, prompt, 10, 1.0f, 124);
+  REQUIRE(a.size() == 13);
+  CHECK(std::equal(prompt.begin(), prompt.end(), a.begin()));
+  CHECK(a == b);
+  CHECK(a != c);
+  CHECK(std::all_of(a.begin(), a.end(), [](std::int32_t t) { return t >= 0 && t < tiny.vocab; }));
+  // Greedy sampling picks the argmax of the last position's logits.
+  auto const g = m.generate(ex, prompt, 1, 0.0f, 0);
+  m.forward(ex, ids_view(prompt, 1, 3));
+  auto const logits = m.logits();
+  float const* last = logits.data() + 2 * 24;
+  CHECK(g.back() == std::max_element(last, last + tiny.vocab) - last);
+  CHECK_THROWS_AS(m.generate(ex, {}, 1, 1.0f, 0), tide::error);
+}
