@@ -1,0 +1,304 @@
+#include <doctest/doctest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <tide/kernels/adamw/adamw.hpp>
+
+namespace {
+
+namespace k = tide::kernels;
+using tide::index_t;
+
+// Where the compiler may contract a*b+c into an FMA (the target has FMA units: -march=haswell
+// and later), it may contract the scalar reference and the vector host code differently; m and
+// v then differ by about one rounding of the terms they are summed from, beta1 |m| and
+// (1 - beta1) |g|, which is more than an ulp of m when the terms cancel. Without FMA units both
+// run the same operations, and m and v must be bit-identical.
+#if defined(__FMA__)
+constexpr double contraction_slack = 0x1p-22;
+#else
+constexpr double contraction_slack = 0;
+#endif
+
+// Uniform in [-1, 1) from (seed, i): a hash, so filling a million elements stays cheap at -O0.
+float noise(unsigned seed, index_t i) {
+  std::uint64_t z = (static_cast<std::uint64_t>(seed) << 32) + static_cast<std::uint64_t>(i) + 0x9e3779b97f4a7c15u;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * 0x1p-23f - 1.f;
+}
+
+// One tensor's optimizer state with random contents, as after a few steps: p and g in [-1, 1),
+// m in [-0.1, 0.1), v in [0, 0.01).
+template <class Grad>
+struct state {
+  std::vector<float> p, m, v;
+  std::vector<Grad> g;
+  explicit state(index_t n, unsigned seed) {
+    for (index_t i = 0; i < n; ++i) {
+      p.push_back(noise(seed, i));
+      g.push_back(tide::from_float<Grad>(noise(seed + 1, i)));
+      m.push_back(0.1f * noise(seed + 2, i));
+      v.push_back(0.005f * (noise(seed + 3, i) + 1.f));
+    }
+  }
+  index_t size() const { return static_cast<index_t>(p.size()); }
+  tide::tensor_view<float> pv() { return {p.data(), {size()}}; }
+  tide::tensor_view<float> mv() { return {m.data(), {size()}}; }
+  tide::tensor_view<float> vv() { return {v.data(), {size()}}; }
+  tide::tensor_view<Grad const> gv() const { return {g.data(), {size()}}; }
+};
+
+// Host against reference on one tensor, with the tolerances the docs state:
+//   m, v: contraction_slack of their terms (bit-identical without FMA units).
+//   p: 1 ulp of p, plus 2^-20 of lr * (|r| + wd |p|), r = m_hat / (sqrt(v_hat) + eps): the host
+//      scales m and v by rounded reciprocals of the bias corrections where the reference
+//      divides, so m_hat and v_hat may differ by ~2^-22 relative, r by ~2^-21, and the sum with
+//      the decay term can cancel, hence a bound on the terms rather than on the update; plus
+//      what the m and v differences above do to r.
+template <class Grad, class Work>
+void check_against_reference(index_t n, std::int64_t t, float grad_scale, unsigned seed) {
+  k::adamw_hparams const hp{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f};
+  state<Grad> host(n, seed), ref(n, seed);
+  state<Grad> const before(n, seed);
+  std::vector<Work> work_host(static_cast<std::size_t>(n)), work_ref(static_cast<std::size_t>(n));
+  tide::thread_pool pool{2};
+  k::adamw(tide::exec<tide::host>{pool}, hp, t, host.pv(), host.gv(), host.mv(), host.vv(),
+           tide::tensor_view<Work>{work_host.data(), {n}}, grad_scale);
+  k::reference::adamw(hp, t, ref.pv(), ref.gv(), ref.mv(), ref.vv(), tide::tensor_view<Work>{work_ref.data(), {n}},
+                      grad_scale);
+  double const b1 = hp.beta1, b2 = hp.beta2, lr = hp.lr, wd = hp.weight_decay;
+  double const rb1 = 1 / (1.0 - std::pow(b1, static_cast<double>(t)));
+  double const rb2 = 1 / (1.0 - std::pow(b2, static_cast<double>(t)));
+  for (index_t i = 0; i < n; ++i) {
+    auto const u = static_cast<std::size_t>(i);
+    double const g = static_cast<double>(tide::to_float(before.g[u])) * grad_scale;
+    double const tol_m = contraction_slack * (b1 * std::abs(before.m[u]) + (1 - b1) * std::abs(g));
+    double const tol_v = 2 * contraction_slack * (b2 * before.v[u] + (1 - b2) * g * g);
+    if (std::abs(static_cast<double>(host.m[u]) - ref.m[u]) > tol_m ||
+        std::abs(static_cast<double>(host.v[u]) - ref.v[u]) > tol_v) {
+      FAIL_CHECK("m[" << i << "] = " << host.m[u] << " (reference " << ref.m[u] << "), v[" << i << "] = " << host.v[u]
+                      << " (reference " << ref.v[u] << "), tolerances " << tol_m << ", " << tol_v);
+      break;
+    }
+    double const root = std::sqrt(ref.v[u] * rb2) + 1e-8;
+    double const r = ref.m[u] * rb1 / root;
+    double const tol = 0x1p-23 * std::max(std::abs(ref.p[u]), std::abs(host.p[u])) +
+                       lr * (0x1p-20 * (std::abs(r) + wd * std::abs(before.p[u])) + rb1 * tol_m / root +
+                             std::abs(r) * tol_v / (2 * ref.v[u] + FLT_MIN)) +
+                       FLT_TRUE_MIN;
+    if (std::abs(static_cast<double>(host.p[u]) - ref.p[u]) > tol) {
+      FAIL_CHECK("p[" << i << "] = " << host.p[u] << ", reference " << ref.p[u] << ", tolerance " << tol);
+      break;
+    }
+    // The working copy is the dtype's rounding of the host's own new master weight, exactly.
+    if (work_host[u].bits != tide::from_float<Work>(host.p[u]).bits) {
+      FAIL_CHECK("working[" << i << "] is not the rounding of p = " << host.p[u]);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("adamw: host matches the reference, fp32 gradients, sizes that are not whole vectors") {
+  for (index_t n : {1, 15, 17, 63, 773}) {
+    CAPTURE(n);
+    check_against_reference<float, tide::bf16>(n, 1, 1.f, 7u);
+    check_against_reference<float, tide::bf16>(n, 7, 0.5f, 8u);
+  }
+  check_against_reference<float, tide::bf16>(1000003, 2, 0.5f, 9u);
+}
+
+TEST_CASE("adamw: bf16 and f16 gradients and working copies (gradients widen exactly, so fp32 tolerances)") {
+  for (index_t n : {1, 17, 4099}) {
+    CAPTURE(n);
+    check_against_reference<tide::bf16, tide::bf16>(n, 3, 1.f, 11u);
+    check_against_reference<tide::f16, tide::f16>(n, 3, 0.25f, 12u);
+    check_against_reference<tide::bf16, tide::f16>(n, 1000, 2.f, 13u);
+  }
+}
+
+TEST_CASE("adamw: bit-identical for 1, 2 and 3 threads") {
+  index_t const n = 200003;
+  k::adamw_hparams const hp{.lr = 3e-4f, .weight_decay = 0.1f};
+  std::vector<state<tide::bf16>> runs;
+  std::vector<std::vector<tide::bf16>> working;
+  for (int threads : {1, 2, 3}) {
+    state<tide::bf16> s(n, 21u);
+    std::vector<tide::bf16> w(static_cast<std::size_t>(n));
+    tide::thread_pool pool{threads};
+    for (std::int64_t t = 1; t <= 2; ++t)
+      k::adamw(tide::exec<tide::host>{pool}, hp, t, s.pv(), s.gv(), s.mv(), s.vv(),
+               tide::tensor_view<tide::bf16>{w.data(), {n}}, 0.75f);
+    runs.push_back(std::move(s));
+    working.push_back(std::move(w));
+  }
+  for (std::size_t r = 1; r < runs.size(); ++r) {
+    CHECK(std::memcmp(runs[r].p.data(), runs[0].p.data(), sizeof(float) * n) == 0);
+    CHECK(std::memcmp(runs[r].m.data(), runs[0].m.data(), sizeof(float) * n) == 0);
+    CHECK(std::memcmp(runs[r].v.data(), runs[0].v.data(), sizeof(float) * n) == 0);
+    CHECK(std::memcmp(working[r].data(), working[0].data(), sizeof(tide::bf16) * n) == 0);
+  }
+  CHECK(std::memcmp(runs[0].p.data(), state<tide::bf16>(n, 21u).p.data(), sizeof(float) * n) != 0);
+}
+
+TEST_CASE("adamw: a tensor list gives the same bits as the same data as one flat chunk") {
+  std::vector<index_t> const sizes = {1, 0, 15, 17, (index_t{1} << 14) + 3, 40000, 2};
+  index_t total = 0;
+  for (index_t s : sizes) total += s;
+  state<float> listed(total, 31u), flat(total, 31u);
+  std::vector<tide::bf16> w_list(static_cast<std::size_t>(total)), w_flat(static_cast<std::size_t>(total));
+  std::vector<k::adamw_tensor<float, tide::bf16>> list;
+  index_t at = 0;
+  for (index_t s : sizes) {
+    // The zero-size tensor has null pointers: allowed, it has no elements.
+    if (s == 0)
+      list.push_back({});
+    else
+      list.push_back({listed.p.data() + at, listed.g.data() + at, listed.m.data() + at, listed.v.data() + at,
+                      w_list.data() + at, s});
+    at += s;
+  }
+  k::adamw_hparams const hp{.lr = 1e-3f};
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> const ex{pool};
+  k::adamw(ex, hp, 5, list, 0.5f);
+  k::adamw(ex, hp, 5, flat.pv(), flat.gv(), flat.mv(), flat.vv(), tide::tensor_view<tide::bf16>{w_flat.data(), {total}},
+           0.5f);
+  CHECK(listed.p == flat.p);
+  CHECK(listed.m == flat.m);
+  CHECK(listed.v == flat.v);
+  CHECK(std::memcmp(w_list.data(), w_flat.data(), sizeof(tide::bf16) * total) == 0);
+  CHECK(listed.p != state<float>(total, 31u).p);
+}
+
+TEST_CASE("adamw: grad_scale multiplies the gradient before use (clipping costs no pass)") {
+  // Scaling by a power of two is exact, so scale 0.25 on g equals scale 1 on g / 4, bit for bit.
+  index_t const n = 1001;
+  state<float> scaled(n, 41u), divided(n, 41u);
+  for (float& x : divided.g) x *= 0.25f;
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> const ex{pool};
+  k::adamw(ex, {}, 2, scaled.pv(), scaled.gv(), scaled.mv(), scaled.vv(), 0.25f);
+  k::adamw(ex, {}, 2, divided.pv(), divided.gv(), divided.mv(), divided.vv());
+  CHECK(scaled.p == divided.p);
+  CHECK(scaled.m == divided.m);
+  CHECK(scaled.v == divided.v);
+}
+
+TEST_CASE("adamw: 10 steps on a quadratic reduce the loss and follow PyTorch's AdamW, in double") {
+  // loss(p) = 1/2 sum a_i (p_i - c_i)^2, gradient a_i (p_i - c_i).
+  index_t const n = 1027;
+  std::vector<float> a, c, p, g(static_cast<std::size_t>(n)), m(static_cast<std::size_t>(n), 0.f),
+      v(static_cast<std::size_t>(n), 0.f);
+  for (index_t i = 0; i < n; ++i) {
+    a.push_back(1.25f + 0.75f * noise(51u, i));  // curvatures in [0.5, 2)
+    c.push_back(noise(52u, i));
+    float const away = 1.5f + 0.5f * noise(53u, i);  // 1 to 2 away from the minimum
+    p.push_back(c.back() + (i % 2 ? away : -away));
+  }
+  auto const loss = [&](auto const& x) {
+    double s = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) s += 0.5 * a[i] * (x[i] - c[i]) * (x[i] - c[i]);
+    return s;
+  };
+  k::adamw_hparams const hp{.lr = 0.05f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
+
+  // torch.optim.AdamW (_single_tensor_adamw, foreach=False) in double, hyper-parameters as the
+  // floats tide was given.
+  std::vector<double> pd(p.begin(), p.end()), md(static_cast<std::size_t>(n)), vd(static_cast<std::size_t>(n));
+  double const lr = hp.lr, b1 = hp.beta1, b2 = hp.beta2, eps = hp.eps, wd = hp.weight_decay;
+
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> const ex{pool};
+  double const loss0 = loss(p);
+  double previous = loss0;
+  for (std::int64_t t = 1; t <= 10; ++t) {
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = a[i] * (p[i] - c[i]);
+    k::adamw(ex, hp, t, tide::tensor_view<float>{p.data(), {n}}, tide::tensor_view<float const>{g.data(), {n}},
+             tide::tensor_view<float>{m.data(), {n}}, tide::tensor_view<float>{v.data(), {n}});
+    double const bias1 = 1 - std::pow(b1, static_cast<double>(t));
+    double const bias2_sqrt = std::sqrt(1 - std::pow(b2, static_cast<double>(t)));
+    for (std::size_t i = 0; i < pd.size(); ++i) {
+      double const gi = a[i] * (pd[i] - c[i]);
+      pd[i] *= 1 - lr * wd;
+      md[i] += (gi - md[i]) * (1 - b1);  // exp_avg.lerp_(grad, 1 - beta1)
+      vd[i] = vd[i] * b2 + (1 - b2) * gi * gi;
+      double const denom = std::sqrt(vd[i]) / bias2_sqrt + eps;
+      pd[i] -= lr / bias1 * md[i] / denom;
+    }
+    double const now = loss(p);
+    CHECK(now < previous);
+    previous = now;
+  }
+  CHECK(previous < 0.7 * loss0);
+  // Tolerance: each step rounds p (|p| < 3: half an ulp, 1.2e-7) and the update (relative 2^-21
+  // of lr = 0.05: 2.4e-8) in float, and the gradient fed back is computed from the float p;
+  // Adam's update m / sqrt(v) is insensitive to such changes, so the error grows about linearly:
+  // 10 steps x 1.5e-7 = 1.5e-6; 4e-6 leaves room for the FMA contraction differences.
+  double worst = 0;
+  for (std::size_t i = 0; i < pd.size(); ++i) worst = std::max(worst, std::abs(p[i] - pd[i]));
+  CHECK(worst <= 4e-6);
+  CHECK(loss(pd) == doctest::Approx(previous).epsilon(1e-5));
+}
+
+TEST_CASE("adamw: bad input throws tide::error(usage) and changes nothing") {
+  index_t const n = 33;
+  state<float> s(n, 61u), shorter(n - 1, 61u);
+  state<float> const before = s;
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> const ex{pool};
+  auto const usage = [](auto&& f) {
+    try {
+      f();
+    } catch (tide::error const& e) {
+      return e.category() == tide::errc::usage;
+    }
+    return false;
+  };
+  CHECK(usage([&] { k::adamw(ex, {}, 0, s.pv(), s.gv(), s.mv(), s.vv()); }));
+  CHECK(usage([&] { k::adamw(ex, {}, -3, s.pv(), s.gv(), s.mv(), s.vv()); }));
+  CHECK(usage([&] { k::adamw(ex, {}, 1, s.pv(), shorter.gv(), s.mv(), s.vv()); }));
+  CHECK(usage([&] { k::adamw(ex, {}, 1, s.pv(), s.gv(), shorter.mv(), s.vv()); }));
+  CHECK(usage([&] { k::adamw(ex, {}, 1, s.pv(), s.gv(), s.mv(), shorter.vv()); }));
+  std::vector<tide::bf16> w(static_cast<std::size_t>(n - 1));
+  CHECK(usage([&] {
+    k::adamw(ex, {}, 1, s.pv(), s.gv(), s.mv(), s.vv(), tide::tensor_view<tide::bf16>{w.data(), {n - 1}});
+  }));
+  // Same element count, different shape; and a strided view.
+  CHECK(usage([&] {
+    k::adamw(ex, {}, 1, s.pv(), tide::tensor_view<float const>{s.g.data(), {3, 11}}, s.mv(), s.vv());
+  }));
+  tide::tensor_view<float> const strided{s.m.data(), {11}, {3, 1, 1, 1}};
+  CHECK(usage([&] {
+    k::adamw(ex, {}, 1, tide::tensor_view<float>{s.p.data(), {11}}, tide::tensor_view<float const>{s.g.data(), {11}},
+             strided, tide::tensor_view<float>{s.v.data(), {11}});
+  }));
+  CHECK(usage([&] { k::adamw(ex, {.beta1 = 1.f}, 1, s.pv(), s.gv(), s.mv(), s.vv()); }));
+  CHECK(usage([&] { k::adamw(ex, {.lr = -1e-3f}, 1, s.pv(), s.gv(), s.mv(), s.vv()); }));
+  CHECK(usage([&] { k::adamw(ex, {}, 1, s.pv(), s.gv(), s.mv(), s.vv(), INFINITY); }));
+  CHECK(usage([&] { k::adamw(ex, {}, 1, s.pv(), s.gv(), s.mv(), s.vv(), NAN); }));
+  // A list with a bad record anywhere is rejected before the good ones are stepped.
+  std::vector<k::adamw_tensor<float>> list = {{s.p.data(), s.g.data(), s.m.data(), s.v.data(), nullptr, n},
+                                              {nullptr, s.g.data(), s.m.data(), s.v.data(), nullptr, 4}};
+  CHECK(usage([&] { k::adamw(ex, {}, 1, list); }));
+  list[1] = {s.p.data(), s.g.data(), s.m.data(), s.v.data(), nullptr, -1};
+  CHECK(usage([&] { k::adamw(ex, {}, 1, list); }));
+  CHECK(s.p == before.p);
+  CHECK(s.m == before.m);
+  CHECK(s.v == before.v);
+  // The message says what was asked.
+  try {
+    k::adamw(ex, {}, 0, s.pv(), s.gv(), s.mv(), s.vv());
+  } catch (tide::error const& e) {
+    CHECK(e.message().find("t = 0") != std::string::npos);
+  }
+}
