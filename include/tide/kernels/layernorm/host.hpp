@@ -1,0 +1,133 @@
+#pragma once
+// The host path of the LayerNorm kernels. Threaded over rows; per row a two-pass mean and
+// variance over the row while it sits in L1 (C = 768 floats is 3 KiB), so inp is read from
+// memory once. Row sums use detail::lane_sums (fixed order), so out, mean, rstd and dinp are the
+// same for any thread count; dweight and dbias are summed by detail::rows_with_column_sums, also
+// the same for any thread count.
+
+#include <array>
+
+#include "tide/core/exec.hpp"
+#include "tide/kernels/layernorm/checks.hpp"
+#include "tide/kernels/layernorm/math.hpp"
+#include "tide/kernels/residual/rows.hpp"
+
+namespace tide::kernels {
+
+namespace detail {
+
+// One row of C: out, and the row's mean and rstd.
+template <class T, class W>
+void layernorm_forward_row(T* __restrict out, float& mean_out, float& rstd_out, T const* __restrict x,
+                           W const* __restrict weight, W const* __restrict bias, index_t C) {
+  float const inv_c = 1.0f / static_cast<float>(C);
+  float const mean = lane_sums<1>(C, [x](index_t i) { return sums<1>{to_float(x[i])}; })[0] * inv_c;
+  float const var = lane_sums<1>(C, [x, mean](index_t i) {
+                      float const d = to_float(x[i]) - mean;
+                      return sums<1>{d * d};
+                    })[0] * inv_c;
+  float const rstd = layernorm_rstd(var);
+#pragma GCC ivdep
+  for (index_t i = 0; i < C; ++i)
+    out[i] = from_float<T>(layernorm_out(layernorm_xhat(to_float(x[i]), mean, rstd), to_float(weight[i]), to_float(bias[i])));
+  mean_out = mean;
+  rstd_out = rstd;
+}
+
+// One row of C: dinp += ..., and the row's terms of dweight and dbias into dw, db.
+template <class T, class W>
+void layernorm_backward_row(T* __restrict dinp, float* __restrict dw, float* __restrict db, T const* __restrict dout,
+                            T const* __restrict x, W const* __restrict weight, float mean, float rstd, index_t C) {
+  float const inv_c = 1.0f / static_cast<float>(C);
+  sums<2> const s = lane_sums<2>(C, [=](index_t i) {
+    float const xhat = layernorm_xhat(to_float(x[i]), mean, rstd);
+    float const dnorm = to_float(weight[i]) * to_float(dout[i]);
+    return sums<2>{dnorm, dnorm * xhat};
+  });
+  float const mean_dnorm = s[0] * inv_c;
+  float const mean_dnorm_xhat = s[1] * inv_c;
+#pragma GCC ivdep
+  for (index_t i = 0; i < C; ++i) {
+    float const g = to_float(dout[i]);
+    float const xhat = layernorm_xhat(to_float(x[i]), mean, rstd);
+    float const dnorm = to_float(weight[i]) * g;
+    dinp[i] = from_float<T>(to_float(dinp[i]) + layernorm_dinp(dnorm, xhat, mean_dnorm, mean_dnorm_xhat, rstd));
+    dw[i] += xhat * g;
+    db[i] += g;
+  }
+}
+
+// residual = a + b, one row; residual may be a or b.
+template <class T>
+void residual_row(T* residual, T const* a, T const* b, index_t C) {
+  for (index_t i = 0; i < C; ++i) residual[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
+}
+
+}  // namespace detail
+
+// out = layernorm(inp) with weight and bias; mean and rstd saved for the backward.
+//   inp, out: (N, C) or (B, T, C), contiguous; mean, rstd: float, one per row ((N) or (B, T));
+//   weight, bias: (C), float, bf16 or f16. out must not overlap inp.
+template <Element T, class X, class Wv, class Bv>
+  requires ReadView<X, T> && Element<element_of<Wv>> && ReadView<Wv, element_of<Wv>> && ReadView<Bv, element_of<Wv>>
+void layernorm_forward(exec<host> const& ex, tensor_view<T> out, tensor_view<float> mean, tensor_view<float> rstd,
+                       X inp, Wv weight, Bv bias) {
+  index_t const C = detail::check_layernorm_forward(out, mean, rstd, inp, weight, bias);
+  T* const o = out.data();
+  float* const m = mean.data();
+  float* const s = rstd.data();
+  auto const* const x = inp.data();
+  auto const* const w = weight.data();
+  auto const* const b = bias.data();
+  detail::for_rows(ex.pool, inp.size() / C, C, [=](index_t r0, index_t r1) {
+    for (index_t r = r0; r < r1; ++r) detail::layernorm_forward_row(o + r * C, m[r], s[r], x + r * C, w, b, C);
+  });
+}
+
+// dinp += dL/dinp (accumulated, as llm.c: dinp is the residual stream's gradient), dweight +=
+// dL/dweight, dbias += dL/dbias, from dout and the forward's inp, weight, mean and rstd.
+//   dinp, dout, inp: (N, C), contiguous; weight, dweight, dbias: (C); mean, rstd: one per row.
+template <Element T, Element W, class D, class X, class Wv, class M, class R>
+  requires ReadView<D, T> && ReadView<X, T> && ReadView<Wv, W> && ReadView<M, float> && ReadView<R, float>
+void layernorm_backward(exec<host> const& ex, tensor_view<T> dinp, tensor_view<W> dweight, tensor_view<W> dbias,
+                        D dout, X inp, Wv weight, M mean, R rstd) {
+  index_t const C = detail::check_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+  T* const di = dinp.data();
+  T const* const g = dout.data();
+  T const* const x = inp.data();
+  W const* const w = weight.data();
+  float const* const m = mean.data();
+  float const* const s = rstd.data();
+  detail::rows_with_column_sums<2>(ex.pool, inp.size() / C, C, std::array<W*, 2>{dweight.data(), dbias.data()},
+                                   [=](index_t r, std::array<float*, 2> const& acc) {
+                                     detail::layernorm_backward_row(di + r * C, acc[0], acc[1], g + r * C, x + r * C, w,
+                                                                    m[r], s[r], C);
+                                   });
+}
+
+// residual = a + b, then out = layernorm(residual), in one pass over each row (llm.c's
+// fused_residual_forward): a and b are read once, the row is normalised while in L1. The result
+// is bit-identical to residual_forward followed by layernorm_forward. residual may be a or b.
+template <Element T, class A, class Bv, class Wv, class Bi>
+  requires ReadView<A, T> && ReadView<Bv, T> && Element<element_of<Wv>> && ReadView<Wv, element_of<Wv>> &&
+           ReadView<Bi, element_of<Wv>>
+void residual_layernorm_forward(exec<host> const& ex, tensor_view<T> residual, tensor_view<T> out,
+                                tensor_view<float> mean, tensor_view<float> rstd, A a, Bv b, Wv weight, Bi bias) {
+  index_t const C = detail::check_residual_layernorm_forward(residual, out, mean, rstd, a, b, weight, bias);
+  T* const res = residual.data();
+  T* const o = out.data();
+  float* const m = mean.data();
+  float* const s = rstd.data();
+  T const* const pa = a.data();
+  T const* const pb = b.data();
+  auto const* const w = weight.data();
+  auto const* const bi = bias.data();
+  detail::for_rows(ex.pool, a.size() / C, C, [=](index_t r0, index_t r1) {
+    for (index_t r = r0; r < r1; ++r) {
+      detail::residual_row(res + r * C, pa + r * C, pb + r * C, C);
+      detail::layernorm_forward_row(o + r * C, m[r], s[r], res + r * C, w, bi, C);
+    }
+  });
+}
+
+}  // namespace tide::kernels
