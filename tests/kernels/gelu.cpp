@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include "support/kernel_checks.hpp"
+
 #include <tide/kernels/gelu/gelu.hpp>
 
 #include <bit>
@@ -18,6 +20,10 @@
 #include <vector>
 
 namespace {
+
+using tide::test::same_bits;
+using tide::test::usage_error;
+using tide::test::view;
 
 using tide::bf16;
 using tide::f16;
@@ -41,16 +47,7 @@ std::vector<T> random_vector(std::size_t n, std::mt19937& gen, double sd) {
   return v;
 }
 
-template <class T>
-tensor_view<T> view(std::vector<T>& v, tide::shape s) {
-  REQUIRE(static_cast<index_t>(v.size()) == s.numel());
-  return tensor_view<T>(v.data(), s);
-}
 
-template <class T>
-bool same_bits(std::vector<T> const& a, std::vector<T> const& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
 
 // One rounding to T beyond the float result: the two sides round separately and may land one
 // ulp of T apart (2u of T, relative). 0 for float.
@@ -67,17 +64,6 @@ double forward_tol(double x) { return 4.0 * u32 * std::abs(x); }
 // gelu'(x) is within [-0.17, 1.13]; measured 4.1 u absolute, allowed 8 u.
 constexpr double grad_tol = 8.0 * u32;
 
-template <class F>
-std::string usage_error(F&& f) {
-  try {
-    f();
-  } catch (tide::error const& e) {
-    CHECK(e.category() == tide::errc::usage);
-    return e.message();
-  }
-  FAIL("expected a tide::error(usage)");
-  return {};
-}
 
 constexpr index_t sizes[] = {1, 3, 17, 63, 773, 32768 + 7};
 

@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include "support/kernel_checks.hpp"
+
 #include <tide/kernels/layernorm/layernorm.hpp>
 #include <tide/kernels/residual/residual.hpp>
 
@@ -17,6 +19,10 @@
 #include <vector>
 
 namespace {
+
+using tide::test::same_bits;
+using tide::test::usage_error;
+using tide::test::view;
 
 using tide::bf16;
 using tide::f16;
@@ -44,16 +50,7 @@ std::vector<T> random_vector(std::size_t n, std::mt19937& gen, double lo, double
   return v;
 }
 
-template <class T>
-tensor_view<T> view(std::vector<T>& v, tide::shape s) {
-  REQUIRE(static_cast<index_t>(v.size()) == s.numel());
-  return tensor_view<T>(v.data(), s);
-}
 
-template <class T>
-bool same_bits(std::vector<T> const& a, std::vector<T> const& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
 
 // The rounding of one output to T, beyond the float computation: 0 for float; for bf16 and f16
 // the two sides round separately and may land one ulp apart (2u of the type, relative).
@@ -69,17 +66,6 @@ double rounding_of() {
 // the per-element math. Measured: at most a tenth of this in the float tests below.
 double row_sum_tolerance(index_t C) { return 8.0 * u32 * (1.0 + std::sqrt(static_cast<double>(C)) / 4.0); }
 
-template <class F>
-std::string usage_error(F&& f) {
-  try {
-    f();
-  } catch (tide::error const& e) {
-    CHECK(e.category() == tide::errc::usage);
-    return e.message();
-  }
-  FAIL("expected a tide::error(usage)");
-  return {};
-}
 
 // One forward problem: inputs, the reference's outputs, the host's outputs.
 template <class T, class W>

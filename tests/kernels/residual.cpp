@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include "support/kernel_checks.hpp"
+
 #include <tide/kernels/residual/residual.hpp>
 
 #include <cstring>
@@ -12,6 +14,10 @@
 #include <vector>
 
 namespace {
+
+using tide::test::same_bits;
+using tide::test::usage_error;
+using tide::test::view;
 
 using tide::bf16;
 using tide::f16;
@@ -28,28 +34,8 @@ std::vector<T> random_vector(std::size_t n, std::mt19937& gen) {
   return v;
 }
 
-template <class T>
-tensor_view<T> view(std::vector<T>& v, tide::shape s) {
-  REQUIRE(static_cast<index_t>(v.size()) == s.numel());
-  return tensor_view<T>(v.data(), s);
-}
 
-template <class T>
-bool same_bits(std::vector<T> const& a, std::vector<T> const& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
 
-template <class F>
-std::string usage_error(F&& f) {
-  try {
-    f();
-  } catch (tide::error const& e) {
-    CHECK(e.category() == tide::errc::usage);
-    return e.message();
-  }
-  FAIL("expected a tide::error(usage)");
-  return {};
-}
 
 // Sizes around the vector width and the per-task grain (row_tuning::min_task_elems = 32768).
 constexpr index_t sizes[] = {1, 3, 17, 63, 773, 32768 * 2 + 5};
