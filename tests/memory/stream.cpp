@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include "support/gate.hpp"
+
 #include <tide/core/concepts.hpp>
 #include <tide/memory/stream.hpp>
 
@@ -21,28 +23,7 @@ using tide::host;
 
 namespace {
 
-// A latch a host function blocks on until the test opens it. The timeout only turns a bug
-// (a gate never opened) into a failure instead of a hang; no result depends on time.
-struct gate {
-  std::mutex m;
-  std::condition_variable cv;
-  bool is_open = false;
-
-  void open() {
-    {
-      std::lock_guard lock(m);
-      is_open = true;
-    }
-    cv.notify_all();
-  }
-  bool wait() {
-    std::unique_lock lock(m);
-    return cv.wait_for(lock, std::chrono::seconds(30), [&] { return is_open; });
-  }
-  static void pass(void* g) {
-    if (!static_cast<gate*>(g)->wait()) throw std::runtime_error("test gate never opened");
-  }
-};
+using tide::test::gate;
 
 // Busy work that takes a while without sleeping, so a broken ordering has time to show.
 std::uint64_t churn() {

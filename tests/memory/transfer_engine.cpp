@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include "support/gate.hpp"
+
 #include <tide/core/bytes.hpp>
 #include <tide/memory/stream.hpp>
 #include <tide/memory/transfer_engine.hpp>
@@ -22,25 +24,7 @@ using namespace tide::literals;
 
 namespace {
 
-struct gate {
-  std::mutex m;
-  std::condition_variable cv;
-  bool is_open = false;
-
-  void open() {
-    {
-      std::lock_guard lock(m);
-      is_open = true;
-    }
-    cv.notify_all();
-  }
-  static void pass(void* p) {
-    auto& g = *static_cast<gate*>(p);
-    std::unique_lock lock(g.m);
-    if (!g.cv.wait_for(lock, std::chrono::seconds(30), [&] { return g.is_open; }))
-      throw std::runtime_error("test gate never opened");
-  }
-};
+using tide::test::gate;
 
 std::vector<unsigned char> pattern(std::size_t n, unsigned seed) {
   std::vector<unsigned char> v(n);
