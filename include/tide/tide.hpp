@@ -33,3 +33,15 @@
 #include "tide/kernels/softmax/softmax.hpp"
 
 #include "tide/nn/gpt.hpp"
+
+#include "tide/chunk/access_trace.hpp"
+#include "tide/chunk/chunk.hpp"
+#include "tide/chunk/layout.hpp"
+#include "tide/chunk/memory_tracer.hpp"
+#include "tide/chunk/tensor_state.hpp"
+
+#include "tide/offload/policy.hpp"
+#include "tide/offload/scheduler.hpp"
+#include "tide/offload/schedulers.hpp"
+#include "tide/offload/simulate.hpp"
+#include "tide/offload/stats.hpp"

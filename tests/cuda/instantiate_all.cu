@@ -10,6 +10,8 @@
 #include <cstdint>
 
 #include <tide/cuda.cuh>
+#include <tide/offload/scheduler.hpp>
+#include <tide/offload/simulate.hpp>
 
 namespace {
 
@@ -121,6 +123,18 @@ void memory_of() {
   (void)cache.allocate(256);
 }
 
+// ---- chunk/ and offload/: host logic through nvcc (the CUDA scheduler is not written yet) ----
+void offload_of(tide::exec<tide::host> const& hx) {
+  tide::memory::device_arena<tide::host> arena{{.budget = 1 << 20}};
+  tide::nn::gpt_config const cfg{.layers = 1, .heads = 1, .channels = 8, .vocab = 8, .max_seq = 4};
+  tide::offload::scheduler<tide::host, float, tide::offload::chunked<tide::offload::belady>> s{
+      hx, arena, tide::nn::gpt_parameters(cfg, tide::dtype::f32), tide::nn::gpt_block_uses(cfg)};
+  s.step();
+  tide::chunk::access_trace const trace(2);
+  (void)tide::offload::simulate(trace, 2, tide::offload::lru{});
+  (void)tide::offload::simulate(trace, 2, tide::offload::fifo{});
+}
+
 }  // namespace
 
 template class tide::memory::device_arena<tide::cuda>;
@@ -146,5 +160,6 @@ int main(int argc, char**) {
   activations_of<float>(ex);
   activations_of<bf16>(ex);
   memory_of();
+  offload_of(hx);
   return 0;
 }

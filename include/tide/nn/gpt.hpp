@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <concepts>
 #include <cstdint>
 #include <limits>
 #include <numbers>
@@ -153,6 +154,43 @@ struct no_hooks {
   constexpr void post_backward(int) const noexcept {}
 };
 
+// Hooks that also own the model data: parameter i of parameters() lives at param_data(i) and its
+// gradient at grad_data(i), wherever the hooks keep them (an offload scheduler's chunks). The
+// addresses are asked for after pre_forward / pre_backward of the block that uses them and are
+// not kept past its post_* hook, so a chunk may move between blocks. The model then allocates
+// no parameter or gradient buffer of its own; zero_grad() calls zero_grad() on the hooks.
+template <class H, class T>
+concept ParameterStorage = requires(H& h, std::uint32_t i) {
+  { h.param_data(i) } -> std::same_as<T*>;
+  { h.grad_data(i) } -> std::same_as<T*>;
+  h.zero_grad();
+};
+
+// The parameters each block reads (hooks that move data need it): uses[b - first_block] lists
+// parameter indices. A block reads its own layer's parameters and, for a tied head, others.
+struct block_uses {
+  int first_block = 0;
+  std::vector<std::vector<std::uint32_t>> params;
+  [[nodiscard]] int last_block() const noexcept { return first_block + static_cast<int>(params.size()) - 1; }
+  [[nodiscard]] std::span<std::uint32_t const> of(int block) const {
+    TIDE_REQUIRE(block >= first_block && block <= last_block(), "block_uses::of(", block, "): blocks are ",
+                 first_block, " .. ", last_block());
+    return params[static_cast<std::size_t>(block - first_block)];
+  }
+};
+
+// The blocks of a gpt and what each reads: block b's own parameters; the head block (L) also
+// reads wte (the tied LM head).
+inline block_uses gpt_block_uses(gpt_config const& config) {
+  gpt_config const c = resolve(config);
+  parameter_list const list = gpt_parameters(c, dtype::f32);
+  block_uses u{embedding_block, std::vector<std::vector<std::uint32_t>>(static_cast<std::size_t>(c.layers + 2))};
+  for (std::uint32_t i = 0; i < list.size(); ++i)
+    u.params[static_cast<std::size_t>(list[i].layer - embedding_block)].push_back(i);
+  u.params.back().insert(u.params.back().begin(), 0u);  // wte, index 0
+  return u;
+}
+
 // ---- options and reports --------------------------------------------------------------------
 
 struct gpt_options {
@@ -249,6 +287,8 @@ class gpt {
   template <class U>
   using view = tensor_view<U, B>;
   using token_view = tensor_view<std::int32_t const, B>;
+  // true when Hooks keep the parameters and gradients (ParameterStorage): an offload scheduler.
+  static constexpr bool external_storage = ParameterStorage<Hooks, T>;
 
   // Allocates the parameters from `arena` and initialises them (GPT-2: weights N(0, 0.02), the
   // two residual projections' weights N(0, 0.02 / sqrt(2L)), biases 0, LayerNorm weights 1, the
@@ -262,7 +302,8 @@ class gpt {
         hooks_(std::move(hooks)),
         planner_(options.alignment) {
     register_activations();
-    params_ = detail::arena_block<B>(arena, params_list_.bytes(), options_.alignment);
+    if constexpr (!external_storage)
+      params_ = detail::arena_block<B>(arena, params_list_.bytes(), options_.alignment);
     initialise(nullptr, options_.seed);
   }
 
@@ -278,18 +319,27 @@ class gpt {
 
   // ---- parameters and gradients ---------------------------------------------------------------
   // One tensor of the flat buffer, by record (from parameters()) or by name ("h0.attn.qkv.w").
-  [[nodiscard]] view<T> param(parameter const& p) const { return tensor_at(params_, p); }
+  [[nodiscard]] view<T> param(parameter const& p) const { return tensor_at(params_, p, false); }
   [[nodiscard]] view<T> param(std::string_view name) const { return param(params_list_.find(name)); }
   // Gradients: the same layout in a second buffer. Throws tide::error(usage) before the first
   // zero_grad / backward allocated it.
-  [[nodiscard]] view<T> grad(parameter const& p) const { return tensor_at(require_grads("grad"), p); }
+  [[nodiscard]] view<T> grad(parameter const& p) const { return tensor_at(require_grads("grad"), p, true); }
   [[nodiscard]] view<T> grad(std::string_view name) const { return grad(params_list_.find(name)); }
   // The whole buffers as (n) with n = parameters().bytes() / sizeof(T): every tensor plus the
   // alignment padding between them, which is zero and stays zero (no kernel writes it), so a
   // flat optimizer step or norm over them equals one over the tensors.
-  [[nodiscard]] view<T> flat_params() const { return flat(params_); }
-  [[nodiscard]] view<T> flat_grads() const { return flat(require_grads("flat_grads")); }
-  [[nodiscard]] bool has_grads() const noexcept { return static_cast<bool>(grads_); }
+  // Not with external storage (the tensors are spread over chunks): static_assert.
+  [[nodiscard]] view<T> flat_params() const {
+    static_assert(!external_storage, "gpt::flat_params: the hooks keep the parameters in their own storage (chunks); "
+                                     "step the optimizer through the scheduler, or read tensors with param(p)");
+    return flat(params_);
+  }
+  [[nodiscard]] view<T> flat_grads() const {
+    static_assert(!external_storage, "gpt::flat_grads: the hooks keep the gradients in their own storage (chunks); "
+                                     "read tensors with grad(p)");
+    return flat(require_grads("flat_grads"));
+  }
+  [[nodiscard]] bool has_grads() const noexcept { return external_storage || static_cast<bool>(grads_); }
 
   // Re-initialises the parameters from `seed` (the constructor's initialisation, threaded over
   // ex's pool; the values do not depend on the thread count).
@@ -324,15 +374,20 @@ class gpt {
     TIDE_REQUIRE(ready_for_backward_, "gpt::backward needs a forward with targets first (",
                  batch_ == 0 ? "none ran" : "the last forward had no targets, or its backward already ran",
                  "); call forward(ex, tokens, targets)");
-    if (!grads_) zero_grad(ex);
+    if (!external_storage && !grads_) zero_grad(ex);
     ready_for_backward_ = false;
     run_backward(ex);
   }
 
   // Gradients = 0 (allocates them from the arena on the first call).
+  // With external storage: the hooks' zero_grad().
   void zero_grad(exec<B> const& ex) {
-    if (!grads_) grads_ = detail::arena_block<B>(*arena_, params_list_.bytes(), options_.alignment);
-    detail::zero_fill(ex, flat(grads_));
+    if constexpr (external_storage) {
+      hooks_.zero_grad();
+    } else {
+      if (!grads_) grads_ = detail::arena_block<B>(*arena_, params_list_.bytes(), options_.alignment);
+      detail::zero_fill(ex, flat(grads_));
+    }
   }
 
   // The mean loss of the last forward with targets (NaN if none).
@@ -528,17 +583,31 @@ class gpt {
 
   // ---- parameters -----------------------------------------------------------------------------
 
-  [[nodiscard]] view<T> tensor_at(detail::arena_block<B> const& buffer, parameter const& p) const {
+  // Parameter p in `buffer` (the parameters or the gradients), or where the hooks keep it.
+  [[nodiscard]] view<T> tensor_at(detail::arena_block<B> const& buffer, parameter const& p, bool gradient) const {
     TIDE_REQUIRE(p.type == dtype_of<T> && p.end() <= params_list_.bytes(), "gpt: parameter \"", p.name(), "\" (",
                  to_string(p.type), ", bytes ", p.offset, "..", p.end(), ") is not a record of this model (",
                  to_string(dtype_of<T>), ", ", params_list_.bytes(), " bytes); take records from parameters()");
-    return view<T>(reinterpret_cast<T*>(buffer.data() + p.offset), p.shape);
+    if constexpr (external_storage) {
+      auto const i = static_cast<std::uint32_t>(index_of(p));
+      Hooks& h = const_cast<Hooks&>(hooks_);  // the storage is the hooks'; asking for an address changes nothing
+      return view<T>(gradient ? h.grad_data(i) : h.param_data(i), p.shape);
+    } else {
+      (void)gradient;
+      return view<T>(reinterpret_cast<T*>(buffer.data() + p.offset), p.shape);
+    }
+  }
+  [[nodiscard]] std::size_t index_of(parameter const& p) const {
+    auto const all = params_list_.all();
+    TIDE_REQUIRE(&p >= all.data() && &p < all.data() + all.size(), "gpt: parameter \"", p.name(),
+                 "\" is a copy, not a record of parameters(); take records from parameters()");
+    return static_cast<std::size_t>(&p - all.data());
   }
   [[nodiscard]] view<T> flat(detail::arena_block<B> const& buffer) const {
     return view<T>(reinterpret_cast<T*>(buffer.data()), {static_cast<index_t>(params_list_.bytes() / sizeof(T))});
   }
   [[nodiscard]] detail::arena_block<B> const& require_grads(char const* what) const {
-    TIDE_REQUIRE(static_cast<bool>(grads_), "gpt::", what,
+    TIDE_REQUIRE(external_storage || static_cast<bool>(grads_), "gpt::", what,
                  ": the gradients are not allocated yet; call zero_grad(ex) or backward(ex) first");
     return grads_;
   }
@@ -553,15 +622,22 @@ class gpt {
 
   void initialise(thread_pool* pool, std::uint64_t seed) {
     static_assert(!B::is_device, "gpt initialisation on a device backend stages through host memory: not yet written");
-    std::byte* const base = params_.data();
-    std::fill(base, base + params_list_.bytes(), std::byte{0});  // padding and zero tensors
+    if constexpr (!external_storage) {
+      std::byte* const base = params_.data();
+      std::fill(base, base + params_list_.bytes(), std::byte{0});  // padding and zero tensors
+    }
     double const residual_std = 0.02 / std::sqrt(2.0 * config_.layers);
     for (std::size_t i = 0; i < params_list_.size(); ++i) {
       parameter const& p = params_list_[i];
       std::string_view const name = p.name();
-      T* const x = reinterpret_cast<T*>(base + p.offset);
+      // External storage: the hooks hand out host-writable memory for every parameter outside a
+      // step (a scheduler keeps its chunks on the host tier until the first step).
+      T* const x = param(p).data();
       auto const n = static_cast<std::size_t>(p.numel());
-      if (name.ends_with(".b")) continue;  // biases 0
+      if (name.ends_with(".b")) {
+        std::fill(x, x + n, from_float<T>(0.0f));
+        continue;  // biases 0
+      }
       if (name.ends_with("ln1.w") || name.ends_with("ln2.w") || name == "lnf.w") {
         std::fill(x, x + n, from_float<T>(1.0f));
         continue;
@@ -569,6 +645,7 @@ class gpt {
       double const std_dev = name.ends_with("proj.w") ? residual_std : 0.02;
       // wte's padding rows stay 0: no token selects them and the head's loss ignores them.
       std::size_t const real = name == "wte" ? static_cast<std::size_t>(config_.vocab * config_.channels) : n;
+      std::fill(x + real, x + n, from_float<T>(0.0f));
       std::uint64_t const key = detail::splitmix64(seed ^ detail::splitmix64(0xA11CE + i));
       // Element j is sample j of the stream: a function of (seed, i, j) only.
       auto fill = [=](std::size_t b, std::size_t e) {
@@ -605,7 +682,7 @@ class gpt {
 
   [[nodiscard]] view<T const> cparam(parameter const& p) const { return param(p); }
   [[nodiscard]] view<T const> cparam(int l, block_param k) const { return param(block_parameter(l, k)); }
-  [[nodiscard]] view<T> dparam(int l, block_param k) const { return tensor_at(grads_, block_parameter(l, k)); }
+  [[nodiscard]] view<T> dparam(int l, block_param k) const { return tensor_at(grads_, block_parameter(l, k), true); }
 
   // x_l, the input of block l: the embeddings for l = 0, else block l-1's output.
   [[nodiscard]] memory::tensor_id residual_in(int l) const {
@@ -681,11 +758,11 @@ class gpt {
     hooks_.pre_backward(head_block(config_));
     auto const dlnf = act<T>(dlnf_, btc);
     detail::zero_fill(ex, dlnf);
-    kernels::matmul_backward(ex, dlnf, tensor_at(grads_, wte()), view<T>{},
+    kernels::matmul_backward(ex, dlnf, tensor_at(grads_, wte(), true), view<T>{},
                              view<T const>(act<T>(dlogits_, {Bn, Tn, index_t{config_.padded_vocab}})),
                              view<T const>(act<T>(lnf_, btc)), cparam(wte()));
     detail::zero_fill(ex, dres);
-    kernels::layernorm_backward(ex, dres, tensor_at(grads_, lnf_w()), tensor_at(grads_, lnf_b()), view<T const>(dlnf),
+    kernels::layernorm_backward(ex, dres, tensor_at(grads_, lnf_w(), true), tensor_at(grads_, lnf_b(), true), view<T const>(dlnf),
                                 view<T const>(act<T>(residual_in(L), btc)), cparam(lnf_w()),
                                 view<float const>(act<float>(lnf_mean_, bt)), view<float const>(act<float>(lnf_rstd_, bt)));
     hooks_.post_backward(head_block(config_));
@@ -729,7 +806,7 @@ class gpt {
     }
 
     hooks_.pre_backward(embedding_block);
-    kernels::encoder_backward(ex, tensor_at(grads_, wte()), tensor_at(grads_, wpe()), view<T const>(dres), tokens_);
+    kernels::encoder_backward(ex, tensor_at(grads_, wte(), true), tensor_at(grads_, wpe(), true), view<T const>(dres), tokens_);
     hooks_.post_backward(embedding_block);
   }
 

@@ -1,0 +1,1007 @@
+#pragma once
+// scheduler<B, T, Config>: the model data of a model (parameters, gradients, AdamW state) in
+// chunks, moved between the device arena and the host as Config (offload/schedulers.hpp) says,
+// and the optimizer stepped chunk by chunk as soon as a chunk's gradients are complete.
+//
+//   tide::memory::device_arena<tide::host> arena{{.budget = 64_MiB}};
+//   auto const cfg = tide::nn::gpt_config{...};
+//   using sched_t = tide::offload::scheduler<tide::host, float, tide::offload::chunked<tide::offload::belady>>;
+//   sched_t sched{ex, arena, tide::nn::gpt_parameters(cfg, tide::dtype::f32), tide::nn::gpt_block_uses(cfg),
+//                 {.chunk_bytes = 1_MiB}, {.adamw = {.lr = 1e-3f}}};
+//   tide::nn::gpt<tide::host, float, tide::offload::hooks<sched_t>> model{cfg, arena, {}, {&sched}};
+//   for (...) { model.forward(ex, x, y); model.backward(ex); sched.step(); sched.last_step(); }
+//
+// Lists: param (T) and grad (T) chunks move; AdamW's m and v (fp32) stay where the placement put
+// them (host, or the device when the warm-up found room). Trace ids: param chunk c is c, grad
+// chunk c is n + c (n chunks per list).
+//
+// One step, for chunked<P>:
+//   pre_forward(b)   the chunks of b's parameters become resident (a victim's device block is
+//                    handed over: its copy to the host and the new copy in run in order on the
+//                    copy stream), tensors -> COMPUTE; then the next moments' chunks are
+//                    prefetched as far as the budget allows (belady: also by evicting a chunk
+//                    used later than the one fetched)
+//   post_forward(b)  tensors -> HOLD_AFTER_FWD
+//   pre_backward(b)  parameter and gradient chunks resident (a FREE gradient chunk is created
+//                    zero-filled: no copy), tensors -> COMPUTE
+//   post_backward(b) tensors -> HOLD_AFTER_BWD; every chunk whose last backward use was b is
+//                    stepped: on the device when its state is there, else its parameter and
+//                    gradient chunks are copied to the host and the host AdamW runs on the
+//                    optimizer worker beside the rest of backward; the gradient chunk is freed
+//   step()           waits for the optimizer, ends the step (the warm-up step becomes the trace)
+//
+// The first step is the warm-up: it keeps only the current moment's chunks on the device and
+// records the trace and the non-model bytes per moment (memory_tracer). A budget below the
+// scheduler's minimum is refused at the first moment, before any compute, with a tide::error
+// stating the minimum and its parts. Offloading changes no result: the same kernels run on the
+// same bytes, only the addresses differ (tests/offload/scheduler.cpp checks bit-identity).
+//
+// Host backend only so far (device payloads are arena memory the host can read): the CUDA
+// instantiation needs compute-stream events around handovers and device zero fills.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tide/chunk/chunk.hpp"
+#include "tide/chunk/layout.hpp"
+#include "tide/chunk/memory_tracer.hpp"
+#include "tide/core/backend.hpp"
+#include "tide/core/bytes.hpp"
+#include "tide/core/error.hpp"
+#include "tide/core/exec.hpp"
+#include "tide/kernels/adamw/adamw.hpp"
+#include "tide/memory/device_arena.hpp"
+#include "tide/memory/pinned_pool.hpp"
+#include "tide/memory/stream.hpp"
+#include "tide/memory/transfer_engine.hpp"
+#include "tide/nn/gpt.hpp"
+#include "tide/nn/parameters.hpp"
+#include "tide/offload/policy.hpp"
+#include "tide/offload/schedulers.hpp"
+#include "tide/offload/stats.hpp"
+
+namespace tide::offload {
+
+struct scheduler_options {
+  kernels::adamw_hparams adamw{};
+  float grad_scale = 1.f;        // multiplies every gradient in the step (clipping, loss-scale unscaling)
+  int micro_steps = 1;           // backward passes per optimizer step (gradient accumulation)
+  bool overlap_optimizer = true; // host steps run on the optimizer worker beside backward
+  bool lock_host_pages = false;  // host tier: mlock (pointless on tide::host, where nothing DMAs)
+};
+
+namespace detail {
+
+template <class C>
+inline constexpr bool is_chunked = requires { C{}.policy; };
+template <class C>
+inline constexpr bool is_window = requires { C::window; };
+template <class C>
+inline constexpr bool is_static = std::is_same_v<C, static_partition>;
+template <class C>
+inline constexpr bool is_resident = std::is_same_v<C, resident>;
+
+template <class C>
+struct policy_of {
+  using type = belady;  // layer_window and static_partition evict by furthest next use
+};
+template <class C>
+  requires is_chunked<C>
+struct policy_of<C> {
+  using type = decltype(C{}.policy);
+};
+
+inline double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace detail
+
+template <Backend B, Element T, class Config>
+class scheduler {
+  static_assert(!B::is_device, "offload::scheduler on a device backend: the CUDA instantiation (compute-stream "
+                               "events around handovers, device zero fills) is not written yet; use tide::host");
+  static_assert(std::is_same_v<T, float>, "offload::scheduler<B, T, ...>: only T = float so far (the parameter "
+                                          "chunk is the fp32 master); bf16/f16 working chunks with fp32 master "
+                                          "chunks are not written yet");
+  static_assert(detail::is_chunked<Config> || detail::is_window<Config> || detail::is_static<Config> ||
+                    detail::is_resident<Config>,
+                "offload::scheduler<B, T, Config>: Config must be resident, chunked<Policy>, layer_window<W> or "
+                "static_partition (tide/offload/schedulers.hpp)");
+
+ public:
+  using backend = B;
+  using element_type = T;
+  using config_type = Config;
+  using policy_type = typename detail::policy_of<Config>::type;
+
+  scheduler(exec<B> const& ex, memory::device_arena<B>& arena, nn::parameter_list params, nn::block_uses uses,
+            Config const& config = {}, scheduler_options const& options = {})
+      : ex_(ex),
+        arena_(&arena),
+        params_(std::move(params)),
+        uses_(std::move(uses)),
+        config_(config),
+        options_(options),
+        layout_(make_layout()),
+        param_(chunk::chunk_role::param, dtype_of<T>, layout_, params_),
+        grad_(chunk::chunk_role::grad, dtype_of<T>, layout_, params_),
+        m_(chunk::chunk_role::exp_avg, dtype::f32, layout_, params_),
+        v_(chunk::chunk_role::exp_avg_sq, dtype::f32, layout_, params_),
+        host_(memory::pinned_pool_options{.lock_pages = options.lock_host_pages}),
+        engine_(copy_stream_, {.max_in_flight = 8}),
+        tracer_({.device_budget = arena.config().budget, .reserved = reserved_bytes()}) {
+    TIDE_REQUIRE(options_.micro_steps >= 1, "offload::scheduler: micro_steps = ", options_.micro_steps,
+                 "; pass the number of backward passes per optimizer step, >= 1");
+    n_ = static_cast<std::uint32_t>(layout_.chunks());
+    ids_ = 2 * n_;
+    ready_.resize(ids_);
+    busy_.resize(n_);
+    stale_.assign(ids_, nullptr);
+    stale_where_.assign(ids_, chunk::tier::host);
+    optimizer_pending_.assign(n_, false);
+    in_flight_.assign(ids_, false);
+    os_on_device_.assign(n_, false);
+    tracer_.set_chunks(ids_);
+    build_moments();
+    // Parameters and optimizer state start on the host, zeroed: the model initialises them there.
+    for (std::uint32_t c = 0; c < n_; ++c) {
+      attach_host_zeroed(param_[c]);
+      attach_host_zeroed(m_[c]);
+      attach_host_zeroed(v_[c]);
+    }
+    for (std::uint32_t i = 0; i < params_.size(); ++i) param_.transition(i, chunk::tensor_state::hold);
+    jobs_.resize(n_);
+  }
+
+  scheduler(scheduler const&) = delete;
+  scheduler& operator=(scheduler const&) = delete;
+
+  ~scheduler() {
+    try {
+      drain();
+    } catch (...) {  // a failed copy or step is reported by the call that issued it; nothing to add here
+    }
+    for (auto* list : {&param_, &grad_, &m_, &v_})
+      for (std::uint32_t c = 0; c < n_; ++c) free_payload((*list)[c]);
+    for (std::byte* p : spare_) arena_->deallocate(p, param_.chunk_bytes(), 256);
+  }
+
+  // ---- what it is ---------------------------------------------------------------------------
+  [[nodiscard]] static std::string name() { return scheduler_name<Config>(); }
+  [[nodiscard]] chunk::chunk_layout const& layout() const noexcept { return layout_; }
+  [[nodiscard]] nn::parameter_list const& parameters() const noexcept { return params_; }
+  [[nodiscard]] std::size_t chunk_bytes() const noexcept { return param_.chunk_bytes(); }
+  [[nodiscard]] chunk::memory_tracer const& tracer() const noexcept { return tracer_; }
+  [[nodiscard]] chunk::chunk_list const& list(chunk::chunk_role r) const noexcept {
+    switch (r) {
+      case chunk::chunk_role::grad: return grad_;
+      case chunk::chunk_role::exp_avg: return m_;
+      case chunk::chunk_role::exp_avg_sq: return v_;
+      default: return param_;
+    }
+  }
+  [[nodiscard]] offload_stats const& last_step() const noexcept { return last_; }
+  // Device bytes per moment of the last completed step (the memory tide).
+  [[nodiscard]] std::span<tide_sample const> memory_tide() const noexcept { return last_tide_; }
+  // The layer window in use (layer_window; 0 before the warm-up chose one).
+  [[nodiscard]] int window() const noexcept { return window_; }
+  [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return t_ - 1; }
+  [[nodiscard]] bool os_on_device(std::uint32_t c) const { return os_on_device_.at(c); }
+
+  // ---- the budget -----------------------------------------------------------------------------
+  // The least device budget this scheduler can train with when `non_model` bytes of activations
+  // and workspaces are live, and what it is made of (text for errors and reports).
+  [[nodiscard]] std::size_t minimum_device_bytes(std::size_t non_model) const { return minimum(non_model).bytes; }
+  [[nodiscard]] std::string minimum_explained(std::size_t non_model) const { return minimum(non_model).why; }
+
+  // Refuses the arena's budget if it is below the minimum for `non_model` bytes of non-model
+  // data (tide::error(budget) stating the minimum and its parts). Runs by itself at the first
+  // moment of the first step, with the non-model bytes the arena holds then.
+  void check_budget(std::size_t non_model) const {
+    auto const need = minimum(non_model);
+    std::size_t const budget = arena_->config().budget;
+    TIDE_CHECK(budget >= need.bytes, budget, "offload ", name(), ": the device budget ", bytes_of{budget},
+               " is below this scheduler's minimum ", bytes_of{need.bytes}, " = ", need.why,
+               "; raise the budget to at least ", bytes_of{need.bytes},
+               detail::is_resident<Config> ? std::string(", or offload (chunked<belady>)")
+                                           : std::string(", or use smaller chunks / a smaller batch"));
+  }
+
+  // ---- model data -----------------------------------------------------------------------------
+  // Valid between the pre_* and post_* hooks of a block that uses parameter i (and outside a
+  // step, on the host, for initialisation and inspection: then wait with synchronize() first).
+  [[nodiscard]] T* param_data(std::uint32_t i) { return reinterpret_cast<T*>(param_.data(i)); }
+  [[nodiscard]] T* grad_data(std::uint32_t i) { return reinterpret_cast<T*>(grad_.data(i)); }
+  // Parameter i's bytes copied out, wherever its chunk is (after finishing pending work).
+  [[nodiscard]] std::vector<T> read_param(std::uint32_t i) {
+    drain();
+    auto const& p = params_[i];
+    std::vector<T> out(static_cast<std::size_t>(p.numel()));
+    std::memcpy(out.data(), param_.data(i), p.bytes);
+    return out;
+  }
+  // Gradients to zero: every gradient chunk becomes FREE (created zero-filled when next touched).
+  void zero_grad() {
+    drain();
+    for (std::uint32_t c = 0; c < n_; ++c) release_grad(c);
+  }
+  // Waits for every copy and optimizer step in flight.
+  void synchronize() { drain(); }
+
+  void set_grad_scale(float s) {
+    TIDE_REQUIRE(std::isfinite(s), "offload::scheduler::set_grad_scale(", s,
+                 "): a non-finite scale would poison the weights; skip the step instead");
+    options_.grad_scale = s;
+  }
+  void set_learning_rate(float lr) { options_.adamw.lr = lr; }
+
+  // ---- hooks ----------------------------------------------------------------------------------
+  void pre_forward(int block) { enter(block, chunk::phase::forward); }
+  void post_forward(int block) {
+    for (std::uint32_t i : uses_.of(block)) param_.transition(i, chunk::tensor_state::hold_after_fwd);
+    sample_non_model();
+    if constexpr (detail::is_window<Config>) {
+      if (tracer_.recording()) {
+        forward_ms_ += detail::ms_since(block_start_);
+        ++forward_blocks_;
+      }
+    }
+  }
+  void pre_backward(int block) { enter(block, chunk::phase::backward); }
+  void post_backward(int block) {
+    for (std::uint32_t i : uses_.of(block)) {
+      param_.transition(i, chunk::tensor_state::hold_after_bwd);
+      grad_.transition(i, chunk::tensor_state::hold_after_bwd);
+    }
+    sample_non_model();
+    if (block == uses_.first_block) ++backward_passes_;
+    if (backward_passes_ % options_.micro_steps != 0) return;  // gradients accumulate
+    // The optimizer is a moment of the trace too: host-state chunks must be on the host, the
+    // completed gradient chunks are released after it.
+    optimizer_moment(block, touched_, on_host_, released_);
+    if (released_.empty()) return;
+    current_ = tracer_.at({block, chunk::phase::optimizer}, touched_, on_host_, released_);
+    for (std::uint32_t c : completes_at(block)) optimizer_step(block, c);
+  }
+
+  // The optimizer moment after block's backward: host-state chunks must be on the host,
+  // device-state ones are touched there; the completed gradient chunks are released after it.
+  void optimizer_moment(int block, std::vector<std::uint32_t>& touched, std::vector<std::uint32_t>& on_host,
+                        std::vector<std::uint32_t>& released) const {
+    touched.clear();
+    on_host.clear();
+    released.clear();
+    for (std::uint32_t c : completes_at(block)) {
+      auto& list = os_on_device_[c] ? touched : on_host;
+      list.push_back(c);
+      list.push_back(n_ + c);
+      released.push_back(n_ + c);
+    }
+    std::ranges::sort(touched);
+  }
+
+  // Ends an optimizer step: waits for the optimizer, ends the trace step, publishes the stats.
+  void step() {
+    TIDE_REQUIRE(step_open_, "offload::scheduler::step() without a forward since the last step");
+    TIDE_REQUIRE(backward_passes_ % options_.micro_steps == 0 && backward_passes_ > 0, "offload::scheduler::step(): ",
+                 backward_passes_ % options_.micro_steps, " of ", options_.micro_steps,
+                 " micro-step backward passes ran; step after the last one");
+    auto const t0 = std::chrono::steady_clock::now();
+    drain();
+    cur_.stall_ms += detail::ms_since(t0);
+    if constexpr (detail::is_static<Config>) {
+      for (std::uint32_t c = 0; c < n_; ++c) bring_home_pinned(c);
+      engine_.synchronize();
+      for (std::uint32_t c = 0; c < n_; ++c) settle(c);
+    }
+    bool const warm_up = tracer_.recording();
+    tracer_.end_step();
+    if (warm_up && tracer_.warm()) after_warm_up();
+    ++t_;
+    backward_passes_ = 0;
+    step_open_ = false;
+    finish_stats(warm_up);
+  }
+
+ private:
+  struct minimum_parts {
+    std::size_t bytes = 0;
+    std::string why;
+  };
+
+  // ---- construction ---------------------------------------------------------------------------
+
+  [[nodiscard]] std::size_t reserved_bytes() const noexcept {
+    if constexpr (requires { config_.reserved; }) return config_.reserved;
+    else return 0;
+  }
+
+  [[nodiscard]] chunk::chunk_layout make_layout() const {
+    std::size_t const align_elems = 256 / sizeof(T);
+    if constexpr (detail::is_window<Config>) {
+      std::size_t largest = 0;  // one layer per chunk: the chunk is the largest layer block
+      for (int b = uses_.first_block; b <= uses_.last_block(); ++b) {
+        auto const r = params_.layer_bytes(b);
+        largest = std::max(largest, round_up(r.bytes, 256) / sizeof(T) + align_elems);
+      }
+      largest = round_up(largest, align_elems);
+      return chunk::pack(params_, largest, align_elems, chunk::pack_mode::one_layer_per_chunk);
+    } else {
+      std::size_t const asked = config_.chunk_bytes;
+      if (asked != 0) return chunk::pack(params_, round_up(asked, 256) / sizeof(T), align_elems);
+      std::size_t const budget = arena_->config().budget;
+      auto const found = chunk::search_chunk_size(
+          params_, {.element_bytes = sizeof(float), .two_chunk_budget = budget / 4, .alignment_elements = align_elems});
+      return found.layout;
+    }
+  }
+
+  // The moments of one step and the chunks each touches, known before the step from the block
+  // uses and the layout (the tracer checks every step against them).
+  void build_moments() {
+    int const first = uses_.first_block, last = uses_.last_block();
+    auto chunks_of = [&](int b, bool with_grads) {
+      std::vector<std::uint32_t> ids;
+      for (std::uint32_t i : uses_.of(b)) {
+        ids.push_back(layout_.chunk_of[i]);
+        if (with_grads) ids.push_back(static_cast<std::uint32_t>(n_ + layout_.chunk_of[i]));
+      }
+      std::ranges::sort(ids);
+      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      return ids;
+    };
+    forward_ids_.clear();
+    backward_ids_.clear();
+    for (int b = first; b <= last; ++b) {
+      forward_ids_.push_back(chunks_of(b, false));
+      backward_ids_.push_back(chunks_of(b, true));
+    }
+    // A chunk's gradients are complete after the last block (in backward order: last .. first)
+    // that uses it.
+    completes_.assign(static_cast<std::size_t>(last - first + 1), {});
+    std::vector<bool> done(n_, false);
+    for (int b = first; b <= last; ++b) {  // the lowest block using a chunk runs last in backward
+      for (std::uint32_t id : forward_ids_[static_cast<std::size_t>(b - first)])
+        if (!done[id]) {
+          done[id] = true;
+          completes_[static_cast<std::size_t>(b - first)].push_back(id);
+        }
+    }
+    working_set_ = 0;
+    for (auto const& ids : backward_ids_) working_set_ = std::max(working_set_, ids.size());
+    for (auto const& ids : forward_ids_) working_set_ = std::max(working_set_, ids.size());
+  }
+
+  [[nodiscard]] std::span<std::uint32_t const> completes_at(int block) const {
+    return completes_[static_cast<std::size_t>(block - uses_.first_block)];
+  }
+  [[nodiscard]] std::vector<std::uint32_t> const& ids_of(int block, chunk::phase ph) const {
+    auto const k = static_cast<std::size_t>(block - uses_.first_block);
+    return ph == chunk::phase::forward ? forward_ids_.at(k) : backward_ids_.at(k);
+  }
+
+  // ---- the minimum ----------------------------------------------------------------------------
+
+  [[nodiscard]] std::size_t block_bytes() const noexcept { return round_up(param_.chunk_bytes(), 256); }
+  [[nodiscard]] std::size_t os_block_bytes() const noexcept { return round_up(m_.chunk_bytes(), 256); }
+
+  [[nodiscard]] minimum_parts minimum(std::size_t non_model) const {
+    std::size_t const chunk = block_bytes(), r = reserved_bytes();
+    minimum_parts p;
+    auto const nm = tide::detail::concat("non-model ", bytes_of{non_model}, " (activations, workspaces)");
+    if constexpr (detail::is_resident<Config>) {
+      std::size_t const model = 2 * n_ * chunk + 2 * n_ * os_block_bytes();
+      p.bytes = non_model + model;
+      p.why = tide::detail::concat(nm, " + all model data ", bytes_of{model}, " (", n_,
+                                   " chunks each of parameters, gradients, Adam m and v)");
+    } else if constexpr (detail::is_static<Config>) {
+      std::size_t const params = n_ * chunk, grads = (working_set_ > 0 ? max_grads_per_moment() : 0) * chunk;
+      p.bytes = non_model + params + grads + r;
+      p.why = tide::detail::concat(nm, " + every parameter chunk ", bytes_of{params}, " (", n_, " x ",
+                                   bytes_of{chunk}, ") + the gradient chunks of one block ", bytes_of{grads},
+                                   " + reserved ", bytes_of{r});
+    } else {
+      std::size_t const slots = detail::is_window<Config> ? 2 * std::size_t{static_cast<std::size_t>(min_window())}
+                                                          : working_set_;
+      p.bytes = non_model + slots * chunk + r;
+      p.why = detail::is_window<Config>
+                  ? tide::detail::concat(nm, " + a window of ", min_window(), " layers x 2 chunks (parameters and "
+                                         "gradients) x ", bytes_of{chunk}, " + reserved ", bytes_of{r})
+                  : tide::detail::concat(nm, " + the working set ", working_set_, " chunks x ", bytes_of{chunk},
+                                         " (the most chunks one moment touches: ", working_set_moment(), ") + reserved ",
+                                         bytes_of{r});
+    }
+    return p;
+  }
+  [[nodiscard]] int min_window() const noexcept {
+    if constexpr (detail::is_window<Config>) return Config::window == 0 ? 2 : Config::window;
+    else return 0;
+  }
+  [[nodiscard]] std::size_t max_grads_per_moment() const {
+    std::size_t most = 0;
+    for (auto const& ids : backward_ids_)
+      most = std::max<std::size_t>(most, static_cast<std::size_t>(std::ranges::count_if(ids, [&](std::uint32_t id) { return id >= n_; })));
+    return most;
+  }
+  [[nodiscard]] std::string working_set_moment() const {
+    for (std::size_t k = 0; k < backward_ids_.size(); ++k)
+      if (backward_ids_[k].size() == working_set_)
+        return tide::detail::concat("block ", static_cast<int>(k) + uses_.first_block, "'s backward");
+    for (std::size_t k = 0; k < forward_ids_.size(); ++k)
+      if (forward_ids_[k].size() == working_set_)
+        return tide::detail::concat("block ", static_cast<int>(k) + uses_.first_block, "'s forward");
+    return "none";
+  }
+
+  // ---- the chunks ----------------------------------------------------------------------------
+
+  [[nodiscard]] chunk::chunk& chunk_of(std::uint32_t id) { return id < n_ ? param_[id] : grad_[id - n_]; }
+  [[nodiscard]] bool on_device(std::uint32_t id) {
+    chunk::chunk& ch = chunk_of(id);
+    return ch.payload() != nullptr && ch.tier() == chunk::tier::device;
+  }
+
+  void attach_host_zeroed(chunk::chunk& ch) {
+    auto* p = static_cast<std::byte*>(host_.allocate(ch.capacity(), 256));
+    std::memset(p, 0, ch.capacity());
+    ch.attach(p, chunk::tier::host);
+  }
+  void free_payload(chunk::chunk& ch) {
+    if (ch.payload() == nullptr) return;
+    chunk::tier const where = ch.tier();
+    std::byte* p = ch.detach();
+    free_block(p, where, ch.capacity());
+  }
+  void free_block(std::byte* p, chunk::tier where, std::size_t capacity) {
+    if (where == chunk::tier::host) {
+      host_.deallocate(p, capacity, 256);
+    } else {
+      device_bytes_ -= round_up(capacity, 256);
+      if constexpr (detail::is_window<Config>) {
+        if (spare_.size() < spare_limit_) {  // layer_window reuses its device blocks (STRONGHOLD's pool)
+          spare_.push_back(p);
+          device_bytes_ += round_up(capacity, 256);
+          spare_bytes_ += round_up(capacity, 256);
+          return;
+        }
+      }
+      arena_->deallocate(p, capacity, 256);
+    }
+  }
+  // A device block for a chunk: from the spare pool, or the arena (reclaiming stale blocks, and
+  // evicting more if fragmentation refuses a request the accounting allowed).
+  std::byte* allocate_device(std::size_t capacity, std::size_t t, std::span<std::uint32_t const> protect) {
+    if (!spare_.empty()) {
+      std::byte* p = spare_.back();
+      spare_.pop_back();
+      spare_bytes_ -= round_up(capacity, 256);
+      return p;  // device_bytes_ already counts it
+    }
+    for (;;) {
+      try {
+        auto* p = static_cast<std::byte*>(arena_->allocate(capacity, 256));
+        device_bytes_ += round_up(capacity, 256);
+        return p;
+      } catch (tide::error const& e) {
+        if (e.category() != errc::budget) throw;
+        if (reclaim_stale(true)) continue;
+        auto const victim = pick_victim(t, protect, std::numeric_limits<std::size_t>::max());
+        if (!victim) throw;
+        evict(*victim);
+      }
+    }
+  }
+
+  // Waits for chunk id's copy in flight, then frees the block it was copied from.
+  void settle(std::uint32_t id) {
+    if (in_flight_[id]) {
+      auto const t0 = std::chrono::steady_clock::now();
+      ready_[id].synchronize();
+      cur_.stall_ms += detail::ms_since(t0);
+      in_flight_[id] = false;
+      --copies_in_flight_;
+    }
+    if (stale_[id] != nullptr) {
+      std::byte* p = std::exchange(stale_[id], nullptr);
+      free_block(p, stale_where_[id], chunk_of(id).capacity());
+    }
+  }
+  void set_stale(std::uint32_t id, std::byte* p, chunk::tier where) {
+    TIDE_ASSERT(stale_[id] == nullptr);
+    stale_[id] = p;
+    stale_where_[id] = where;
+  }
+  // Frees device blocks whose copy to the host finished (waiting for one if `wait`). True if
+  // device memory was freed.
+  bool reclaim_stale(bool wait) {
+    for (std::uint32_t id = 0; id < ids_; ++id) {
+      if (stale_[id] == nullptr || stale_where_[id] != chunk::tier::device) continue;
+      if (!wait && in_flight_[id] && !ready_[id].query()) continue;
+      settle(id);
+      return true;
+    }
+    return false;
+  }
+  // Waits for optimizer work on parameter chunk c (the host step writes its host payload).
+  void wait_optimizer(std::uint32_t c) {
+    if (!optimizer_pending_[c]) return;
+    auto const t0 = std::chrono::steady_clock::now();
+    busy_[c].synchronize();
+    cur_.stall_ms += detail::ms_since(t0);
+    optimizer_pending_[c] = false;
+  }
+
+  // Copies chunk id to the device (or creates it zero-filled there if it has no payload).
+  // `handover`: a victim's device block to reuse (its copy out is already queued before ours).
+  void fetch(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect, std::byte* handover = nullptr) {
+    chunk::chunk& ch = chunk_of(id);
+    settle(id);
+    if (id < n_) wait_optimizer(id);
+    std::byte* dev = handover != nullptr ? handover : allocate_device(ch.capacity(), t, protect);
+    if (ch.payload() == nullptr) {
+      std::memset(dev, 0, ch.capacity());  // a FREE slot is zero-filled; nothing to copy
+      ch.attach(dev, chunk::tier::device);
+      ++cur_.allocations;
+    } else {
+      std::byte* host = ch.detach();
+      engine_.copy_async(dev, host, ch.capacity(), memory::copy_direction::host_to_device, ready_[id]);
+      ch.attach(dev, chunk::tier::device);
+      set_stale(id, host, chunk::tier::host);
+      in_flight_[id] = true;
+      ++copies_in_flight_;
+      ++cur_.fetches;
+      cur_.h2d_bytes += ch.capacity();
+    }
+    policy_.on_fetch(id, tick_);
+  }
+
+  // Copies chunk id to the host. Returns its device block, still being read by the copy: the
+  // caller either hands it over (the next copy on the stream runs after this one) or leaves it
+  // stale until the copy is done.
+  std::byte* copy_out(std::uint32_t id) {
+    chunk::chunk& ch = chunk_of(id);
+    settle(id);
+    auto* host = static_cast<std::byte*>(host_.allocate(ch.capacity(), 256));
+    std::byte* dev = ch.detach();
+    engine_.copy_async(host, dev, ch.capacity(), memory::copy_direction::device_to_host, ready_[id]);
+    ch.attach(host, chunk::tier::host);
+    in_flight_[id] = true;
+    ++copies_in_flight_;
+    cur_.d2h_bytes += ch.capacity();
+    return dev;
+  }
+  // Evicts `victim` and returns its device block for chunk `id`. A copy into the block queues
+  // behind the victim's copy out on the copy stream; a zero fill runs on this thread, so it
+  // waits for the copy out first.
+  std::byte* hand_over(std::uint32_t victim, std::uint32_t id) {
+    ++cur_.evictions;
+    std::byte* block = copy_out(victim);
+    if (chunk_of(id).payload() == nullptr) settle(victim);
+    return block;
+  }
+  void evict(std::uint32_t id) {
+    ++cur_.evictions;
+    set_stale(id, copy_out(id), chunk::tier::device);
+  }
+
+  // The chunk to evict at moment t among the movable device chunks not in `protect` whose next
+  // use is further than `beyond` (belady's prefetch rule; SIZE_MAX: any).
+  std::optional<std::uint32_t> pick_victim(std::size_t t, std::span<std::uint32_t const> protect, std::size_t beyond) {
+    candidates_.clear();
+    for (std::uint32_t id = 0; id < ids_; ++id) {
+      chunk::chunk& ch = chunk_of(id);
+      if (!on_device(id) || !ch.movable() || std::ranges::find(protect, id) != protect.end()) continue;
+      if (beyond != std::numeric_limits<std::size_t>::max() &&
+          !(tracer_.trace().next_use_distance(id, t) > beyond))
+        continue;
+      candidates_.push_back(id);
+    }
+    if (candidates_.empty()) return std::nullopt;
+    if (!tracer_.warm() || tracer_.recording()) return candidates_.front();
+    return policy_.victim(std::span<std::uint32_t const>(candidates_), t);
+  }
+
+  // Device bytes chunks may take at moment t (movable lists; the optimizer state on the device
+  // is counted in device_bytes_ too).
+  [[nodiscard]] std::size_t capacity(std::size_t t) const {
+    if constexpr (detail::is_resident<Config>) {
+      return std::numeric_limits<std::size_t>::max();
+    } else if constexpr (detail::is_window<Config>) {
+      return 2 * static_cast<std::size_t>(window_ == 0 ? 2 : window_) * block_bytes() + pinned_bytes_;
+    } else {
+      if (tracer_.recording()) return 0;  // warm-up: only the current moment's chunks
+      std::size_t const b = tracer_.chunk_budget(t);
+      return b;
+    }
+  }
+
+  // Makes the chunks of the moment resident; on return every one is on the device and its copy
+  // is complete.
+  void make_resident(std::vector<std::uint32_t> const& ids, std::size_t t) {
+    std::span<std::uint32_t const> const protect(ids);
+    for (std::uint32_t id : ids) {
+      policy_.on_use(id, tick_);
+      if (on_device(id)) {
+        ++cur_.prefetch_hits;
+        continue;
+      }
+      ++cur_.demand_fetches;
+      std::size_t const need = block_bytes();
+      std::byte* handover = nullptr;
+      while (model_on_device() + need > capacity(t) && reclaim_stale(true)) {
+      }
+      if (model_on_device() + need > capacity(t)) {
+        // Over the policy's budget: evict (hand the victim's block over). With nothing movable,
+        // go on only while the arena's hard limit allows (the warm-up's soft budget is 0).
+        auto const victim = pick_victim(t, protect, std::numeric_limits<std::size_t>::max());
+        if (victim) {
+          handover = hand_over(*victim, id);
+        } else {
+          TIDE_CHECK(model_on_device() + need <= hard_limit(), budget, "offload ", name(), ": moment ", t,
+                     " needs chunk ", id, " on the device but every chunk there is in use (model data on the device ",
+                     bytes_of{model_on_device()}, ", device room for chunks ", bytes_of{hard_limit()},
+                     "); raise the budget");
+        }
+      }
+      fetch(id, t, protect, handover);
+    }
+    for (std::uint32_t id : ids) settle(id);
+  }
+
+  // Fetches the next moments' chunks ahead, within the budget and the copies-in-flight bound.
+  void prefetch(std::size_t t) {
+    if constexpr (detail::is_chunked<Config> || detail::is_window<Config>) {
+      if (tracer_.recording()) return;
+      std::size_t const moments = tracer_.moments();
+      int depth = 0;
+      if constexpr (detail::is_window<Config>) depth = std::max(1, window_ - 1);
+      else depth = config_.prefetch_moments;
+      auto const& trace = tracer_.trace();
+      protect_.assign(trace.touched(t).begin(), trace.touched(t).end());
+      for (int k = 1; k <= depth && t + static_cast<std::size_t>(k) < moments; ++k) {
+        std::size_t const u = t + static_cast<std::size_t>(k);
+        for (std::uint32_t id : trace.touched(u)) protect_.push_back(id);
+        for (std::uint32_t id : trace.touched(u)) {
+          if (on_device(id)) continue;
+          if (copies_in_flight_ >= static_cast<std::size_t>(config_.max_in_flight)) return;
+          if (id < n_ && optimizer_pending_[id] && !busy_[id].query()) continue;  // still being stepped
+          if (chunk_of(id).payload() == nullptr) continue;  // a FREE gradient: created when touched, no copy
+          std::size_t const room = std::min(capacity(t), capacity(u));
+          std::byte* handover = nullptr;
+          if (model_on_device() + block_bytes() > room) {
+            // Only by evicting a chunk used later than this one (what MIN would do anyway).
+            auto const victim = pick_victim(t, protect_, static_cast<std::size_t>(k));
+            if (!victim) continue;
+            handover = hand_over(*victim, id);
+          }
+          fetch(id, t, protect_, handover);
+          ++cur_.prefetches;
+        }
+      }
+    }
+  }
+
+  // ---- moments ----------------------------------------------------------------------------------
+
+  void begin_step_if_needed() {
+    if (step_open_) return;
+    step_open_ = true;
+    tracer_.begin_step();
+    arena_->reset_peak();
+    tide_.clear();
+    if (!placed_) first_placement();
+  }
+
+  // The first moment of the first step: the non-model bytes are known (the model allocated its
+  // activations), so the budget is checked, then pinned placements are made.
+  void first_placement() {
+    std::size_t const non_model = arena_->stats().in_use - device_bytes_;
+    check_budget(non_model);
+    placed_ = true;
+    if constexpr (detail::is_resident<Config>) {
+      for (std::uint32_t c = 0; c < n_; ++c) {
+        fetch(c, 0, {});
+        chunk_of(c).set_pinned(true);
+        move_os_to_device(c);
+      }
+      engine_.synchronize();
+      for (std::uint32_t c = 0; c < n_; ++c) settle(c);
+    } else if constexpr (detail::is_static<Config>) {
+      for (std::uint32_t c = 0; c < n_; ++c) {
+        fetch(c, 0, {});
+        chunk_of(c).set_pinned(true);
+        pinned_bytes_ += block_bytes();
+      }
+      engine_.synchronize();
+      for (std::uint32_t c = 0; c < n_; ++c) settle(c);
+    } else if constexpr (detail::is_window<Config>) {
+      window_ = Config::window == 0 ? 2 : Config::window;  // the warm-up runs with the smallest window
+      spare_limit_ = 2 * static_cast<std::size_t>(window_);
+    }
+  }
+
+  void enter(int block, chunk::phase ph) {
+    begin_step_if_needed();
+    ++tick_;
+    reclaim_stale(false);
+    auto const& ids = ids_of(block, ph);
+    std::size_t const t = tracer_.at({block, ph}, ids);
+    current_ = t;
+    if constexpr (detail::is_window<Config>) {
+      if (ph == chunk::phase::forward && tracer_.recording()) block_start_ = std::chrono::steady_clock::now();
+    }
+    make_resident(ids, t);
+    for (std::uint32_t i : uses_.of(block)) {
+      param_.transition(i, chunk::tensor_state::compute);
+      if (ph == chunk::phase::backward) grad_.transition(i, chunk::tensor_state::compute);
+    }
+    sample_non_model();
+    tide_.push_back({{block, ph}, device_bytes_ - spare_bytes_, non_model_now(), arena_->config().budget});
+    prefetch(t);
+  }
+
+  [[nodiscard]] std::size_t model_on_device() const noexcept { return device_bytes_ - spare_bytes_; }
+  // What chunks can physically take now: the budget minus the non-model bytes and the reserve.
+  [[nodiscard]] std::size_t hard_limit() const {
+    std::size_t const taken = non_model_now() + reserved_bytes();
+    std::size_t const budget = arena_->config().budget;
+    return budget > taken ? budget - taken : 0;
+  }
+  [[nodiscard]] std::size_t non_model_now() const {
+    std::size_t const in_use = arena_->stats().in_use;
+    return in_use > device_bytes_ - spare_bytes_ ? in_use - (device_bytes_ - spare_bytes_) : 0;
+  }
+  void sample_non_model() { tracer_.non_model(current_, non_model_now()); }
+
+  // ---- the optimizer --------------------------------------------------------------------------
+
+  // One AdamW step over chunk c (the whole chunk: padding is zero and stays zero).
+  struct host_job {
+    scheduler* self = nullptr;
+    std::uint32_t c = 0;
+    float* p = nullptr;
+    float const* g = nullptr;
+    float* m = nullptr;
+    float* v = nullptr;
+    index_t n = 0;
+    std::int64_t t = 0;
+    kernels::adamw_hparams hp{};
+    float scale = 1.f;
+    void operator()() {
+      auto const t0 = std::chrono::steady_clock::now();
+      exec<host> const ex{self->optimizer_pool_};
+      kernels::adamw(ex, hp, t, tensor_view<float>(p, {n}), tensor_view<float const>(g, {n}),
+                     tensor_view<float>(m, {n}), tensor_view<float>(v, {n}), scale);
+      self->optimizer_ns_.fetch_add(static_cast<std::int64_t>(detail::ms_since(t0) * 1e6), std::memory_order_relaxed);
+    }
+  };
+
+  [[nodiscard]] index_t step_elements(std::uint32_t c) const {
+    // Up to the end of the chunk's last tensor (the rest of the chunk is never touched).
+    std::uint32_t const last = layout_.first_param[c + 1] - 1;
+    return static_cast<index_t>(layout_.offset_of[last] + static_cast<std::size_t>(params_[last].numel()));
+  }
+
+  void optimizer_step(int block, std::uint32_t c) {
+    (void)block;
+    index_t const n = step_elements(c);
+    if (os_on_device_[c]) {
+      auto const t0 = std::chrono::steady_clock::now();
+      kernels::adamw(ex_, options_.adamw, t_, tensor_view<float>(reinterpret_cast<float*>(param_[c].payload()), {n}),
+                     tensor_view<float const>(reinterpret_cast<float const*>(grad_[c].payload()), {n}),
+                     tensor_view<float>(reinterpret_cast<float*>(m_[c].payload()), {n}),
+                     tensor_view<float>(reinterpret_cast<float*>(v_[c].payload()), {n}), options_.grad_scale);
+      cur_.optimizer_ms += detail::ms_since(t0);
+      ++cur_.device_optimizer_chunks;
+      param_.transition_chunk(c, chunk::tensor_state::hold);
+      release_grad(c);
+      return;
+    }
+    // Host state: parameters and gradients go to the host; the step runs on the optimizer worker
+    // after both copies, and the parameter chunk is not fetched again before it finished.
+    bool const was_pinned = param_[c].pinned();
+    param_[c].set_pinned(false);
+    if (on_device(c)) set_stale(c, copy_out(c), chunk::tier::device);
+    if (on_device(n_ + c)) set_stale(n_ + c, copy_out(n_ + c), chunk::tier::device);
+    if (was_pinned) pinned_bytes_ -= block_bytes();
+    ++cur_.host_optimizer_chunks;
+    host_job& job = jobs_[c];
+    job = {this,
+           c,
+           reinterpret_cast<float*>(param_[c].payload()),
+           reinterpret_cast<float const*>(grad_[c].payload()),
+           reinterpret_cast<float*>(m_[c].payload()),
+           reinterpret_cast<float*>(v_[c].payload()),
+           n,
+           t_,
+           options_.adamw,
+           options_.grad_scale};
+    param_.transition_chunk(c, chunk::tensor_state::hold);
+    grad_.transition_chunk(c, chunk::tensor_state::free);
+    if (options_.overlap_optimizer) {
+      optimizer_stream_.wait(ready_[c]);
+      optimizer_stream_.wait(ready_[n_ + c]);
+      memory::launch(optimizer_stream_, job);
+      busy_[c].record(optimizer_stream_);
+      optimizer_pending_[c] = true;
+      // The gradient's host block is freed once the step read it (drain / the next use).
+      pending_grad_frees_.push_back({c, grad_[c].detach()});
+    } else {
+      settle(c);
+      settle(n_ + c);
+      job();
+      free_payload(grad_[c]);
+    }
+  }
+
+  // Gradient chunk c to FREE, its payload released.
+  void release_grad(std::uint32_t c) {
+    chunk::chunk& g = grad_[c];
+    if (g.payload() == nullptr && stale_[n_ + c] == nullptr) return;
+    settle(n_ + c);
+    grad_.transition_chunk(c, chunk::tensor_state::free);
+    free_payload(g);
+  }
+
+  // Moves chunk c's m and v to the device (state placed there by the warm-up's margin).
+  void move_os_to_device(std::uint32_t c) {
+    for (chunk::chunk_list* list : {&m_, &v_}) {
+      chunk::chunk& ch = (*list)[c];
+      std::byte* host = ch.detach();
+      auto* dev = static_cast<std::byte*>(arena_->allocate(ch.capacity(), 256));
+      device_bytes_ += round_up(ch.capacity(), 256);
+      std::memcpy(dev, host, ch.capacity());
+      cur_.h2d_bytes += ch.capacity();
+      host_.deallocate(host, ch.capacity(), 256);
+      ch.attach(dev, chunk::tier::device);
+    }
+    os_on_device_[c] = true;
+  }
+
+  // static_partition: parameter chunk c back to the device after its host step, pinned again.
+  void bring_home_pinned(std::uint32_t c) {
+    if (!on_device(c)) {
+      fetch(c, 0, {});
+      pinned_bytes_ += block_bytes();
+    }
+    param_[c].set_pinned(true);
+  }
+
+  // Waits for every copy and host step; frees what they held.
+  void drain() {
+    engine_.synchronize();
+    optimizer_stream_.synchronize();
+    for (std::uint32_t c = 0; c < n_; ++c) optimizer_pending_[c] = false;
+    for (auto const& [c, p] : pending_grad_frees_) host_.deallocate(p, grad_[c].capacity(), 256);
+    pending_grad_frees_.clear();
+    for (std::uint32_t id = 0; id < ids_; ++id) settle(id);
+  }
+
+  // After the warm-up: place optimizer state on the device where the margin allows
+  // (chunked), choose the window (layer_window), hand the trace to the policy.
+  void after_warm_up() {
+    policy_.reset(tracer_.trace());
+    std::size_t const budget = arena_->config().budget, peak = tracer_.peak_non_model();
+    if constexpr (detail::is_chunked<Config>) {
+      std::size_t const movable = 2 * n_ * block_bytes();
+      std::size_t const taken = peak + reserved_bytes() + movable;
+      if (budget > taken) {
+        auto const fit = (budget - taken) / (2 * os_block_bytes());
+        for (std::uint32_t c = 0; c < n_ && c < fit; ++c)
+          if (!os_on_device_[c]) move_os_to_device(c);
+        // A planned change, not a divergence: the optimizer moments now touch those chunks.
+        tracer_.amend([&](std::size_t, chunk::moment m, std::vector<std::uint32_t>& touched,
+                          std::vector<std::uint32_t>& on_host, std::vector<std::uint32_t>& released) {
+          if (m.phase == chunk::phase::optimizer) optimizer_moment(m.block, touched, on_host, released);
+        });
+        policy_.reset(tracer_.trace());
+      }
+    } else if constexpr (detail::is_window<Config>) {
+      std::size_t const fit_bytes = budget > peak + reserved_bytes() ? budget - peak - reserved_bytes() : 0;
+      int const fit = static_cast<int>(fit_bytes / (2 * block_bytes()));
+      if constexpr (Config::window == 0) {
+        auto const st = engine_.stats();
+        double const copy_ms = st.completed > 0 ? st.copy_ms / static_cast<double>(st.completed) : 0;
+        double const compute_ms = forward_blocks_ > 0 ? forward_ms_ / static_cast<double>(forward_blocks_) : 1;
+        int const w = static_cast<int>(std::ceil(copy_ms / std::max(compute_ms, 1e-6))) + 1;
+        window_ = std::clamp(w, 2, std::max(2, fit));
+      } else {
+        window_ = Config::window;
+      }
+      spare_limit_ = 2 * static_cast<std::size_t>(window_);
+    }
+  }
+
+  void finish_stats(bool warm_up) {
+    cur_.step = static_cast<std::size_t>(t_ - 1);
+    cur_.optimizer_ms += static_cast<double>(optimizer_ns_.exchange(0)) * 1e-6;
+    cur_.peak_device_bytes = arena_->stats().peak;
+    cur_.device_model_bytes = 0;
+    cur_.host_model_bytes = 0;
+    std::size_t used = 0, held = 0;
+    for (auto const* list : {&param_, &grad_, &m_, &v_})
+      for (std::uint32_t c = 0; c < n_; ++c) {
+        chunk::chunk const& ch = (*list)[c];
+        if (ch.payload() == nullptr) continue;
+        (ch.tier() == chunk::tier::device ? cur_.device_model_bytes : cur_.host_model_bytes) += ch.capacity();
+      }
+    for (std::uint32_t c = 0; c < n_; ++c) held += param_[c].capacity();
+    for (auto const& p : params_) used += p.bytes;
+    cur_.chunk_utilisation = held > 0 ? static_cast<double>(used) / static_cast<double>(held) : 0;
+    cur_.moments = tracer_.moments();
+    cur_.warm_up = warm_up;
+    last_ = cur_;
+    cur_ = {};
+    last_tide_ = std::move(tide_);
+    tide_ = {};
+  }
+
+  // ---- state ----------------------------------------------------------------------------------
+
+  exec<B> ex_;
+  memory::device_arena<B>* arena_;
+  nn::parameter_list params_;
+  nn::block_uses uses_;
+  Config config_;
+  scheduler_options options_;
+  chunk::chunk_layout layout_;
+  chunk::chunk_list param_, grad_, m_, v_;
+  memory::pinned_pool<B> host_;
+  memory::stream<B> copy_stream_;
+  memory::stream<B> optimizer_stream_;
+  memory::transfer_engine<B> engine_;
+  thread_pool optimizer_pool_{1};
+  std::atomic<std::int64_t> optimizer_ns_{0};
+  chunk::memory_tracer tracer_;
+  policy_type policy_{};
+
+  std::uint32_t n_ = 0;    // chunks per list
+  std::uint32_t ids_ = 0;  // trace ids: 2 n
+  std::vector<std::vector<std::uint32_t>> forward_ids_, backward_ids_, completes_;
+  std::size_t working_set_ = 0;
+
+  std::vector<memory::event<B>> ready_;   // by id: the last copy into its payload
+  std::vector<memory::event<B>> busy_;    // by param chunk: its host optimizer step
+  std::vector<bool> optimizer_pending_;   // by param chunk
+  std::vector<std::byte*> stale_;         // by id: the block its last copy came from, freed when done
+  std::vector<chunk::tier> stale_where_;
+  std::vector<bool> in_flight_;
+  std::size_t copies_in_flight_ = 0;
+  std::vector<bool> os_on_device_;
+  std::vector<host_job> jobs_;
+  std::vector<std::pair<std::uint32_t, std::byte*>> pending_grad_frees_;
+  std::vector<std::uint32_t> candidates_, protect_, touched_, on_host_, released_;
+  std::vector<std::byte*> spare_;          // layer_window: device blocks kept for reuse
+  std::size_t spare_limit_ = 0, spare_bytes_ = 0;
+
+  std::size_t device_bytes_ = 0;  // model data on the device (payloads, stale blocks, spares, optimizer state)
+  std::size_t pinned_bytes_ = 0;  // static_partition: the pinned parameter chunks
+  std::int64_t t_ = 1;            // the AdamW step number of the step in progress
+  std::uint64_t tick_ = 0;
+  std::size_t current_ = 0;
+  std::size_t backward_passes_ = 0;
+  bool step_open_ = false;
+  bool placed_ = false;
+  int window_ = 0;
+  std::chrono::steady_clock::time_point block_start_{};
+  double forward_ms_ = 0;
+  std::size_t forward_blocks_ = 0;
+
+  offload_stats cur_{}, last_{};
+  std::vector<tide_sample> tide_, last_tide_;
+};
+
+}  // namespace tide::offload

@@ -1,0 +1,250 @@
+// Offloading changes nothing: 20 GPT training steps under every scheduler and policy, at budgets
+// from "everything fits" down to just above the scheduler's minimum, leave parameters
+// bit-identical to the same steps with everything resident (and to the model's own flat buffers
+// stepped by the flat AdamW). A budget below the minimum is refused before any compute.
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tide/core/bytes.hpp"
+#include "tide/core/error.hpp"
+#include "tide/core/parallel.hpp"
+#include "tide/kernels/adamw/adamw.hpp"
+#include "tide/memory/device_arena.hpp"
+#include "tide/nn/gpt.hpp"
+#include "tide/offload/scheduler.hpp"
+
+namespace {
+
+using namespace tide::literals;
+using tide::host;
+namespace off = tide::offload;
+
+constexpr tide::nn::gpt_config config{.layers = 3, .heads = 2, .channels = 32, .vocab = 64, .max_seq = 16};
+constexpr tide::index_t batch = 2, seq = 16;
+constexpr int steps = 20;
+constexpr std::size_t chunk_bytes = 20_KiB;  // several chunks per layer; the largest tensor is 16 KiB
+constexpr tide::kernels::adamw_hparams hparams{.lr = 3e-3f, .weight_decay = 0.1f};
+
+// Step s's tokens then targets, (B, T) each: runs of a cycle with a step-dependent stride, the
+// targets the next element of the run (learnable, so the reference loss falls).
+std::vector<std::int32_t> batch_of(int s) {
+  std::vector<std::int32_t> v(static_cast<std::size_t>(2 * batch * seq));
+  auto const n = static_cast<std::size_t>(batch * seq);
+  for (std::size_t i = 0; i < n; ++i) {
+    auto const b = i / static_cast<std::size_t>(seq), t = i % static_cast<std::size_t>(seq);
+    auto const start = static_cast<std::size_t>(s) * 5 + b * 11;
+    v[i] = static_cast<std::int32_t>((start + t * 3) % static_cast<std::size_t>(config.vocab));
+    v[n + i] = static_cast<std::int32_t>((start + (t + 1) * 3) % static_cast<std::size_t>(config.vocab));
+  }
+  return v;
+}
+
+struct run_result {
+  std::vector<std::vector<float>> params;  // by parameter
+  std::vector<float> losses;
+  std::vector<off::offload_stats> stats;
+};
+
+bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The model's own buffers, stepped by one flat AdamW: no scheduler at all.
+run_result train_plain(tide::thread_pool& pool) {
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  tide::nn::gpt<host> model{config, arena, {.seed = 7}};
+  auto const n = model.flat_params().extent(0);
+  std::vector<float> m(static_cast<std::size_t>(n), 0.f), v(static_cast<std::size_t>(n), 0.f);
+  run_result r;
+  for (int s = 0; s < steps; ++s) {
+    auto const data = batch_of(s);
+    tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
+    model.zero_grad(ex);
+    r.losses.push_back(model.forward(ex, x, y));
+    model.backward(ex);
+    tide::kernels::adamw(ex, hparams, s + 1, model.flat_params(), tide::tensor_view<float const, host>(model.flat_grads()),
+                         tide::tensor_view<float, host>(m.data(), {n}), tide::tensor_view<float, host>(v.data(), {n}));
+  }
+  for (auto const& p : model.parameters()) {
+    auto const t = model.param(p);
+    r.params.emplace_back(t.data(), t.data() + p.numel());
+  }
+  return r;
+}
+
+// The activation bytes of one step at (batch, seq): the non-model data the schedulers see.
+std::size_t activation_bytes() {
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  tide::nn::gpt<host> model{config, arena, {.seed = 7}};
+  auto const data = batch_of(0);
+  model.forward(ex, tide::tensor_view<std::int32_t const, host>(data.data(), {batch, seq}));
+  return tide::round_up(model.activations().footprint, 256);
+}
+
+template <class Config>
+using sched_t = off::scheduler<host, float, Config>;
+template <class Config>
+using model_t = tide::nn::gpt<host, float, off::hooks<sched_t<Config>>>;
+
+template <class Config>
+run_result train_offloaded(tide::thread_pool& pool, std::size_t budget, Config const& cfg = {},
+                           off::scheduler_options opts = {}) {
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = budget}};
+  opts.adamw = hparams;
+  sched_t<Config> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config),
+                        cfg, opts};
+  model_t<Config> model{config, arena, {.seed = 7}, {&sched}};
+  run_result r;
+  for (int s = 0; s < steps; ++s) {
+    auto const data = batch_of(s);
+    tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
+    r.losses.push_back(model.forward(ex, x, y));
+    model.backward(ex);
+    sched.step();
+    r.stats.push_back(sched.last_step());
+  }
+  for (std::uint32_t i = 0; i < model.parameters().size(); ++i) r.params.push_back(sched.read_param(i));
+  return r;
+}
+
+template <class Config>
+std::size_t minimum_of(Config const& cfg = {}) {
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  sched_t<Config> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config),
+                        cfg};
+  return sched.minimum_device_bytes(activation_bytes());
+}
+
+void require_identical(run_result const& got, run_result const& want, std::string const& what) {
+  INFO(what);
+  REQUIRE(got.params.size() == want.params.size());
+  for (std::size_t i = 0; i < want.params.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(same_bits(got.params[i], want.params[i]));
+  }
+  CHECK(same_bits(got.losses, want.losses));
+}
+
+run_result const& reference() {
+  static run_result const r = [] {
+    tide::thread_pool pool{2};
+    return train_plain(pool);
+  }();
+  return r;
+}
+
+// Budgets from "everything fits" to just above the minimum.
+template <class Config>
+void check_budgets(Config const& cfg, std::string const& name) {
+  std::size_t const minimum = minimum_of(cfg);
+  tide::thread_pool pool{2};
+  for (std::size_t budget : {std::size_t{64_MiB}, minimum + (64_MiB - minimum) / 16, minimum + 4_KiB}) {
+    auto const got = train_offloaded(pool, budget, cfg);
+    require_identical(got, reference(), name + " at budget " + std::to_string(budget) + " (minimum " +
+                                            std::to_string(minimum) + ")");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the plain model trains (the reference is not degenerate)") {
+  auto const& r = reference();
+  REQUIRE(r.losses.size() == steps);
+  CHECK(r.losses.back() < r.losses.front() - 0.3f);
+}
+
+TEST_CASE("resident: bit-identical to the model's own buffers and one flat AdamW") {
+  tide::thread_pool pool{2};
+  auto const got = train_offloaded<off::resident>(pool, 64_MiB, {.chunk_bytes = chunk_bytes});
+  require_identical(got, reference(), "resident");
+  for (std::size_t s = 1; s < got.stats.size(); ++s) CHECK(got.stats[s].bytes_moved() == 0);
+}
+
+TEST_CASE("chunked<belady>: bit-identical at every budget; moves data when the budget is tight") {
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  check_budgets(cfg, "chunked<belady>");
+  tide::thread_pool pool{2};
+  std::size_t const minimum = minimum_of(cfg);
+  auto const tight = train_offloaded(pool, minimum + 4_KiB, cfg);
+  auto const& st = tight.stats.back();
+  CHECK(st.h2d_bytes > 0);
+  CHECK(st.d2h_bytes > 0);
+  CHECK(st.evictions > 0);
+  CHECK(st.host_optimizer_chunks > 0);
+  CHECK(!st.warm_up);
+  CHECK(tight.stats.front().warm_up);
+  // Everything fits: after the warm-up nothing moves and the optimizer state went to the device.
+  auto const roomy = train_offloaded(pool, 64_MiB, cfg);
+  CHECK(!roomy.stats[1].warm_up);  // one warm-up step: placing optimizer state is not a divergence
+  CHECK(roomy.stats.back().bytes_moved() == 0);
+  CHECK(roomy.stats.back().host_optimizer_chunks == 0);
+  CHECK(roomy.stats.back().device_optimizer_chunks > 0);
+}
+
+TEST_CASE("chunked<lru> and chunked<fifo>: bit-identical at every budget") {
+  check_budgets(off::chunked<off::lru>{.chunk_bytes = chunk_bytes}, "chunked<lru>");
+  check_budgets(off::chunked<off::fifo>{.chunk_bytes = chunk_bytes}, "chunked<fifo>");
+}
+
+TEST_CASE("layer_window<W>: bit-identical for a fixed and a measured window") {
+  check_budgets(off::layer_window<2>{}, "layer_window<2>");
+  check_budgets(off::layer_window<0>{}, "layer_window<auto>");
+}
+
+TEST_CASE("static_partition: bit-identical at every budget") {
+  check_budgets(off::static_partition{.chunk_bytes = chunk_bytes}, "static_partition");
+}
+
+TEST_CASE("the host optimizer without overlap gives the same bits") {
+  tide::thread_pool pool{2};
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  auto const got = train_offloaded(pool, minimum_of(cfg) + 4_KiB, cfg, {.overlap_optimizer = false});
+  require_identical(got, reference(), "chunked<belady>, optimizer on the calling thread");
+}
+
+TEST_CASE("a budget below the minimum is refused at the first moment, naming the minimum and its parts") {
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  std::size_t const minimum = minimum_of(cfg);
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = minimum - 256}};
+  sched_t<decltype(cfg)> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32),
+                               tide::nn::gpt_block_uses(config), cfg, {.adamw = hparams}};
+  model_t<decltype(cfg)> model{config, arena, {.seed = 7}, {&sched}};
+  auto const before = sched.read_param(2);
+  auto const data = batch_of(0);
+  tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
+  try {
+    (void)model.forward(ex, x, y);
+    FAIL("a budget below the minimum was accepted");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::budget);
+    std::string const what = e.what();
+    CHECK(what.find("minimum") != std::string::npos);
+    CHECK(what.find("non-model") != std::string::npos);
+    CHECK(what.find("working set") != std::string::npos);
+  }
+  CHECK(same_bits(sched.read_param(2), before));  // nothing lost
+  // The same budget plus what was missing trains.
+  CHECK(sched.minimum_device_bytes(activation_bytes()) == minimum);
+}
+
+TEST_CASE("the resident minimum is all model data; a budget below it is refused too") {
+  off::resident const cfg{.chunk_bytes = chunk_bytes};
+  std::size_t const minimum = minimum_of(cfg);
+  tide::thread_pool pool{1};
+  CHECK_THROWS_AS(train_offloaded(pool, minimum - 256, cfg), tide::error);
+  auto const got = train_offloaded(pool, minimum, cfg);
+  require_identical(got, reference(), "resident at exactly its minimum");
+}
