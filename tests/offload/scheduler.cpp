@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -247,4 +248,44 @@ TEST_CASE("the resident minimum is all model data; a budget below it is refused 
   CHECK_THROWS_AS(train_offloaded(pool, minimum - 256, cfg), tide::error);
   auto const got = train_offloaded(pool, minimum, cfg);
   require_identical(got, reference(), "resident at exactly its minimum");
+}
+
+TEST_CASE("a deferred optimizer gives the same bits; a skipped step changes nothing") {
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  tide::thread_pool pool{2};
+  auto const deferred = train_offloaded(pool, minimum_of(cfg) + 4_KiB, cfg, {.defer_optimizer = true});
+  require_identical(deferred, reference(), "chunked<belady>, optimizer deferred to step()");
+
+  // Steps 0, 1, 2 (skipped), 3 leave parameters and optimizer state exactly as steps 0, 1, 3:
+  // the skip changed nothing, not even AdamW's step number.
+  auto run = [&](std::vector<int> const& batches, int skipped) {
+    tide::exec<host> ex{pool};
+    tide::memory::device_arena<host> arena{{.budget = minimum_of(cfg) + 4_KiB}};
+    sched_t<decltype(cfg)> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32),
+                                 tide::nn::gpt_block_uses(config), cfg, {.adamw = hparams, .defer_optimizer = true}};
+    model_t<decltype(cfg)> model{config, arena, {.seed = 7}, {&sched}};
+    std::vector<std::vector<float>> before;
+    for (int s : batches) {
+      auto const data = batch_of(s);
+      tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
+      (void)model.forward(ex, x, y);
+      model.backward(ex);
+      CHECK(std::isfinite(tide::kernels::global_grad_norm(ex, sched.gradients())));
+      if (s != skipped) {
+        sched.step();
+        continue;
+      }
+      for (std::uint32_t i = 0; i < model.parameters().size(); ++i) before.push_back(sched.read_param(i));
+      sched.skip_step();
+      for (std::uint32_t i = 0; i < model.parameters().size(); ++i) CHECK(same_bits(sched.read_param(i), before[i]));
+    }
+    CHECK(sched.tracer().invalidations() == 0);
+    std::vector<std::vector<float>> out;
+    for (std::uint32_t i = 0; i < model.parameters().size(); ++i) out.push_back(sched.read_param(i));
+    CHECK(sched.optimizer_steps() == 3);
+    return out;
+  };
+  auto const with_skip = run({0, 1, 2, 3}, 2);
+  auto const without = run({0, 1, 3}, -1);
+  for (std::size_t i = 0; i < without.size(); ++i) CHECK(same_bits(with_skip[i], without[i]));
 }

@@ -62,6 +62,7 @@
 #include "tide/core/error.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/kernels/adamw/adamw.hpp"
+#include "tide/kernels/grad_norm/grad_norm.hpp"
 #include "tide/memory/device_arena.hpp"
 #include "tide/memory/pinned_pool.hpp"
 #include "tide/memory/stream.hpp"
@@ -79,6 +80,9 @@ struct scheduler_options {
   float grad_scale = 1.f;        // multiplies every gradient in the step (clipping, loss-scale unscaling)
   int micro_steps = 1;           // backward passes per optimizer step (gradient accumulation)
   bool overlap_optimizer = true; // host steps run on the optimizer worker beside backward
+  // The optimizer runs in step() instead of after each block's backward: what global-norm
+  // clipping and loss scaling need (the norm and the overflow check read every gradient first).
+  bool defer_optimizer = false;
   bool lock_host_pages = false;  // host tier: mlock (pointless on tide::host, where nothing DMAs)
 };
 
@@ -269,13 +273,46 @@ class scheduler {
     sample_non_model();
     if (block == uses_.first_block) ++backward_passes_;
     if (backward_passes_ % options_.micro_steps != 0) return;  // gradients accumulate
-    // The optimizer is a moment of the trace too: host-state chunks must be on the host, the
+    if (options_.defer_optimizer) return;                       // step() runs it
+    optimizer_moments_of(block, true);
+  }
+
+  // The gradient of every parameter, in parameter order, wherever its chunk is (host-readable on
+  // tide::host): for global_grad_norm and any_non_finite. Waits for copies in flight first. A
+  // parameter whose gradient chunk holds nothing yet reads as zeros from a zero-filled chunk.
+  [[nodiscard]] std::vector<kernels::grad_tensor<T>> gradients() {
+    drain();
+    std::vector<kernels::grad_tensor<T>> out;
+    out.reserve(params_.size());
+    for (std::uint32_t i = 0; i < params_.size(); ++i) {
+      std::uint32_t const c = layout_.chunk_of[i];
+      TIDE_REQUIRE(grad_[c].payload() != nullptr, "offload::scheduler::gradients: parameter \"", params_[i].name(),
+                   "\" has no gradient yet (run backward first; after step() gradients are freed)");
+      out.push_back({reinterpret_cast<T const*>(grad_.data(i)), params_[i].numel()});
+    }
+    return out;
+  }
+
+  // Ends an optimizer step without updating anything (an overflowed loss scale): the gradients
+  // are dropped, parameters, optimizer state and the AdamW step number stay as they are. The
+  // chunks still make the optimizer's moves, so the trace stays the same.
+  void skip_step() {
+    TIDE_REQUIRE(options_.defer_optimizer, "offload::scheduler::skip_step needs options.defer_optimizer (without it "
+                                           "the optimizer already ran after each block's backward)");
+    finish(false);
+  }
+
+ private:
+  // The optimizer moment after `block`'s backward, and its steps (apply = false: moves only).
+  void optimizer_moments_of(int block, bool apply) {    // The optimizer is a moment of the trace too: host-state chunks must be on the host, the
     // completed gradient chunks are released after it.
     optimizer_moment(block, touched_, on_host_, released_);
     if (released_.empty()) return;
     current_ = tracer_.at({block, chunk::phase::optimizer}, touched_, on_host_, released_);
-    for (std::uint32_t c : completes_at(block)) optimizer_step(block, c);
+    for (std::uint32_t c : completes_at(block)) optimizer_step(block, c, apply);
   }
+
+ public:
 
   // The optimizer moment after block's backward: host-state chunks must be on the host,
   // device-state ones are touched there; the completed gradient chunks are released after it.
@@ -293,12 +330,18 @@ class scheduler {
     std::ranges::sort(touched);
   }
 
-  // Ends an optimizer step: waits for the optimizer, ends the trace step, publishes the stats.
-  void step() {
+  // Ends an optimizer step: (deferred: runs the optimizer,) waits for it, ends the trace step,
+  // publishes the stats.
+  void step() { finish(true); }
+
+ private:
+  void finish(bool apply) {
     TIDE_REQUIRE(step_open_, "offload::scheduler::step() without a forward since the last step");
     TIDE_REQUIRE(backward_passes_ % options_.micro_steps == 0 && backward_passes_ > 0, "offload::scheduler::step(): ",
                  backward_passes_ % options_.micro_steps, " of ", options_.micro_steps,
                  " micro-step backward passes ran; step after the last one");
+    if (options_.defer_optimizer)
+      for (int b = uses_.last_block(); b >= uses_.first_block; --b) optimizer_moments_of(b, apply);
     auto const t0 = std::chrono::steady_clock::now();
     drain();
     cur_.stall_ms += detail::ms_since(t0);
@@ -310,13 +353,12 @@ class scheduler {
     bool const warm_up = tracer_.recording();
     tracer_.end_step();
     if (warm_up && tracer_.warm()) after_warm_up();
-    ++t_;
+    if (apply) ++t_;
     backward_passes_ = 0;
     step_open_ = false;
     finish_stats(warm_up);
   }
 
- private:
   struct minimum_parts {
     std::size_t bytes = 0;
     std::string why;
@@ -535,6 +577,12 @@ class scheduler {
     }
     return false;
   }
+  // Settles the copies already finished (never blocks); returns the copies still in flight.
+  std::size_t refresh_in_flight() {
+    for (std::uint32_t id = 0; id < ids_ && copies_in_flight_ > 0; ++id)
+      if (in_flight_[id] && ready_[id].query()) settle(id);
+    return copies_in_flight_;
+  }
   // Waits for optimizer work on parameter chunk c (the host step writes its host payload).
   void wait_optimizer(std::uint32_t c) {
     if (!optimizer_pending_[c]) return;
@@ -668,7 +716,7 @@ class scheduler {
       std::size_t const moments = tracer_.moments();
       int depth = 0;
       if constexpr (detail::is_window<Config>) depth = std::max(1, window_ - 1);
-      else depth = config_.prefetch_moments;
+      else depth = config_.prefetch_moments > 0 ? config_.prefetch_moments : static_cast<int>(moments);
       auto const& trace = tracer_.trace();
       protect_.assign(trace.touched(t).begin(), trace.touched(t).end());
       for (int k = 1; k <= depth && t + static_cast<std::size_t>(k) < moments; ++k) {
@@ -676,7 +724,9 @@ class scheduler {
         for (std::uint32_t id : trace.touched(u)) protect_.push_back(id);
         for (std::uint32_t id : trace.touched(u)) {
           if (on_device(id)) continue;
-          if (copies_in_flight_ >= static_cast<std::size_t>(config_.max_in_flight)) return;
+          if (copies_in_flight_ >= static_cast<std::size_t>(config_.max_in_flight) &&
+              refresh_in_flight() >= static_cast<std::size_t>(config_.max_in_flight))
+            return;
           if (id < n_ && optimizer_pending_[id] && !busy_[id].query()) continue;  // still being stepped
           if (chunk_of(id).payload() == nullptr) continue;  // a FREE gradient: created when touched, no copy
           std::size_t const room = std::min(capacity(t), capacity(u));
@@ -684,7 +734,7 @@ class scheduler {
           if (model_on_device() + block_bytes() > room) {
             // Only by evicting a chunk used later than this one (what MIN would do anyway).
             auto const victim = pick_victim(t, protect_, static_cast<std::size_t>(k));
-            if (!victim) continue;
+            if (!victim) return;  // the budget is full of nearer uses: fetching further ahead would undo MIN
             handover = hand_over(*victim, id);
           }
           fetch(id, t, protect_, handover);
@@ -795,12 +845,17 @@ class scheduler {
     return static_cast<index_t>(layout_.offset_of[last] + static_cast<std::size_t>(params_[last].numel()));
   }
 
-  void optimizer_step(int block, std::uint32_t c) {
+  void optimizer_step(int block, std::uint32_t c, bool apply) {
     (void)block;
     index_t const n = step_elements(c);
     if (os_on_device_[c]) {
+      if (!on_device(c) || !on_device(n_ + c)) {  // deferred: they may have been evicted since
+        std::vector<std::uint32_t> const ids{c, n_ + c};
+        make_resident(ids, current_);
+      }
       auto const t0 = std::chrono::steady_clock::now();
-      kernels::adamw(ex_, options_.adamw, t_, tensor_view<float>(reinterpret_cast<float*>(param_[c].payload()), {n}),
+      if (apply)
+        kernels::adamw(ex_, options_.adamw, t_, tensor_view<float>(reinterpret_cast<float*>(param_[c].payload()), {n}),
                      tensor_view<float const>(reinterpret_cast<float const*>(grad_[c].payload()), {n}),
                      tensor_view<float>(reinterpret_cast<float*>(m_[c].payload()), {n}),
                      tensor_view<float>(reinterpret_cast<float*>(v_[c].payload()), {n}), options_.grad_scale);
@@ -818,6 +873,11 @@ class scheduler {
     if (on_device(n_ + c)) set_stale(n_ + c, copy_out(n_ + c), chunk::tier::device);
     if (was_pinned) pinned_bytes_ -= block_bytes();
     ++cur_.host_optimizer_chunks;
+    if (!apply) {  // the moves happened; nothing to compute
+      param_.transition_chunk(c, chunk::tensor_state::hold);
+      release_grad(c);
+      return;
+    }
     host_job& job = jobs_[c];
     job = {this,
            c,

@@ -39,7 +39,7 @@ struct chunked {
                 "(tide::offload::belady, lru and fifo do)");
   std::size_t chunk_bytes = 0;  // 0: searched so that two chunks take at most a quarter of the budget
   std::size_t reserved = 0;     // device bytes kept out of the chunk budget
-  int prefetch_moments = 2;     // how many moments ahead chunks are fetched
+  int prefetch_moments = 0;     // how many moments ahead chunks are fetched; 0: as far as the budget allows
   int max_in_flight = 4;        // prefetch copies outstanding at once
   Policy policy{};
   static constexpr std::string_view kind = "chunked";
