@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "tide/core/dtype.hpp"
 #include "tide/core/error.hpp"
 #include "tide/core/exec.hpp"
+#include "tide/core/parallel.hpp"
 #include "tide/core/tensor_view.hpp"
 
 namespace tide::nn::detail {
@@ -18,6 +20,15 @@ namespace tide::nn::detail {
 template <class T>
 void zero_fill(exec<host> const&, tensor_view<T> x) {
   if (x.size() != 0) std::memset(static_cast<void*>(x.data()), 0, x.bytes());
+}
+
+// x *= s (s a power of two in loss scaling: exact).
+template <class T>
+void scale_in_place(exec<host> const& ex, tensor_view<T> x, float s) {
+  T* p = x.data();
+  parallel_for(ex.pool, static_cast<std::size_t>(x.size()), [=](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) p[i] = from_float<T>(to_float(p[i]) * s);
+  });
 }
 
 // Sum of x in index order, in double: the same bits on every run and thread count.

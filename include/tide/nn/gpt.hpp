@@ -355,6 +355,16 @@ class gpt {
     run_forward(ex, tokens, nullptr);
   }
 
+  // One micro-batch for a trainer: tokens and targets, (B, T) each.
+  struct batch_type {
+    token_view tokens, targets;
+  };
+  float forward(exec<B> const& ex, batch_type const& b) { return forward(ex, b.tokens, b.targets); }
+  // Tokens a batch trains on: B T.
+  [[nodiscard]] static std::size_t tokens_in(batch_type const& b) noexcept {
+    return static_cast<std::size_t>(b.tokens.size());
+  }
+
   // Forward with targets (B, T) in [0, V): returns the mean cross-entropy over the B T
   // positions and leaves dlogits ready for backward(). Without options.keep_logits the logits
   // buffer now holds dlogits (logits() throws); the caller's tokens and targets must stay
@@ -370,12 +380,18 @@ class gpt {
   // backward without zero_grad allocates them zeroed. For a mean over m micro-batches, scale the
   // gradients (or the step's grad_scale) by 1/m. One backward per forward: backward reuses the
   // memory of the activations it is done with (the plan's lifetimes end there).
-  void backward(exec<B> const& ex) {
+  void backward(exec<B> const& ex) { backward(ex, 1.f); }
+
+  // The same with the loss gradient multiplied by loss_scale first (loss scaling: every gradient
+  // comes out scaled by it; a power of two keeps that exact).
+  void backward(exec<B> const& ex, float loss_scale) {
     TIDE_REQUIRE(ready_for_backward_, "gpt::backward needs a forward with targets first (",
                  batch_ == 0 ? "none ran" : "the last forward had no targets, or its backward already ran",
                  "); call forward(ex, tokens, targets)");
     if (!external_storage && !grads_) zero_grad(ex);
     ready_for_backward_ = false;
+    if (loss_scale != 1.f)
+      detail::scale_in_place(ex, act<T>(dlogits_, {batch_, seq_, index_t{config_.padded_vocab}}), loss_scale);
     run_backward(ex);
   }
 
@@ -855,6 +871,24 @@ class gpt {
   bool targets_given_ = false;
   bool ready_for_backward_ = false;
   float loss_ = std::numeric_limits<float>::quiet_NaN();
+};
+
+// What a trainer builds a gpt from: the model's type depends on the hooks (the offload
+// scheduler), which the trainer creates, so it is handed a recipe rather than a model.
+template <Backend B>
+struct gpt_spec {
+  using backend = B;
+  gpt_config config{};
+  gpt_options options{};
+  template <class Hooks>
+  using model_type = gpt<B, float, Hooks>;
+
+  [[nodiscard]] parameter_list parameters() const { return gpt_parameters(config, dtype::f32, options.alignment); }
+  [[nodiscard]] block_uses uses() const { return gpt_block_uses(config); }
+  template <class Hooks>
+  [[nodiscard]] model_type<Hooks> build(memory::device_arena<B>& arena, Hooks hooks) const {
+    return model_type<Hooks>(config, arena, options, std::move(hooks));
+  }
 };
 
 }  // namespace tide::nn

@@ -26,7 +26,10 @@
 
 namespace tide::offload {
 
+// device_budget in every configuration: the bytes of the device arena a trainer creates (0 for
+// resident: all model data plus 1 GiB for activations; required for the others).
 struct resident {
+  std::size_t device_budget = 0;
   std::size_t chunk_bytes = 0;  // 0: one chunk size from the search (only the layout; nothing moves)
   static constexpr std::string_view kind = "resident";
 };
@@ -37,6 +40,7 @@ struct chunked {
                 "chunked<Policy>: Policy must satisfy tide::offload::EvictionPolicy: reset(trace), on_fetch(chunk, "
                 "tick), on_use(chunk, tick), victim(candidates, moment) -> std::uint32_t and a static `name` "
                 "(tide::offload::belady, lru and fifo do)");
+  std::size_t device_budget = 0;
   std::size_t chunk_bytes = 0;  // 0: searched so that two chunks take at most a quarter of the budget
   std::size_t reserved = 0;     // device bytes kept out of the chunk budget
   int prefetch_moments = 0;     // how many moments ahead chunks are fetched; 0: as far as the budget allows
@@ -52,12 +56,14 @@ struct layer_window {
   static_assert(W == 0 || W >= 2, "layer_window<W>: the window needs at least 2 layers (one computing, one "
                                   "arriving); pass W >= 2, or W = 0 to choose it from measured times");
   static constexpr int window = W;
+  std::size_t device_budget = 0;
   std::size_t reserved = 0;
   int max_in_flight = 4;
   static constexpr std::string_view kind = "layer_window";
 };
 
 struct static_partition {
+  std::size_t device_budget = 0;
   std::size_t chunk_bytes = 0;  // 0: searched as for chunked
   std::size_t reserved = 0;
   static constexpr std::string_view kind = "static_partition";

@@ -1,0 +1,230 @@
+#pragma once
+// tide::train::make_trainer: a training loop assembled at compile time from policy objects.
+//
+//   auto trainer = tide::train::make_trainer(
+//       tide::nn::gpt_spec<tide::host>{.config = {.layers = 4, .heads = 4, .channels = 256,
+//                                                 .vocab = 256, .max_seq = 128}},
+//       tide::offload::chunked<tide::offload::belady>{.device_budget = 32_MiB, .chunk_bytes = 1_MiB},
+//       tide::optim::adamw{.lr = 1e-3f, .clip_norm = 1.f, .schedule = {.warmup_steps = 20, .total_steps = 500}});
+//   tide::train::step_stats st = trainer.step(batch);     // one micro-batch per micro-step
+//
+// Every argument is a policy whose type the trainer is templated on (CTAD picks them): the model
+// spec (what to build; nn::gpt_spec or your own, see examples/02_custom_model), the offload
+// scheduler configuration (offload/schedulers.hpp), the optimizer (optim/adamw.hpp), and the
+// communication, compression and pipeline policies, which default to none. A policy of the wrong
+// kind fails with a static_assert saying what it must provide. Nothing on the step path is
+// virtual: the model's hooks call the scheduler directly.
+//
+// One step: the learning rate of the schedule; for each micro-batch forward + backward (the loss
+// gradient scaled by the loss scale); if the optimizer needs every gradient (clipping, loss
+// scaling) the global norm is measured, a non-finite one skips the step and halves the scale,
+// else the update runs with grad_scale = clip / (loss scale * micro-steps); otherwise each chunk
+// is stepped as soon as its gradients are complete, beside the rest of backward.
+
+#include <chrono>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "tide/core/backend.hpp"
+#include "tide/core/bytes.hpp"
+#include "tide/core/error.hpp"
+#include "tide/core/exec.hpp"
+#include "tide/core/parallel.hpp"
+#include "tide/kernels/grad_norm/grad_norm.hpp"
+#include "tide/memory/device_arena.hpp"
+#include "tide/nn/parameters.hpp"
+#include "tide/offload/scheduler.hpp"
+#include "tide/offload/schedulers.hpp"
+#include "tide/optim/adamw.hpp"
+
+namespace tide::train {
+
+// ---- the policies that are still to come --------------------------------------------------
+struct no_comm {
+  static constexpr std::string_view kind = "none";
+};
+struct no_compress {
+  static constexpr std::string_view kind = "none";
+};
+struct no_pipeline {
+  static constexpr std::string_view kind = "none";
+};
+
+// ---- concepts -------------------------------------------------------------------------------
+
+// What a trainer builds its model from: the parameters and what each block reads (so the
+// scheduler can chunk them), and a model type over the scheduler's hooks.
+template <class S>
+concept ModelSpec = requires(S const& s) {
+  typename S::backend;
+  { s.parameters() } -> std::same_as<nn::parameter_list>;
+  { s.uses() } -> std::same_as<nn::block_uses>;
+};
+
+template <class O>
+concept OffloadPolicy = offload::detail::is_chunked<O> || offload::detail::is_window<O> ||
+                        offload::detail::is_static<O> || offload::detail::is_resident<O>;
+
+template <class O>
+concept OptimizerPolicy = requires(O const& o, float lr) {
+  { o.hparams(lr) } -> std::same_as<kernels::adamw_hparams>;
+  { o.schedule(lr, std::int64_t{0}) } -> std::convertible_to<float>;
+  { o.clip_norm } -> std::convertible_to<float>;
+  { o.micro_steps } -> std::convertible_to<int>;
+  { o.scaling } -> std::convertible_to<optim::loss_scaling>;
+};
+
+// What one step did.
+struct step_stats {
+  std::int64_t step = 0;        // 1-based
+  float loss = 0;               // mean over the micro-batches
+  std::size_t tokens = 0;       // trained on in this step
+  double seconds = 0;
+  double tokens_per_s = 0;
+  float lr = 0;
+  double grad_norm = -1;        // of the mean gradient; -1 when not measured (no clipping, no scaling)
+  float loss_scale = 1;
+  bool skipped = false;         // non-finite gradients: nothing was updated
+  std::size_t device_bytes = 0; // arena peak in the step (model data + activations)
+  std::size_t host_bytes = 0;   // model data on the host at the end of the step
+  std::size_t bytes_moved = 0;  // host <-> device
+  double stall_ms = 0;
+  offload::offload_stats offload{};
+};
+
+template <ModelSpec Spec, class Offload, class Optimizer, class Comm = no_comm, class Compress = no_compress,
+          class Pipeline = no_pipeline>
+class trainer {
+  static_assert(OffloadPolicy<Offload>, "make_trainer: the 2nd argument must be an offload policy: "
+                                        "tide::offload::resident, chunked<Policy>, layer_window<W> or static_partition");
+  static_assert(OptimizerPolicy<Optimizer>, "make_trainer: the 3rd argument must be an optimizer policy with "
+                                            "hparams(lr), schedule(lr, step), clip_norm, micro_steps and scaling "
+                                            "(tide::optim::adamw has them)");
+  static_assert(std::is_same_v<Comm, no_comm>, "make_trainer: communication policies (mpi, nccl) arrive with the "
+                                               "comm issue; pass tide::train::no_comm{} or nothing");
+  static_assert(std::is_same_v<Compress, no_compress>, "make_trainer: compression policies arrive with the "
+                                                       "compression issue; pass tide::train::no_compress{} or nothing");
+  static_assert(std::is_same_v<Pipeline, no_pipeline>, "make_trainer: pipeline schedules arrive with the pipeline "
+                                                       "issue; pass tide::train::no_pipeline{} or nothing");
+
+ public:
+  using backend = typename Spec::backend;
+  using scheduler_type = offload::scheduler<backend, float, Offload>;
+  using hooks_type = offload::hooks<scheduler_type>;
+  using model_type = typename Spec::template model_type<hooks_type>;
+  using batch_type = typename model_type::batch_type;
+
+  trainer(Spec const& spec, Offload const& off, Optimizer const& opt, Comm = {}, Compress = {}, Pipeline = {},
+          int threads = thread_pool::default_threads())
+      : optimizer_(checked(opt)),
+        pool_(threads),
+        ex_{pool_},
+        arena_({.budget = budget_of(spec, off)}),
+        scheduler_(ex_, arena_, spec.parameters(), spec.uses(), off,
+                   {.adamw = opt.hparams(opt.lr),
+                    .micro_steps = opt.micro_steps,
+                    .defer_optimizer = opt.needs_all_gradients()}),
+        model_(spec.build(arena_, hooks_type{&scheduler_})),
+        scaler_(opt.scaling) {}
+
+  trainer(trainer const&) = delete;
+  trainer& operator=(trainer const&) = delete;
+
+  // One optimizer step over micro_steps micro-batches (one per micro-step).
+  step_stats step(std::span<batch_type const> micro_batches) {
+    auto const m = static_cast<std::size_t>(optimizer_.micro_steps);
+    TIDE_REQUIRE(micro_batches.size() == m, "trainer::step: ", micro_batches.size(),
+                 " micro-batches given, the optimizer accumulates micro_steps = ", m, "; pass exactly that many");
+    auto const t0 = std::chrono::steady_clock::now();
+    step_stats st;
+    st.step = step_ + 1;
+    st.lr = optimizer_.schedule(optimizer_.lr, step_);
+    st.loss_scale = scaler_.scale();
+    scheduler_.set_learning_rate(st.lr);
+    float const inv = 1.f / (st.loss_scale * static_cast<float>(m));  // exact for powers of two
+    if (!optimizer_.needs_all_gradients()) scheduler_.set_grad_scale(inv);
+    double loss = 0;
+    for (batch_type const& b : micro_batches) {
+      loss += static_cast<double>(model_.forward(ex_, b));
+      model_.backward(ex_, st.loss_scale);
+      st.tokens += model_type::tokens_in(b);
+    }
+    st.loss = static_cast<float>(loss / static_cast<double>(m));
+    if (optimizer_.needs_all_gradients()) {
+      double const norm = kernels::global_grad_norm(ex_, scheduler_.gradients());
+      st.skipped = !std::isfinite(norm);
+      if (st.skipped) {
+        scheduler_.skip_step();
+      } else {
+        st.grad_norm = norm * static_cast<double>(inv);
+        float const clip = optimizer_.clip_norm > 0.f ? kernels::clip_scale(st.grad_norm, optimizer_.clip_norm) : 1.f;
+        scheduler_.set_grad_scale(clip * inv);
+        scheduler_.step();
+      }
+      scaler_.update(st.skipped);
+    } else {
+      scheduler_.step();
+    }
+    ++step_;
+    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    st.tokens_per_s = st.seconds > 0 ? static_cast<double>(st.tokens) / st.seconds : 0;
+    st.offload = scheduler_.last_step();
+    st.device_bytes = st.offload.peak_device_bytes;
+    st.host_bytes = st.offload.host_model_bytes;
+    st.bytes_moved = st.offload.bytes_moved();
+    st.stall_ms = st.offload.stall_ms;
+    return st;
+  }
+  step_stats step(batch_type const& b) { return step(std::span<batch_type const>(&b, 1)); }
+
+  // ---- parts ----------------------------------------------------------------------------------
+  [[nodiscard]] model_type& model() noexcept { return model_; }
+  [[nodiscard]] scheduler_type& scheduler() noexcept { return scheduler_; }
+  [[nodiscard]] memory::device_arena<backend>& arena() noexcept { return arena_; }
+  [[nodiscard]] exec<backend> const& executor() const noexcept { return ex_; }
+  [[nodiscard]] Optimizer const& optimizer() const noexcept { return optimizer_; }
+  [[nodiscard]] optim::loss_scaler const& scaler() const noexcept { return scaler_; }
+  [[nodiscard]] std::int64_t steps() const noexcept { return step_; }
+
+ private:
+  static Optimizer const& checked(Optimizer const& o) {
+    TIDE_REQUIRE(o.micro_steps >= 1, "optimizer micro_steps = ", o.micro_steps, "; pass >= 1");
+    TIDE_REQUIRE(o.clip_norm >= 0.f && std::isfinite(o.clip_norm), "optimizer clip_norm = ", o.clip_norm,
+                 "; pass 0 (no clipping) or a positive norm");
+    return o;
+  }
+  static std::size_t budget_of(Spec const& spec, Offload const& off) {
+    if (off.device_budget != 0) return off.device_budget;
+    TIDE_REQUIRE(offload::detail::is_resident<Offload>, "make_trainer: ", offload::scheduler_name<Offload>(),
+                 " needs a device_budget (bytes of the device it may use)");
+    // Parameters, gradients, m and v with room for chunk padding, and 1 GiB for activations.
+    return 8 * spec.parameters().bytes() + (std::size_t{1} << 30);
+  }
+
+  Optimizer optimizer_;
+  thread_pool pool_;
+  exec<backend> ex_;
+  memory::device_arena<backend> arena_;
+  scheduler_type scheduler_;
+  model_type model_;
+  optim::loss_scaler scaler_;
+  std::int64_t step_ = 0;
+};
+
+template <ModelSpec Spec, class Offload, class Optimizer, class Comm = no_comm, class Compress = no_compress,
+          class Pipeline = no_pipeline>
+trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline> make_trainer(Spec const& spec, Offload const& off,
+                                                                         Optimizer const& opt, Comm comm = {},
+                                                                         Compress compress = {}, Pipeline pipe = {}) {
+  return {spec, off, opt, comm, compress, pipe};
+}
+
+}  // namespace tide::train

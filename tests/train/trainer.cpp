@@ -1,0 +1,164 @@
+// make_trainer: offloading, loss scaling and the deferred optimizer change no bits; an overflow
+// skips the step and leaves everything as it was; accumulation averages micro-batches.
+
+#include <doctest/doctest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "tide/nn/gpt.hpp"
+#include "tide/train/trainer.hpp"
+
+namespace {
+
+using namespace tide::literals;
+using tide::host;
+namespace off = tide::offload;
+
+constexpr tide::nn::gpt_config config{.layers = 2, .heads = 2, .channels = 32, .vocab = 64, .max_seq = 16};
+constexpr tide::index_t batch = 2, seq = 16;
+
+// Tokens then targets of micro-batch s, (B, T) each (runs with a step-dependent stride).
+std::vector<std::int32_t> data_of(int s, tide::index_t b_rows = batch) {
+  std::vector<std::int32_t> v(static_cast<std::size_t>(2 * b_rows * seq));
+  auto const n = static_cast<std::size_t>(b_rows * seq);
+  for (std::size_t i = 0; i < n; ++i) {
+    auto const b = i / static_cast<std::size_t>(seq), t = i % static_cast<std::size_t>(seq);
+    auto const start = static_cast<std::size_t>(s) * 5 + b * 11;
+    v[i] = static_cast<std::int32_t>((start + t * 3) % 64);
+    v[n + i] = static_cast<std::int32_t>((start + (t + 1) * 3) % 64);
+  }
+  return v;
+}
+
+template <class Trainer>
+typename Trainer::batch_type view_of(std::vector<std::int32_t> const& d, tide::index_t b_rows = batch) {
+  return {{d.data(), {b_rows, seq}}, {d.data() + b_rows * seq, {b_rows, seq}}};
+}
+
+template <class Trainer>
+std::vector<std::vector<float>> params_of(Trainer& t) {
+  std::vector<std::vector<float>> out;
+  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) out.push_back(t.scheduler().read_param(i));
+  return out;
+}
+
+bool same(std::vector<std::vector<float>> const& a, std::vector<std::vector<float>> const& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+tide::nn::gpt_spec<host> const spec{.config = config, .options = {.seed = 3}};
+tide::optim::adamw const clipped{.lr = 3e-3f, .clip_norm = 0.5f, .schedule = {.warmup_steps = 3, .total_steps = 12}};
+
+template <class Offload>
+std::vector<std::vector<float>> train(Offload const& off, tide::optim::adamw const& opt, int steps,
+                                      std::vector<float>* losses = nullptr) {
+  auto t = tide::train::make_trainer(spec, off, opt);
+  for (int s = 0; s < steps; ++s) {
+    auto const d = data_of(s);
+    auto const st = t.step(view_of<decltype(t)>(d));
+    CHECK(!st.skipped);
+    if (losses) losses->push_back(st.loss);
+  }
+  return params_of(t);
+}
+
+}  // namespace
+
+TEST_CASE("warm-up then cosine") {
+  tide::optim::warmup_cosine const s{.warmup_steps = 4, .total_steps = 14, .min_ratio = 0.1f};
+  CHECK(s(1.f, 0) == doctest::Approx(0.25));
+  CHECK(s(1.f, 3) == doctest::Approx(1.0));
+  CHECK(s(1.f, 4) == doctest::Approx(1.0));
+  CHECK(s(1.f, 9) == doctest::Approx(0.55));  // half way: (0.1 + 1) / 2
+  CHECK(s(1.f, 14) == doctest::Approx(0.1));
+  CHECK(s(1.f, 100) == doctest::Approx(0.1));
+  CHECK(tide::optim::warmup_cosine{}(2.f, 7) == 2.f);
+}
+
+TEST_CASE("offloaded and resident trainers give the same bits, with clipping and a schedule") {
+  std::vector<float> losses;
+  auto const resident = train(off::resident{}, clipped, 12, &losses);
+  CHECK(losses.back() < losses.front() - 0.2f);
+  auto const chunked = train(off::chunked<off::belady>{.device_budget = 1_MiB, .chunk_bytes = 20_KiB}, clipped, 12);
+  CHECK(same(chunked, resident));
+}
+
+TEST_CASE("loss scaling by a power of two changes no bits") {
+  auto const plain = train(off::resident{}, clipped, 8);
+  auto scaled_opt = clipped;
+  scaled_opt.scaling = {.enabled = true, .initial = 1024.f, .growth_interval = 3};
+  auto const scaled = train(off::chunked<off::lru>{.device_budget = 1_MiB, .chunk_bytes = 20_KiB}, scaled_opt, 8);
+  CHECK(same(scaled, plain));
+}
+
+TEST_CASE("an overflowing loss scale skips the step, halves the scale and changes nothing") {
+  auto opt = clipped;
+  opt.scaling = {.enabled = true, .initial = FLT_MAX, .growth_interval = 1000};
+  auto t = tide::train::make_trainer(spec, off::chunked<off::belady>{.device_budget = 1_MiB, .chunk_bytes = 20_KiB}, opt);
+  // Large embeddings make d(lnf) = dlogits wte overflow at this scale (before the first step the
+  // chunks are on the host, where the scheduler hands out their addresses for initialisation).
+  float* wte = t.scheduler().param_data(0);
+  for (tide::index_t i = 0; i < t.model().parameters()[0].numel(); ++i) wte[i] *= 1000.f;
+  auto const before = params_of(t);
+  auto const d = data_of(0);
+  auto const st = t.step(view_of<decltype(t)>(d));
+  REQUIRE(st.skipped);
+  CHECK(st.loss_scale == FLT_MAX);
+  CHECK(t.scaler().scale() == FLT_MAX / 2);
+  CHECK(same(params_of(t), before));
+  CHECK(t.scheduler().optimizer_steps() == 0);
+  // Halving until the gradients fit: then steps go through, and AdamW's first step is step 1.
+  int skipped = 1;
+  for (int s = 1; s < 200 && t.step(view_of<decltype(t)>(data_of(s))).skipped; ++s) ++skipped;
+  CHECK(skipped < 200);
+  CHECK(t.scaler().skipped() == skipped);
+  CHECK(t.scheduler().optimizer_steps() == 1);
+  CHECK(!same(params_of(t), before));
+}
+
+TEST_CASE("gradient accumulation averages the micro-batches") {
+  // Two micro-batches of B rows == one batch of 2B rows, up to summation order.
+  auto opt = clipped;
+  opt.micro_steps = 2;
+  auto acc = tide::train::make_trainer(spec, off::resident{}, opt);
+  auto whole = tide::train::make_trainer(spec, off::resident{}, clipped);
+  for (int s = 0; s < 4; ++s) {
+    auto const a = data_of(2 * s), b = data_of(2 * s + 1);
+    std::vector<std::int32_t> ab(a.size() * 2);
+    auto const n = static_cast<std::ptrdiff_t>(a.size() / 2);
+    std::copy(a.begin(), a.begin() + n, ab.begin());  // tokens of a, then of b, then targets
+    std::copy(b.begin(), b.begin() + n, ab.begin() + n);
+    std::copy(a.begin() + n, a.end(), ab.begin() + 2 * n);
+    std::copy(b.begin() + n, b.end(), ab.begin() + 3 * n);
+    using B = decltype(acc)::batch_type;
+    B const micro[2] = {view_of<decltype(acc)>(a), view_of<decltype(acc)>(b)};
+    auto const sa = acc.step(micro);
+    auto const sw = whole.step(view_of<decltype(whole)>(ab, 2 * batch));
+    CHECK(sa.loss == doctest::Approx(sw.loss).epsilon(1e-5));
+    CHECK(sa.grad_norm == doctest::Approx(sw.grad_norm).epsilon(1e-4));
+    CHECK(sa.tokens == sw.tokens);
+  }
+  auto const pa = params_of(acc), pw = params_of(whole);
+  double worst = 0;
+  for (std::size_t i = 0; i < pa.size(); ++i)
+    for (std::size_t j = 0; j < pa[i].size(); ++j) worst = std::max(worst, std::abs(double(pa[i][j]) - pw[i][j]));
+  CHECK(worst < 1e-5);
+  CHECK_THROWS_AS(acc.step(view_of<decltype(acc)>(data_of(0))), tide::error);  // 1 micro-batch for 2 micro-steps
+}
+
+TEST_CASE("the policies' concepts") {
+  static_assert(tide::train::OffloadPolicy<off::chunked<off::belady>>);
+  static_assert(!tide::train::OffloadPolicy<tide::optim::adamw>);
+  static_assert(tide::train::OptimizerPolicy<tide::optim::adamw>);
+  static_assert(!tide::train::OptimizerPolicy<off::resident>);
+  static_assert(tide::train::ModelSpec<tide::nn::gpt_spec<host>>);
+  CHECK(true);
+}
