@@ -18,6 +18,8 @@
 #include "tide/memory/stream.hpp"
 #include "tide/memory/transfer_engine.hpp"
 
+#include "tide/train/checkpoint.hpp"
+#include "tide/train/crc32c.hpp"
 #include "tide/train/text_data.hpp"
 
 #include "tide/kernels/adamw/adamw.hpp"
@@ -45,3 +47,6 @@
 #include "tide/offload/schedulers.hpp"
 #include "tide/offload/simulate.hpp"
 #include "tide/offload/stats.hpp"
+
+#include "tide/optim/adamw.hpp"
+#include "tide/train/trainer.hpp"

@@ -289,3 +289,33 @@ TEST_CASE("a deferred optimizer gives the same bits; a skipped step changes noth
   auto const without = run({0, 1, 3}, -1);
   for (std::size_t i = 0; i < without.size(); ++i) CHECK(same_bits(with_skip[i], without[i]));
 }
+
+TEST_CASE("evaluation forwards between steps change nothing and keep the trace") {
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  tide::thread_pool pool{2};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = minimum_of(cfg) + 4_KiB}};
+  sched_t<decltype(cfg)> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32),
+                               tide::nn::gpt_block_uses(config), cfg, {.adamw = hparams}};
+  model_t<decltype(cfg)> model{config, arena, {.seed = 7}, {&sched}};
+  std::vector<float> losses;
+  for (int s = 0; s < steps; ++s) {
+    auto const data = batch_of(s);
+    tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
+    if (s % 4 == 2) {  // a validation pass on another batch
+      auto const other = batch_of(100 + s);
+      sched.begin_evaluation();
+      float const v = model.forward(ex, tide::tensor_view<std::int32_t const, host>(other.data(), {batch, seq}),
+                                    tide::tensor_view<std::int32_t const, host>(other.data() + batch * seq, {batch, seq}));
+      CHECK(std::isfinite(v));
+      CHECK_THROWS_AS(model.backward(ex), tide::error);  // no training inside an evaluation
+      sched.end_evaluation();
+    }
+    losses.push_back(model.forward(ex, x, y));
+    model.backward(ex);
+    sched.step();
+  }
+  CHECK(sched.tracer().invalidations() == 0);
+  CHECK(same_bits(losses, reference().losses));
+  for (std::uint32_t i = 0; i < model.parameters().size(); ++i) CHECK(same_bits(sched.read_param(i), reference().params[i]));
+}

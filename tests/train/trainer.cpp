@@ -3,7 +3,11 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cfloat>
+#include <cstdio>
+#include <filesystem>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -161,4 +165,65 @@ TEST_CASE("the policies' concepts") {
   static_assert(!tide::train::OptimizerPolicy<off::resident>);
   static_assert(tide::train::ModelSpec<tide::nn::gpt_spec<host>>);
   CHECK(true);
+}
+
+TEST_CASE("a resumed run gives the losses of an uninterrupted one, under any scheduler") {
+  auto const dir = std::filesystem::temp_directory_path() / ("tide_trainer_ckpt_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  off::chunked<off::belady> const tight{.device_budget = 1_MiB, .chunk_bytes = 20_KiB};
+  std::vector<float> whole;
+  {
+    auto t = tide::train::make_trainer(spec, tight, clipped);
+    for (int s = 0; s < 6; ++s) whole.push_back(t.step(view_of<decltype(t)>(data_of(s))).loss);
+  }
+  {
+    auto t = tide::train::make_trainer(spec, tight, clipped);
+    for (int s = 0; s < 3; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
+    std::int64_t const position = 3;  // the caller's data position rides along
+    t.save(dir / "ckpt", [&](tide::train::checkpoint_writer& w) { w.add_value("data.position", position); });
+  }
+  auto resume = [&](auto const& offload) {
+    auto t = tide::train::make_trainer(spec, offload, clipped);
+    std::int64_t position = 0;
+    t.load(dir / "ckpt", [&](tide::train::checkpoint_reader const& r) { position = r.read_value<std::int64_t>("data.position"); });
+    CHECK(position == 3);
+    CHECK(t.steps() == 3);
+    std::vector<float> rest;
+    for (int s = 3; s < 6; ++s) rest.push_back(t.step(view_of<decltype(t)>(data_of(s))).loss);
+    return rest;
+  };
+  for (auto const& rest : {resume(tight), resume(off::resident{})}) {
+    REQUIRE(rest.size() == 3);
+    for (int i = 0; i < 3; ++i) CHECK(std::memcmp(&rest[std::size_t(i)], &whole[std::size_t(3 + i)], sizeof(float)) == 0);
+  }
+
+  // A flipped byte: tide::error, and the trainer is untouched.
+  auto t = tide::train::make_trainer(spec, tight, clipped);
+  auto const before = params_of(t);
+  auto const bytes = std::filesystem::file_size(dir / "ckpt");
+  std::filesystem::copy_file(dir / "ckpt", dir / "bad", std::filesystem::copy_options::overwrite_existing);
+  {
+    std::FILE* f = std::fopen((dir / "bad").c_str(), "r+b");
+    REQUIRE(f != nullptr);
+    std::fseek(f, static_cast<long>(bytes / 2), SEEK_SET);
+    int const c = std::fgetc(f);
+    std::fseek(f, static_cast<long>(bytes / 2), SEEK_SET);
+    std::fputc(c ^ 0x10, f);
+    std::fclose(f);
+  }
+  CHECK_THROWS_AS(t.load(dir / "bad"), tide::error);
+  CHECK(same(params_of(t), before));
+  CHECK(t.steps() == 0);
+  // Another model shape: a usage error naming the section.
+  auto other = tide::train::make_trainer(tide::nn::gpt_spec<host>{.config = {.layers = 1, .heads = 2, .channels = 32,
+                                                                             .vocab = 64, .max_seq = 16}},
+                                         off::resident{}, clipped);
+  try {
+    other.load(dir / "ckpt");
+    FAIL("a checkpoint of another model loaded");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::usage);
+    CHECK(std::string(e.what()).find("model.shape") != std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
 }

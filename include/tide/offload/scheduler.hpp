@@ -83,6 +83,8 @@ struct scheduler_options {
   // The optimizer runs in step() instead of after each block's backward: what global-norm
   // clipping and loss scaling need (the norm and the overflow check read every gradient first).
   bool defer_optimizer = false;
+  // Weight decay on matrices only (rank >= 2), not on biases and LayerNorm gains (GPT-2's rule).
+  bool decay_matrices_only = false;
   bool lock_host_pages = false;  // host tier: mlock (pointless on tide::host, where nothing DMAs)
 };
 
@@ -237,6 +239,23 @@ class scheduler {
     std::memcpy(out.data(), param_.data(i), p.bytes);
     return out;
   }
+  // The bytes of parameter i in the list of `role` (param: T, exp_avg / exp_avg_sq: fp32),
+  // host-readable on tide::host wherever the chunk is, after finishing pending work. For
+  // checkpoints: valid until the next hook or step.
+  [[nodiscard]] std::span<std::byte> tensor_bytes(chunk::chunk_role role, std::uint32_t i) {
+    drain();
+    TIDE_REQUIRE(role != chunk::chunk_role::grad && role != chunk::chunk_role::master,
+                 "offload::scheduler::tensor_bytes: the ", chunk::to_string(role),
+                 " list is not kept between steps; ask for param, exp_avg or exp_avg_sq");
+    chunk::chunk_list& l = role == chunk::chunk_role::param ? param_ : role == chunk::chunk_role::exp_avg ? m_ : v_;
+    return {l.data(i), static_cast<std::size_t>(params_[i].numel()) * size_of(l.type())};
+  }
+  // AdamW's step number (steps taken), for a resumed run.
+  void set_optimizer_steps(std::int64_t steps) {
+    TIDE_REQUIRE(steps >= 0 && !step_open_, "offload::scheduler::set_optimizer_steps(", steps,
+                 "): needs steps >= 0, between steps");
+    t_ = steps + 1;
+  }
   // Gradients to zero: every gradient chunk becomes FREE (created zero-filled when next touched).
   void zero_grad() {
     drain();
@@ -252,13 +271,23 @@ class scheduler {
   }
   void set_learning_rate(float lr) { options_.adamw.lr = lr; }
 
+  // Forward passes outside training (validation, generation): chunks are made resident within
+  // the budget, nothing is traced, so the trace of the training steps stays. Between steps only.
+  void begin_evaluation() {
+    TIDE_REQUIRE(!step_open_, "offload::scheduler::begin_evaluation inside a training step; call it after step()");
+    evaluating_ = true;
+  }
+  void end_evaluation() { evaluating_ = false; }
+  [[nodiscard]] bool evaluating() const noexcept { return evaluating_; }
+
   // ---- hooks ----------------------------------------------------------------------------------
   void pre_forward(int block) { enter(block, chunk::phase::forward); }
   void post_forward(int block) {
-    for (std::uint32_t i : uses_.of(block)) param_.transition(i, chunk::tensor_state::hold_after_fwd);
+    for (std::uint32_t i : uses_.of(block))
+      param_.transition(i, evaluating_ ? chunk::tensor_state::hold : chunk::tensor_state::hold_after_fwd);
     sample_non_model();
     if constexpr (detail::is_window<Config>) {
-      if (tracer_.recording()) {
+      if (tracer_.recording() && !evaluating_) {
         forward_ms_ += detail::ms_since(block_start_);
         ++forward_blocks_;
       }
@@ -658,13 +687,14 @@ class scheduler {
       candidates_.push_back(id);
     }
     if (candidates_.empty()) return std::nullopt;
-    if (!tracer_.warm() || tracer_.recording()) return candidates_.front();
+    if (t == untraced || !tracer_.warm() || tracer_.recording()) return candidates_.front();
     return policy_.victim(std::span<std::uint32_t const>(candidates_), t);
   }
 
   // Device bytes chunks may take at moment t (movable lists; the optimizer state on the device
   // is counted in device_bytes_ too).
   [[nodiscard]] std::size_t capacity(std::size_t t) const {
+    if (t == untraced && !detail::is_resident<Config>) return hard_limit();
     if constexpr (detail::is_resident<Config>) {
       return std::numeric_limits<std::size_t>::max();
     } else if constexpr (detail::is_window<Config>) {
@@ -784,6 +814,16 @@ class scheduler {
   }
 
   void enter(int block, chunk::phase ph) {
+    if (evaluating_) {
+      TIDE_REQUIRE(ph == chunk::phase::forward, "offload::scheduler: backward during evaluation; call "
+                                                "end_evaluation() before training");
+      if (!placed_) first_placement();
+      ++tick_;
+      reclaim_stale(false);
+      make_resident(ids_of(block, ph), untraced);
+      for (std::uint32_t i : uses_.of(block)) param_.transition(i, chunk::tensor_state::compute);
+      return;
+    }
     begin_step_if_needed();
     ++tick_;
     reclaim_stale(false);
@@ -814,7 +854,9 @@ class scheduler {
     std::size_t const in_use = arena_->stats().in_use;
     return in_use > device_bytes_ - spare_bytes_ ? in_use - (device_bytes_ - spare_bytes_) : 0;
   }
-  void sample_non_model() { tracer_.non_model(current_, non_model_now()); }
+  void sample_non_model() {
+    if (!evaluating_) tracer_.non_model(current_, non_model_now());
+  }
 
   // ---- the optimizer --------------------------------------------------------------------------
 
@@ -833,11 +875,31 @@ class scheduler {
     void operator()() {
       auto const t0 = std::chrono::steady_clock::now();
       exec<host> const ex{self->optimizer_pool_};
-      kernels::adamw(ex, hp, t, tensor_view<float>(p, {n}), tensor_view<float const>(g, {n}),
-                     tensor_view<float>(m, {n}), tensor_view<float>(v, {n}), scale);
+      self->run_adamw(ex, c, p, g, m, v, n, t, hp, scale);
       self->optimizer_ns_.fetch_add(static_cast<std::int64_t>(detail::ms_since(t0) * 1e6), std::memory_order_relaxed);
     }
   };
+
+  // AdamW over chunk c's n elements: one flat call, or (decay_matrices_only) one call over the
+  // matrices and one without decay over the rest. Const: it runs on the optimizer worker too.
+  void run_adamw(exec<host> const& ex, std::uint32_t c, float* p, float const* g, float* m, float* v, index_t n,
+                 std::int64_t t, kernels::adamw_hparams const& hp, float scale) const {
+    if (!options_.decay_matrices_only) {
+      kernels::adamw(ex, hp, t, tensor_view<float>(p, {n}), tensor_view<float const>(g, {n}),
+                     tensor_view<float>(m, {n}), tensor_view<float>(v, {n}), scale);
+      return;
+    }
+    std::vector<kernels::adamw_tensor<float>> decayed, plain;
+    for (std::uint32_t i = layout_.first_param[c]; i < layout_.first_param[c + 1]; ++i) {
+      std::size_t const at = layout_.offset_of[i];
+      kernels::adamw_tensor<float> const r{p + at, g + at, m + at, v + at, nullptr, params_[i].numel()};
+      (params_[i].shape.rank >= 2 ? decayed : plain).push_back(r);
+    }
+    kernels::adamw_hparams no_decay = hp;
+    no_decay.weight_decay = 0.f;
+    if (!decayed.empty()) kernels::adamw(ex, hp, t, decayed, scale);
+    if (!plain.empty()) kernels::adamw(ex, no_decay, t, plain, scale);
+  }
 
   [[nodiscard]] index_t step_elements(std::uint32_t c) const {
     // Up to the end of the chunk's last tensor (the rest of the chunk is never touched).
@@ -855,10 +917,9 @@ class scheduler {
       }
       auto const t0 = std::chrono::steady_clock::now();
       if (apply)
-        kernels::adamw(ex_, options_.adamw, t_, tensor_view<float>(reinterpret_cast<float*>(param_[c].payload()), {n}),
-                     tensor_view<float const>(reinterpret_cast<float const*>(grad_[c].payload()), {n}),
-                     tensor_view<float>(reinterpret_cast<float*>(m_[c].payload()), {n}),
-                     tensor_view<float>(reinterpret_cast<float*>(v_[c].payload()), {n}), options_.grad_scale);
+        run_adamw(ex_, c, reinterpret_cast<float*>(param_[c].payload()),
+                  reinterpret_cast<float const*>(grad_[c].payload()), reinterpret_cast<float*>(m_[c].payload()),
+                  reinterpret_cast<float*>(v_[c].payload()), n, t_, options_.adamw, options_.grad_scale);
       cur_.optimizer_ms += detail::ms_since(t0);
       ++cur_.device_optimizer_chunks;
       param_.transition_chunk(c, chunk::tensor_state::hold);
@@ -1054,6 +1115,8 @@ class scheduler {
   std::size_t current_ = 0;
   std::size_t backward_passes_ = 0;
   bool step_open_ = false;
+  bool evaluating_ = false;
+  static constexpr std::size_t untraced = std::numeric_limits<std::size_t>::max();
   bool placed_ = false;
   int window_ = 0;
   std::chrono::steady_clock::time_point block_start_{};

@@ -58,6 +58,7 @@ struct adamw {
   float eps = 1e-8f;
   float weight_decay = 0.1f;
   float clip_norm = 0.f;  // > 0: gradients scaled so their global L2 norm is at most this
+  bool decay_matrices_only = false;  // true: no weight decay on biases and LayerNorm gains (GPT-2)
   int micro_steps = 1;    // micro-batches whose gradients accumulate into one step
   warmup_cosine schedule{};
   loss_scaling scaling{};

@@ -44,6 +44,7 @@
 #include "tide/offload/scheduler.hpp"
 #include "tide/offload/schedulers.hpp"
 #include "tide/optim/adamw.hpp"
+#include "tide/train/checkpoint.hpp"
 
 namespace tide::train {
 
@@ -131,7 +132,8 @@ class trainer {
         scheduler_(ex_, arena_, spec.parameters(), spec.uses(), off,
                    {.adamw = opt.hparams(opt.lr),
                     .micro_steps = opt.micro_steps,
-                    .defer_optimizer = opt.needs_all_gradients()}),
+                    .defer_optimizer = opt.needs_all_gradients(),
+                    .decay_matrices_only = opt.decay_matrices_only}),
         model_(spec.build(arena_, hooks_type{&scheduler_})),
         scaler_(opt.scaling) {}
 
@@ -185,6 +187,70 @@ class trainer {
   }
   step_stats step(batch_type const& b) { return step(std::span<batch_type const>(&b, 1)); }
 
+  // ---- checkpoints ----------------------------------------------------------------------------
+  // Writes parameters and AdamW state (one section per tensor and list, in the model's own
+  // order, so a checkpoint loads under any scheduler and chunk size), the step counters and the
+  // loss scale, plus whatever extra(writer) adds (data position, RNG), to `path` atomically: the
+  // previous file stays until the new one is complete. Between steps.
+  template <class Extra>
+  void save(std::filesystem::path const& path, Extra&& extra) {
+    checkpoint_writer w;
+    std::string const shape = shape_text();
+    w.add("model.shape", std::as_bytes(std::span(shape)));
+    state const st{step_, scheduler_.optimizer_steps(), scaler_.scale(), scaler_.good_steps(), scaler_.skipped()};
+    w.add_value("trainer.state", st);
+    auto const& list = model_.parameters();
+    for (std::uint32_t i = 0; i < list.size(); ++i) {
+      w.add(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
+      w.add(section("m/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::exp_avg, i));
+      w.add(section("v/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::exp_avg_sq, i));
+    }
+    extra(w);
+    w.commit(path);
+  }
+  void save(std::filesystem::path const& path) {
+    save(path, [](checkpoint_writer&) {});
+  }
+
+  // Reads a checkpoint written by save(): every checksum is verified before anything is
+  // written, so a corrupt, truncated, wrong-version or wrong-model file throws tide::error
+  // (corrupt or usage, naming the section) and the trainer is left as it was. Then
+  // extra(reader) reads the caller's sections.
+  template <class Extra>
+  void load(std::filesystem::path const& path, Extra&& extra) {
+    checkpoint_reader const r(path);
+    r.verify();
+    std::string const shape = shape_text();
+    TIDE_CHECK(r.contains("model.shape") && r.size_of("model.shape") == shape.size(), usage,
+               "checkpoint ", path.string(), ": section \"model.shape\" does not describe this model (",
+               r.contains("model.shape") ? r.size_of("model.shape") : 0, " bytes, this model's is ", shape.size(),
+               "); it was saved from another model configuration");
+    std::string stored(shape.size(), '\0');
+    r.read("model.shape", std::as_writable_bytes(std::span(stored)));
+    TIDE_CHECK(stored == shape, usage, "checkpoint ", path.string(),
+               ": section \"model.shape\" differs from this model (shape mismatch); saved:\n", stored,
+               "this model:\n", shape);
+    auto const& list = model_.parameters();
+    for (std::uint32_t i = 0; i < list.size(); ++i)  // sizes first: a mismatch writes nothing
+      for (char const* prefix : {"p/", "m/", "v/"}) {
+        auto const name = section(prefix, list[i].name());
+        TIDE_CHECK(r.contains(name), usage, "checkpoint ", path.string(), ": no section \"", name, "\"");
+      }
+    auto const st = r.read_value<state>("trainer.state");
+    for (std::uint32_t i = 0; i < list.size(); ++i) {
+      r.read(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
+      r.read(section("m/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::exp_avg, i));
+      r.read(section("v/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::exp_avg_sq, i));
+    }
+    step_ = st.step;
+    scheduler_.set_optimizer_steps(st.adam_steps);
+    scaler_.restore(st.scale, st.good, st.skipped);
+    extra(r);
+  }
+  void load(std::filesystem::path const& path) {
+    load(path, [](checkpoint_reader const&) {});
+  }
+
   // ---- parts ----------------------------------------------------------------------------------
   [[nodiscard]] model_type& model() noexcept { return model_; }
   [[nodiscard]] scheduler_type& scheduler() noexcept { return scheduler_; }
@@ -195,6 +261,31 @@ class trainer {
   [[nodiscard]] std::int64_t steps() const noexcept { return step_; }
 
  private:
+  struct state {
+    std::int64_t step;
+    std::int64_t adam_steps;
+    float scale;
+    int good;
+    std::int64_t skipped;
+  };
+  // "p/h0.ln1.w": the section of a tensor in a list.
+  static std::string section(std::string_view prefix, std::string_view name) {
+    std::string out;
+    out.reserve(prefix.size() + name.size());
+    out.append(prefix).append(name);
+    return out;
+  }
+  // One line per parameter: "name dtype d0 d1 ...".
+  [[nodiscard]] std::string shape_text() const {
+    std::string out;
+    for (auto const& p : model_.parameters()) {
+      out.append(p.name()).append(" ").append(to_string(p.type));
+      for (int d = 0; d < p.shape.rank; ++d) out.append(" ").append(std::to_string(p.shape.dims[d]));
+      out.append("\n");
+    }
+    return out;
+  }
+
   static Optimizer const& checked(Optimizer const& o) {
     TIDE_REQUIRE(o.micro_steps >= 1, "optimizer micro_steps = ", o.micro_steps, "; pass >= 1");
     TIDE_REQUIRE(o.clip_norm >= 0.f && std::isfinite(o.clip_norm), "optimizer clip_norm = ", o.clip_norm,
