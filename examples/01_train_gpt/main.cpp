@@ -1,20 +1,19 @@
-// 01_train_gpt: a small GPT-2 trained on real text, on the CPU.
+// 01_train_gpt (`./tide demo`): a byte-level GPT trained on real text, on the CPU, with its model
+// data offloaded: the device budget is smaller than the parameters, gradients and AdamW state.
 //
-// Byte-level (vocabulary 256) language model over the `fortunes` corpus (or any file or folder
-// given with --data), trained with AdamW, a linear warm-up then a cosine decay of the learning
-// rate, and global-norm clipping at 1.0. Every piece is a tide part: tide::nn::gpt (forward,
-// explicit backward, sampling), tide::kernels::adamw and global_grad_norm, tide::train's corpus
-// and seeded window loader. The model's memory (parameters, gradients, activations) comes from
-// one budgeted tide::memory::device_arena; the AdamW moments live in host memory.
+// Everything is a tide part assembled by tide::train::make_trainer: tide::nn::gpt (forward,
+// explicit backward, sampling), an offload scheduler (chunked<belady> by default: PatrickStar's
+// chunks moved by the warm-up trace), tide::optim::adamw (warm-up + cosine, clipping at 1.0, no
+// decay on biases and gains), checkpoints, and the reports (a progress line, SVG pictures).
 //
-//   example_01_train_gpt [--steps 500] [--layers 4] [--channels 256] [--heads 4] [--seq 128]
-//                        [--batch 8] [--lr 2e-3] [--warmup 30] [--beta2 0.99] [--weight-decay 0.1]
-//                        [--data PATH] [--seed 1337] [--threads 2] [--eval-every 50]
-//                        [--log-every 10] [--sample 200] [--prompt TEXT] [--check-falls MARGIN]
+//   example_01_train_gpt [--steps 1000] [--model small] [--budget auto] [--scheduler chunked]
+//                        [--data PATH] [--checkpoint-dir tide-run] [--checkpoint-every 100]
+//                        [--resume] [--batch 4] [--seq 128] [--lr 2e-3] [--warmup 30] [--seed 1337]
+//                        [--threads 2] [--eval-every 100] [--sample 200] [--prompt TEXT]
+//                        [--check-falls MARGIN]
 //
-// --check-falls MARGIN: exit 1 unless the mean training loss of the last 5 steps is below the
-// first step's loss minus MARGIN (the suite's smoke test runs a tiny model with it).
-// Exit 2 with tide::error's message on bad input.
+// Exit 2 with tide::error's message on bad input; --check-falls M: exit 1 unless the mean loss
+// of the last 5 steps is below the first step's minus M (the suite's smoke test).
 
 #include <algorithm>
 #include <charconv>
@@ -24,123 +23,124 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <numbers>
 #include <numeric>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
-#include <unistd.h>  // isatty: progress in place on a terminal only
-
-#include <tide/core/exec.hpp>
-#include <tide/kernels/adamw/adamw.hpp>
-#include <tide/kernels/grad_norm/grad_norm.hpp>
-#include <tide/memory/device_arena.hpp>
 #include <tide/nn/gpt.hpp>
+#include <tide/offload/report.hpp>
+#include <tide/optim/adamw.hpp>
+#include <tide/train/report.hpp>
 #include <tide/train/text_data.hpp>
+#include <tide/train/trainer.hpp>
 
 using namespace tide::literals;
 using tide::index_t;
+namespace fs = std::filesystem;
 
 namespace {
 
 struct options {
-  // Measured to reach a validation loss below 2.5 in about two minutes on 2 cores (docs/training.md);
-  // GPT-2's shape at L=6 C=384 learns more per token but runs 3x fewer tokens/s.
-  int steps = 500, layers = 4, channels = 256, heads = 4, seq = 128, batch = 8;
-  float lr = 2e-3f, beta2 = 0.99f, weight_decay = 0.1f;
-  int warmup = 30;
-  std::string data;  // empty: the fortunes corpus
+  int steps = 1000, batch = 2, seq = 128;
+  std::string model = "small", scheduler = "chunked", data, checkpoint_dir = "tide-run";
+  std::string budget = "auto";
+  int checkpoint_every = 100, eval_every = 100, warmup = 30, threads = 2, sample = 200;
+  bool resume = false;
+  float lr = 2e-3f;
   std::uint64_t seed = 1337;
-  int threads = 2, eval_every = 50, log_every = 10, sample = 200;
   std::string prompt = "The ";
-  double check_falls = -1;  // < 0: no check
+  double check_falls = -1;
 };
 
-constexpr std::string_view flags_text =
-    "flags: --steps --layers --channels --heads --seq --batch --lr --warmup --beta2 --weight-decay --data --seed "
-    "--threads --eval-every --log-every --sample --prompt --check-falls";
+constexpr char const* usage_text =
+    "example_01_train_gpt (./tide demo): a byte-level GPT on text, model data offloaded\n"
+    "  --steps N            training steps (1000)\n"
+    "  --model NAME         tiny (L2 C64), small (L4 C256, default), medium (L6 C384)\n"
+    "  --budget SIZE|auto   device budget, e.g. 48MiB; auto: activations + a quarter of the model data\n"
+    "  --scheduler NAME     chunked (belady, default), chunked-lru, layer-window, static, resident\n"
+    "  --data PATH          a text file or a folder of them (default: the fortunes corpus)\n"
+    "  --checkpoint-dir DIR checkpoints and pictures (tide-run)\n"
+    "  --checkpoint-every N steps between checkpoints, 0 for none (100)\n"
+    "  --resume             continue from DIR/checkpoint.tide\n"
+    "  --batch N --seq N    sequences per step (4) and their length (128)\n"
+    "  --lr X --warmup N    peak learning rate (2e-3), warm-up steps (30); cosine to lr/10\n"
+    "  --seed N --threads N initialisation and data order (1337), threads (2)\n"
+    "  --eval-every N       validation loss every N steps (100)\n"
+    "  --sample N           bytes generated at the end (200); --prompt TEXT (\"The \")\n"
+    "  --check-falls M      exit 1 unless the last 5 steps' mean loss < the first loss - M\n";
 
 template <class N>
 N number(std::string_view flag, std::string_view text) {
   N value{};
   auto const [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  TIDE_CHECK(ec == std::errc{} && end == text.data() + text.size(), usage, flag, " wants a number, got '", text,
-             "'");
+  TIDE_CHECK(ec == std::errc{} && end == text.data() + text.size(), usage, flag, " wants a number, got '", text, "'");
   return value;
 }
 
-constexpr char const* usage_text =
-    "example_01_train_gpt: train a byte-level GPT on text (default: the fortunes corpus)\n"
-    "  --steps N        training steps (500)\n"
-    "  --layers N       transformer blocks (4)\n"
-    "  --channels N     width C, a multiple of --heads (256)\n"
-    "  --heads N        attention heads (4)\n"
-    "  --seq N          context length T (128)\n"
-    "  --batch N        sequences per step B (8)\n"
-    "  --lr X           peak learning rate (2e-3): linear warm-up, then cosine to lr/10\n"
-    "  --warmup N       warm-up steps (30)\n"
-    "  --beta2 X        AdamW beta2 (0.99)\n"
-    "  --weight-decay X on 2-D weights only (0.1)\n"
-    "  --data PATH      a text file or a folder of them (default /usr/share/games/fortunes)\n"
-    "  --seed N         initialisation and data order (1337)\n"
-    "  --threads N      threads of the pool (2)\n"
-    "  --eval-every N   validation loss every N steps, 4 fixed batches (50)\n"
-    "  --log-every N    one line per N steps (10)\n"
-    "  --sample N       bytes generated at the end, 0 for none (200)\n"
-    "  --prompt TEXT    the sample's prompt (\"The \")\n"
-    "  --check-falls M  exit 1 unless the last 5 steps' mean loss < the first loss - M\n";
+// "48MiB", "1GiB", "50000000".
+std::size_t bytes_from(std::string_view text) {
+  std::size_t unit = 1;
+  for (auto const& [suffix, u] : {std::pair{"KiB", 1_KiB}, std::pair{"MiB", 1_MiB}, std::pair{"GiB", 1_GiB}})
+    if (text.ends_with(suffix)) {
+      unit = u;
+      text.remove_suffix(3);
+      break;
+    }
+  return static_cast<std::size_t>(number<double>("--budget", text) * static_cast<double>(unit));
+}
 
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; i += 2) {
+  for (int i = 1; i < argc; ++i) {
     std::string_view const k = argv[i];
     if (k == "--help" || k == "-h") {
       std::fputs(usage_text, stdout);
       std::exit(0);
     }
-    TIDE_CHECK(i + 1 < argc, usage, "flag ", k, " has no value; ", flags_text);
-    std::string_view const v = argv[i + 1];
+    if (k == "--resume") {
+      o.resume = true;
+      continue;
+    }
+    TIDE_CHECK(i + 1 < argc, usage, "flag ", k, " has no value; --help lists the flags");
+    std::string_view const v = argv[++i];
     if (k == "--steps") o.steps = number<int>(k, v);
-    else if (k == "--layers") o.layers = number<int>(k, v);
-    else if (k == "--channels") o.channels = number<int>(k, v);
-    else if (k == "--heads") o.heads = number<int>(k, v);
-    else if (k == "--seq") o.seq = number<int>(k, v);
+    else if (k == "--model") o.model = v;
+    else if (k == "--budget") o.budget = v;
+    else if (k == "--scheduler") o.scheduler = v;
+    else if (k == "--data") o.data = v;
+    else if (k == "--checkpoint-dir") o.checkpoint_dir = v;
+    else if (k == "--checkpoint-every") o.checkpoint_every = number<int>(k, v);
     else if (k == "--batch") o.batch = number<int>(k, v);
+    else if (k == "--seq") o.seq = number<int>(k, v);
     else if (k == "--lr") o.lr = number<float>(k, v);
     else if (k == "--warmup") o.warmup = number<int>(k, v);
-    else if (k == "--beta2") o.beta2 = number<float>(k, v);
-    else if (k == "--weight-decay") o.weight_decay = number<float>(k, v);
-    else if (k == "--data") o.data = v;
     else if (k == "--seed") o.seed = number<std::uint64_t>(k, v);
     else if (k == "--threads") o.threads = number<int>(k, v);
     else if (k == "--eval-every") o.eval_every = number<int>(k, v);
-    else if (k == "--log-every") o.log_every = number<int>(k, v);
     else if (k == "--sample") o.sample = number<int>(k, v);
     else if (k == "--prompt") o.prompt = v;
     else if (k == "--check-falls") o.check_falls = number<double>(k, v);
-    else TIDE_FAIL(usage, "unknown flag ", k, "; ", flags_text);
+    else TIDE_FAIL(usage, "unknown flag ", k, "; --help lists the flags");
   }
-  TIDE_REQUIRE(o.steps >= 1 && o.batch >= 1 && o.seq >= 1 && o.threads >= 1,
-               "--steps, --batch, --seq and --threads must be at least 1");
-  TIDE_REQUIRE(o.eval_every >= 1 && o.log_every >= 1, "--eval-every and --log-every must be at least 1");
-  TIDE_REQUIRE(o.warmup >= 0 && o.sample >= 0, "--warmup and --sample must be >= 0");
+  TIDE_REQUIRE(o.steps >= 1 && o.batch >= 1 && o.seq >= 1 && o.threads >= 1 && o.eval_every >= 1,
+               "--steps, --batch, --seq, --threads and --eval-every must be at least 1");
+  TIDE_REQUIRE(o.warmup >= 0 && o.sample >= 0 && o.checkpoint_every >= 0,
+               "--warmup, --sample and --checkpoint-every must be >= 0");
   TIDE_REQUIRE(o.lr > 0.f && std::isfinite(o.lr), "--lr must be positive, got ", o.lr);
-  TIDE_REQUIRE(!o.prompt.empty(), "--prompt must not be empty");
-  return o;  // the model checks layers, heads and channels (C a multiple of NH, ...)
+  return o;
 }
 
-// Linear warm-up to lr over `warmup` steps, then a cosine decay to lr / 10 at the last step.
-float learning_rate(options const& o, int step) {  // step = 1 .. steps
-  if (step <= o.warmup) return o.lr * static_cast<float>(step) / static_cast<float>(o.warmup);
-  double const span = std::max(1, o.steps - o.warmup);
-  double const progress = std::min(1.0, static_cast<double>(step - o.warmup) / span);
-  double const cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
-  return static_cast<float>(o.lr * (0.1 + 0.9 * cosine));
+tide::nn::gpt_config model_config(options const& o) {
+  int layers = 4, channels = 256, heads = 4;
+  if (o.model == "tiny") layers = 2, channels = 64, heads = 2;
+  else if (o.model == "medium") layers = 6, channels = 384, heads = 6;
+  else TIDE_REQUIRE(o.model == "small", "--model ", o.model, ": pass tiny, small or medium");
+  return {.layers = layers, .heads = heads, .channels = channels, .vocab = 256, .max_seq = o.seq};
 }
 
-// Printable ASCII as it is, every other byte but newline and tab as '?', so a sample is always
-// valid text (a half-learned model emits broken UTF-8 sequences).
+// Printable ASCII as it is, other bytes but newline and tab as '?'.
 std::string printable(std::vector<std::int32_t> const& ids) {
   std::string s;
   for (auto id : ids) {
@@ -148,10 +148,6 @@ std::string printable(std::vector<std::int32_t> const& ids) {
     s += (c >= 32 && c < 127) || c == '\n' || c == '\t' ? static_cast<char>(c) : '?';
   }
   return s;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // One batch of (B, T) inputs and targets.
@@ -165,16 +161,38 @@ struct batch {
   tide::tensor_view<std::int32_t const> labels() const { return {targets.data(), {B, T}}; }
 };
 
-}  // namespace
+// Bytes of the activations of one (B, T) step: the non-model data the budget must also hold.
+std::size_t activation_bytes(tide::nn::gpt_config const& config, int B, int T) {
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 2_GiB}};
+  tide::nn::gpt<tide::host> model{config, arena, {}};
+  std::vector<std::int32_t> zeros(std::size_t(B) * std::size_t(T), 0);
+  model.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {B, T}));
+  return tide::round_up(model.activations().footprint, 256);
+}
 
-int main(int argc, char** argv) try {
-  options const opt = parse(argc, argv);
-  bool const tty = isatty(fileno(stdout)) != 0;
+// auto: the activations plus a quarter of the model data, or the scheduler's own minimum plus
+// two chunks if that is more (the scheduler says what its minimum is made of).
+template <class Offload>
+std::size_t auto_budget(tide::nn::gpt_config const& config, Offload const& offload, std::size_t activations,
+                        std::size_t model_data) {
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 1_MiB}};
+  tide::offload::scheduler<tide::host, float, Offload> const probe{
+      ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config), offload};
+  return std::max(activations + model_data / 4, probe.minimum_device_bytes(activations) + 2 * probe.chunk_bytes());
+}
 
-  auto const corpus = tide::train::byte_corpus::from_path(opt.data.empty() ? tide::train::fortunes_path()
-                                                                           : std::filesystem::path(opt.data));
+template <class Offload>
+int run(options const& opt, Offload offload, tide::nn::gpt_config const& config, std::size_t model_data) {
+  std::size_t const budget = opt.budget == "auto"
+                                 ? auto_budget(config, offload, activation_bytes(config, opt.batch, opt.seq), model_data)
+                                 : bytes_from(opt.budget);
+  offload.device_budget = budget;
+  auto const corpus = tide::train::byte_corpus::from_path(opt.data.empty() ? tide::train::fortunes_path() : fs::path(opt.data));
   tide::train::window_loader train{corpus, tide::train::split::train, opt.batch, opt.seq, opt.seed};
-  // Validation: a few fixed batches, the same at every evaluation.
   constexpr int validation_batches = 4;
   std::vector<batch> validation;
   {
@@ -185,120 +203,117 @@ int main(int argc, char** argv) try {
     }
   }
 
-  tide::nn::gpt_config const config{.layers = opt.layers, .heads = opt.heads, .channels = opt.channels,
-                                    .vocab = 256, .max_seq = opt.seq};
-  auto const resolved = tide::nn::resolve(config);  // refuses impossible configs with the reason
-  // Budget: parameters, gradients, and a bound on the activations: per block and position the
-  // 20 planned tensors hold 28 C + NH + 4 floats (live or not), rounded up to 32 C; around the
-  // blocks the logits (Vp) and a few (B, T, C); the slack covers each tensor's alignment.
-  std::size_t const param_bytes = static_cast<std::size_t>(tide::nn::parameter_count(resolved)) * sizeof(float);
-  std::size_t const positions = std::size_t(opt.batch) * std::size_t(opt.seq);
-  std::size_t const act_bytes =
-      positions * sizeof(float) *
-      (std::size_t(opt.layers) * 32 * std::size_t(opt.channels) + 2 * std::size_t(resolved.padded_vocab) +
-       16 * std::size_t(opt.channels) + 64);
-  std::size_t const budget = 2 * param_bytes + act_bytes + 8_MiB;
+  auto trainer = tide::train::make_trainer(
+      tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = opt.seed}}, offload,
+      tide::optim::adamw{.lr = opt.lr,
+                         .beta2 = 0.99f,
+                         .weight_decay = 0.1f,
+                         .clip_norm = 1.f,
+                         .decay_matrices_only = true,
+                         .schedule = {.warmup_steps = opt.warmup, .total_steps = opt.steps}},
+      tide::train::no_comm{}, tide::train::no_compress{}, tide::train::no_pipeline{});
+  auto& model = trainer.model();
+  auto& sched = trainer.scheduler();
+  fs::path const dir = opt.checkpoint_dir;
+  fs::create_directories(dir);
+  fs::path const ckpt = dir / "checkpoint.tide";
 
-  tide::thread_pool pool{opt.threads};
-  tide::exec<tide::host> ex{pool};
-  tide::memory::device_arena<tide::host> arena{{.budget = budget}};
-  tide::nn::gpt<tide::host> model{config, arena, {.seed = opt.seed}};
-  model.zero_grad(ex);  // allocates the gradients: their pointers are needed for the optimizer list
-
-  // AdamW moments, one flat buffer laid out as the parameters; weight decay only on the 2-D
-  // weights (GPT-2's practice: no decay on biases and LayerNorm), so two lists of tensors.
-  auto const n = static_cast<std::size_t>(model.flat_params().size());
-  std::vector<float> moments(2 * n, 0.f);
-  std::vector<tide::kernels::adamw_tensor<float>> decayed, plain;
-  for (auto const& p : model.parameters()) {
-    std::size_t const at = p.offset / sizeof(float);
-    tide::kernels::adamw_tensor<float> const record{.p = model.param(p).data(),
-                                                    .g = model.grad(p).data(),
-                                                    .m = moments.data() + at,
-                                                    .v = moments.data() + n + at,
-                                                    .working = nullptr,
-                                                    .n = p.numel()};
-    (p.shape.rank == 2 ? decayed : plain).push_back(record);
-  }
-
-  std::printf("corpus: %zu bytes (%zu train, %zu validation) from %s\n", corpus.bytes().size(),
-              corpus.part(tide::train::split::train).size(), corpus.part(tide::train::split::validation).size(),
+  std::printf("corpus: %zu bytes from %s\n", corpus.bytes().size(),
               opt.data.empty() ? tide::train::fortunes_path().c_str() : opt.data.c_str());
-  std::printf("model: L=%d NH=%d C=%d V=256 T=%d, %.2fM parameters; B=%d, %d threads\n", opt.layers, opt.heads,
-              opt.channels, opt.seq, double(tide::nn::parameter_count(resolved)) / 1e6, opt.batch, opt.threads);
-  std::printf("AdamW lr %g (warm-up %d steps, cosine to lr/10), beta2 %g, weight decay %g on 2-D weights, "
-              "clip 1.0\n",
-              double(opt.lr), opt.warmup, double(opt.beta2), double(opt.weight_decay));
+  std::printf("model: L=%d NH=%d C=%d T=%d, %.2fM parameters; model data %.1f MiB (16 B/param in chunks of %.2f MiB)\n",
+              config.layers, config.heads, config.channels, opt.seq,
+              double(tide::nn::parameter_count(tide::nn::resolve(config))) / 1e6, double(model_data) / double(1_MiB),
+              double(sched.chunk_bytes()) / double(1_MiB));
+  std::printf("offload: %s, device budget %.1f MiB (%.0f%% of the model data), B=%d, %d threads\n",
+              decltype(trainer)::scheduler_type::name().c_str(), double(budget) / double(1_MiB),
+              100.0 * double(budget) / double(model_data), opt.batch, opt.threads);
+
+  std::uint64_t position = 0;
+  if (opt.resume) {
+    trainer.load(ckpt, [&](tide::train::checkpoint_reader const& r) { position = r.read_value<std::uint64_t>("data.position"); });
+    train.seek(position);
+    std::printf("resumed from %s at step %lld\n", ckpt.c_str(), static_cast<long long>(trainer.steps()));
+  }
   std::fflush(stdout);
 
   auto evaluate = [&] {
+    sched.begin_evaluation();
     double sum = 0;
-    for (auto const& b : validation) sum += model.forward(ex, b.tokens(), b.labels());
+    for (auto const& b : validation) sum += model.forward(trainer.executor(), b.tokens(), b.labels());
+    sched.end_evaluation();
     return sum / validation_batches;
   };
 
+  tide::train::progress progress{stdout};
   batch current(opt.batch, opt.seq);
   std::vector<float> losses;
-  losses.reserve(std::size_t(opt.steps));
+  std::vector<std::pair<std::int64_t, float>> validation_losses;
   double const first_validation = evaluate();
-  double last_validation = first_validation;
-  std::printf("step %5d  validation loss %.4f\n", 0, first_validation);
-  double train_seconds = 0, group_seconds = 0;
-  auto const run_start = std::chrono::steady_clock::now();
-  for (int step = 1; step <= opt.steps; ++step) {
-    auto const t0 = std::chrono::steady_clock::now();
+  validation_losses.emplace_back(trainer.steps(), float(first_validation));
+  std::printf("step %5lld  validation loss %.4f\n", static_cast<long long>(trainer.steps()), first_validation);
+  double train_seconds = 0;
+  std::size_t tokens = 0;
+  tide::train::step_stats last{};
+  while (trainer.steps() < opt.steps) {
     train.next(current.in(), current.out());
-    model.zero_grad(ex);
-    float const loss = model.forward(ex, current.tokens(), current.labels());
-    TIDE_CHECK(std::isfinite(loss), usage, "the training loss is ", loss, " at step ", step,
+    last = trainer.step(typename decltype(trainer)::batch_type{current.tokens(), current.labels()});
+    TIDE_CHECK(std::isfinite(last.loss), usage, "the training loss is ", last.loss, " at step ", last.step,
                "; lower --lr (now ", opt.lr, ")");
-    model.backward(ex);
-    double const norm = tide::kernels::global_grad_norm(ex, model.flat_grads());
-    float const clip = tide::kernels::clip_scale(norm, 1.0f);
-    float const lr = learning_rate(opt, step);
-    tide::kernels::adamw(ex, {.lr = lr, .beta2 = opt.beta2, .weight_decay = opt.weight_decay}, step, decayed, clip);
-    tide::kernels::adamw(ex, {.lr = lr, .beta2 = opt.beta2, .weight_decay = 0.f}, step, plain, clip);
-    double const dt = seconds_since(t0);
-    train_seconds += dt;
-    group_seconds += dt;
-    losses.push_back(loss);
-
-    if (tty)
-      std::printf("\rstep %5d/%d  loss %.4f  |g| %.3f  lr %.2e  %.0f tok/s   ", step, opt.steps, double(loss), norm,
-                  double(lr), double(positions) / dt);
-    if (step % opt.log_every == 0 || step == opt.steps) {
-      int const group = (step - 1) % opt.log_every + 1;
-      double const mean = std::accumulate(losses.end() - group, losses.end(), 0.0) / group;
-      std::printf("%sstep %5d  train loss %.4f  lr %.2e  %6.0f tok/s", tty ? "\r\033[K" : "", step, mean, double(lr),
-                  double(positions) * group / group_seconds);
-      group_seconds = 0;
-      if (step % opt.eval_every == 0 || step == opt.steps) {
-        last_validation = evaluate();
-        std::printf("  validation loss %.4f", last_validation);
-      }
-      std::printf("\n");
+    losses.push_back(last.loss);
+    if (last.step > 1) {  // the warm-up step records the trace: not representative
+      train_seconds += last.seconds;
+      tokens += last.tokens;
     }
-    std::fflush(stdout);
+    progress.update(last, opt.steps);
+    bool const at_eval = last.step % opt.eval_every == 0 || last.step == opt.steps;
+    if (at_eval) {
+      double const v = evaluate();
+      validation_losses.emplace_back(last.step, float(v));
+      char extra[64];
+      std::snprintf(extra, sizeof extra, "  validation %.4f", v);
+      progress.line(last, opt.steps, extra);
+    } else if (!progress.terminal() && last.step % 20 == 0) {
+      progress.line(last, opt.steps);
+    }
+    if (opt.checkpoint_every > 0 && (last.step % opt.checkpoint_every == 0 || last.step == opt.steps)) {
+      std::uint64_t const pos = train.position();
+      trainer.save(ckpt, [&](tide::train::checkpoint_writer& w) { w.add_value("data.position", pos); });
+    }
   }
+  if (losses.empty()) {
+    std::printf("nothing to train: the checkpoint is at step %lld of %d\n", static_cast<long long>(trainer.steps()),
+                opt.steps);
+    return 0;
+  }
+
+  auto const tide_svg = dir / "memory-tide.svg", loss_svg = dir / "loss.svg";
+  tide::offload::write_file(tide_svg.string(),
+                            tide::offload::memory_tide_svg(sched.memory_tide(), decltype(trainer)::scheduler_type::name() +
+                                                                                    ", one step of the demo"));
+  tide::offload::write_file(loss_svg.string(), tide::train::loss_svg(losses, validation_losses, "01_train_gpt loss"));
 
   std::size_t const tail = std::min<std::size_t>(5, losses.size());
   double const last_mean = std::accumulate(losses.end() - std::ptrdiff_t(tail), losses.end(), 0.0) / double(tail);
+  auto const& off = last.offload;
   std::printf("\ntrain loss: first %.4f, mean of the last %zu steps %.4f (ln 256 = %.4f)\n", double(losses.front()),
               tail, last_mean, std::log(256.0));
-  std::printf("validation loss: %.4f before training, %.4f after\n", first_validation, last_validation);
-  std::printf("%d steps in %.1f s (%.1f s training): %.0f tokens/s; arena peak %.1f of %.1f MiB\n", opt.steps,
-              seconds_since(run_start), train_seconds, double(positions) * opt.steps / train_seconds,
-              double(arena.stats().peak) / double(1_MiB), double(budget) / double(1_MiB));
+  std::printf("validation loss: %.4f before, %.4f after\n", first_validation, double(validation_losses.back().second));
+  std::printf("%.0f tokens/s after the warm-up step; last step moved %.1f MiB (%zu fetches, %zu evictions, %zu "
+              "prefetch hits), stalled %.1f ms; device peak %.1f of %.1f MiB; %.2f GB moved in all\n",
+              train_seconds > 0 ? double(tokens) / train_seconds : 0.0, double(off.bytes_moved()) / double(1_MiB),
+              off.fetches, off.evictions, off.prefetch_hits, off.stall_ms, double(off.peak_device_bytes) / double(1_MiB),
+              double(budget) / double(1_MiB), progress.gb_moved());
+  std::printf("pictures: %s (memory tide of the last step), %s (loss)\n", tide_svg.c_str(), loss_svg.c_str());
+  if (opt.checkpoint_every > 0) std::printf("checkpoint: %s (resume with --resume)\n", ckpt.c_str());
 
   if (opt.sample > 0) {
     std::vector<std::int32_t> prompt;
     for (unsigned char c : opt.prompt) prompt.push_back(c);
-    auto const t0 = std::chrono::steady_clock::now();
-    auto const text = model.generate(ex, prompt, opt.sample, 0.8f, opt.seed);
-    std::printf("sample (%d bytes, temperature 0.8, %.1f s):\n---\n%s\n---\n", opt.sample, seconds_since(t0),
-                printable(text).c_str());
+    sched.begin_evaluation();
+    auto const text = model.generate(trainer.executor(), prompt, opt.sample, 0.8f, opt.seed);
+    sched.end_evaluation();
+    std::printf("sample (%d bytes, temperature 0.8):\n---\n%s\n---\n", opt.sample, printable(text).c_str());
   }
-
   if (opt.check_falls >= 0) {
     bool const fell = last_mean < double(losses.front()) - opt.check_falls;
     std::printf("check: last-%zu mean %.4f %s first loss %.4f - %.2f\n", tail, last_mean, fell ? "<" : ">=",
@@ -306,6 +321,26 @@ int main(int argc, char** argv) try {
     return fell ? 0 : 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  options const opt = parse(argc, argv);
+  auto const config = model_config(opt);
+  std::size_t const params = static_cast<std::size_t>(tide::nn::parameter_count(tide::nn::resolve(config)));
+  std::size_t const model_data = 16 * params;  // parameters, gradients, AdamW m and v: fp32 each
+  namespace off = tide::offload;
+  // ~16 parameter chunks, each at least the largest tensor.
+  std::size_t largest = 0;
+  for (auto const& p : tide::nn::gpt_parameters(config, tide::dtype::f32)) largest = std::max(largest, p.bytes);
+  std::size_t const chunk = tide::round_up(std::max(largest, params * sizeof(float) / 16), 64_KiB);
+  if (opt.scheduler == "chunked") return run(opt, off::chunked<off::belady>{.chunk_bytes = chunk}, config, model_data);
+  if (opt.scheduler == "chunked-lru") return run(opt, off::chunked<off::lru>{.chunk_bytes = chunk}, config, model_data);
+  if (opt.scheduler == "layer-window") return run(opt, off::layer_window<>{}, config, model_data);
+  if (opt.scheduler == "static") return run(opt, off::static_partition{.chunk_bytes = chunk}, config, model_data);
+  if (opt.scheduler == "resident") return run(opt, off::resident{.chunk_bytes = chunk}, config, model_data);
+  TIDE_FAIL(usage, "--scheduler ", opt.scheduler, ": pass chunked, chunked-lru, layer-window, static or resident");
 } catch (tide::error const& e) {
   std::fflush(stdout);
   std::fprintf(stderr, "%s\n", e.what());

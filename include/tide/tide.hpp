@@ -43,10 +43,12 @@
 #include "tide/chunk/tensor_state.hpp"
 
 #include "tide/offload/policy.hpp"
+#include "tide/offload/report.hpp"
 #include "tide/offload/scheduler.hpp"
 #include "tide/offload/schedulers.hpp"
 #include "tide/offload/simulate.hpp"
 #include "tide/offload/stats.hpp"
 
 #include "tide/optim/adamw.hpp"
+#include "tide/train/report.hpp"
 #include "tide/train/trainer.hpp"

@@ -1,0 +1,638 @@
+// bench/offload: training a GPT whose model data is 4x the device budget, on the host backend
+// (the "device" is an arena of host memory; copies are memcpy on the copy stream's thread).
+//
+//   offload_4x_vs_resident    tokens/s of chunked<belady> at budget = model data / 4 (model data =
+//                             parameters + gradients + Adam m and v = 16 B/param), over the same
+//                             model and data under `resident` with an unlimited budget; both
+//                             trained in this run, their measured steps interleaved. Goal 0.9.
+//                             detail: the offloaded run's offload_stats of a steady step.
+//   offload_bytes_vs_optimum  bytes the real run moved in a steady step (h2d + d2h) over MIN on
+//                             its own recorded trace: simulate(trace, capacity, belady{}) per
+//                             iteration in steady state (3 iterations - 2), capacity = the least
+//                             per-moment chunk budget / chunk bytes. Goal <= 1.05. lru and fifo on
+//                             the same trace in detail.
+//   max_model_vs_static_<d>   the largest GPT-2-family model (B=1, T=1024, heads = C/64, V=50257)
+//                             chunked<belady> can train over the largest static_partition can, at
+//                             device budgets of 1, 2 and 4 GiB on this machine (host = 80% of
+//                             MemAvailable - budget), and on paper for a V100 (32 GiB + 240 GiB)
+//                             and an H100 (80 GiB + 1 TiB) with mixed-precision formulas. Goal 2.5.
+//                             detail.formula says how each side is computed.
+//
+// Activation bytes come from nn::gpt's own lifetime plan, without allocating parameters (see
+// activation_model). The device minimum of a shape is the schedulers' own minimum_device_bytes
+// where the scheduler can be built (it allocates 12 B/param of host chunks), and the same
+// formula on the same layout (chunk::search_chunk_size) for larger shapes; every shape where
+// both exist is cross-checked (detail.minimum_cross_checks, minimum_mismatches must be 0).
+//
+// TIDE_BENCH_SVG=path: the memory tide of a steady step of the offloaded run goes there.
+// TIDE_BENCH_QUICK=1 (the smoke test): tiny shapes, one budget, seconds.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <tide/chunk/layout.hpp>
+#include <tide/core/bytes.hpp>
+#include <tide/core/error.hpp>
+#include <tide/core/exec.hpp>
+#include <tide/memory/device_arena.hpp>
+#include <tide/memory/lifetime_planner.hpp>
+#include <tide/nn/gpt.hpp>
+#include <tide/offload/report.hpp>
+#include <tide/offload/scheduler.hpp>
+#include <tide/offload/simulate.hpp>
+
+#include "harness.hpp"
+#include "roofline.hpp"
+
+namespace {
+
+using namespace tide::literals;
+using tide::host;
+using tide::index_t;
+namespace off = tide::offload;
+using text_fields = std::vector<std::pair<std::string, std::string>>;
+
+constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+
+// figure::print with text fields added to detail (harness details are numbers only).
+void print_figure(tide::bench::figure const& f, text_fields const& text) {
+  using tide::bench::json_escape;
+  using tide::bench::json_number;
+  std::ostringstream os;
+  os << R"({"bench":")" << json_escape(f.bench) << R"(","figure":")" << json_escape(f.name) << R"(","value":)"
+     << json_number(f.value) << R"(,"unit":")" << json_escape(f.unit) << R"(","anchor":")" << json_escape(f.anchor)
+     << R"(","anchor_value":)" << json_number(f.anchor_value) << R"(,"ratio":)" << json_number(f.ratio())
+     << R"(,"higher_is_better":)" << (f.higher_is_better ? "true" : "false") << R"(,"goal":)" << json_number(f.goal)
+     << R"(,"machine":)" << tide::bench::machine_json() << R"(,"detail":{)";
+  bool first = true;
+  for (auto const& [k, v] : f.detail) {
+    os << (first ? "" : ",") << '"' << json_escape(k) << "\":" << json_number(v);
+    first = false;
+  }
+  for (auto const& [k, v] : text) {
+    os << (first ? "" : ",") << '"' << json_escape(k) << "\":\"" << json_escape(v) << '"';
+    first = false;
+  }
+  os << "}}\n";
+  std::fputs(os.str().c_str(), stdout);
+  std::fflush(stdout);
+}
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double one = -1;
+  in >> one;
+  return one;
+}
+
+std::size_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string key; in >> key;) {
+    std::size_t kb = 0;
+    in >> kb;
+    if (key == "MemAvailable:") return kb * 1024;
+    in.ignore(256, '\n');
+  }
+  TIDE_FAIL(io, "bench_offload: no MemAvailable in /proc/meminfo");
+}
+
+// ---- activation bytes without a model ---------------------------------------------------------
+
+// nn::gpt's activations of L layers, planned for any (B, T, C, NH, Vp) and element size without
+// allocating parameters. The tensors and their lifetimes depend on L only; a probe model (C = 8,
+// NH = 2, Vp = 128) run on one token gives every tensor's kind by its bytes, and a copy of its
+// planner replans with the real sizes: the same planner, the same footprint as the real model.
+class activation_model {
+ public:
+  explicit activation_model(int layers) {
+    tide::thread_pool pool{1};
+    tide::exec<host> ex{pool};
+    tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+    tide::nn::gpt<host> probe{{.layers = layers, .heads = 2, .channels = 8, .vocab = 1, .max_seq = 1}, arena};
+    std::int32_t const token = 0;
+    probe.forward(ex, tide::tensor_view<std::int32_t const, host>(&token, {1, 1}));
+    planner_ = probe.activation_planner();
+    for (std::uint32_t i = 0; i < planner_.size(); ++i) {
+      std::size_t const b = planner_.bytes({i});
+      kind const k = b == 32 ? kind::btc : b == 4 ? kind::bt : b == 96 ? kind::bt3c : b == 128 ? kind::bt4c
+                   : b == 8 ? kind::bnht : b == 512 ? kind::btvp : kind::unknown;
+      TIDE_CHECK(k != kind::unknown, internal, "activation_model: tensor \"", planner_.name({i}), "\" has ", b,
+                 " bytes in the probe; nn::gpt gained an activation kind this bench does not know");
+      kinds_.push_back(k);
+    }
+  }
+
+  // Bytes of the one activation buffer, rounded to the arena's 256 B (what the scheduler sees as
+  // non-model data). element_bytes: of T (4 fp32, 2 fp16); statistics stay fp32.
+  std::size_t footprint(index_t B, index_t T, tide::nn::gpt_config const& c, std::size_t element_bytes) {
+    auto const key = std::tuple{B, T, c.channels, c.heads, tide::nn::padded_vocab_of(c), element_bytes};
+    if (auto const it = memo_.find(key); it != memo_.end()) return it->second;
+    return memo_[key] = plan(B, T, c, element_bytes);
+  }
+
+ private:
+  std::size_t plan(index_t B, index_t T, tide::nn::gpt_config const& c, std::size_t element_bytes) {
+    auto const C = static_cast<std::size_t>(c.channels), bt = static_cast<std::size_t>(B * T);
+    auto const Vp = static_cast<std::size_t>(tide::nn::padded_vocab_of(c));
+    sizes_.resize(kinds_.size());
+    for (std::size_t i = 0; i < kinds_.size(); ++i) {
+      switch (kinds_[i]) {
+        case kind::btc: sizes_[i] = bt * C * element_bytes; break;
+        case kind::bt: sizes_[i] = bt * 4; break;
+        case kind::bt3c: sizes_[i] = 3 * bt * C * element_bytes; break;
+        case kind::bt4c: sizes_[i] = 4 * bt * C * element_bytes; break;
+        case kind::bnht: sizes_[i] = static_cast<std::size_t>(B * c.heads * T) * 4; break;
+        case kind::btvp: sizes_[i] = bt * Vp * element_bytes; break;
+        case kind::unknown: break;
+      }
+    }
+    return tide::round_up(planner_.replan(sizes_).footprint(), 256);
+  }
+
+  enum class kind : std::uint8_t { btc, bt, bt3c, bt4c, bnht, btvp, unknown };
+  tide::memory::lifetime_planner planner_;
+  std::vector<kind> kinds_;
+  std::vector<std::size_t> sizes_;
+  std::map<std::tuple<index_t, index_t, int, int, index_t, std::size_t>, std::size_t> memo_;
+};
+
+activation_model& activations_of(int layers) {
+  static std::map<int, std::unique_ptr<activation_model>> cache;
+  auto& slot = cache[layers];
+  if (!slot) slot = std::make_unique<activation_model>(layers);
+  return *slot;
+}
+
+// ---- training -------------------------------------------------------------------------------
+
+struct shape {
+  tide::nn::gpt_config config;
+  index_t B, T;
+};
+
+// Step s's tokens then targets (B, T) each: a fixed random stream, the same for every run.
+std::vector<std::int32_t> batch_of(shape const& s, int step) {
+  auto const n = static_cast<std::size_t>(s.B * s.T);
+  std::vector<std::int32_t> v(2 * n);
+  std::uint64_t state = 0x9e3779b97f4a7c15ull ^ static_cast<std::uint64_t>(step) * 0x2545f4914f6cdd1dull;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;  // Knuth's MMIX LCG
+    return static_cast<std::int32_t>((state >> 33) % static_cast<std::uint64_t>(s.config.vocab));
+  };
+  std::int32_t token = next();
+  for (std::size_t i = 0; i < n; ++i) {
+    v[i] = token;
+    token = next();
+    v[n + i] = token;  // the next token of the stream
+  }
+  return v;
+}
+
+template <class Config>
+struct trainer {
+  using sched_t = off::scheduler<host, float, Config>;
+  tide::memory::device_arena<host> arena;
+  sched_t sched;
+  tide::nn::gpt<host, float, off::hooks<sched_t>> model;
+  std::vector<double> seconds;
+  std::vector<off::offload_stats> stats;
+  std::vector<off::tide_sample> last_tide;
+
+  trainer(tide::exec<host> const& ex, tide::nn::gpt_config const& c, std::size_t budget, Config const& cfg)
+      : arena{{.budget = budget}},
+        sched{ex, arena, tide::nn::gpt_parameters(c, tide::dtype::f32), tide::nn::gpt_block_uses(c), cfg,
+              {.adamw = {.lr = 1e-4f, .weight_decay = 0.1f}}},
+        model{c, arena, {.seed = 1}, {&sched}} {}
+
+  float step(tide::exec<host> const& ex, shape const& s, int k) {
+    auto const data = batch_of(s, k);
+    tide::tensor_view<std::int32_t const, host> x(data.data(), {s.B, s.T}), y(data.data() + s.B * s.T, {s.B, s.T});
+    auto const t0 = std::chrono::steady_clock::now();
+    float const loss = model.forward(ex, x, y);
+    model.backward(ex);
+    sched.step();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    stats.push_back(sched.last_step());
+    auto const t = sched.memory_tide();
+    last_tide.assign(t.begin(), t.end());
+    return loss;
+  }
+};
+
+// ---- the minimum of a shape -----------------------------------------------------------------
+
+// scheduler::minimum_device_bytes on the layout the scheduler would search, without building
+// it. chunked: non-model + the working set (2 k chunks: parameters and gradients of the block
+// touching the most chunks, k). static_partition: non-model + every parameter chunk (n) + the
+// gradient chunks of one block (k).
+struct layout_facts {
+  std::size_t chunk_bytes = 0, chunks = 0, k = 0;
+};
+
+std::optional<layout_facts> search_layout(tide::nn::gpt_config const& c, std::size_t budget) {
+  auto const params = tide::nn::gpt_parameters(c, tide::dtype::f32);
+  auto const uses = tide::nn::gpt_block_uses(c);
+  tide::chunk::chunk_layout layout;
+  try {
+    layout = tide::chunk::search_chunk_size(
+                 params, {.element_bytes = sizeof(float), .two_chunk_budget = budget / 4, .alignment_elements = 64})
+                 .layout;
+  } catch (tide::error const& e) {
+    if (e.category() == tide::errc::budget) return std::nullopt;  // the largest tensor's chunk breaks budget / 4
+    throw;
+  }
+  layout_facts f{tide::round_up(layout.chunk_elements * sizeof(float), 256), layout.chunks(), 0};
+  for (int b = uses.first_block; b <= uses.last_block(); ++b) {
+    std::vector<std::uint32_t> ids;
+    for (std::uint32_t i : uses.of(b)) ids.push_back(layout.chunk_of[i]);
+    std::ranges::sort(ids);
+    f.k = std::max<std::size_t>(f.k, static_cast<std::size_t>(std::unique(ids.begin(), ids.end()) - ids.begin()));
+  }
+  return f;
+}
+
+// search_layout, remembered: chunked and static_partition search the same layout.
+std::optional<layout_facts> layout_of(tide::nn::gpt_config const& c, std::size_t budget) {
+  static std::map<std::tuple<int, int, int, std::size_t>, std::optional<layout_facts>> memo;
+  auto const key = std::tuple{c.layers, c.channels, c.vocab, budget};
+  auto const it = memo.find(key);
+  if (it != memo.end()) return it->second;
+  return memo[key] = search_layout(c, budget);
+}
+
+enum class which : std::uint8_t { chunked, fixed };  // chunked<belady>, static_partition
+
+std::size_t minimum_of(which w, layout_facts const& f, std::size_t non_model) {
+  return w == which::chunked ? non_model + 2 * f.k * f.chunk_bytes
+                             : non_model + f.chunks * f.chunk_bytes + f.k * f.chunk_bytes;
+}
+
+struct cross_check {
+  int checks = 0, mismatches = 0;
+};
+
+// The schedulers' own minimum for a shape small enough to build, against minimum_of.
+void check_minimum(cross_check& cc, tide::nn::gpt_config const& c, std::size_t budget, std::size_t non_model) {
+  auto const f = layout_of(c, budget);
+  if (!f) return;
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = budget}};
+  auto const params = tide::nn::gpt_parameters(c, tide::dtype::f32);
+  auto const uses = tide::nn::gpt_block_uses(c);
+  {
+    off::scheduler<host, float, off::chunked<off::belady>> s{ex, arena, params, uses};
+    ++cc.checks;
+    if (s.minimum_device_bytes(non_model) != minimum_of(which::chunked, *f, non_model)) ++cc.mismatches;
+  }
+  {
+    off::scheduler<host, float, off::static_partition> s{ex, arena, params, uses};
+    ++cc.checks;
+    if (s.minimum_device_bytes(non_model) != minimum_of(which::fixed, *f, non_model)) ++cc.mismatches;
+  }
+}
+
+// ---- the largest model ------------------------------------------------------------------------
+
+tide::nn::gpt_config gpt2_family(int layers, int channels) {
+  return {.layers = layers, .heads = channels / 64, .channels = channels, .vocab = 50257, .max_seq = 1024};
+}
+
+struct best_model {
+  double params = 0;
+  int layers = 0, channels = 0;
+  double activation_bytes = 0, device_bytes = 0, host_bytes = 0, chunk_bytes = 0;
+};
+
+// Largest parameter count over the channel grid; per C, the deepest L <= max_layers that passes
+// `fits`: a binary search on the activation bound (monotone in L), then on the full test.
+template <class Fits>
+best_model largest(std::span<int const> channels, std::size_t device, std::size_t element_bytes, int max_layers,
+                   Fits&& fits) {
+  best_model best;
+  for (int C : channels) {
+    auto const act = [&](int L) { return activations_of(L).footprint(1, 1024, gpt2_family(L, C), element_bytes); };
+    auto const try_fit = [&](int L, best_model& m) {
+      if (!fits(gpt2_family(L, C), act(L), m)) return false;
+      m.params = static_cast<double>(tide::nn::parameter_count(gpt2_family(L, C)));
+      m.layers = L;
+      m.channels = C;
+      m.activation_bytes = static_cast<double>(act(L));
+      return true;
+    };
+    if (act(1) >= device) continue;
+    int lo = 1, hi = 2;  // the activation bound: act(lo) < device <= act(hi), or hi = max_layers
+    while (hi < max_layers && act(hi) < device) hi *= 2;
+    hi = std::min(hi, max_layers);
+    while (hi - lo > 1) {
+      int const mid = (lo + hi) / 2;
+      (act(mid) < device ? lo : hi) = mid;
+    }
+    if (act(hi) < device) lo = hi;
+    best_model m;
+    if (!try_fit(1, m)) continue;
+    if (!try_fit(lo, m)) {  // the full test (chunk sizes, host memory) stops earlier: bisect it too
+      int good = 1, bad = lo;
+      while (bad - good > 1) {
+        int const mid = (good + bad) / 2;
+        best_model t;
+        (try_fit(mid, t) ? good : bad) = mid;
+      }
+      try_fit(good, m);
+    }
+    if (m.params > best.params) best = m;
+  }
+  return best;
+}
+
+void add_model(std::vector<std::pair<std::string, double>>& d, std::string const& who, best_model const& m,
+               int max_layers) {
+  d.insert(d.end(), {{who + "_params", m.params},
+                     {who + "_layers", m.layers},
+                     {who + "_channels", m.channels},
+                     {who + "_activation_bytes", m.activation_bytes},
+                     {who + "_device_bytes", m.device_bytes},
+                     {who + "_host_bytes", m.host_bytes},
+                     {who + "_at_layer_cap", m.layers >= max_layers ? 1.0 : 0.0}});
+  if (m.chunk_bytes > 0) d.emplace_back(who + "_chunk_bytes", m.chunk_bytes);
+}
+
+}  // namespace
+
+int main() {
+  using namespace tide::bench;
+  bool const q = quick();
+  double const load_before = load_average();
+  tide::thread_pool pool{probe_threads};
+  tide::exec<host> ex{pool};
+
+  // ---- (a) 4x the budget vs resident ----------------------------------------------------------
+  shape const s = q ? shape{{.layers = 4, .heads = 2, .channels = 128, .vocab = 256, .max_seq = 32}, 2, 16}
+                    : shape{{.layers = 8, .heads = 12, .channels = 768, .vocab = 2048, .max_seq = 128}, 4, 64};
+  int const warm_steps = 2, measured = q ? 2 : 7;
+  auto const params = static_cast<std::size_t>(tide::nn::parameter_count(tide::nn::resolve(s.config)));
+  std::size_t const model_data = 16 * params, budget = tide::round_up(model_data / 4, 256);
+  std::size_t const act = activations_of(s.config.layers).footprint(s.B, s.T, tide::nn::resolve(s.config), 4);
+
+  using chunked_t = off::chunked<off::belady>;
+  trainer<chunked_t> offl{ex, s.config, budget, {}};
+  trainer<off::resident> res{ex, s.config, 2 * model_data + 2 * act + 64_MiB, {}};
+  std::size_t const minimum = offl.sched.minimum_device_bytes(act);
+  TIDE_CHECK(budget >= minimum, budget, "bench_offload: the shape's budget ", tide::bytes_of{budget},
+             " (model data / 4) is below chunked<belady>'s minimum ", tide::bytes_of{minimum}, " = ",
+             offl.sched.minimum_explained(act), "; pick another shape");
+  float loss_off = 0, loss_res = 0;
+  for (int k = 0; k < warm_steps; ++k) {
+    loss_off = offl.step(ex, s, k);
+    loss_res = res.step(ex, s, k);
+  }
+  // The measured steps interleave, so a burst of load on the shared machine hits both.
+  for (int k = warm_steps; k < warm_steps + measured; ++k) {
+    loss_res = res.step(ex, s, k);
+    loss_off = offl.step(ex, s, k);
+  }
+  bool const activations_exact = tide::round_up(offl.model.activations().footprint, 256) == act;
+  bool const same_loss = loss_off == loss_res;  // offloading changes no bit
+  auto const tail = [&](std::vector<double> const& v) {
+    return std::vector<double>(v.end() - measured, v.end());
+  };
+  double const tokens = static_cast<double>(s.B * s.T);
+  double const off_tps = tokens / median(tail(offl.seconds)), res_tps = tokens / median(tail(res.seconds));
+  off::offload_stats const& st = offl.stats.back();
+  std::vector<double> stall;
+  for (std::size_t i = offl.stats.size() - static_cast<std::size_t>(measured); i < offl.stats.size(); ++i)
+    stall.push_back(offl.stats[i].stall_ms);
+  std::size_t const chunk = offl.sched.chunk_bytes();
+
+  figure a{.bench = "offload",
+           .name = "offload_4x_vs_resident",
+           .value = off_tps,
+           .unit = "tokens/s",
+           .anchor = "resident (unlimited budget), same model and data, this run",
+           .anchor_value = res_tps,
+           .higher_is_better = true,
+           .goal = 0.9,
+           .detail = {{"layers", s.config.layers},
+                      {"channels", s.config.channels},
+                      {"vocab", s.config.vocab},
+                      {"batch", double(s.B)},
+                      {"seq", double(s.T)},
+                      {"parameters", double(params)},
+                      {"model_data_bytes", double(model_data)},
+                      {"budget_bytes", double(budget)},
+                      {"model_data_over_budget", double(model_data) / double(budget)},
+                      {"activation_bytes", double(act)},
+                      {"activation_formula_exact", activations_exact ? 1.0 : 0.0},
+                      {"minimum_device_bytes", double(minimum)},
+                      {"chunk_bytes", double(chunk)},
+                      {"chunks_per_list", double(offl.sched.layout().chunks())},
+                      {"chunk_padding", offl.sched.layout().padding()},
+                      {"resident_ms_per_step", 1e3 * median(tail(res.seconds))},
+                      {"offloaded_ms_per_step", 1e3 * median(tail(offl.seconds))},
+                      {"measured_steps", measured},
+                      {"same_loss_bits", same_loss ? 1.0 : 0.0},
+                      {"h2d_bytes", double(st.h2d_bytes)},
+                      {"d2h_bytes", double(st.d2h_bytes)},
+                      {"bytes_moved", double(st.bytes_moved())},
+                      {"fetches", double(st.fetches)},
+                      {"evictions", double(st.evictions)},
+                      {"prefetches", double(st.prefetches)},
+                      {"prefetch_hits", double(st.prefetch_hits)},
+                      {"demand_fetches", double(st.demand_fetches)},
+                      {"allocations", double(st.allocations)},
+                      {"stall_ms_median", median(stall)},
+                      {"stall_ms_last", st.stall_ms},
+                      {"optimizer_ms", st.optimizer_ms},
+                      {"host_optimizer_chunks", double(st.host_optimizer_chunks)},
+                      {"device_optimizer_chunks", double(st.device_optimizer_chunks)},
+                      {"peak_device_bytes", double(st.peak_device_bytes)},
+                      {"moments", double(st.moments)},
+                      {"threads", double(probe_threads)},
+                      {"loadavg_1min_before", load_before},
+                      {"loadavg_1min_after", load_average()}}};
+  print_figure(a, {{"offload_stats_last_step", off::to_json(st)}});
+
+  if (char const* svg = std::getenv("TIDE_BENCH_SVG"); svg != nullptr && svg[0] != '\0') {
+    auto const title = tide::detail::concat("Memory tide of one step: chunked<belady>, GPT L=", s.config.layers,
+                                            " C=", s.config.channels, ", model data ", tide::bytes_of{model_data},
+                                            " = 4x the budget");
+    off::write_file(svg, off::memory_tide_svg(offl.last_tide, title));
+  }
+
+  // ---- (b) bytes moved vs MIN on the same trace -------------------------------------------------
+  {
+    auto const& tracer = offl.sched.tracer();
+    auto const& trace = tracer.trace();
+    std::size_t lo = SIZE_MAX, hi = 0;
+    for (std::size_t t = 0; t < tracer.moments(); ++t) {
+      lo = std::min(lo, tracer.chunk_budget(t));
+      hi = std::max(hi, tracer.chunk_budget(t));
+    }
+    std::size_t const cap = lo / chunk, cap_hi = hi / chunk;
+    auto const per_step = [&](auto policy, std::size_t capacity) {
+      auto const three = off::simulate(trace, capacity, policy, 3), two = off::simulate(trace, capacity, policy, 2);
+      return double((three.moves() - two.moves()) * chunk);
+    };
+    double const min_bytes = per_step(off::belady{}, cap), lru_bytes = per_step(off::lru{}, cap),
+                 fifo_bytes = per_step(off::fifo{}, cap), min_hi = per_step(off::belady{}, cap_hi);
+    figure b{.bench = "offload",
+             .name = "offload_bytes_vs_optimum",
+             .value = double(st.bytes_moved()),
+             .unit = "bytes/step",
+             .anchor = "MIN (belady) simulated on the run's own trace at the least per-moment chunk budget",
+             .anchor_value = min_bytes,
+             .higher_is_better = false,
+             .goal = 1.05,
+             .detail = {{"capacity_chunks", double(cap)},
+                        {"capacity_chunks_largest_moment", double(cap_hi)},
+                        {"working_set_chunks", double(trace.working_set())},
+                        {"trace_moments", double(trace.moments())},
+                        {"trace_chunk_ids", double(trace.chunks())},
+                        {"chunk_bytes", double(chunk)},
+                        {"real_h2d_bytes", double(st.h2d_bytes)},
+                        {"real_d2h_bytes", double(st.d2h_bytes)},
+                        {"belady_bytes_per_step", min_bytes},
+                        {"belady_bytes_per_step_at_largest_moment_budget", min_hi},
+                        {"lru_bytes_per_step", lru_bytes},
+                        {"fifo_bytes_per_step", fifo_bytes},
+                        {"real_over_lru", double(st.bytes_moved()) / lru_bytes},
+                        {"real_over_fifo", double(st.bytes_moved()) / fifo_bytes},
+                        {"real_over_belady_at_largest_moment_budget", double(st.bytes_moved()) / min_hi}}};
+    print_figure(b, {});
+  }
+
+  // ---- (c) the largest model, chunked vs static -------------------------------------------------
+  std::size_t const available = mem_available_bytes();
+  int const max_layers = q ? 64 : 512;  // planning 20 L activations is O(L^2): the smoke run stays shallow
+  cross_check cc;
+  // The formula against the schedulers themselves: small shapes that can be built, and (a).
+  for (int L : {1, 2})
+    for (int C : {128, 256, 512}) {
+      if (q != (C == 128)) continue;  // the smoke run builds the smallest only
+      auto const c = tide::nn::resolve(gpt2_family(L, C));
+      check_minimum(cc, c, std::size_t(1_GiB), activations_of(L).footprint(1, 1024, c, 4));
+    }
+  if (auto const f = layout_of(tide::nn::resolve(s.config), budget)) {
+    ++cc.checks;
+    if (minimum_of(which::chunked, *f, act) != minimum) ++cc.mismatches;
+  }
+  TIDE_CHECK(cc.mismatches == 0, internal, "bench_offload: ", cc.mismatches, " of ", cc.checks,
+             " shapes give a scheduler minimum_device_bytes other than this bench's copy of its formula "
+             "(minimum_of); the scheduler's minimum changed: update minimum_of");
+
+  static constexpr int grid_all[] = {512, 640, 768, 1024, 1280, 1536, 2048, 2560};
+  static constexpr double budgets_all[] = {1, 2, 4};
+  std::span<int const> const grid(grid_all, q ? 2 : std::size(grid_all));
+  std::span<double const> const budgets_gib(budgets_all, q ? 1 : std::size(budgets_all));
+  std::string const formula_here =
+      "chunked<belady> (fp32 as tide runs today): device >= A + 2 k S; host 4 n S - (D - A) <= 0.8 (MemAvailable - D). "
+      "static_partition: device >= A + n S + k S; host 3 n S <= 0.8 (MemAvailable - D). "
+      "A = nn::gpt's planned activation buffer at B=1, T=1024; S = chunk bytes from search_chunk_size with two "
+      "chunks <= D/4; n = chunks per list; k = most chunks one block touches; D = device budget. GPT-2 family: "
+      "heads = C/64, V = 50257, maxT = 1024, C in {512..2560}, the deepest L <= 512 that fits per C.";
+  for (double dg : budgets_gib) {
+    auto const D = static_cast<std::size_t>(dg * gib);
+    double const host_room = 0.8 * (double(available) - double(D));
+    auto const fits_with = [&](which w) {
+      return [&, w](tide::nn::gpt_config const& c, std::size_t A, best_model& m) {
+        auto const f = layout_of(c, D);
+        if (!f) return false;
+        std::size_t const need = minimum_of(w, *f, A);
+        double const all = 4.0 * double(f->chunks * f->chunk_bytes);
+        double const host = w == which::chunked ? std::max(0.0, all - double(D - std::min(D, A))) : 0.75 * all;
+        m.device_bytes = double(need);
+        m.host_bytes = host;
+        m.chunk_bytes = double(f->chunk_bytes);
+        return need <= D && host <= host_room;
+      };
+    };
+    best_model const ch = largest(grid, D, 4, max_layers, fits_with(which::chunked));
+    best_model const st_m = largest(grid, D, 4, max_layers, fits_with(which::fixed));
+    figure c{.bench = "offload",
+             .name = tide::detail::concat("max_model_vs_static_", static_cast<int>(dg), "gib"),
+             .value = ch.params,
+             .unit = "parameters",
+             .anchor = "static_partition (ZeRO-Offload placement), same budget, same formulas",
+             .anchor_value = st_m.params,
+             .higher_is_better = true,
+             .goal = 2.5,
+             .detail = {{"device_budget_bytes", double(D)},
+                        {"mem_available_bytes", double(available)},
+                        {"host_room_bytes", host_room},
+                        {"minimum_cross_checks", cc.checks},
+                        {"minimum_mismatches", cc.mismatches}}};
+    add_model(c.detail, "chunked", ch, max_layers);
+    add_model(c.detail, "static", st_m, max_layers);
+    print_figure(c, {{"formula", formula_here}});
+  }
+
+  // On paper: mixed precision, fp16 activations, one GPU.
+  struct gpu {
+    char const* name;
+    double device_gib, host_gib;
+  };
+  std::string const formula_paper =
+      "PatrickStar chunked: device >= A16 + 2 S16 (S16 = fp16 chunk of max(64 Mi, largest tensor) elements); "
+      "14 B/param (fp16 param+grad slot 2, fp32 param, m, v 12; gradient reuse) <= 0.8 host + device - A16 - 2 S16; "
+      "chunked16 = the same at 16 B/param (no gradient reuse). ZeRO-Offload static: device >= 2 B/param (fp16 "
+      "params) + A16; host: 12 B/param fp32 state + 2 B/param fp16 grads <= 0.8 host. A16 = nn::gpt's planned "
+      "activations at B=1, T=1024 with 2-byte elements (fp32 statistics). GPT-2 family as above, C up to 12288.";
+  static constexpr int paper_all[] = {1024, 1536, 2048, 2560, 3072, 4096, 5120, 6144, 8192, 10240, 12288};
+  std::span<int const> const paper_grid = q ? std::span<int const>(paper_all).last(2) : std::span<int const>(paper_all);
+  for (gpu const g : {gpu{"v100_paper", 32, 240}, gpu{"h100_paper", 80, 1024}}) {
+    auto const D = static_cast<std::size_t>(g.device_gib * gib);
+    double const host = 0.8 * g.host_gib * gib;
+    auto const chunked_fits = [&](double bytes_per_param) {
+      return [&, bytes_per_param](tide::nn::gpt_config const& c, std::size_t A, best_model& m) {
+        double const P = double(tide::nn::parameter_count(c));
+        double const S = 2.0 * double(std::max<std::size_t>(std::size_t{64} << 20, std::size_t(tide::nn::padded_vocab_of(c)) * std::size_t(c.channels)));
+        m.device_bytes = double(A) + 2 * S;
+        m.host_bytes = std::max(0.0, bytes_per_param * P - (double(D) - m.device_bytes));
+        m.chunk_bytes = S;
+        return m.device_bytes <= double(D) && m.host_bytes <= host;
+      };
+    };
+    auto const static_fits = [&](tide::nn::gpt_config const& c, std::size_t A, best_model& m) {
+      double const P = double(tide::nn::parameter_count(c));
+      m.device_bytes = double(A) + 2 * P;
+      m.host_bytes = 14 * P;
+      return m.device_bytes <= double(D) && m.host_bytes <= host;
+    };
+    best_model const ch14 = largest(paper_grid, D, 2, max_layers, chunked_fits(14));
+    best_model const ch16 = largest(paper_grid, D, 2, max_layers, chunked_fits(16));
+    best_model const zo = largest(paper_grid, D, 2, max_layers, static_fits);
+    figure c{.bench = "offload",
+             .name = tide::detail::concat("max_model_vs_static_", g.name),
+             .value = ch14.params,
+             .unit = "parameters",
+             .anchor = "ZeRO-Offload static placement on paper, same GPU and host",
+             .anchor_value = zo.params,
+             .higher_is_better = true,
+             .goal = 2.5,
+             .detail = {{"device_bytes", double(D)}, {"host_bytes", g.host_gib * gib}, {"computed_not_measured", 1}}};
+    add_model(c.detail, "chunked14", ch14, max_layers);
+    add_model(c.detail, "chunked16", ch16, max_layers);
+    add_model(c.detail, "zero_offload", zo, max_layers);
+    c.detail.emplace_back("chunked16_over_static", ch16.params / zo.params);
+    print_figure(c, {{"formula", formula_paper}});
+  }
+}

@@ -1,0 +1,250 @@
+// The memory tide picture of a real run: 3 steps of a tiny GPT under chunked<belady> at a budget
+// just above its minimum. The SVG has one bar per moment, its budget line sits where the y axis
+// puts the budget, no bar crosses it, and rsvg-convert renders it to a PNG of the declared size.
+// write_file replaces files whole and names the path when it cannot.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <string_view>
+#include <unistd.h>
+#include <vector>
+
+#include "tide/core/bytes.hpp"
+#include "tide/core/error.hpp"
+#include "tide/core/parallel.hpp"
+#include "tide/memory/device_arena.hpp"
+#include "tide/nn/gpt.hpp"
+#include "tide/offload/report.hpp"
+#include "tide/offload/scheduler.hpp"
+
+namespace {
+
+using namespace tide::literals;
+using tide::host;
+namespace off = tide::offload;
+namespace fs = std::filesystem;
+
+constexpr tide::nn::gpt_config config{.layers = 3, .heads = 2, .channels = 32, .vocab = 64, .max_seq = 16};
+constexpr tide::index_t batch = 2, seq = 16;
+constexpr std::size_t chunk_bytes = 20_KiB;
+
+std::vector<std::int32_t> batch_of(int s) {
+  std::vector<std::int32_t> v(static_cast<std::size_t>(2 * batch * seq));
+  auto const n = static_cast<std::size_t>(batch * seq);
+  for (std::size_t i = 0; i < n; ++i) {
+    auto const b = i / static_cast<std::size_t>(seq), t = i % static_cast<std::size_t>(seq);
+    auto const start = static_cast<std::size_t>(s) * 5 + b * 11;
+    v[i] = static_cast<std::int32_t>((start + t * 3) % static_cast<std::size_t>(config.vocab));
+    v[n + i] = static_cast<std::int32_t>((start + (t + 1) * 3) % static_cast<std::size_t>(config.vocab));
+  }
+  return v;
+}
+
+std::size_t activation_bytes() {
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  tide::nn::gpt<host> model{config, arena, {.seed = 7}};
+  auto const data = batch_of(0);
+  model.forward(ex, tide::tensor_view<std::int32_t const, host>(data.data(), {batch, seq}));
+  return tide::round_up(model.activations().footprint, 256);
+}
+
+using cfg_t = off::chunked<off::belady>;
+using sched_t = off::scheduler<host, float, cfg_t>;
+
+struct tide_run {
+  std::vector<off::tide_sample> samples;
+  std::size_t budget = 0;
+  std::size_t bytes_moved = 0;
+};
+
+// Three steps at the minimum budget + 4 KiB; the tide of the last one.
+tide_run run_tight() {
+  cfg_t const cfg{.chunk_bytes = chunk_bytes};
+  std::size_t minimum = 0;
+  {
+    tide::thread_pool pool{1};
+    tide::exec<host> ex{pool};
+    tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+    sched_t probe{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config), cfg};
+    minimum = probe.minimum_device_bytes(activation_bytes());
+  }
+  tide::thread_pool pool{2};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = minimum + 4_KiB}};
+  sched_t sched{ex,  arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config),
+                cfg, {.adamw = {.lr = 3e-3f}}};
+  tide::nn::gpt<host, float, off::hooks<sched_t>> model{config, arena, {.seed = 7}, {&sched}};
+  for (int s = 0; s < 3; ++s) {
+    auto const data = batch_of(s);
+    tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
+    (void)model.forward(ex, x, y);
+    model.backward(ex);
+    sched.step();
+  }
+  auto const t = sched.memory_tide();
+  return {{t.begin(), t.end()}, minimum + 4_KiB, sched.last_step().bytes_moved()};
+}
+
+std::size_t count(std::string_view s, std::string_view what) {
+  std::size_t n = 0;
+  for (auto p = s.find(what); p != std::string_view::npos; p = s.find(what, p + what.size())) ++n;
+  return n;
+}
+
+// The number in attribute `name` of the first element at or after `from`.
+double attribute(std::string_view s, std::size_t from, std::string_view name) {
+  std::string const key = std::string(" ") + std::string(name) + "=\"";
+  auto const p = s.find(key, from);
+  REQUIRE(p != std::string_view::npos);
+  return std::strtod(std::string(s.substr(p + key.size(), 32)).c_str(), nullptr);
+}
+
+struct tick {
+  double y, mib;
+};
+
+std::vector<tick> ticks(std::string_view s) {
+  std::vector<tick> out;
+  std::string_view const key = R"(<g class="ytick">)";
+  for (auto p = s.find(key); p != std::string_view::npos; p = s.find(key, p + 1)) {
+    double const y = attribute(s, p, "y1");
+    auto const label = s.find("\">", s.find("<text", p)) + 2;
+    out.push_back({y, std::strtod(std::string(s.substr(label, 32)).c_str(), nullptr)});
+  }
+  return out;
+}
+
+std::string read_all(fs::path const& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::uint32_t big_endian(std::string_view b, std::size_t at) {
+  std::uint32_t v = 0;
+  for (std::size_t i = 0; i < 4; ++i) v = (v << 8) | static_cast<unsigned char>(b[at + i]);
+  return v;
+}
+
+struct temp_dir {
+  fs::path path = fs::temp_directory_path() / ("tide_report_" + std::to_string(::getpid()));
+  temp_dir() { fs::create_directories(path); }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the memory tide of a tight chunked<belady> run: one bar per moment, the budget where the axis says") {
+  auto const run = run_tight();
+  REQUIRE(run.bytes_moved > 0);  // the budget is tight: chunks moved in the last step
+  // A moment per block in forward and in backward: embeddings, 3 layers, head.
+  REQUIRE(run.samples.size() == 2 * static_cast<std::size_t>(config.layers + 2));
+  std::string const svg = off::memory_tide_svg(run.samples, "chunked<belady> & a tight budget");
+
+  CHECK(svg.starts_with("<?xml"));
+  CHECK(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\"") != std::string::npos);
+  CHECK(svg.find("chunked&lt;belady&gt; &amp; a tight budget") != std::string::npos);
+  CHECK(svg.find("<script") == std::string::npos);
+  CHECK(svg.find("@font-face") == std::string::npos);
+  CHECK(count(svg, R"(<g class="moment">)") == run.samples.size());
+  CHECK(count(svg, R"(<rect class="model")") == run.samples.size());
+  CHECK(count(svg, R"(<rect class="non-model")") == run.samples.size());
+  CHECK(count(svg, R"(<line class="budget")") == 1);
+  CHECK(svg.find(">F-1<") != std::string::npos);
+  CHECK(svg.find(">B3<") != std::string::npos);
+
+  // The y axis from its ticks: 0 MiB at the bottom, linear upwards.
+  auto const t = ticks(svg);
+  REQUIRE(t.size() >= 3);
+  CHECK(t.front().mib == 0);
+  double const px_per_mib = (t.front().y - t.back().y) / t.back().mib;
+  REQUIRE(px_per_mib > 0);
+  for (auto const& k : t) CHECK(k.y == doctest::Approx(t.front().y - k.mib * px_per_mib).epsilon(1e-3));
+  auto const y_of = [&](std::size_t bytes) { return t.front().y - static_cast<double>(bytes) / 1_MiB * px_per_mib; };
+
+  auto const budget_at = svg.find(R"(<line class="budget")");
+  double const budget_y = attribute(svg, budget_at, "y1");
+  CHECK(budget_y == doctest::Approx(y_of(run.budget)).epsilon(1e-3));
+  CHECK(attribute(svg, budget_at, "y2") == budget_y);
+
+  // Each bar: finite, non-negative, the stack as tall as the sample's bytes, under the budget.
+  std::size_t at = 0;
+  for (auto const& sample : run.samples) {
+    at = svg.find(R"(<g class="moment">)", at + 1);
+    REQUIRE(at != std::string::npos);
+    auto const nm = svg.find(R"(<rect class="non-model")", at), model = svg.find(R"(<rect class="model")", at);
+    for (auto const* name : {"x", "y", "width", "height"}) {
+      CHECK(std::isfinite(attribute(svg, nm, name)));
+      CHECK(std::isfinite(attribute(svg, model, name)));
+    }
+    CHECK(attribute(svg, nm, "height") >= 0);
+    CHECK(attribute(svg, model, "height") >= 0);
+    CHECK(attribute(svg, nm, "y") == doctest::Approx(y_of(sample.non_model_bytes)).epsilon(1e-3));
+    CHECK(attribute(svg, model, "y") ==
+          doctest::Approx(y_of(sample.non_model_bytes + sample.model_bytes)).epsilon(1e-3));
+    CHECK(sample.model_bytes + sample.non_model_bytes <= run.budget);
+    CHECK(attribute(svg, model, "y") >= budget_y - 0.01);
+  }
+  CHECK(svg.find("nan") == std::string::npos);
+  CHECK(svg.find("inf") == std::string::npos);
+
+  // Rendered by librsvg: a PNG of the declared 960 x 480.
+  int const found = std::system("command -v rsvg-convert > /dev/null 2>&1");
+  if (found != 0)
+    FAIL("rsvg-convert is not installed: the memory tide SVG cannot be checked by a renderer; install Debian's "
+         "librsvg2-bin (./tide test installs it)");
+  temp_dir dir;
+  auto const svg_path = dir.path / "tide.svg", png_path = dir.path / "tide.png";
+  off::write_file(svg_path.string(), svg);
+  CHECK(read_all(svg_path) == svg);
+  std::string const cmd = "rsvg-convert -o '" + png_path.string() + "' '" + svg_path.string() + "'";
+  REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, "rsvg-convert refused the SVG: " << cmd);
+  std::string const png = read_all(png_path);
+  REQUIRE(png.size() > 33);
+  CHECK(png.substr(0, 8) == std::string("\x89PNG\r\n\x1a\n", 8));
+  CHECK(png.substr(12, 4) == "IHDR");
+  CHECK(big_endian(png, 16) == 960);
+  CHECK(big_endian(png, 20) == 480);
+}
+
+TEST_CASE("memory_tide_svg refuses an empty tide") {
+  try {
+    (void)off::memory_tide_svg({}, "nothing");
+    FAIL("an empty tide was drawn");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::usage);
+    CHECK(std::string(e.what()).find("memory_tide") != std::string::npos);
+  }
+}
+
+TEST_CASE("write_file replaces the file whole, leaves no temporary, and names the path it cannot write") {
+  temp_dir dir;
+  auto const p = (dir.path / "out.txt").string();
+  off::write_file(p, "first version, longer than the second");
+  off::write_file(p, "second");
+  CHECK(read_all(p) == "second");
+  std::size_t files = 0;
+  for (auto const& e : fs::directory_iterator(dir.path)) files += e.is_regular_file() ? 1 : 0;
+  CHECK(files == 1);
+
+  auto const missing = (dir.path / "no_such_dir" / "x.svg").string();
+  try {
+    off::write_file(missing, "x");
+    FAIL("a write into a missing directory succeeded");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::io);
+    CHECK(std::string(e.what()).find(missing) != std::string::npos);
+  }
+  CHECK(!fs::exists(missing));
+}
