@@ -6,7 +6,7 @@
 //                             model and data under `resident` with an unlimited budget; both
 //                             trained in this run, their measured steps interleaved. Goal 0.9.
 //                             detail: the offloaded run's offload_stats of a steady step.
-//   offload_bytes_vs_optimum  bytes the real run moved in a steady step (h2d + d2h) over MIN on
+//   offload_bytes_vs_optimum  the bytes of a steady step (h2d + d2h, each clean drop counted as the copy it replaced) over MIN on
 //                             its own recorded trace: simulate(trace, capacity, belady{}) per
 //                             iteration in steady state (3 iterations - 2), capacity = the least
 //                             per-moment chunk budget / chunk bytes. Goal <= 1.05. lru and fifo on
@@ -494,9 +494,14 @@ int main() {
     };
     double const min_bytes = per_step(off::belady{}, cap), lru_bytes = per_step(off::lru{}, cap),
                  fifo_bytes = per_step(off::fifo{}, cap), min_hi = per_step(off::belady{}, cap_hi);
+    // simulate() copies every chunk that leaves the device; the scheduler drops unchanged
+    // parameter chunks without a copy. The figure compares the same cost model (each clean drop
+    // counted as the copy it replaced): the scheduler's decisions against MIN's. The bytes it
+    // really moved are in the detail.
+    double const same_model = double(st.bytes_moved() + st.clean_drops * chunk);
     figure b{.bench = "offload",
              .name = "offload_bytes_vs_optimum",
-             .value = double(st.bytes_moved()),
+             .value = same_model,
              .unit = "bytes/step",
              .anchor = "MIN (belady) simulated on the run's own trace at the least per-moment chunk budget",
              .anchor_value = min_bytes,
@@ -508,15 +513,18 @@ int main() {
                         {"trace_moments", double(trace.moments())},
                         {"trace_chunk_ids", double(trace.chunks())},
                         {"chunk_bytes", double(chunk)},
+                        {"real_bytes_moved", double(st.bytes_moved())},
+                        {"clean_drops", double(st.clean_drops)},
+                        {"real_over_belady_copy_model", double(st.bytes_moved()) / min_bytes},
                         {"real_h2d_bytes", double(st.h2d_bytes)},
                         {"real_d2h_bytes", double(st.d2h_bytes)},
                         {"belady_bytes_per_step", min_bytes},
                         {"belady_bytes_per_step_at_largest_moment_budget", min_hi},
                         {"lru_bytes_per_step", lru_bytes},
                         {"fifo_bytes_per_step", fifo_bytes},
-                        {"real_over_lru", double(st.bytes_moved()) / lru_bytes},
-                        {"real_over_fifo", double(st.bytes_moved()) / fifo_bytes},
-                        {"real_over_belady_at_largest_moment_budget", double(st.bytes_moved()) / min_hi}}};
+                        {"over_lru", same_model / lru_bytes},
+                        {"over_fifo", same_model / fifo_bytes},
+                        {"over_belady_at_largest_moment_budget", same_model / min_hi}}};
     print_figure(b, {});
   }
 

@@ -31,6 +31,7 @@
 
 #include <tide/nn/gpt.hpp>
 #include <tide/offload/report.hpp>
+#include <tide/offload/trace_events.hpp>
 #include <tide/optim/adamw.hpp>
 #include <tide/train/report.hpp>
 #include <tide/train/text_data.hpp>
@@ -254,8 +255,10 @@ int run(options const& opt, Offload offload, tide::nn::gpt_config const& config,
   double train_seconds = 0;
   std::size_t tokens = 0;
   tide::train::step_stats last{};
+  tide::offload::trace_recorder timeline;  // the last step's, as Chrome trace-event JSON
   while (trainer.steps() < opt.steps) {
     train.next(current.in(), current.out());
+    if (trainer.steps() == opt.steps - 1) sched.set_trace(&timeline);
     last = trainer.step(typename decltype(trainer)::batch_type{current.tokens(), current.labels()});
     TIDE_CHECK(std::isfinite(last.loss), usage, "the training loss is ", last.loss, " at step ", last.step,
                "; lower --lr (now ", opt.lr, ")");
@@ -286,7 +289,9 @@ int run(options const& opt, Offload offload, tide::nn::gpt_config const& config,
     return 0;
   }
 
-  auto const tide_svg = dir / "memory-tide.svg", loss_svg = dir / "loss.svg";
+  sched.set_trace(nullptr);
+  auto const tide_svg = dir / "memory-tide.svg", loss_svg = dir / "loss.svg", trace_json = dir / "step-trace.json";
+  timeline.write(trace_json.string(), decltype(trainer)::scheduler_type::name() + ", the last step of the demo");
   tide::offload::write_file(tide_svg.string(),
                             tide::offload::memory_tide_svg(sched.memory_tide(), decltype(trainer)::scheduler_type::name() +
                                                                                     ", one step of the demo"));
@@ -303,7 +308,8 @@ int run(options const& opt, Offload offload, tide::nn::gpt_config const& config,
               train_seconds > 0 ? double(tokens) / train_seconds : 0.0, double(off.bytes_moved()) / double(1_MiB),
               off.fetches, off.evictions, off.prefetch_hits, off.stall_ms, double(off.peak_device_bytes) / double(1_MiB),
               double(budget) / double(1_MiB), progress.gb_moved());
-  std::printf("pictures: %s (memory tide of the last step), %s (loss)\n", tide_svg.c_str(), loss_svg.c_str());
+  std::printf("pictures: %s (memory tide of the last step), %s (loss); timeline: %s (open in ui.perfetto.dev)\n",
+              tide_svg.c_str(), loss_svg.c_str(), trace_json.c_str());
   if (opt.checkpoint_every > 0) std::printf("checkpoint: %s (resume with --resume)\n", ckpt.c_str());
 
   if (opt.sample > 0) {

@@ -48,6 +48,7 @@
 #include "tide/offload/schedulers.hpp"
 #include "tide/offload/simulate.hpp"
 #include "tide/offload/stats.hpp"
+#include "tide/offload/trace_events.hpp"
 
 #include "tide/optim/adamw.hpp"
 #include "tide/train/report.hpp"

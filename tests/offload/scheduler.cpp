@@ -319,3 +319,41 @@ TEST_CASE("evaluation forwards between steps change nothing and keep the trace")
   CHECK(same_bits(losses, reference().losses));
   for (std::uint32_t i = 0; i < model.parameters().size(); ++i) CHECK(same_bits(sched.read_param(i), reference().params[i]));
 }
+
+TEST_CASE("a traced step: compute per block, every copy with its bytes, every host AdamW") {
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  tide::thread_pool pool{2};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = minimum_of(cfg) + 4_KiB}};
+  sched_t<decltype(cfg)> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32),
+                               tide::nn::gpt_block_uses(config), cfg, {.adamw = hparams}};
+  model_t<decltype(cfg)> model{config, arena, {.seed = 7}, {&sched}};
+  off::trace_recorder trace;
+  for (int s = 0; s < 3; ++s) {
+    if (s == 2) sched.set_trace(&trace);
+    auto const data = batch_of(s);
+    tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
+    (void)model.forward(ex, x, y);
+    model.backward(ex);
+    sched.step();
+  }
+  sched.set_trace(nullptr);
+  auto const st = sched.last_step();
+  std::size_t compute = 0, copies = 0, copied = 0, host_steps = 0;
+  for (auto const& e : trace.events()) {
+    CHECK(e.duration_us >= 0);
+    if (e.where == off::lane::compute && e.category == "compute") ++compute;
+    if (e.where == off::lane::copy) {
+      ++copies;
+      copied += e.bytes;
+    }
+    if (e.where == off::lane::optimizer) ++host_steps;
+  }
+  CHECK(compute == 2 * static_cast<std::size_t>(config.layers + 2));  // each block forward and backward
+  CHECK(copies == (st.h2d_bytes + st.d2h_bytes) / sched.chunk_bytes());  // every copy moves one chunk
+  CHECK(copied == st.h2d_bytes + st.d2h_bytes);
+  CHECK(host_steps == st.host_optimizer_chunks);
+  CHECK(copies > 0);
+  auto const json = trace.to_json("tide test");
+  CHECK(json.find("\"copy stream\"") != std::string::npos);
+}

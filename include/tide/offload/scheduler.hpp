@@ -45,6 +45,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -72,6 +73,7 @@
 #include "tide/offload/policy.hpp"
 #include "tide/offload/schedulers.hpp"
 #include "tide/offload/stats.hpp"
+#include "tide/offload/trace_events.hpp"
 
 namespace tide::offload {
 
@@ -157,6 +159,7 @@ class scheduler {
     busy_.resize(n_);
     stale_.assign(ids_, nullptr);
     stale_where_.assign(ids_, chunk::tier::host);
+    shadow_.assign(n_, nullptr);
     optimizer_pending_.assign(n_, false);
     in_flight_.assign(ids_, false);
     os_on_device_.assign(n_, false);
@@ -183,6 +186,8 @@ class scheduler {
     for (auto* list : {&param_, &grad_, &m_, &v_})
       for (std::uint32_t c = 0; c < n_; ++c) free_payload((*list)[c]);
     for (std::byte* p : spare_) arena_->deallocate(p, param_.chunk_bytes(), 256);
+    for (std::byte*& p : shadow_)
+      if (p != nullptr) host_.deallocate(std::exchange(p, nullptr), param_.chunk_bytes(), 256);
   }
 
   // ---- what it is ---------------------------------------------------------------------------
@@ -229,7 +234,15 @@ class scheduler {
   // ---- model data -----------------------------------------------------------------------------
   // Valid between the pre_* and post_* hooks of a block that uses parameter i (and outside a
   // step, on the host, for initialisation and inspection: then wait with synchronize() first).
-  [[nodiscard]] T* param_data(std::uint32_t i) { return reinterpret_cast<T*>(param_.data(i)); }
+  // Inside a step (or an evaluation) the model only reads parameters; outside, the caller may
+  // write, so a device-resident chunk forgets its host copy.
+  [[nodiscard]] T* param_data(std::uint32_t i) {
+    if (!step_open_ && !evaluating_) {
+      drain();
+      drop_shadow(layout_.chunk_of[i]);
+    }
+    return reinterpret_cast<T*>(param_.data(i));
+  }
   [[nodiscard]] T* grad_data(std::uint32_t i) { return reinterpret_cast<T*>(grad_.data(i)); }
   // Parameter i's bytes copied out, wherever its chunk is (after finishing pending work).
   [[nodiscard]] std::vector<T> read_param(std::uint32_t i) {
@@ -248,6 +261,7 @@ class scheduler {
                  "offload::scheduler::tensor_bytes: the ", chunk::to_string(role),
                  " list is not kept between steps; ask for param, exp_avg or exp_avg_sq");
     chunk::chunk_list& l = role == chunk::chunk_role::param ? param_ : role == chunk::chunk_role::exp_avg ? m_ : v_;
+    if (role == chunk::chunk_role::param) drop_shadow(layout_.chunk_of[i]);  // the caller may write
     return {l.data(i), static_cast<std::size_t>(params_[i].numel()) * size_of(l.type())};
   }
   // AdamW's step number (steps taken), for a resumed run.
@@ -278,11 +292,21 @@ class scheduler {
     evaluating_ = true;
   }
   void end_evaluation() { evaluating_ = false; }
+
+  // Records the timeline into `r` (nullptr: stop): each block's compute on the compute lane, each
+  // chunk copy on the copy lane (stamped by the copy stream itself), each host AdamW on the
+  // optimizer lane. Write it with r->write(path, name): Perfetto opens it.
+  void set_trace(trace_recorder* r) {
+    drain();
+    trace_ = r;
+  }
   [[nodiscard]] bool evaluating() const noexcept { return evaluating_; }
 
   // ---- hooks ----------------------------------------------------------------------------------
   void pre_forward(int block) { enter(block, chunk::phase::forward); }
   void post_forward(int block) {
+    if (tracing()) trace_->complete(tide::detail::concat("forward ", block), "compute", lane::compute, block_t0_,
+                                    trace_recorder::now_us());
     for (std::uint32_t i : uses_.of(block))
       param_.transition(i, evaluating_ ? chunk::tensor_state::hold : chunk::tensor_state::hold_after_fwd);
     sample_non_model();
@@ -295,6 +319,8 @@ class scheduler {
   }
   void pre_backward(int block) { enter(block, chunk::phase::backward); }
   void post_backward(int block) {
+    if (tracing()) trace_->complete(tide::detail::concat("backward ", block), "compute", lane::compute, block_t0_,
+                                    trace_recorder::now_us());
     for (std::uint32_t i : uses_.of(block)) {
       param_.transition(i, chunk::tensor_state::hold_after_bwd);
       grad_.transition(i, chunk::tensor_state::hold_after_bwd);
@@ -634,9 +660,12 @@ class scheduler {
       ++cur_.allocations;
     } else {
       std::byte* host = ch.detach();
+      copy_span* span = open_span(id, "fetch ", ch.capacity());
       engine_.copy_async(dev, host, ch.capacity(), memory::copy_direction::host_to_device, ready_[id]);
+      close_span(span);
       ch.attach(dev, chunk::tier::device);
-      set_stale(id, host, chunk::tier::host);
+      if (id < n_) shadow_[id] = host;  // parameters change only in the optimizer: keep the host copy
+      else set_stale(id, host, chunk::tier::host);
       in_flight_[id] = true;
       ++copies_in_flight_;
       ++cur_.fetches;
@@ -651,9 +680,17 @@ class scheduler {
   std::byte* copy_out(std::uint32_t id) {
     chunk::chunk& ch = chunk_of(id);
     settle(id);
+    if (id < n_ && shadow_[id] != nullptr) {  // clean: the host copy is current, nothing to copy
+      std::byte* dev = ch.detach();
+      ch.attach(std::exchange(shadow_[id], nullptr), chunk::tier::host);
+      ++cur_.clean_drops;
+      return dev;
+    }
     auto* host = static_cast<std::byte*>(host_.allocate(ch.capacity(), 256));
     std::byte* dev = ch.detach();
+    copy_span* span = open_span(id, "evict ", ch.capacity());
     engine_.copy_async(host, dev, ch.capacity(), memory::copy_direction::device_to_host, ready_[id]);
+    close_span(span);
     ch.attach(host, chunk::tier::host);
     in_flight_[id] = true;
     ++copies_in_flight_;
@@ -814,6 +851,7 @@ class scheduler {
   }
 
   void enter(int block, chunk::phase ph) {
+    if (tracing()) block_t0_ = trace_recorder::now_us();
     if (evaluating_) {
       TIDE_REQUIRE(ph == chunk::phase::forward, "offload::scheduler: backward during evaluation; call "
                                                 "end_evaluation() before training");
@@ -872,11 +910,16 @@ class scheduler {
     std::int64_t t = 0;
     kernels::adamw_hparams hp{};
     float scale = 1.f;
+    trace_recorder* recorder = nullptr;
     void operator()() {
       auto const t0 = std::chrono::steady_clock::now();
       exec<host> const ex{self->optimizer_pool_};
+      double const start = recorder != nullptr ? trace_recorder::now_us() : 0;
       self->run_adamw(ex, c, p, g, m, v, n, t, hp, scale);
       self->optimizer_ns_.fetch_add(static_cast<std::int64_t>(detail::ms_since(t0) * 1e6), std::memory_order_relaxed);
+      if (recorder != nullptr)
+        recorder->complete(tide::detail::concat("adamw chunk ", c, " (host)"), "optimizer", lane::optimizer, start,
+                           trace_recorder::now_us(), static_cast<std::size_t>(n) * 28);
     }
   };
 
@@ -916,10 +959,15 @@ class scheduler {
         make_resident(ids, current_);
       }
       auto const t0 = std::chrono::steady_clock::now();
+      if (apply) drop_shadow(c);  // the device copy changes: the host one is stale
+      double const start = tracing() ? trace_recorder::now_us() : 0;
       if (apply)
         run_adamw(ex_, c, reinterpret_cast<float*>(param_[c].payload()),
                   reinterpret_cast<float const*>(grad_[c].payload()), reinterpret_cast<float*>(m_[c].payload()),
                   reinterpret_cast<float*>(v_[c].payload()), n, t_, options_.adamw, options_.grad_scale);
+      if (apply && tracing())
+        trace_->complete(tide::detail::concat("adamw chunk ", c, " (device)"), "optimizer", lane::compute, start,
+                         trace_recorder::now_us(), static_cast<std::size_t>(n) * 28);
       cur_.optimizer_ms += detail::ms_since(t0);
       ++cur_.device_optimizer_chunks;
       param_.transition_chunk(c, chunk::tensor_state::hold);
@@ -949,7 +997,8 @@ class scheduler {
            n,
            t_,
            options_.adamw,
-           options_.grad_scale};
+           options_.grad_scale,
+           tracing() ? trace_ : nullptr};
     param_.transition_chunk(c, chunk::tensor_state::hold);
     grad_.transition_chunk(c, chunk::tensor_state::free);
     if (options_.overlap_optimizer) {
@@ -966,6 +1015,48 @@ class scheduler {
       job();
       free_payload(grad_[c]);
     }
+  }
+
+  // ---- the timeline ---------------------------------------------------------------------------
+
+  [[nodiscard]] bool tracing() const noexcept { return trace_ != nullptr && trace_->enabled(); }
+
+  // One copy on the copy lane: two host functions on the copy stream stamp its start and end, so
+  // the span is when the copy ran, not when it was issued. Kept until drain().
+  struct copy_span {
+    trace_recorder* recorder = nullptr;
+    std::string name;
+    std::size_t bytes = 0;
+    double start = 0;
+    struct begin_stamp {
+      copy_span* s;
+      void operator()() const { s->start = trace_recorder::now_us(); }
+    } begin{this};
+    struct end_stamp {
+      copy_span* s;
+      void operator()() const {
+        s->recorder->complete(s->name, "copy", lane::copy, s->start, trace_recorder::now_us(), s->bytes);
+      }
+    } end{this};
+  };
+  copy_span* open_span(std::uint32_t id, char const* what, std::size_t bytes) {
+    if (!tracing()) return nullptr;
+    copy_span& sp = spans_.emplace_back();
+    sp.recorder = trace_;
+    sp.name = tide::detail::concat(what, id < n_ ? "param " : "grad ", id < n_ ? id : id - n_);
+    sp.bytes = bytes;
+    memory::launch(copy_stream_, sp.begin);
+    return &sp;
+  }
+  void close_span(copy_span* sp) {
+    if (sp != nullptr) memory::launch(copy_stream_, sp->end);
+  }
+
+  // Parameter chunk c's host copy is (about to be) stale: free it.
+  void drop_shadow(std::uint32_t c) {
+    if (shadow_[c] == nullptr) return;
+    settle(c);  // a copy in flight may still read it
+    host_.deallocate(std::exchange(shadow_[c], nullptr), param_[c].capacity(), 256);
   }
 
   // Gradient chunk c to FREE, its payload released.
@@ -1004,7 +1095,9 @@ class scheduler {
   // Waits for every copy and host step; frees what they held.
   void drain() {
     engine_.synchronize();
+    copy_stream_.synchronize();  // the timeline's stamps run after the copies
     optimizer_stream_.synchronize();
+    spans_.clear();
     for (std::uint32_t c = 0; c < n_; ++c) optimizer_pending_[c] = false;
     for (auto const& [c, p] : pending_grad_frees_) host_.deallocate(p, grad_[c].capacity(), 256);
     pending_grad_frees_.clear();
@@ -1059,7 +1152,10 @@ class scheduler {
         if (ch.payload() == nullptr) continue;
         (ch.tier() == chunk::tier::device ? cur_.device_model_bytes : cur_.host_model_bytes) += ch.capacity();
       }
-    for (std::uint32_t c = 0; c < n_; ++c) held += param_[c].capacity();
+    for (std::uint32_t c = 0; c < n_; ++c) {
+      held += param_[c].capacity();
+      if (shadow_[c] != nullptr) cur_.host_model_bytes += param_[c].capacity();
+    }
     for (auto const& p : params_) used += p.bytes;
     cur_.chunk_utilisation = held > 0 ? static_cast<double>(used) / static_cast<double>(held) : 0;
     cur_.moments = tracer_.moments();
@@ -1098,6 +1194,9 @@ class scheduler {
   std::vector<memory::event<B>> busy_;    // by param chunk: its host optimizer step
   std::vector<bool> optimizer_pending_;   // by param chunk
   std::vector<std::byte*> stale_;         // by id: the block its last copy came from, freed when done
+  // By parameter chunk: the host block a device-resident parameter chunk was fetched from, kept
+  // while the device copy is unchanged (clean), so evicting it needs no copy back.
+  std::vector<std::byte*> shadow_;
   std::vector<chunk::tier> stale_where_;
   std::vector<bool> in_flight_;
   std::size_t copies_in_flight_ = 0;
@@ -1116,6 +1215,9 @@ class scheduler {
   std::size_t backward_passes_ = 0;
   bool step_open_ = false;
   bool evaluating_ = false;
+  trace_recorder* trace_ = nullptr;
+  double block_t0_ = 0;
+  std::deque<copy_span> spans_;  // stable addresses: the copy stream holds pointers into them
   static constexpr std::size_t untraced = std::numeric_limits<std::size_t>::max();
   bool placed_ = false;
   int window_ = 0;

@@ -25,7 +25,8 @@ struct offload_stats {
   std::size_t h2d_bytes = 0;         // host -> device
   std::size_t d2h_bytes = 0;         // device -> host
   std::size_t fetches = 0;           // chunk copies host -> device (demand and prefetch)
-  std::size_t evictions = 0;         // chunk copies device -> host to make room
+  std::size_t evictions = 0;         // chunks leaving the device to make room (copied, or dropped when clean)
+  std::size_t clean_drops = 0;       // parameter chunks left the device without a copy: the host copy was current
   std::size_t prefetches = 0;        // fetches issued ahead of the moment that needs them
   std::size_t prefetch_hits = 0;     // moments' chunks that were already on the device or on their way
   std::size_t demand_fetches = 0;    // moments' chunks fetched when the moment began (a miss)
@@ -47,7 +48,7 @@ struct offload_stats {
 inline std::string to_json(offload_stats const& s) {
   return tide::detail::concat(
       "{\"step\":", s.step, ",\"h2d_bytes\":", s.h2d_bytes, ",\"d2h_bytes\":", s.d2h_bytes, ",\"fetches\":", s.fetches,
-      ",\"evictions\":", s.evictions, ",\"prefetches\":", s.prefetches, ",\"prefetch_hits\":", s.prefetch_hits,
+      ",\"evictions\":", s.evictions, ",\"clean_drops\":", s.clean_drops, ",\"prefetches\":", s.prefetches, ",\"prefetch_hits\":", s.prefetch_hits,
       ",\"demand_fetches\":", s.demand_fetches, ",\"allocations\":", s.allocations, ",\"stall_ms\":", s.stall_ms,
       ",\"optimizer_ms\":", s.optimizer_ms, ",\"host_optimizer_chunks\":", s.host_optimizer_chunks,
       ",\"device_optimizer_chunks\":", s.device_optimizer_chunks, ",\"peak_device_bytes\":", s.peak_device_bytes,
