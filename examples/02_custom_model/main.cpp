@@ -152,6 +152,7 @@ class mlp {
 
 struct mlp_spec {
   using backend = tide::host;
+  using element_type = float;  // of parameters and gradients
   template <class Hooks>
   using model_type = mlp<Hooks>;
 

@@ -227,3 +227,55 @@ TEST_CASE("a resumed run gives the losses of an uninterrupted one, under any sch
   }
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("bf16 parameters with fp32 masters: offloaded equals resident, bit for bit") {
+  tide::nn::gpt_spec<host, tide::bf16> const spec16{.config = config, .options = {.seed = 3}};
+  auto run = [&](auto const& offload) {
+    auto t = tide::train::make_trainer(spec16, offload, clipped);
+    std::vector<float> losses;
+    for (int s = 0; s < 8; ++s) losses.push_back(t.step(view_of<decltype(t)>(data_of(s))).loss);
+    std::vector<std::vector<tide::bf16>> params;
+    for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) params.push_back(t.scheduler().read_param(i));
+    return std::pair{losses, params};
+  };
+  auto const [lr, pr] = run(off::resident{});
+  auto const [lc, pc] = run(off::chunked<off::belady>{.device_budget = 1_MiB, .chunk_bytes = 10_KiB});
+  CHECK(lr.back() < lr.front() - 0.2f);  // it learns in bf16
+  CHECK(std::memcmp(lr.data(), lc.data(), lr.size() * sizeof(float)) == 0);
+  REQUIRE(pr.size() == pc.size());
+  for (std::size_t i = 0; i < pr.size(); ++i)
+    CHECK(std::memcmp(pr[i].data(), pc[i].data(), pr[i].size() * sizeof(tide::bf16)) == 0);
+}
+
+TEST_CASE("f16 with loss scaling: overflowing steps are skipped, the scale halves, nothing changes; then it learns") {
+  tide::nn::gpt_spec<host, tide::f16> const spec16{.config = config, .options = {.seed = 3}};
+  auto opt = clipped;
+  opt.scaling = {.enabled = true, .initial = 16777216.f, .growth_interval = 1000};  // 2^24 overflows f16 (65504)
+  auto t = tide::train::make_trainer(spec16, off::chunked<off::belady>{.device_budget = 1_MiB, .chunk_bytes = 10_KiB}, opt);
+  auto params = [&] {
+    std::vector<std::vector<tide::f16>> out;
+    for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) out.push_back(t.scheduler().read_param(i));
+    return out;
+  };
+  int skipped = 0;
+  std::vector<float> losses;
+  for (int s = 0; s < 30; ++s) {
+    auto const before = params();
+    float const scale = t.scaler().scale();
+    auto const st = t.step(view_of<decltype(t)>(data_of(s)));
+    if (st.skipped) {
+      ++skipped;
+      CHECK(t.scaler().scale() == scale / 2);
+      auto const after = params();
+      for (std::size_t i = 0; i < before.size(); ++i)
+        CHECK(std::memcmp(before[i].data(), after[i].data(), before[i].size() * sizeof(tide::f16)) == 0);
+    } else {
+      losses.push_back(st.loss);
+    }
+  }
+  CHECK(skipped >= 1);  // 2^24 times a loss gradient of ~1/32 is past f16's range
+  CHECK(t.scaler().skipped() == skipped);
+  CHECK(t.scheduler().optimizer_steps() == 30 - skipped);
+  REQUIRE(losses.size() >= 10);
+  CHECK(losses.back() < losses.front() - 0.2f);
+}

@@ -875,15 +875,16 @@ class gpt {
 
 // What a trainer builds a gpt from: the model's type depends on the hooks (the offload
 // scheduler), which the trainer creates, so it is handed a recipe rather than a model.
-template <Backend B>
+template <Backend B, Element T = float>
 struct gpt_spec {
   using backend = B;
+  using element_type = T;  // of parameters, gradients and activations (bf16 / f16: fp32 masters in the scheduler)
   gpt_config config{};
   gpt_options options{};
   template <class Hooks>
-  using model_type = gpt<B, float, Hooks>;
+  using model_type = gpt<B, T, Hooks>;
 
-  [[nodiscard]] parameter_list parameters() const { return gpt_parameters(config, dtype::f32, options.alignment); }
+  [[nodiscard]] parameter_list parameters() const { return gpt_parameters(config, dtype_of<T>, options.alignment); }
   [[nodiscard]] block_uses uses() const { return gpt_block_uses(config); }
   template <class Hooks>
   [[nodiscard]] model_type<Hooks> build(memory::device_arena<B>& arena, Hooks hooks) const {

@@ -121,9 +121,6 @@ template <Backend B, Element T, class Config>
 class scheduler {
   static_assert(!B::is_device, "offload::scheduler on a device backend: the CUDA instantiation (compute-stream "
                                "events around handovers, device zero fills) is not written yet; use tide::host");
-  static_assert(std::is_same_v<T, float>, "offload::scheduler<B, T, ...>: only T = float so far (the parameter "
-                                          "chunk is the fp32 master); bf16/f16 working chunks with fp32 master "
-                                          "chunks are not written yet");
   static_assert(detail::is_chunked<Config> || detail::is_window<Config> || detail::is_static<Config> ||
                     detail::is_resident<Config>,
                 "offload::scheduler<B, T, Config>: Config must be resident, chunked<Policy>, layer_window<W> or "
@@ -134,6 +131,10 @@ class scheduler {
   using element_type = T;
   using config_type = Config;
   using policy_type = typename detail::policy_of<Config>::type;
+  // bf16 / f16 parameters: an fp32 master chunk per parameter chunk lives with the AdamW state,
+  // and the update writes the rounded working copy into the parameter chunk. float: the
+  // parameter chunk is the master.
+  static constexpr bool has_master = !std::is_same_v<T, float>;
 
   scheduler(exec<B> const& ex, memory::device_arena<B>& arena, nn::parameter_list params, nn::block_uses uses,
             Config const& config = {}, scheduler_options const& options = {})
@@ -146,6 +147,7 @@ class scheduler {
         layout_(make_layout()),
         param_(chunk::chunk_role::param, dtype_of<T>, layout_, params_),
         grad_(chunk::chunk_role::grad, dtype_of<T>, layout_, params_),
+        master_(chunk::chunk_role::master, dtype::f32, layout_, params_),
         m_(chunk::chunk_role::exp_avg, dtype::f32, layout_, params_),
         v_(chunk::chunk_role::exp_avg_sq, dtype::f32, layout_, params_),
         host_(memory::pinned_pool_options{.lock_pages = options.lock_host_pages}),
@@ -170,6 +172,7 @@ class scheduler {
       attach_host_zeroed(param_[c]);
       attach_host_zeroed(m_[c]);
       attach_host_zeroed(v_[c]);
+      if constexpr (has_master) attach_host_zeroed(master_[c]);
     }
     for (std::uint32_t i = 0; i < params_.size(); ++i) param_.transition(i, chunk::tensor_state::hold);
     jobs_.resize(n_);
@@ -183,7 +186,7 @@ class scheduler {
       drain();
     } catch (...) {  // a failed copy or step is reported by the call that issued it; nothing to add here
     }
-    for (auto* list : {&param_, &grad_, &m_, &v_})
+    for (auto* list : {&param_, &grad_, &master_, &m_, &v_})
       for (std::uint32_t c = 0; c < n_; ++c) free_payload((*list)[c]);
     for (std::byte* p : spare_) arena_->deallocate(p, param_.chunk_bytes(), 256);
     for (std::byte*& p : shadow_)
@@ -201,6 +204,7 @@ class scheduler {
       case chunk::chunk_role::grad: return grad_;
       case chunk::chunk_role::exp_avg: return m_;
       case chunk::chunk_role::exp_avg_sq: return v_;
+      case chunk::chunk_role::master: return master_;
       default: return param_;
     }
   }
@@ -257,10 +261,18 @@ class scheduler {
   // checkpoints: valid until the next hook or step.
   [[nodiscard]] std::span<std::byte> tensor_bytes(chunk::chunk_role role, std::uint32_t i) {
     drain();
-    TIDE_REQUIRE(role != chunk::chunk_role::grad && role != chunk::chunk_role::master,
+    TIDE_REQUIRE(role != chunk::chunk_role::grad && (role != chunk::chunk_role::master || has_master),
                  "offload::scheduler::tensor_bytes: the ", chunk::to_string(role),
-                 " list is not kept between steps; ask for param, exp_avg or exp_avg_sq");
-    chunk::chunk_list& l = role == chunk::chunk_role::param ? param_ : role == chunk::chunk_role::exp_avg ? m_ : v_;
+                 " list is not kept between steps (or, for master, T = float has none); ask for param, exp_avg, "
+                 "exp_avg_sq or, with bf16/f16 parameters, master");
+    if (role == chunk::chunk_role::master) {
+      init_master();  // a caller reading it sees the current master; one writing it replaces it
+      master_written_ = true;
+    }
+    chunk::chunk_list& l = role == chunk::chunk_role::param        ? param_
+                           : role == chunk::chunk_role::exp_avg    ? m_
+                           : role == chunk::chunk_role::exp_avg_sq ? v_
+                                                                   : master_;
     if (role == chunk::chunk_role::param) drop_shadow(layout_.chunk_of[i]);  // the caller may write
     return {l.data(i), static_cast<std::size_t>(params_[i].numel()) * size_of(l.type())};
   }
@@ -494,16 +506,18 @@ class scheduler {
 
   [[nodiscard]] std::size_t block_bytes() const noexcept { return round_up(param_.chunk_bytes(), 256); }
   [[nodiscard]] std::size_t os_block_bytes() const noexcept { return round_up(m_.chunk_bytes(), 256); }
+  static constexpr std::size_t os_lists = has_master ? 3 : 2;  // (master,) m, v
 
   [[nodiscard]] minimum_parts minimum(std::size_t non_model) const {
     std::size_t const chunk = block_bytes(), r = reserved_bytes();
     minimum_parts p;
     auto const nm = tide::detail::concat("non-model ", bytes_of{non_model}, " (activations, workspaces)");
     if constexpr (detail::is_resident<Config>) {
-      std::size_t const model = 2 * n_ * chunk + 2 * n_ * os_block_bytes();
+      std::size_t const model = 2 * n_ * chunk + os_lists * n_ * os_block_bytes();
       p.bytes = non_model + model;
       p.why = tide::detail::concat(nm, " + all model data ", bytes_of{model}, " (", n_,
-                                   " chunks each of parameters, gradients, Adam m and v)");
+                                   has_master ? " chunks each of parameters, gradients, fp32 master, Adam m and v)"
+                                              : " chunks each of parameters, gradients, Adam m and v)");
     } else if constexpr (detail::is_static<Config>) {
       std::size_t const params = n_ * chunk, grads = (working_set_ > 0 ? max_grads_per_moment() : 0) * chunk;
       p.bytes = non_model + params + grads + r;
@@ -828,6 +842,7 @@ class scheduler {
     std::size_t const non_model = arena_->stats().in_use - device_bytes_;
     check_budget(non_model);
     placed_ = true;
+    init_master();
     if constexpr (detail::is_resident<Config>) {
       for (std::uint32_t c = 0; c < n_; ++c) {
         fetch(c, 0, {});
@@ -902,10 +917,11 @@ class scheduler {
   struct host_job {
     scheduler* self = nullptr;
     std::uint32_t c = 0;
-    float* p = nullptr;
-    float const* g = nullptr;
+    float* p = nullptr;    // the fp32 master: the parameter chunk itself when T = float
+    T const* g = nullptr;
     float* m = nullptr;
     float* v = nullptr;
+    T* working = nullptr;  // bf16 / f16: the parameter chunk, written with the rounded update
     index_t n = 0;
     std::int64_t t = 0;
     kernels::adamw_hparams hp{};
@@ -915,7 +931,7 @@ class scheduler {
       auto const t0 = std::chrono::steady_clock::now();
       exec<host> const ex{self->optimizer_pool_};
       double const start = recorder != nullptr ? trace_recorder::now_us() : 0;
-      self->run_adamw(ex, c, p, g, m, v, n, t, hp, scale);
+      self->run_adamw(ex, c, p, g, m, v, working, n, t, hp, scale);
       self->optimizer_ns_.fetch_add(static_cast<std::int64_t>(detail::ms_since(t0) * 1e6), std::memory_order_relaxed);
       if (recorder != nullptr)
         recorder->complete(tide::detail::concat("adamw chunk ", c, " (host)"), "optimizer", lane::optimizer, start,
@@ -925,23 +941,47 @@ class scheduler {
 
   // AdamW over chunk c's n elements: one flat call, or (decay_matrices_only) one call over the
   // matrices and one without decay over the rest. Const: it runs on the optimizer worker too.
-  void run_adamw(exec<host> const& ex, std::uint32_t c, float* p, float const* g, float* m, float* v, index_t n,
-                 std::int64_t t, kernels::adamw_hparams const& hp, float scale) const {
+  void run_adamw(exec<host> const& ex, std::uint32_t c, float* p, T const* g, float* m, float* v, T* working,
+                 index_t n, std::int64_t t, kernels::adamw_hparams const& hp, float scale) const {
     if (!options_.decay_matrices_only) {
-      kernels::adamw(ex, hp, t, tensor_view<float>(p, {n}), tensor_view<float const>(g, {n}),
-                     tensor_view<float>(m, {n}), tensor_view<float>(v, {n}), scale);
+      kernels::adamw(ex, hp, t, tensor_view<float>(p, {n}), tensor_view<T const>(g, {n}), tensor_view<float>(m, {n}),
+                     tensor_view<float>(v, {n}), working != nullptr ? tensor_view<T>(working, {n}) : tensor_view<T>{},
+                     scale);
       return;
     }
-    std::vector<kernels::adamw_tensor<float>> decayed, plain;
+    std::vector<kernels::adamw_tensor<T, T>> decayed, plain;
     for (std::uint32_t i = layout_.first_param[c]; i < layout_.first_param[c + 1]; ++i) {
       std::size_t const at = layout_.offset_of[i];
-      kernels::adamw_tensor<float> const r{p + at, g + at, m + at, v + at, nullptr, params_[i].numel()};
+      kernels::adamw_tensor<T, T> const r{p + at, g + at, m + at, v + at, working != nullptr ? working + at : nullptr,
+                                          params_[i].numel()};
       (params_[i].shape.rank >= 2 ? decayed : plain).push_back(r);
     }
     kernels::adamw_hparams no_decay = hp;
     no_decay.weight_decay = 0.f;
     if (!decayed.empty()) kernels::adamw(ex, hp, t, decayed, scale);
     if (!plain.empty()) kernels::adamw(ex, no_decay, t, plain, scale);
+  }
+
+  // The fp32 values AdamW updates, and the working copy it rounds them into (bf16 / f16 only).
+  [[nodiscard]] float* master_of(std::uint32_t c) {
+    return reinterpret_cast<float*>(has_master ? master_[c].payload() : param_[c].payload());
+  }
+  [[nodiscard]] T* working_of(std::uint32_t c) {
+    return has_master ? reinterpret_cast<T*>(param_[c].payload()) : nullptr;
+  }
+  // The masters start as the parameters the model initialised (or a checkpoint wrote): once,
+  // before the first update, while every chunk is still readable on the host.
+  void init_master() {
+    if constexpr (has_master) {
+      if (master_written_) return;
+      drain();
+      for (std::uint32_t i = 0; i < params_.size(); ++i) {
+        auto const* src = reinterpret_cast<T const*>(param_.data(i));
+        auto* dst = reinterpret_cast<float*>(master_.data(i));
+        for (index_t k = 0; k < params_[i].numel(); ++k) dst[k] = to_float(src[k]);
+      }
+      master_written_ = true;
+    }
   }
 
   [[nodiscard]] index_t step_elements(std::uint32_t c) const {
@@ -962,9 +1002,9 @@ class scheduler {
       if (apply) drop_shadow(c);  // the device copy changes: the host one is stale
       double const start = tracing() ? trace_recorder::now_us() : 0;
       if (apply)
-        run_adamw(ex_, c, reinterpret_cast<float*>(param_[c].payload()),
-                  reinterpret_cast<float const*>(grad_[c].payload()), reinterpret_cast<float*>(m_[c].payload()),
-                  reinterpret_cast<float*>(v_[c].payload()), n, t_, options_.adamw, options_.grad_scale);
+        run_adamw(ex_, c, master_of(c), reinterpret_cast<T const*>(grad_[c].payload()),
+                  reinterpret_cast<float*>(m_[c].payload()), reinterpret_cast<float*>(v_[c].payload()), working_of(c),
+                  n, t_, options_.adamw, options_.grad_scale);
       if (apply && tracing())
         trace_->complete(tide::detail::concat("adamw chunk ", c, " (device)"), "optimizer", lane::compute, start,
                          trace_recorder::now_us(), static_cast<std::size_t>(n) * 28);
@@ -990,10 +1030,11 @@ class scheduler {
     host_job& job = jobs_[c];
     job = {this,
            c,
-           reinterpret_cast<float*>(param_[c].payload()),
-           reinterpret_cast<float const*>(grad_[c].payload()),
+           master_of(c),
+           reinterpret_cast<T const*>(grad_[c].payload()),
            reinterpret_cast<float*>(m_[c].payload()),
            reinterpret_cast<float*>(v_[c].payload()),
+           working_of(c),
            n,
            t_,
            options_.adamw,
@@ -1070,7 +1111,9 @@ class scheduler {
 
   // Moves chunk c's m and v to the device (state placed there by the warm-up's margin).
   void move_os_to_device(std::uint32_t c) {
-    for (chunk::chunk_list* list : {&m_, &v_}) {
+    init_master();
+    for (chunk::chunk_list* list : {&m_, &v_, &master_}) {
+      if (list == &master_ && !has_master) continue;
       chunk::chunk& ch = (*list)[c];
       std::byte* host = ch.detach();
       auto* dev = static_cast<std::byte*>(arena_->allocate(ch.capacity(), 256));
@@ -1113,7 +1156,7 @@ class scheduler {
       std::size_t const movable = 2 * n_ * block_bytes();
       std::size_t const taken = peak + reserved_bytes() + movable;
       if (budget > taken) {
-        auto const fit = (budget - taken) / (2 * os_block_bytes());
+        auto const fit = (budget - taken) / (os_lists * os_block_bytes());
         for (std::uint32_t c = 0; c < n_ && c < fit; ++c)
           if (!os_on_device_[c]) move_os_to_device(c);
         // A planned change, not a divergence: the optimizer moments now touch those chunks.
@@ -1146,7 +1189,7 @@ class scheduler {
     cur_.device_model_bytes = 0;
     cur_.host_model_bytes = 0;
     std::size_t used = 0, held = 0;
-    for (auto const* list : {&param_, &grad_, &m_, &v_})
+    for (auto const* list : {&param_, &grad_, &master_, &m_, &v_})
       for (std::uint32_t c = 0; c < n_; ++c) {
         chunk::chunk const& ch = (*list)[c];
         if (ch.payload() == nullptr) continue;
@@ -1175,7 +1218,7 @@ class scheduler {
   Config config_;
   scheduler_options options_;
   chunk::chunk_layout layout_;
-  chunk::chunk_list param_, grad_, m_, v_;
+  chunk::chunk_list param_, grad_, master_, m_, v_;
   memory::pinned_pool<B> host_;
   memory::stream<B> copy_stream_;
   memory::stream<B> optimizer_stream_;
@@ -1215,6 +1258,7 @@ class scheduler {
   std::size_t backward_passes_ = 0;
   bool step_open_ = false;
   bool evaluating_ = false;
+  bool master_written_ = false;  // bf16 / f16: the masters hold the parameters (init_master ran or a load wrote them)
   trace_recorder* trace_ = nullptr;
   double block_t0_ = 0;
   std::deque<copy_span> spans_;  // stable addresses: the copy stream holds pointers into them

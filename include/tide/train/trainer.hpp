@@ -66,6 +66,7 @@ struct no_pipeline {
 template <class S>
 concept ModelSpec = requires(S const& s) {
   typename S::backend;
+  typename S::element_type;
   { s.parameters() } -> std::same_as<nn::parameter_list>;
   { s.uses() } -> std::same_as<nn::block_uses>;
 };
@@ -118,7 +119,8 @@ class trainer {
 
  public:
   using backend = typename Spec::backend;
-  using scheduler_type = offload::scheduler<backend, float, Offload>;
+  using element_type = typename Spec::element_type;
+  using scheduler_type = offload::scheduler<backend, element_type, Offload>;
   using hooks_type = offload::hooks<scheduler_type>;
   using model_type = typename Spec::template model_type<hooks_type>;
   using batch_type = typename model_type::batch_type;
@@ -204,6 +206,8 @@ class trainer {
       w.add(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
       w.add(section("m/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::exp_avg, i));
       w.add(section("v/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::exp_avg_sq, i));
+      if constexpr (scheduler_type::has_master)
+        w.add(section("w/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::master, i));
     }
     extra(w);
     w.commit(path);
@@ -232,7 +236,8 @@ class trainer {
                "this model:\n", shape);
     auto const& list = model_.parameters();
     for (std::uint32_t i = 0; i < list.size(); ++i)  // sizes first: a mismatch writes nothing
-      for (char const* prefix : {"p/", "m/", "v/"}) {
+      for (char const* prefix : {"p/", "m/", "v/", "w/"}) {
+        if (prefix[0] == 'w' && !scheduler_type::has_master) continue;
         auto const name = section(prefix, list[i].name());
         TIDE_CHECK(r.contains(name), usage, "checkpoint ", path.string(), ": no section \"", name, "\"");
       }
@@ -241,6 +246,8 @@ class trainer {
       r.read(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
       r.read(section("m/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::exp_avg, i));
       r.read(section("v/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::exp_avg_sq, i));
+      if constexpr (scheduler_type::has_master)
+        r.read(section("w/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::master, i));
     }
     step_ = st.step;
     scheduler_.set_optimizer_steps(st.adam_steps);
