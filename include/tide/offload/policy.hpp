@@ -1,7 +1,7 @@
 #pragma once
 // Eviction policies: which device-resident chunk makes room for a chunk that must come in.
 //
-//   tide::offload::belady p;         // or lru, fifo: plain values, no virtual calls
+//   tide::offload::belady p;         // or lru, fifo: plain values, calls resolved at compile time
 //   p.reset(trace);                  // a new trace; forgets history (belady keeps &trace: keep it alive)
 //   p.on_fetch(c, tick);             // c became device-resident at tick (monotonic, never reset)
 //   p.on_use(c, tick);               // c was touched on the device at tick

@@ -13,7 +13,7 @@
 // scheduler configuration (offload/schedulers.hpp), the optimizer (optim/adamw.hpp), and the
 // communication, compression and pipeline policies, which default to none. A policy of the wrong
 // kind fails with a static_assert saying what it must provide. Nothing on the step path is
-// virtual: the model's hooks call the scheduler directly.
+// dispatched at run time: the model's hooks call the scheduler directly.
 //
 // One step: the learning rate of the schedule; for each micro-batch forward + backward (the loss
 // gradient scaled by the loss scale); if the optimizer needs every gradient (clipping, loss
