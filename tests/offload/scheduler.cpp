@@ -18,6 +18,7 @@
 #include "tide/memory/device_arena.hpp"
 #include "tide/nn/gpt.hpp"
 #include "tide/offload/scheduler.hpp"
+#include "support/gpt_steps.hpp"
 
 namespace {
 
@@ -31,19 +32,7 @@ constexpr int steps = 20;
 constexpr std::size_t chunk_bytes = 20_KiB;  // several chunks per layer; the largest tensor is 16 KiB
 constexpr tide::kernels::adamw_hparams hparams{.lr = 3e-3f, .weight_decay = 0.1f};
 
-// Step s's tokens then targets, (B, T) each: runs of a cycle with a step-dependent stride, the
-// targets the next element of the run (learnable, so the reference loss falls).
-std::vector<std::int32_t> batch_of(int s) {
-  std::vector<std::int32_t> v(static_cast<std::size_t>(2 * batch * seq));
-  auto const n = static_cast<std::size_t>(batch * seq);
-  for (std::size_t i = 0; i < n; ++i) {
-    auto const b = i / static_cast<std::size_t>(seq), t = i % static_cast<std::size_t>(seq);
-    auto const start = static_cast<std::size_t>(s) * 5 + b * 11;
-    v[i] = static_cast<std::int32_t>((start + t * 3) % static_cast<std::size_t>(config.vocab));
-    v[n + i] = static_cast<std::int32_t>((start + (t + 1) * 3) % static_cast<std::size_t>(config.vocab));
-  }
-  return v;
-}
+std::vector<std::int32_t> batch_of(int s) { return tide::test::token_runs(s, batch, seq, config.vocab); }
 
 struct run_result {
   std::vector<std::vector<float>> params;  // by parameter
@@ -79,16 +68,7 @@ run_result train_plain(tide::thread_pool& pool) {
   return r;
 }
 
-// The activation bytes of one step at (batch, seq): the non-model data the schedulers see.
-std::size_t activation_bytes() {
-  tide::thread_pool pool{1};
-  tide::exec<host> ex{pool};
-  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
-  tide::nn::gpt<host> model{config, arena, {.seed = 7}};
-  auto const data = batch_of(0);
-  model.forward(ex, tide::tensor_view<std::int32_t const, host>(data.data(), {batch, seq}));
-  return tide::round_up(model.activations().footprint, 256);
-}
+std::size_t activation_bytes() { return tide::test::activation_bytes(config, batch, seq); }
 
 template <class Config>
 using sched_t = off::scheduler<host, float, Config>;

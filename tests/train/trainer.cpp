@@ -15,6 +15,7 @@
 
 #include "tide/nn/gpt.hpp"
 #include "tide/train/trainer.hpp"
+#include "support/gpt_steps.hpp"
 
 namespace {
 
@@ -25,18 +26,8 @@ namespace off = tide::offload;
 constexpr tide::nn::gpt_config config{.layers = 2, .heads = 2, .channels = 32, .vocab = 64, .max_seq = 16};
 constexpr tide::index_t batch = 2, seq = 16;
 
-// Tokens then targets of micro-batch s, (B, T) each (runs with a step-dependent stride).
-std::vector<std::int32_t> data_of(int s, tide::index_t b_rows = batch) {
-  std::vector<std::int32_t> v(static_cast<std::size_t>(2 * b_rows * seq));
-  auto const n = static_cast<std::size_t>(b_rows * seq);
-  for (std::size_t i = 0; i < n; ++i) {
-    auto const b = i / static_cast<std::size_t>(seq), t = i % static_cast<std::size_t>(seq);
-    auto const start = static_cast<std::size_t>(s) * 5 + b * 11;
-    v[i] = static_cast<std::int32_t>((start + t * 3) % 64);
-    v[n + i] = static_cast<std::int32_t>((start + (t + 1) * 3) % 64);
-  }
-  return v;
-}
+// Tokens then targets of micro-batch s, (B, T) each.
+std::vector<std::int32_t> data_of(int s, tide::index_t b_rows = batch) { return tide::test::token_runs(s, b_rows, seq, 64); }
 
 template <class Trainer>
 typename Trainer::batch_type view_of(std::vector<std::int32_t> const& d, tide::index_t b_rows = batch) {

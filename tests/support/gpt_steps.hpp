@@ -1,0 +1,42 @@
+#pragma once
+// What the offload and trainer tests feed a small GPT: deterministic, learnable token batches,
+// and the activation bytes of one step (the non-model data a scheduler's budget must hold).
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "tide/core/bytes.hpp"
+#include "tide/core/exec.hpp"
+#include "tide/core/parallel.hpp"
+#include "tide/memory/device_arena.hpp"
+#include "tide/nn/gpt.hpp"
+
+namespace tide::test {
+
+// Tokens then targets of batch s, (B, T) each: runs of a cycle with a stride of 3 starting at
+// 5 s + 11 b, each target the next element of the run (so the loss can fall).
+inline std::vector<std::int32_t> token_runs(int s, index_t batch, index_t seq, int vocab) {
+  auto const n = static_cast<std::size_t>(batch * seq);
+  std::vector<std::int32_t> v(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    auto const b = i / static_cast<std::size_t>(seq), t = i % static_cast<std::size_t>(seq);
+    auto const start = static_cast<std::size_t>(s) * 5 + b * 11;
+    v[i] = static_cast<std::int32_t>((start + t * 3) % static_cast<std::size_t>(vocab));
+    v[n + i] = static_cast<std::int32_t>((start + (t + 1) * 3) % static_cast<std::size_t>(vocab));
+  }
+  return v;
+}
+
+// The arena bytes of a (batch, seq) forward's activations, rounded to the arena's alignment.
+inline std::size_t activation_bytes(nn::gpt_config const& config, index_t batch, index_t seq) {
+  thread_pool pool{1};
+  exec<host> ex{pool};
+  memory::device_arena<host> arena{{.budget = std::size_t{64} << 20}};
+  nn::gpt<host> model{config, arena, {.seed = 7}};
+  auto const data = token_runs(0, batch, seq, config.vocab);
+  model.forward(ex, tensor_view<std::int32_t const, host>(data.data(), {batch, seq}));
+  return round_up(model.activations().footprint, 256);
+}
+
+}  // namespace tide::test
