@@ -4,8 +4,10 @@
 usage: check.py TOOL TRACE_FILE
 """
 import json
+import os
 import subprocess
 import sys
+import tempfile
 
 tool, trace = sys.argv[1], sys.argv[2]
 
@@ -55,4 +57,18 @@ for args, says in [((trace,), "--capacity"), ((trace, "--capacity", "x"), "integ
     bad = run(*args)
     if bad.returncode != 2 or says not in bad.stderr:
         fail(f"{args}: expected exit 2 and '{says}', got {bad.returncode}: {bad.stderr}")
+# Corrupt trace files: exit code 2 and a message naming the line and the bad value; a corrupt
+# chunk count is refused before anything is allocated for it.
+with tempfile.TemporaryDirectory() as tmp:
+    for text, says in [("chunks: 4294967295\n0 1\n", "line 1: 'chunks: 4294967295'"),
+                       ("0 1\n2 4294967294\n", "line 2: chunk id 4294967294"),
+                       ("chunks: 4\n0 1\n2 7\n", "line 3: chunk 7"),
+                       ("0 1\n2 -3\n", "line 2: '-3' is negative"),
+                       ("0 1\n2 3x\n", "line 2: '3x' is not a chunk id")]:
+        path = os.path.join(tmp, "corrupt.trace")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        bad = run(path, "--capacity", "5")
+        if bad.returncode != 2 or says not in bad.stderr or "corrupt" not in bad.stderr:
+            fail(f"{text!r}: expected exit 2, 'corrupt' and '{says}', got {bad.returncode}: {bad.stderr}")
 print("ok:", *(json.dumps(r) for r in rows), sep="\n")

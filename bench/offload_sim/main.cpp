@@ -6,7 +6,9 @@
 //
 // The counts are tide::offload::simulate's; bytes_moved = (h2d + d2h) * --chunk-bytes.
 // Bad flags, an unreadable or malformed file, or a capacity below the working set: a message on
-// stderr and exit code 2.
+// stderr and exit code 2. A malformed file (a chunk count or id it cannot hold, a token that is
+// not a non-negative integer) is reported as a corrupt trace naming the line, before anything is
+// allocated for it.
 
 #include <charconv>
 #include <cstddef>
@@ -108,8 +110,10 @@ int main(int argc, char** argv) {
     std::cerr << "tide-offload-sim: " << e.what << "\n" << usage;
     return 2;
   } catch (tide::error const& e) {
-    // A malformed trace (the message names the line) or a capacity below the working set.
-    std::cerr << "tide-offload-sim: " << path << ": " << e.message() << '\n';
+    // A malformed trace (tide::error(corrupt), naming the line and the value) or a capacity
+    // below the working set.
+    std::cerr << "tide-offload-sim: " << path << ": " << (e.category() == tide::errc::corrupt ? "corrupt trace: " : "")
+              << e.message() << '\n';
     return 2;
   }
   return 0;

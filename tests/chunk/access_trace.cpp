@@ -17,6 +17,20 @@ using ids = std::vector<std::uint32_t>;
 
 namespace {
 
+// Runs parse(text), which must throw tide::error(corrupt); returns its message.
+std::string corrupt_error(std::string const& text) {
+  try {
+    (void)access_trace::parse(text);
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::corrupt);
+    return e.message();
+  }
+  FAIL("expected a tide::error(corrupt) for:\n" << text);
+  return {};
+}
+
+bool has(std::string const& msg, std::string const& part) { return msg.find(part) != std::string::npos; }
+
 // The definition, by scanning forward moment by moment (cyclically) for a touch of c.
 std::size_t naive_next_use(access_trace const& tr, std::uint32_t c, std::size_t t) {
   std::size_t const m = tr.moments();
@@ -151,20 +165,66 @@ TEST_CASE("parse: the text form") {
   CHECK(access_trace::parse("chunks: 10\n1\n").chunks() == 10);
 }
 
-TEST_CASE("parse errors name the line") {
-  auto msg = usage_error([] { (void)access_trace::parse("0 1\n# fine\n2 x3\n"); });
-  CHECK(msg.find("line 3") != std::string::npos);
-  CHECK(msg.find("'x3'") != std::string::npos);
-  msg = usage_error([] { (void)access_trace::parse("0\nr: 1 h: 2\n"); });
-  CHECK(msg.find("line 2") != std::string::npos);
-  CHECK(msg.find("out of order") != std::string::npos);
-  msg = usage_error([] { (void)access_trace::parse("chunks: 2\n0 1\n\n1 2\n"); });
-  CHECK(msg.find("line 4") != std::string::npos);
-  CHECK(msg.find("chunk 2") != std::string::npos);
-  msg = usage_error([] { (void)access_trace::parse("0\nchunks: 4\n"); });
-  CHECK(msg.find("line 2") != std::string::npos);
-  msg = usage_error([] { (void)access_trace::parse("0 -1\n"); });
-  CHECK(msg.find("line 1") != std::string::npos);
-  msg = usage_error([] { (void)access_trace::parse("99999999999\n"); });
-  CHECK(msg.find("32 bits") != std::string::npos);
+TEST_CASE("parse errors are corrupt-file errors that name the line") {
+  auto msg = corrupt_error("0 1\n# fine\n2 x3\n");
+  CHECK(has(msg, "line 3"));
+  CHECK(has(msg, "'x3'"));
+  msg = corrupt_error("0\nr: 1 h: 2\n");
+  CHECK(has(msg, "line 2"));
+  CHECK(has(msg, "out of order"));
+  msg = corrupt_error("chunks: 2\n0 1\n\n1 2\n");
+  CHECK(has(msg, "line 4"));
+  CHECK(has(msg, "chunk 2"));
+  msg = corrupt_error("0\nchunks: 4\n");
+  CHECK(has(msg, "line 2"));
+  msg = corrupt_error("0 -1\n");
+  CHECK(has(msg, "line 1"));
+  CHECK(has(msg, "'-1' is negative"));
+  msg = corrupt_error("99999999999\n");
+  CHECK(has(msg, "32 bits"));
+}
+
+TEST_CASE("parse: a corrupt chunk count is an error naming the line and the value, not an allocation") {
+  // 2^32 - 1 chunks would be a table of 2^32 entries (about 100 GB): the text of 19 bytes cannot
+  // describe that many chunks.
+  auto msg = corrupt_error("chunks: 4294967295\n");
+  CHECK(has(msg, "line 1"));
+  CHECK(has(msg, "4294967295"));
+  CHECK(has(msg, "at most 1048576"));
+  msg = corrupt_error("# a trace\nchunks: 18446744073709551615\n0\n");  // 2^64 - 1
+  CHECK(has(msg, "line 2"));
+  CHECK(has(msg, "18446744073709551615"));
+  msg = corrupt_error("chunks: 18446744073709551616\n");  // 2^64: does not even parse
+  CHECK(has(msg, "line 1"));
+  CHECK(has(msg, "64 bits"));
+  // Without 'chunks:', the largest id sets the count: the same bound, naming the id's line.
+  msg = corrupt_error("0 1\n2 4294967294\n");
+  CHECK(has(msg, "line 2"));
+  CHECK(has(msg, "4294967294"));
+  // The bound grows with the text (a byte per chunk), so large honest traces still parse.
+  CHECK(access_trace::parse("chunks: 1048576\n0\n").chunks() == 1048576);
+  std::string big = "chunks: 1048577\n";
+  big.resize(1048577, '\n');  // blank lines: 1048577 bytes
+  CHECK(access_trace::parse(big).chunks() == 1048577);
+  big.pop_back();
+  CHECK(has(corrupt_error(big), "1048577"));
+}
+
+TEST_CASE("parse: every integer is checked: signs, trailing characters, hex, empty counts") {
+  struct bad {
+    char const* text;
+    char const* says;
+  };
+  for (bad const& b : {bad{"chunks: -3\n", "'-3' is negative"}, bad{"chunks: 4x\n0\n", "'4x' is not a chunk count"},
+                       bad{"chunks: 4 5\n", "alone on its line"}, bad{"chunks:\n", "alone on its line"},
+                       bad{"chunks: 2\nchunks: 2\n", "must come once"}, bad{"1 +2\n", "'+2' is not a chunk id"},
+                       bad{"1 0x10\n", "'0x10' is not a chunk id"}, bad{"3;\n", "'3;' is not a chunk id"},
+                       bad{"1 h: 2 h: 3\n", "'h:' out of order"}, bad{"1 - 2\n", "'-' is not a chunk id"},
+                       bad{"chunks:4\n", "'chunks:4' is not a chunk id"},
+                       bad{"1\n2 99999999999999999999999\n", "64 bits"}}) {
+    CAPTURE(b.text);
+    std::string const msg = corrupt_error(b.text);
+    CHECK(has(msg, b.says));
+    CHECK(has(msg, "line "));
+  }
 }

@@ -146,9 +146,12 @@ TEST_CASE("pack: a hand-made list, every branch, padding by hand") {
       FAIL("a block larger than a chunk did not throw");
     } catch (tide::error const& e) {
       CHECK(e.category() == tide::errc::usage);
+      // In bytes, as chunk_bytes is given (f32: 4 B per element), the elements beside.
       CHECK(e.message().find("layer 2") != std::string::npos);
       CHECK(e.message().find("\"f\"") != std::string::npos);
-      CHECK(e.message().find(">= 19") != std::string::npos);
+      CHECK(e.message().find("spans 76 B (19 elements of f32)") != std::string::npos);
+      CHECK(e.message().find("chunk_bytes = 72 B (18 elements of f32)") != std::string::npos);
+      CHECK(e.message().find("pass chunk_bytes >= 76 B") != std::string::npos);
     }
   }
   SUBCASE("a tensor larger than a chunk") {
@@ -157,8 +160,19 @@ TEST_CASE("pack: a hand-made list, every branch, padding by hand") {
       FAIL("a tensor larger than a chunk did not throw");
     } catch (tide::error const& e) {
       CHECK(e.category() == tide::errc::usage);
-      CHECK(e.message().find("\"g\" has 8 elements") != std::string::npos);
-      CHECK(e.message().find(">= 8") != std::string::npos);
+      CHECK(e.message().find("\"g\" takes 32 B (8 elements of f32)") != std::string::npos);
+      CHECK(e.message().find("but chunk_bytes = 28 B (7 elements of f32)") != std::string::npos);
+      CHECK(e.message().find("pass chunk_bytes >= 32 B") != std::string::npos);
+    }
+    parameter_list half;  // the same shapes in bf16: 2 B per element
+    for (auto const& p : ps) half.add(p.name(), p.layer, p.shape, dtype::bf16);
+    try {
+      (void)pack(half, 7, 4);
+      FAIL("a tensor larger than a chunk did not throw");
+    } catch (tide::error const& e) {
+      CHECK(e.message().find("\"g\" takes 16 B (8 elements of bf16)") != std::string::npos);
+      CHECK(e.message().find("but chunk_bytes = 14 B (7 elements of bf16)") != std::string::npos);
+      CHECK(e.message().find("pass chunk_bytes >= 16 B") != std::string::npos);
     }
     CHECK_NOTHROW((void)pack(ps, 8, 4));
     CHECK_THROWS_AS((void)pack(ps, 12, 0), tide::error);  // alignment 0
@@ -194,8 +208,9 @@ TEST_CASE("pack: a small GPT, many chunk sizes and alignments") {
       FAIL("a too-small chunk did not throw");
     } catch (tide::error const& e) {
       CHECK(e.category() == tide::errc::usage);
-      CHECK(e.message().find("\"wte\" has 16384 elements") != std::string::npos);
-      CHECK(e.message().find("chunk_elements >= 16384") != std::string::npos);
+      CHECK(e.message().find("\"wte\" takes 65536 B (64.00 KiB; 16384 elements of f32)") != std::string::npos);
+      CHECK(e.message().find("but chunk_bytes = 4000 B (3.91 KiB; 1000 elements of f32)") != std::string::npos);
+      CHECK(e.message().find("pass chunk_bytes >= 65536 B") != std::string::npos);
     }
   }
   SUBCASE("one_layer_per_chunk: each layer in its own chunk") {
@@ -295,8 +310,10 @@ TEST_CASE("search_chunk_size: errors say why no candidate fits") {
   } catch (tide::error const& e) {
     CHECK(e.category() == tide::errc::budget);
     CHECK(e.message().find("\"wte\"") != std::string::npos);
-    CHECK(e.message().find("two_chunk_budget") != std::string::npos);
-    CHECK(e.message().find(std::to_string(2 * 4 * 16384)) != std::string::npos);
+    CHECK(e.message().find("smallest valid chunk is chunk_bytes = 65536 B") != std::string::npos);
+    CHECK(e.message().find("take 131072 B (128.00 KiB) but two_chunk_budget is 131071 B") != std::string::npos);
+    CHECK(e.message().find("raise two_chunk_budget to at least 131072 B") != std::string::npos);
+    CHECK(e.message().find("set chunk_bytes >= 65536 B") != std::string::npos);
   }
   CHECK_NOTHROW((void)tide::chunk::search_chunk_size(ps, {.element_bytes = 4, .two_chunk_budget = 2 * 4 * 16384}));
   try {
@@ -304,8 +321,9 @@ TEST_CASE("search_chunk_size: errors say why no candidate fits") {
     FAIL("a max below the largest tensor did not throw");
   } catch (tide::error const& e) {
     CHECK(e.category() == tide::errc::usage);
-    CHECK(e.message().find("max_elements = 10000") != std::string::npos);
-    CHECK(e.message().find("\"wte\"") != std::string::npos);
+    CHECK(e.message().find("max_elements = 10000 (40000 B of f32)") != std::string::npos);
+    CHECK(e.message().find("chunk_bytes = 65536 B (64.00 KiB; 16384 elements of f32)") != std::string::npos);
+    CHECK(e.message().find("\"wte\" needs 65536 B") != std::string::npos);
   }
   CHECK_THROWS_AS((void)tide::chunk::search_chunk_size(parameter_list{}, {}), tide::error);
   CHECK_THROWS_AS((void)tide::chunk::search_chunk_size(ps, {.alignment_elements = 0}), tide::error);

@@ -68,6 +68,48 @@ struct mlock_refused {
   }
 };
 
+// VmSize of this process, from /proc/self/status.
+std::size_t mapped_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmSize:", 0) == 0) return std::stoul(line.substr(7)) * 1024;
+  return 0;
+}
+
+// The address space capped `headroom` above what the process maps now (RLIMIT_AS, soft limit,
+// restored on exit): a larger mmap is refused with ENOMEM, small allocations still fit.
+struct address_space_capped {
+  rlimit saved{};
+  bool capped = false;
+  explicit address_space_capped(std::size_t headroom) {
+    std::size_t const now = mapped_bytes();
+    if (now == 0 || ::getrlimit(RLIMIT_AS, &saved) != 0) return;
+    rlimit lower = saved;
+    lower.rlim_cur = now + headroom;
+    if (saved.rlim_max != RLIM_INFINITY && lower.rlim_cur > saved.rlim_max) return;
+    capped = ::setrlimit(RLIMIT_AS, &lower) == 0;
+  }
+  ~address_space_capped() {
+    if (capped) ::setrlimit(RLIMIT_AS, &saved);
+  }
+};
+
+// Sanitizers reserve terabytes of shadow memory and map more of it as they go: an address-space
+// cap would break them before the pool.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool sanitized = true;
+#elif defined(__has_feature)
+#  if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool sanitized = true;
+#  else
+constexpr bool sanitized = false;
+#  endif
+#else
+constexpr bool sanitized = false;
+#endif
+
+bool has(std::string const& msg, std::string const& part) { return msg.find(part) != std::string::npos; }
+
 // Everything written to stderr while f runs.
 template <class F>
 std::string stderr_of(F&& f) {
@@ -264,4 +306,72 @@ TEST_CASE("two threads sharing a pool") {
   CHECK(s.bytes_cached == s.bytes_held);
   CHECK(s.hits + s.misses > 0);
   CHECK(s.hits > s.misses);  // 8 classes, reused over and over
+}
+
+TEST_CASE("a request beyond the host's memory is a budget error that says what to change, before any mmap") {
+  // 2^60 bytes: more than any host has, and below nothing else the pool checks first.
+  std::size_t const absurd = std::size_t{1} << 60;
+  pool locking;  // lock_pages = true, as a scheduler with lock_host_pages = true makes it
+  try {
+    (void)locking.allocate(absurd);
+    FAIL("an allocation of 2^60 bytes did not throw");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::budget);
+    std::string const msg = e.message();
+    CAPTURE(msg);
+    CHECK(has(msg, "1152921504606846976 bytes"));  // the bytes asked
+    CHECK(has(msg, "out of memory for model data"));
+    CHECK(has(msg, "smaller model"));
+    CHECK(has(msg, "larger device_budget"));
+    CHECK(has(msg, "lock_host_pages = false"));
+    CHECK(has(msg, "ulimit -l"));
+  }
+  CHECK(locking.stats().blocks == 0);  // nothing was mapped
+  CHECK(locking.stats().misses == 0);
+
+  pool unlocked{{.lock_pages = false}};
+  try {
+    (void)unlocked.allocate(absurd);
+    FAIL("an allocation of 2^60 bytes did not throw");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::budget);
+    CHECK(has(e.message(), "larger device_budget"));
+    CHECK_FALSE(has(e.message(), "lock_host_pages"));  // nothing to unlock: not offered
+  }
+  // The pool still works after the refusal.
+  void* q = unlocked.allocate(64_KiB);
+  unlocked.deallocate(q, 64_KiB);
+}
+
+TEST_CASE("a refused mmap is an io error that says what to change") {
+  if (sanitized) {
+    MESSAGE("skipped under a sanitizer: it cannot run with a capped address space");
+    return;
+  }
+  if (tide::memory::detail::host_memory_bytes() < 1_GiB) {
+    MESSAGE("skipped: the host has less than 1 GiB, so 256 MiB might be refused before mmap");
+    return;
+  }
+  pool p;  // lock_pages = true
+  std::string msg;
+  tide::errc category = tide::errc::internal;
+  {
+    address_space_capped guard(32_MiB);
+    REQUIRE(guard.capped);
+    try {
+      (void)p.allocate(256_MiB);
+    } catch (tide::error const& e) {
+      category = e.category();
+      msg = e.message();
+    }
+  }
+  CAPTURE(msg);
+  CHECK(category == tide::errc::io);
+  CHECK(has(msg, "mmap of 268435456 bytes"));
+  CHECK(has(msg, "out of memory for model data"));
+  CHECK(has(msg, "smaller model"));
+  CHECK(has(msg, "larger device_budget"));
+  CHECK(has(msg, "lock_host_pages = false"));
+  CHECK(has(msg, "ulimit -l"));
+  CHECK(p.stats().blocks == 0);
 }

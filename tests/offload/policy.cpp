@@ -202,8 +202,51 @@ TEST_CASE("victim choices and ties") {
   f.on_use(1, 3);  // uses do not matter to fifo
   std::uint32_t const c12[] = {2, 1};
   CHECK(f.victim(c12, 0) == 1);
-  f.reset(tr);  // forgets: both unseen, lowest id
-  CHECK(f.victim(c12, 0) == 1);
   f.on_fetch(1, 5);
   CHECK(f.victim(c12, 0) == 2);
+}
+
+// A scheduler's warm-up step runs with the policy's hooks called, then hands the recorded trace
+// to reset(). The chunks still on the device arrived, and were used, in the order the warm-up
+// saw: the first victims after the reset follow that order, not the lowest id.
+TEST_CASE("lru and fifo keep the warm-up's history across reset(trace)") {
+  access_trace tr(5);
+  tr.add_moment(ids{4});
+  tr.add_moment(ids{3});
+  tr.add_moment(ids{0, 1});
+  std::uint32_t const resident[] = {0, 1, 3, 4};
+
+  lru l;  // warm-up, never reset before: fetched 4, 3, 1, 0; then 4 is used again
+  l.on_fetch(4, 0);
+  l.on_use(4, 0);
+  l.on_fetch(3, 1);
+  l.on_use(3, 1);
+  l.on_fetch(1, 2);
+  l.on_use(1, 2);
+  l.on_fetch(0, 3);
+  l.on_use(0, 3);
+  l.on_use(4, 4);
+  l.reset(tr);  // the end of the warm-up
+  CHECK(l.victim(resident, 0) == 3);  // least recently used (tick 1); a wiped history says 0
+  l.on_use(3, 5);
+  CHECK(l.victim(resident, 0) == 1);  // now the oldest use is 1's (tick 2)
+  l.reset(tr);                        // a trace recorded again (say after a divergence): still kept
+  CHECK(l.victim(resident, 0) == 1);
+
+  fifo f;
+  f.on_fetch(4, 0);
+  f.on_fetch(3, 1);
+  f.on_fetch(1, 2);
+  f.on_fetch(0, 3);
+  f.on_use(4, 4);  // uses do not matter to fifo
+  f.reset(tr);
+  CHECK(f.victim(resident, 0) == 4);  // first in; a wiped history says 0
+  std::uint32_t const without_4[] = {0, 1, 3};
+  CHECK(f.victim(without_4, 0) == 3);
+
+  // reset still makes room for every id of the trace: an id never seen is the oldest.
+  access_trace wider(8);
+  f.reset(wider);
+  std::uint32_t const with_unseen[] = {4, 7};
+  CHECK(f.victim(with_unseen, 0) == 7);
 }

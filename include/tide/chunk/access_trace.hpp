@@ -16,6 +16,11 @@
 // Text form, one line per moment: touched ids, then "h:" and the on-host ids, then "r:" and the
 // released ids ("3 4 7 h: 5 r: 5"); "-" is a moment with no ids at all. An optional first line
 // "chunks: N" fixes chunks() (else the largest id + 1). Blank and comment-only lines are skipped.
+// parse() reads untrusted files: anything malformed is tide::error(corrupt) naming the line and
+// the token: a token that is not a decimal integer (signs, trailing characters, overflow), an id
+// of 2^32 or more, an id >= N, and a chunk count above max_parsed_chunks(text.size()) =
+// max(2^20, bytes of the text) (a trace allocates a table entry per chunk: a corrupt count must
+// not become a 2^32-entry allocation).
 //
 // next_use_distance is O(log uses): every chunk keeps the sorted moments that touch it, so the
 // next use is a binary search, wrapping to the chunk's first use (Belady's question, asked at
@@ -124,10 +129,19 @@ class access_trace {
     return s;
   }
 
+  // The most chunks parse() accepts from a text of `text_bytes` bytes: 2^20 chunk ids (a table
+  // of 24 MiB) whatever the size, more only for a text with a byte per chunk.
+  [[nodiscard]] static constexpr std::size_t max_parsed_chunks(std::size_t text_bytes) noexcept {
+    return std::max(std::size_t{1} << 20, text_bytes);
+  }
+
+  // The text form back (to_text's, or hand-written); tide::error(corrupt) naming the line on any
+  // malformed input, see the top of this header.
   static access_trace parse(std::string_view text) {
     using moment_ids = std::array<std::vector<std::uint32_t>, 3>;  // touched, on host, released
+    std::size_t const text_bytes = text.size(), most_chunks = max_parsed_chunks(text_bytes);
     std::vector<moment_ids> moments;
-    std::size_t chunks = 0, max_id_plus_one = 0, line_no = 0;
+    std::size_t chunks = 0, max_id_plus_one = 0, max_id_line = 0, line_no = 0;
     bool chunks_given = false;
     while (!text.empty()) {
       ++line_no;
@@ -138,9 +152,12 @@ class access_trace {
       std::vector<std::string_view> tokens = split(line);
       if (tokens.empty()) continue;
       if (tokens[0] == "chunks:") {
-        TIDE_REQUIRE(moments.empty() && !chunks_given && tokens.size() == 2, "access_trace::parse: line ", line_no,
-                     ": 'chunks: N' must come once, alone on its line, before the first moment");
+        TIDE_CHECK(moments.empty() && !chunks_given && tokens.size() == 2, corrupt, "access_trace::parse: line ",
+                   line_no, ": 'chunks: N' must come once, alone on its line, before the first moment");
         chunks = number(tokens[1], line_no, "a chunk count");
+        TIDE_CHECK(chunks <= most_chunks, corrupt, "access_trace::parse: line ", line_no, ": 'chunks: ", chunks,
+                   "' is more chunks than a trace of ", text_bytes, " bytes can describe (at most ", most_chunks,
+                   "); the file is corrupt");
         chunks_given = true;
         continue;
       }
@@ -153,21 +170,28 @@ class access_trace {
       for (std::string_view tok : tokens) {
         if (tok == "h:" || tok == "r:") {
           std::size_t const next = tok == "h:" ? 1 : 2;
-          TIDE_REQUIRE(next > section, "access_trace::parse: line ", line_no, ": '", tok,
-                       "' out of order (a moment is: touched ids, then 'h:' ids, then 'r:' ids)");
+          TIDE_CHECK(next > section, corrupt, "access_trace::parse: line ", line_no, ": '", tok,
+                     "' out of order (a moment is: touched ids, then 'h:' ids, then 'r:' ids)");
           section = next;
           continue;
         }
         std::size_t const id = number(tok, line_no, "a chunk id");
-        TIDE_REQUIRE(id <= std::numeric_limits<std::uint32_t>::max(), "access_trace::parse: line ", line_no,
-                     ": chunk id ", id, " does not fit 32 bits");
-        max_id_plus_one = std::max(max_id_plus_one, id + 1);
-        TIDE_REQUIRE(!chunks_given || id < chunks, "access_trace::parse: line ", line_no, ": chunk ", id,
-                     " but 'chunks: ", chunks, "' allows ids below ", chunks);
+        TIDE_CHECK(id <= std::numeric_limits<std::uint32_t>::max(), corrupt, "access_trace::parse: line ", line_no,
+                   ": chunk id ", id, " does not fit 32 bits");
+        TIDE_CHECK(!chunks_given || id < chunks, corrupt, "access_trace::parse: line ", line_no, ": chunk ", id,
+                   " but 'chunks: ", chunks, "' allows ids below ", chunks);
+        if (id + 1 > max_id_plus_one) {
+          max_id_plus_one = id + 1;
+          max_id_line = line_no;
+        }
         m[section].push_back(static_cast<std::uint32_t>(id));
       }
       moments.push_back(std::move(m));
     }
+    // Without 'chunks:', the largest id sets the count: bounded the same way.
+    TIDE_CHECK(chunks_given || max_id_plus_one <= most_chunks, corrupt, "access_trace::parse: line ", max_id_line,
+               ": chunk id ", max_id_plus_one - 1, " makes ", max_id_plus_one, " chunks, more than a trace of ",
+               text_bytes, " bytes can describe (at most ", most_chunks, "); the file is corrupt");
     access_trace tr(chunks_given ? chunks : max_id_plus_one);
     for (auto const& m : moments) tr.add_moment(m[0], m[1], m[2]);
     return tr;
@@ -212,11 +236,18 @@ class access_trace {
     return out;
   }
 
+  // A decimal integer and nothing else: no sign, no trailing characters, no overflow.
   static std::size_t number(std::string_view tok, std::size_t line_no, char const* what) {
+    bool const negative = tok.size() >= 2 && tok[0] == '-' && tok[1] >= '0' && tok[1] <= '9';
+    TIDE_CHECK(!negative, corrupt, "access_trace::parse: line ", line_no, ": '", tok, "' is negative; ", what,
+               " is an integer >= 0");
     std::size_t v = 0;
     auto const [end, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), v);
-    TIDE_REQUIRE(ec == std::errc{} && end == tok.data() + tok.size(), "access_trace::parse: line ", line_no, ": '",
-                 tok, "' is not ", what, " (a moment is: touched ids, then 'h:' ids, then 'r:' ids; '-' for none)");
+    TIDE_CHECK(ec != std::errc::result_out_of_range, corrupt, "access_trace::parse: line ", line_no, ": '", tok,
+               "' does not fit 64 bits (", what, ")");
+    TIDE_CHECK(ec == std::errc{} && end == tok.data() + tok.size(), corrupt, "access_trace::parse: line ", line_no,
+               ": '", tok, "' is not ", what,
+               " (a moment is: touched ids, then 'h:' ids, then 'r:' ids; '-' for none)");
     return v;
   }
 

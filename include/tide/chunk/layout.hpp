@@ -14,15 +14,19 @@
 //
 // Sizes are in elements, so one layout serves lists of different dtypes. Packing keeps a layer's
 // tensors together when they fit one chunk: the scheduler then fetches one chunk per block.
+// Errors speak in bytes as the schedulers' knob does (chunk_bytes = chunk_elements x the bytes of
+// the parameters' dtype), with the elements beside.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "tide/core/bytes.hpp"
+#include "tide/core/dtype.hpp"
 #include "tide/core/error.hpp"
 #include "tide/nn/parameters.hpp"
 
@@ -53,6 +57,14 @@ enum class pack_mode : std::uint8_t {
 namespace detail {
 
 inline std::size_t numel_of(nn::parameter const& p) noexcept { return static_cast<std::size_t>(p.numel()); }
+
+// "65536 B (64.00 KiB; 16384 elements of f32)": the bytes of `elements` elements of `type`, exact,
+// readable from 1 KiB on, and the elements.
+inline std::string bytes_text(std::size_t elements, dtype type) {
+  std::size_t const n = elements * size_of(type);
+  return n < 1024 ? tide::detail::concat(n, " B (", elements, " elements of ", to_string(type), ")")
+                  : tide::detail::concat(n, " B (", bytes_of{n}, "; ", elements, " elements of ", to_string(type), ")");
+}
 
 // Elements the tensors [b, e) span from an aligned offset (the same from any aligned offset).
 inline std::size_t block_span(std::span<nn::parameter const> ps, std::size_t b, std::size_t e, std::size_t align) noexcept {
@@ -132,14 +144,17 @@ inline void check_pack(nn::parameter_list const& params, std::size_t chunk_eleme
   smallest_chunk const s = smallest_valid_chunk(params, align, mode);
   if (chunk_elements >= s.elements) [[likely]]  // every tensor has >= 1 element, so this is > 0 too
     return;
+  nn::parameter const& first = params[s.first];
+  std::size_t const need_bytes = s.elements * size_of(first.type);
   if (mode == pack_mode::layers_together)
-    TIDE_FAIL(usage, "pack: tensor \"", params[s.first].name(), "\" has ", s.elements, " elements but chunk_elements = ",
-              chunk_elements, "; every tensor must fit one chunk: pass chunk_elements >= ", s.elements,
-              " (the smallest valid chunk), or let search_chunk_size pick one");
-  TIDE_FAIL(usage, "pack(one_layer_per_chunk): layer ", params[s.first].layer, "'s block (", s.last - s.first,
-            " tensors, \"", params[s.first].name(), "\" .. \"", params[s.last - 1].name(), "\") spans ", s.elements,
-            " elements but chunk_elements = ", chunk_elements, "; pass chunk_elements >= ", s.elements,
-            " (the smallest valid chunk), or use pack_mode::layers_together");
+    TIDE_FAIL(usage, "pack: tensor \"", first.name(), "\" takes ", bytes_text(s.elements, first.type),
+              " but chunk_bytes = ", bytes_text(chunk_elements, first.type),
+              "; every tensor must fit one chunk: pass chunk_bytes >= ", need_bytes, " B (the smallest valid chunk, ",
+              s.elements, " elements), or let search_chunk_size pick the size (chunk_bytes = 0 in a scheduler)");
+  TIDE_FAIL(usage, "pack(one_layer_per_chunk): layer ", first.layer, "'s block (", s.last - s.first, " tensors, \"",
+            first.name(), "\" .. \"", params[s.last - 1].name(), "\") spans ", bytes_text(s.elements, first.type),
+            " but chunk_bytes = ", bytes_text(chunk_elements, first.type), "; pass chunk_bytes >= ", need_bytes,
+            " B (the smallest valid chunk, ", s.elements, " elements), or use pack_mode::layers_together");
 }
 
 }  // namespace detail
@@ -195,14 +210,22 @@ inline chunk_search_result search_chunk_size(nn::parameter_list const& params, c
   std::size_t const whole = detail::block_span(params.all(), 0, params.size(), align);
   std::size_t const whole_on_grid = whole <= min ? min : min + round_up(whole - min, step);
   std::size_t const max = o.max_elements != 0 ? o.max_elements : std::min(min + (std::size_t{32} << 20), whole_on_grid);
-  TIDE_REQUIRE(min <= max, "search_chunk_size: max_elements = ", max, " is below the smallest valid chunk, ", min,
-               " elements (", o.mode == pack_mode::layers_together ? "tensor \"" : "the block from \"",
-               params[s.first].name(), "\" needs ", s.elements, "); raise max_elements or pass 0");
+  nn::parameter const& first = params[s.first];
+  char const* const holder = o.mode == pack_mode::layers_together ? "tensor \"" : "the block from \"";
+  TIDE_REQUIRE(min <= max, "search_chunk_size: max_elements = ", max, " (", max * size_of(first.type), " B of ",
+               to_string(first.type), ") is below the smallest valid chunk, chunk_bytes = ",
+               detail::bytes_text(min, first.type), ": ", holder, first.name(), "\" needs ",
+               detail::bytes_text(s.elements, first.type), "; raise max_elements or pass 0");
   auto const within_budget = [&](std::size_t c) { return o.two_chunk_budget == 0 || 2 * c * o.element_bytes <= o.two_chunk_budget; };
-  TIDE_CHECK(within_budget(min), budget, "search_chunk_size: the smallest valid chunk is ", min, " elements (\"",
-             params[s.first].name(), "\" needs ", s.elements, "); two chunks of it take ", bytes_of{2 * min * o.element_bytes},
-             " at ", o.element_bytes, " B per element but two_chunk_budget is ", bytes_of{o.two_chunk_budget},
-             "; raise the budget to at least ", 2 * min * o.element_bytes, " B");
+  TIDE_CHECK(within_budget(min), budget, "search_chunk_size: the smallest valid chunk is chunk_bytes = ",
+             detail::bytes_text(min, first.type), ": ", holder, first.name(), "\" needs ",
+             detail::bytes_text(s.elements, first.type),
+             "; two chunks of it at element_bytes = ", o.element_bytes, " (the widest list) take ",
+             2 * min * o.element_bytes, " B (", bytes_of{2 * min * o.element_bytes}, ") but two_chunk_budget is ",
+             o.two_chunk_budget, " B (", bytes_of{o.two_chunk_budget}, ")",
+             "; raise two_chunk_budget to at least ", 2 * min * o.element_bytes,
+             " B (a scheduler with chunk_bytes = 0 searches with a quarter of device_budget), or set chunk_bytes >= ",
+             min * size_of(first.type), " B yourself");
   std::size_t best = min, best_capacity = std::numeric_limits<std::size_t>::max(), tried = 0;
   for (std::size_t c = min; within_budget(c); c += step) {
     ++tried;

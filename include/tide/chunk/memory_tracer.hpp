@@ -109,6 +109,14 @@ class memory_tracer {
     }
   }
 
+  // Abandons the step in progress (it failed): a step being recorded is dropped (the next one
+  // records again), a replayed one leaves the trace as it was.
+  void abort_step() {
+    if (recording()) reset_record();
+    diverged_ = false;
+    position_ = 0;
+  }
+
   // A planned change of the trace (optimizer state moved to the device changes what the
   // optimizer moments touch): f(t, moment, touched, on_host, released) may rewrite the three
   // lists of moment t in place. The non-model figures stay. Not while a step is re-recording.

@@ -29,6 +29,11 @@ class device_region<cuda> {
   [[nodiscard]] void* data() const noexcept { return data_; }
   static void mark_live(void*, std::size_t) noexcept {}
   static void mark_free(void*, std::size_t) noexcept {}
+  // The current device's memory (0 when there is no device: cudaMalloc then reports).
+  [[nodiscard]] static std::size_t capacity() noexcept {
+    std::size_t free = 0, total = 0;
+    return cudaMemGetInfo(&free, &total) == cudaSuccess ? total : 0;
+  }
 
  private:
   void* data_ = nullptr;

@@ -10,17 +10,26 @@
 //   auto s = arena.stats();                           // in_use, peak, fragmentation, ...
 //
 // A request that does not fit throws tide::error(budget) naming the bytes asked, free and the
-// largest free block; a foreign or already freed pointer throws tide::error(usage).
+// largest free block; a foreign or already freed pointer throws tide::error(usage). A budget the
+// machine cannot hold (0, more than the host's memory on tide::host, more than the device's on
+// tide::cuda) is refused at construction with tide::error(budget).
+//
+// Fault injection, for testing that callers lose nothing: fail_allocation(n) makes the n-th
+// allocate() from now throw the same tide::error(budget) an exhausted arena throws.
 // Thread safety: every member function may be called concurrently (one mutex per arena).
 // Moving an arena is not thread-safe; a moved-from arena may only be destroyed or assigned to.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <string>
 #include <mutex>
 #include <new>
 #include <type_traits>
+
+#include <unistd.h>
 
 #include "tide/core/backend.hpp"
 #include "tide/core/bytes.hpp"
@@ -73,7 +82,7 @@ template <>
 class device_region<host> {
  public:
   device_region(std::size_t bytes, std::size_t alignment)
-      : data_(::operator new(bytes, std::align_val_t{alignment})), bytes_(bytes), alignment_(alignment) {
+      : data_(obtain(bytes, alignment)), bytes_(bytes), alignment_(alignment) {
     TIDE_ASAN_POISON(data_, bytes_);  // under ASan, touching arena memory nobody holds is an error
   }
   ~device_region() {
@@ -87,7 +96,23 @@ class device_region<host> {
   static void mark_live(void* p, std::size_t n) noexcept { TIDE_ASAN_UNPOISON(p, n); }
   static void mark_free(void* p, std::size_t n) noexcept { TIDE_ASAN_POISON(p, n); }
 
+  // The host's physical memory: the host backend's "device" is host memory, so a budget above it
+  // could never be backed (0 when the system does not say).
+  [[nodiscard]] static std::size_t capacity() noexcept {
+    long const pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
+  }
+
  private:
+  static void* obtain(std::size_t bytes, std::size_t alignment) {
+    try {
+      return ::operator new(bytes, std::align_val_t{alignment});
+    } catch (std::bad_alloc const&) {
+      TIDE_FAIL(budget, "device_arena<host>: the system refused ", bytes_of{bytes},
+                " of host memory for the device budget; lower the budget (device_budget of the offload policy)");
+    }
+  }
+
   void* data_;
   std::size_t bytes_;
   std::size_t alignment_;
@@ -102,9 +127,17 @@ class device_arena {
   using options = arena_options;
 
   explicit device_arena(options const& opts) {
-    TIDE_REQUIRE(opts.budget > 0, "device_arena<", B::name, ">: budget is 0 bytes; give options.budget");
-    TIDE_REQUIRE(is_power_of_two(opts.alignment), "device_arena<", B::name, ">: alignment ", opts.alignment,
-                 " is not a power of two");
+    TIDE_CHECK(opts.budget > 0, budget, "device_arena<", B::name,
+               ">: the budget is 0 bytes; give the bytes of device memory to use (device_budget of the offload "
+               "policy, options.budget of an arena)");
+    TIDE_REQUIRE(is_power_of_two(opts.alignment) && opts.alignment <= (std::size_t{1} << 30), "device_arena<",
+                 B::name, ">: alignment ", opts.alignment, " is not a power of two up to 1 GiB");
+    std::size_t const most = detail::device_region<B>::capacity();
+    TIDE_CHECK(opts.budget <= std::numeric_limits<std::size_t>::max() / 2 && (most == 0 || opts.budget <= most),
+               budget, "device_arena<", B::name, ">: a budget of ", bytes_of{opts.budget}, " (", opts.budget,
+               " bytes) is more than this ", B::is_device ? "device" : "machine", " has (",
+               most == 0 ? std::string("unknown") : tide::detail::concat(bytes_of{most}),
+               "); give a device_budget that fits");
     state_ = std::make_unique<state>(opts);
   }
 
@@ -121,6 +154,12 @@ class device_arena {
     state& s = *state_;
     std::size_t const align = std::max(alignment, s.opts.alignment);
     std::lock_guard lock(s.mutex);
+    if (s.fail_at != 0 && --s.fail_at == 0) {
+      s.refused = bytes;
+      ++s.refusals;
+      TIDE_FAIL(budget, "device_arena<", B::name, ">: cannot allocate ", bytes,
+                " bytes: the failure injected by fail_allocation()");
+    }
     std::size_t offset = detail::best_fit::no_fit;
     std::size_t size = 0;
     if (bytes <= s.opts.budget) {
@@ -129,9 +168,12 @@ class device_arena {
     }
     if (offset == detail::best_fit::no_fit) {
       auto const h = s.heap.stats();
+      s.refused = bytes;
+      ++s.refusals;
       TIDE_FAIL(budget, "device_arena<", B::name, ">: cannot allocate ", bytes, " bytes (alignment ", align,
                 "): ", h.capacity - h.in_use, " bytes free of the ", h.capacity, "-byte budget, largest free block ",
-                h.largest_free, " bytes. Free or offload buffers, or raise options.budget");
+                h.largest_free, " bytes. Free or offload buffers, or raise the budget (device_budget of the "
+                "offload policy)");
     }
     void* const p = static_cast<std::byte*>(s.region.data()) + offset;
     detail::device_region<B>::mark_live(p, size);
@@ -184,6 +226,23 @@ class device_arena {
     state_->heap.reset_peak();
   }
 
+  // Bytes of the last request the arena refused (0: none yet), and how many it refused, ever.
+  [[nodiscard]] std::size_t last_refused() const {
+    std::lock_guard lock(state_->mutex);
+    return state_->refused;
+  }
+  [[nodiscard]] std::size_t refusals() const {
+    std::lock_guard lock(state_->mutex);
+    return state_->refusals;
+  }
+
+  // Fault injection: the n-th allocate() from now throws tide::error(budget) as if the arena were
+  // exhausted (n = 0: none). For tests that check a caller loses nothing when allocation fails.
+  void fail_allocation(std::size_t n) {
+    std::lock_guard lock(state_->mutex);
+    state_->fail_at = n;
+  }
+
   [[nodiscard]] options const& config() const noexcept { return state_->opts; }
   // The region's first byte (device memory for tide::cuda).
   [[nodiscard]] void* base() const noexcept { return state_->region.data(); }
@@ -198,6 +257,9 @@ class device_arena {
     detail::device_region<B> region;
     detail::best_fit heap;
     std::mutex mutex;
+    std::size_t fail_at = 0;  // fault injection: allocate() calls until the injected failure
+    std::size_t refused = 0;  // bytes of the last refused request
+    std::size_t refusals = 0;
   };
 
   [[nodiscard]] std::size_t block_bytes(std::size_t bytes) const noexcept {

@@ -11,6 +11,12 @@
 // mlock (RLIMIT_MEMLOCK) the block stays unlocked and one message goes to stderr per process.
 // tide::cuda (pinned_pool.cuh) uses cudaHostAlloc. stats().locked counts the locked blocks.
 //
+// Out of host memory: a request larger than the host's memory (RAM + swap) is tide::error(budget)
+// before anything is mapped, and a refused mmap is tide::error(io). An offload scheduler's host
+// tier is such a pool, holding the model data that is not on the device, so both messages say
+// what to change in a trainer's options: a smaller model, a larger device_budget, or (when the
+// pool locks its pages) lock_host_pages = false.
+//
 // Size classes: whole pages up to 32 pages, then 32 steps per doubling. A block is at most one
 // page larger than its request, and from 32 pages (128 KiB with 4 KiB pages) on less than 1/32
 // (3.125%) larger; so every request of at least 20 pages (80 KiB) holds at most 5% more than it
@@ -21,6 +27,7 @@
 
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -30,8 +37,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -86,6 +95,34 @@ inline void report_mlock_refusal(std::size_t bytes, int err) {
                bytes, std::strerror(err));
 }
 
+// RAM + swap of this host (sysinfo, read once per process): more than any request can get. 0 if
+// unknown.
+inline std::size_t host_memory_bytes() noexcept {
+  static std::size_t const total = [] {
+    struct sysinfo info {};
+    if (::sysinfo(&info) != 0) return std::size_t{0};
+    constexpr std::size_t most = std::numeric_limits<std::size_t>::max();
+    std::size_t const unit = info.mem_unit == 0 ? 1 : info.mem_unit;
+    std::size_t const ram = info.totalram, swap = info.totalswap;
+    if (ram > most - swap || ram + swap > most / unit) return most;
+    return (ram + swap) * unit;
+  }();
+  return total;
+}
+
+// What to change when the host has no room for a block, in a trainer's terms: the pool is the
+// host tier of the model data that is not on the device.
+inline std::string host_room_advice(bool locking) {
+  std::string s =
+      "the host is out of memory for model data (an offload scheduler keeps the model data that is not on the "
+      "device there); train a smaller model, or give the trainer a larger device_budget (more model data on the "
+      "device)";
+  if (locking)
+    s += ", or set lock_host_pages = false (this pool locks its pages: locked memory counts against the mlock "
+         "limit, see ulimit -l, and is never swapped out)";
+  return s;
+}
+
 template <>
 struct pinned_pages<host> {
   struct block {
@@ -103,8 +140,9 @@ struct pinned_pages<host> {
     void* const p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       int const err = errno;
-      TIDE_FAIL(io, "pinned_pool<host>: mmap of ", bytes, " bytes failed (", std::strerror(err),
-                "); trim() cached blocks or use fewer staging buffers");
+      TIDE_FAIL(io, "pinned_pool<host>: mmap of ", bytes, " bytes (", bytes_of{bytes}, ") failed (",
+                std::strerror(err), "): ", host_room_advice(lock), "; a pool used directly can also trim() its "
+                "cached blocks");
     }
     // Touch every page now, so the first copy into the block pays no page faults.
     for (std::size_t i = 0; i < bytes; i += page_size()) static_cast<unsigned char volatile*>(p)[i] = 0;
@@ -142,6 +180,12 @@ class pinned_pool {
     std::size_t const page = pages::page_size();
     TIDE_REQUIRE(is_power_of_two(alignment) && alignment <= page, "pinned_pool<", B::name,
                  ">::allocate: alignment ", alignment, " must be a power of two of at most the page size ", page);
+    // Before mapping anything: with overcommit, an mmap of more than the host has succeeds and
+    // touching the pages gets the process killed instead of an error.
+    if (std::size_t const host_bytes = detail::host_memory_bytes(); host_bytes != 0 && bytes > host_bytes)
+      TIDE_FAIL(budget, "pinned_pool<", B::name, ">::allocate: ", bytes, " bytes (", bytes_of{bytes},
+                ") asked, more than the host's memory, ", bytes_of{host_bytes}, " of RAM and swap: ",
+                detail::host_room_advice(std::is_same_v<B, host> && state_->opts.lock_pages));
     TIDE_REQUIRE(bytes <= max_request, "pinned_pool<", B::name, ">::allocate: ", bytes,
                  " bytes is more than the largest class, ", max_request, " bytes");
     state& s = *state_;

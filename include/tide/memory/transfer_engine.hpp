@@ -307,6 +307,11 @@ class transfer_engine {
   [[nodiscard]] stream<B>& copy_stream() noexcept { return *stream_; }
   [[nodiscard]] options const& opts() const noexcept { return opts_; }
 
+  // Fault injection: the n-th copy_async from now throws tide::error(io) before anything is
+  // enqueued, as a refused cudaMemcpyAsync would (n = 0: none). For tests that check a caller
+  // loses nothing when a copy cannot be issued.
+  void fail_copy(std::size_t n) noexcept { fail_at_ = n; }
+
  private:
   struct slot {
     event<B> start;
@@ -336,6 +341,8 @@ class transfer_engine {
                  "copy_async with copy_direction ", static_cast<int>(direction),
                  "; use host_to_device or device_to_host");
     path_.check_caller(*stream_);
+    if (fail_at_ != 0 && --fail_at_ == 0)
+      TIDE_FAIL(io, "transfer_engine: copy of ", bytes, " bytes refused: the failure injected by fail_copy()");
     if (in_flight_ == slots_.size()) retire(oldest(), true);  // back-pressure
     std::size_t const i = next_ % slots_.size();
     slot& s = slots_[i];
@@ -357,6 +364,7 @@ class transfer_engine {
   detail::copy_path<B> path_;
   std::size_t next_ = 0;     // copies issued
   std::size_t in_flight_ = 0;
+  std::size_t fail_at_ = 0;  // fault injection: copy_async calls until the injected failure
   transfer_stats stats_{};
 };
 

@@ -2,8 +2,8 @@
 // Eviction policies: which device-resident chunk makes room for a chunk that must come in.
 //
 //   tide::offload::belady p;         // or lru, fifo: plain values, calls resolved at compile time
-//   p.reset(trace);                  // a new trace; forgets history (belady keeps &trace: keep it alive)
-//   p.on_fetch(c, tick);             // c became device-resident at tick (monotonic, never reset)
+//   p.reset(trace);                  // a new trace (belady keeps &trace: keep it alive)
+//   p.on_fetch(c, tick);             // c became device-resident at tick (monotonic over p's life)
 //   p.on_use(c, tick);               // c was touched on the device at tick
 //   std::uint32_t v = p.victim(candidates, moment);   // one of `candidates` (non-empty)
 //
@@ -13,6 +13,12 @@
 // uniform chunk sizes and demand fetches that is the fewest evictions possible (tests/offload/policy.cpp
 // checks it against an exhaustive search). lru and fifo need no trace: the baselines to compare with.
 // Ties go to the lowest id, so every policy is deterministic.
+//
+// reset(trace) keeps lru's and fifo's history. A scheduler calls it at the end of the warm-up step,
+// with the chunks the warm-up left on the device still there: they did arrive, and were last used,
+// in the order the history holds, so the first evictions after the warm-up follow it (wiping it
+// would make them go by lowest id instead). Ticks therefore grow over a policy's whole life: start
+// a new run (a scheduler, a simulate() call) with a new policy value, as both do by default.
 
 #include <concepts>
 #include <cstddef>
@@ -72,7 +78,10 @@ std::uint32_t max_by(std::span<std::uint32_t const> candidates, Key key) {
 // Ticks by chunk id, grown on demand: a policy may see ids before its first reset (warm-up).
 class tick_table {
  public:
-  void reset(std::size_t chunks) { ticks_.assign(chunks, 0); }
+  // Room for ids below `chunks`; the ticks already recorded stay.
+  void fit(std::size_t chunks) {
+    if (ticks_.size() < chunks) ticks_.resize(chunks, 0);
+  }
   void set(std::uint32_t c, std::uint64_t tick) {
     if (c >= ticks_.size()) ticks_.resize(std::size_t{c} + 1, 0);
     ticks_[c] = tick + 1;  // 0 means "never": a chunk with no history is the oldest
@@ -103,7 +112,7 @@ struct belady {
 // the stalest one on the device (it would be evicted before it is used otherwise).
 struct lru {
   static constexpr std::string_view name = "lru";
-  void reset(chunk::access_trace const& tr) { last_.reset(tr.chunks()); }
+  void reset(chunk::access_trace const& tr) { last_.fit(tr.chunks()); }  // keeps the history
   void on_fetch(std::uint32_t c, std::uint64_t tick) { last_.set(c, tick); }
   void on_use(std::uint32_t c, std::uint64_t tick) { last_.set(c, tick); }
   [[nodiscard]] std::uint32_t victim(std::span<std::uint32_t const> candidates, std::size_t) const {
@@ -118,7 +127,7 @@ struct lru {
 // First in, first out: the earliest on_fetch; uses do not matter.
 struct fifo {
   static constexpr std::string_view name = "fifo";
-  void reset(chunk::access_trace const& tr) { fetched_.reset(tr.chunks()); }
+  void reset(chunk::access_trace const& tr) { fetched_.fit(tr.chunks()); }  // keeps the history
   void on_fetch(std::uint32_t c, std::uint64_t tick) { fetched_.set(c, tick); }
   void on_use(std::uint32_t, std::uint64_t) noexcept {}
   [[nodiscard]] std::uint32_t victim(std::span<std::uint32_t const> candidates, std::size_t) const {
