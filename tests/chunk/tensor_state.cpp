@@ -16,7 +16,8 @@ constexpr tensor_state F = tensor_state::free, C = tensor_state::compute, H = te
                        HF = tensor_state::hold_after_fwd, HB = tensor_state::hold_after_bwd,
                        R = tensor_state::ready_for_reduce;
 
-// The edges of offload_spec.md, written out independently of the header's table.
+// The edges of the transition table in docs/offload.md ("Chunked stateful tensors"), written out
+// independently of the header's table.
 constexpr std::array<std::pair<tensor_state, tensor_state>, 16> spec_edges = {{
     {F, C}, {F, H}, {C, H}, {C, HF}, {C, HB}, {H, C}, {H, F}, {HF, C},
     {HF, H}, {HF, F}, {HB, C}, {HB, H}, {HB, R}, {HB, F}, {R, H}, {R, F},

@@ -158,7 +158,22 @@ TEST_CASE("query, synchronize and events never recorded") {
   CHECK(end.query());
   s.synchronize();
   CHECK(s.query());
-  CHECK(mem::elapsed_ms(start, end) >= 0.0);  // a steady clock: never negative
+}
+
+TEST_CASE("elapsed_ms is the time between the markers as the worker passed them") {
+  mem::stream<host> s;
+  mem::event<host> start, end;
+  auto nap = [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
+  start.record(s);
+  mem::launch(s, nap);  // the worker passes start, sleeps, then passes end
+  end.record(s);
+  end.synchronize();
+  // Both records were made at once on this thread: only stamps taken where the worker passed
+  // the markers are 20 ms apart (sleep_for waits at least that long on the steady clock).
+  double const ms = mem::elapsed_ms(start, end);
+  CHECK(ms >= 20.0);
+  CHECK(mem::elapsed_ms(end, start) == -ms);  // ordered: end minus start
+  CHECK(mem::elapsed_ms(start, start) == 0.0);
 }
 
 TEST_CASE("an exception in a host function is sticky and rethrown by synchronize") {

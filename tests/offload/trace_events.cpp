@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -23,14 +25,17 @@ namespace {
 
 constexpr int per_thread = 200;
 
-// Records per_thread events on `l`, each with bytes = its index + 1.
+// Records per_thread events on `l`: event i is named prefix + i, lasts i microseconds and has
+// bytes = i + 1, so every field read back can be checked against its name.
 void record_many(tt::trace_recorder& r, tt::lane l, std::string const& prefix) {
   for (int i = 0; i < per_thread; ++i) {
     double const t0 = tt::trace_recorder::now_us();
-    double const t1 = tt::trace_recorder::now_us();
-    r.complete(prefix + std::to_string(i), "test", l, t0, t1, static_cast<std::size_t>(i) + 1);
+    r.complete(prefix + std::to_string(i), "test", l, t0, t0 + i, static_cast<std::size_t>(i) + 1);
   }
 }
+
+// The i of a record_many event's name.
+int index_of(std::string const& name) { return std::stoi(name.substr(name.rfind(' ') + 1)); }
 
 }  // namespace
 
@@ -38,7 +43,7 @@ TEST_CASE("three threads record at once; the JSON parses, names the lanes and es
   tt::trace_recorder r;
   REQUIRE(r.enabled());
   std::atomic<bool> done{false};
-  std::size_t peeks = 0, bad_peeks = 0;
+  std::size_t bad_peeks = 0;
   // A reader takes snapshots while the writers run, so TSan sees reads racing with writes. Each
   // snapshot is sorted and never smaller than the one before.
   std::thread reader([&] {
@@ -49,7 +54,6 @@ TEST_CASE("three threads record at once; the JSON parses, names the lanes and es
                                          [](auto const& x, auto const& y) { return x.start_us < y.start_us; });
       bad_peeks += (sorted && snapshot.size() >= last && snapshot.size() <= 3 * per_thread) ? 0 : 1;
       last = snapshot.size();
-      ++peeks;
       (void)r.to_json("peek");
     } while (!done.load());
   });
@@ -61,7 +65,6 @@ TEST_CASE("three threads record at once; the JSON parses, names the lanes and es
   c.join();
   done = true;
   reader.join();
-  CHECK(peeks > 0);
   CHECK(bad_peeks == 0);
 
   std::string const odd = "say \"hi\" \\ then\nnext\ttab";
@@ -73,8 +76,12 @@ TEST_CASE("three threads record at once; the JSON parses, names the lanes and es
   std::size_t on[3] = {0, 0, 0};
   for (std::size_t i = 0; i < ev.size(); ++i) {
     ++on[static_cast<int>(ev[i].where)];
-    CHECK(ev[i].duration_us >= 0);
     if (i > 0) CHECK(ev[i - 1].start_us <= ev[i].start_us);
+    if (ev[i].category != "test") continue;  // the odd name
+    CAPTURE(ev[i].name);
+    int const k = index_of(ev[i].name);
+    CHECK(std::abs(ev[i].duration_us - k) < 1e-3);  // t0 + k - t0, rounded at t0's magnitude
+    CHECK(ev[i].bytes == static_cast<std::size_t>(k) + 1);
   }
   CHECK(on[0] == per_thread + 1);
   CHECK(on[1] == per_thread);
@@ -107,7 +114,10 @@ for e in x:
         assert k in e, (k, e)
     assert e["pid"] == 1 and e["tid"] in (1, 2, 3), e
     assert isinstance(e["ts"], (int, float)) and isinstance(e["dur"], (int, float)), e
-    assert e["dur"] >= 0, e
+    if e["name"] != odd:  # record_many's "<prefix> k": k microseconds, bytes k + 1
+        k = int(e["name"].rsplit(" ", 1)[1])
+        assert abs(e["dur"] - k) < 2e-3, e
+        assert k + 1 == e.get("args", {}).get("bytes"), e
 assert {e["tid"] for e in x} == {1, 2, 3}
 ts = [e["ts"] for e in x]
 assert ts == sorted(ts), "X events sorted by ts"
@@ -151,15 +161,23 @@ TEST_CASE("a disabled recorder records nothing until enabled") {
 
 TEST_CASE("timed returns f's value and records one event; void works; bad times are refused") {
   tt::trace_recorder r;
-  auto const s = tt::timed(r, "forward", "compute", tt::lane::compute, [] { return std::string("loss"); });
+  double const before = tt::trace_recorder::now_us() - r.origin_us();
+  auto const s = tt::timed(r, "forward", "compute", tt::lane::compute, [] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return std::string("loss");
+  });
+  double const after = tt::trace_recorder::now_us() - r.origin_us();
   CHECK(s == "loss");
   REQUIRE(r.events().size() == 1);
   auto const e = r.events()[0];
   CHECK(e.name == "forward");
   CHECK(e.category == "compute");
   CHECK(e.where == tt::lane::compute);
-  CHECK(e.duration_us >= 0);
-  CHECK(e.start_us >= 0);  // relative to the recorder's construction, which came first
+  // The event spans f's call: it holds the 2 ms sleep (sleep_for waits at least that long) and
+  // lies inside [before, after], in the recorder's frame (times since its construction).
+  CHECK(e.duration_us >= 2000.0);
+  CHECK(e.start_us >= before);
+  CHECK(e.start_us + e.duration_us <= after + 1e-3);
   CHECK(e.bytes == 0);
 
   int calls = 0;
@@ -181,13 +199,20 @@ TEST_CASE("timed returns f's value and records one event; void works; bad times 
   CHECK(r.events().size() == 3);  // refused input leaves the recorder as it was
 }
 
-TEST_CASE("now_us never goes backwards") {
-  double prev = tt::trace_recorder::now_us();
-  for (int i = 0; i < 10000; ++i) {
-    double const t = tt::trace_recorder::now_us();
-    REQUIRE(t >= prev);
-    prev = t;
-  }
+TEST_CASE("now_us counts microseconds; the origin is the recorder's construction") {
+  double const t0 = tt::trace_recorder::now_us();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  double const t1 = tt::trace_recorder::now_us();
+  CHECK(t1 - t0 >= 20000.0);  // 20 ms: milliseconds or seconds would read 20 or 0.02
+
+  double const before = tt::trace_recorder::now_us();
   tt::trace_recorder r;
-  CHECK(r.origin_us() <= tt::trace_recorder::now_us());
+  double const after = tt::trace_recorder::now_us();
+  CHECK(r.origin_us() >= before);
+  CHECK(r.origin_us() <= after);
+  // complete() stores times in that frame.
+  r.complete("x", "c", tt::lane::copy, after, after + 3, 1);
+  REQUIRE(r.events().size() == 1);
+  CHECK(r.events()[0].start_us == after - r.origin_us());
+  CHECK(std::abs(r.events()[0].duration_us - 3.0) < 1e-3);  // after + 3 - after, rounded at after's magnitude
 }
