@@ -5,7 +5,10 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -19,6 +22,21 @@
 #include "tide/nn/gpt.hpp"
 #include "tide/offload/scheduler.hpp"
 #include "support/gpt_steps.hpp"
+
+// Heap allocations counted while `counting` is set (the steady-state test below).
+namespace {
+std::atomic<long> heap_allocations{0};
+std::atomic<bool> counting{false};
+}  // namespace
+// The replacements pair malloc with free; GCC's pairing check cannot see through the replacement.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(std::size_t n) {
+  if (counting.load(std::memory_order_relaxed)) heap_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc{};
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -217,8 +235,12 @@ TEST_CASE("a budget below the minimum is refused at the first moment, naming the
     CHECK(what.find("working set") != std::string::npos);
   }
   CHECK(same_bits(sched.read_param(2), before));  // nothing lost
-  // The same budget plus what was missing trains.
+  // The minimum the error states is enough: training at exactly that budget gives the bits of the
+  // reference.
   CHECK(sched.minimum_device_bytes(activation_bytes()) == minimum);
+  auto const at_minimum = train_offloaded(pool, minimum, cfg);
+  require_identical(at_minimum, reference(), "chunked<belady> at exactly its stated minimum");
+  CHECK(at_minimum.stats.back().bytes_moved() > 0);
 }
 
 TEST_CASE("the resident minimum is all model data; a budget below it is refused too") {
@@ -336,4 +358,253 @@ TEST_CASE("a traced step: compute per block, every copy with its bytes, every ho
   CHECK(copies > 0);
   auto const json = trace.to_json("tide test");
   CHECK(json.find("\"copy stream\"") != std::string::npos);
+}
+
+// ---- gradient accumulation ----------------------------------------------------------------------
+
+namespace {
+
+constexpr int accumulation_steps = 4;
+
+// The model's own buffers: micro_steps forward + backward passes accumulate into the gradients,
+// then one flat AdamW with grad_scale 1 / micro_steps.
+std::vector<std::vector<float>> accumulate_plain(int micro_steps) {
+  tide::thread_pool pool{2};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  tide::nn::gpt<host> model{config, arena, {.seed = 7}};
+  auto const n = model.flat_params().extent(0);
+  std::vector<float> m(static_cast<std::size_t>(n), 0.f), v(static_cast<std::size_t>(n), 0.f);
+  float const scale = 1.f / static_cast<float>(micro_steps);
+  for (int s = 0; s < accumulation_steps; ++s) {
+    model.zero_grad(ex);
+    for (int k = 0; k < micro_steps; ++k) {
+      auto const data = batch_of(s * micro_steps + k);
+      tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
+      (void)model.forward(ex, x, y);
+      model.backward(ex);
+    }
+    tide::kernels::adamw(ex, hparams, s + 1, model.flat_params(), tide::tensor_view<float const, host>(model.flat_grads()),
+                         tide::tensor_view<float, host>(m.data(), {n}), tide::tensor_view<float, host>(v.data(), {n}),
+                         scale);
+  }
+  std::vector<std::vector<float>> out;
+  for (auto const& p : model.parameters()) {
+    auto const t = model.param(p);
+    out.emplace_back(t.data(), t.data() + p.numel());
+  }
+  return out;
+}
+
+template <class Config>
+std::vector<std::vector<float>> accumulate_offloaded(Config const& cfg, std::size_t budget, int micro_steps,
+                                                     bool deferred, std::size_t& moved) {
+  tide::thread_pool pool{2};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = budget}};
+  sched_t<Config> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config),
+                        cfg,
+                        {.adamw = hparams, .grad_scale = 1.f / static_cast<float>(micro_steps),
+                         .micro_steps = micro_steps, .defer_optimizer = deferred}};
+  model_t<Config> model{config, arena, {.seed = 7}, {&sched}};
+  moved = 0;
+  for (int s = 0; s < accumulation_steps; ++s) {
+    for (int k = 0; k < micro_steps; ++k) {
+      auto const data = batch_of(s * micro_steps + k);
+      tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
+      (void)model.forward(ex, x, y);
+      model.backward(ex);
+      if (k + 1 < micro_steps) CHECK_THROWS_AS(sched.step(), tide::error);  // not after a partial accumulation
+    }
+    sched.step();
+    if (s > 0) moved += sched.last_step().bytes_moved();
+  }
+  CHECK(sched.optimizer_steps() == accumulation_steps);
+  std::vector<std::vector<float>> out;
+  for (std::uint32_t i = 0; i < model.parameters().size(); ++i) out.push_back(sched.read_param(i));
+  return out;
+}
+
+template <class Config>
+void check_accumulation(Config const& cfg, std::string const& name,
+                        std::vector<std::vector<std::vector<float>>> const& references) {
+  std::size_t const budget = off::detail::is_resident<Config> ? std::size_t{64_MiB} : minimum_of(cfg) + 4_KiB;
+  for (int micro = 1; micro <= 3; ++micro)
+    for (bool deferred : {false, true}) {
+      std::string const what = name + ", micro_steps " + std::to_string(micro) + (deferred ? ", optimizer deferred" : ", optimizer overlapped");
+      INFO(what);
+      std::size_t moved = 0;
+      auto const got = accumulate_offloaded(cfg, budget, micro, deferred, moved);
+      auto const& want = references[static_cast<std::size_t>(micro - 1)];
+      REQUIRE(got.size() == want.size());
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        INFO("parameter " << i);
+        CHECK(same_bits(got[i], want[i]));
+      }
+      if (!off::detail::is_resident<Config>) CHECK(moved > 0);  // it really offloaded
+    }
+}
+
+}  // namespace
+
+TEST_CASE("gradient accumulation: every scheduler, overlapped or deferred, equals the flat reference bit for bit") {
+  std::vector<std::vector<std::vector<float>>> references;
+  for (int micro = 1; micro <= 3; ++micro) references.push_back(accumulate_plain(micro));
+  CHECK(!same_bits(references[0][2], references[1][2]));  // the micro-batches matter
+  check_accumulation(off::resident{.chunk_bytes = chunk_bytes}, "resident", references);
+  check_accumulation(off::chunked<off::belady>{.chunk_bytes = chunk_bytes}, "chunked<belady>", references);
+  check_accumulation(off::chunked<off::lru>{.chunk_bytes = chunk_bytes}, "chunked<lru>", references);
+  check_accumulation(off::chunked<off::fifo>{.chunk_bytes = chunk_bytes}, "chunked<fifo>", references);
+  check_accumulation(off::layer_window<2>{}, "layer_window<2>", references);
+  check_accumulation(off::layer_window<0>{}, "layer_window<auto>", references);
+  check_accumulation(off::static_partition{.chunk_bytes = chunk_bytes}, "static_partition", references);
+}
+
+// ---- what a model may touch ---------------------------------------------------------------------
+
+TEST_CASE("a parameter read outside the blocks whose uses() list it is an error naming it and the block") {
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  auto uses = tide::nn::gpt_block_uses(config);
+  auto& head = uses.params.back();  // the head reads wte (index 0) for the tied logits: forget it
+  REQUIRE(head.front() == 0u);
+  head.erase(head.begin());
+  sched_t<decltype(cfg)> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), uses, cfg,
+                               {.adamw = hparams}};
+  model_t<decltype(cfg)> model{config, arena, {.seed = 7}, {&sched}};
+  auto const before = sched.read_param(0);
+  auto const data = batch_of(0);
+  tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
+  for (int attempt = 0; attempt < 2; ++attempt) {  // always, not by chance of where the chunk is
+    try {
+      (void)model.forward(ex, x, y);
+      FAIL("the head read wte without declaring it");
+    } catch (tide::error const& e) {
+      CHECK(e.category() == tide::errc::usage);
+      std::string const what = e.message();
+      CHECK(what.find("\"wte\"") != std::string::npos);
+      CHECK(what.find("block " + std::to_string(config.layers) + "'s forward") != std::string::npos);
+      CHECK(what.find("uses() lists it only for block -1") != std::string::npos);
+    }
+    sched.abort_step();
+  }
+  CHECK(same_bits(sched.read_param(0), before));
+  CHECK_THROWS_AS((void)sched.read_param(10000), tide::error);  // an index past the list, checked first
+  CHECK_THROWS_AS((void)sched.param_data(10000), tide::error);
+}
+
+TEST_CASE("hooks out of order are errors: backward must run the blocks in reverse") {
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  sched_t<decltype(cfg)> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32),
+                               tide::nn::gpt_block_uses(config), cfg, {.adamw = hparams}};
+  sched.pre_forward(-1);
+  CHECK_THROWS_AS(sched.pre_forward(0), tide::error);  // -1 is still open
+  sched.post_forward(-1);
+  try {
+    sched.pre_backward(0);  // the last block (the head) comes first
+    FAIL("backward started in the middle");
+  } catch (tide::error const& e) {
+    CHECK(std::string(e.message()).find("in reverse") != std::string::npos);
+  }
+  CHECK_THROWS_AS(sched.pre_forward(config.layers + 1), tide::error);  // not a block of uses()
+  sched.abort_step();
+  CHECK(!sched.in_step());
+}
+
+TEST_CASE("close() reports a failure in flight; destruction frees every block all the same") {
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = minimum_of(cfg) + 4_KiB}};
+  {
+    sched_t<decltype(cfg)> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32),
+                                 tide::nn::gpt_block_uses(config), cfg, {.adamw = hparams}};
+    model_t<decltype(cfg)> model{config, arena, {.seed = 7}, {&sched}};
+    for (int s = 0; s < 2; ++s) {
+      auto const data = batch_of(s);
+      tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
+      (void)model.forward(ex, x, y);
+      model.backward(ex);
+      sched.step();
+    }
+    REQUIRE(arena.stats().in_use > 0);
+    // A worker's failure after the work was issued (a device fault, on tide::cuda).
+    struct failing_copy {
+      void operator()() const { TIDE_FAIL(io, "the copy engine lost its device"); }
+    } fail;
+    tide::memory::launch(sched.transfers().copy_stream(), fail);
+    try {
+      sched.close();
+      FAIL("close() did not report the failure");
+    } catch (tide::error const& e) {
+      CHECK(std::string(e.message()).find("lost its device") != std::string::npos);
+    }
+    auto const data = batch_of(2);
+    tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
+    CHECK_THROWS_AS((void)model.forward(ex, x, y), tide::error);  // the failure stays reported
+    sched.abort_step();
+  }
+  CHECK(arena.stats().in_use == 0);  // model and scheduler gone: every device block went back
+}
+
+// ---- the steady state allocates nothing ---------------------------------------------------------
+
+namespace {
+
+// Steps driven by the hooks alone (no model: the scheduler's own work), the last one counted.
+template <class Config>
+long allocations_in_a_steady_step(Config const& cfg, bool deferred) {
+  tide::thread_pool pool{2};
+  tide::exec<host> ex{pool};
+  auto const params = tide::nn::gpt_parameters(config, tide::dtype::f32);
+  auto const uses = tide::nn::gpt_block_uses(config);
+  std::size_t budget = 64_MiB;
+  if constexpr (!off::detail::is_resident<Config>) {
+    tide::memory::device_arena<host> probe{{.budget = 64_MiB}};
+    budget = sched_t<Config>{ex, probe, params, uses, cfg}.minimum_device_bytes(0) + 4_KiB;
+  }
+  tide::memory::device_arena<host> arena{{.budget = budget}};
+  sched_t<Config> sched{ex, arena, params, uses, cfg,
+                        {.adamw = hparams, .defer_optimizer = deferred, .decay_matrices_only = true}};
+  long counted = -1;
+  for (int s = 0; s < 4; ++s) {
+    if (s == 3) {
+      heap_allocations = 0;
+      counting = true;
+    }
+    for (int b = uses.first_block; b <= uses.last_block(); ++b) {
+      sched.pre_forward(b);
+      sched.post_forward(b);
+    }
+    for (int b = uses.last_block(); b >= uses.first_block; --b) {
+      sched.pre_backward(b);
+      sched.post_backward(b);
+    }
+    if (deferred) {
+      auto const grads = sched.gradients();
+      bool const was = counting.exchange(false);  // the norm kernel's one scratch vector is not the scheduler's
+      (void)tide::kernels::global_grad_norm(ex, grads);
+      counting = was;
+    }
+    sched.step();
+    counting = false;
+    counted = heap_allocations.load();
+  }
+  if constexpr (!off::detail::is_resident<Config>) CHECK(sched.last_step().bytes_moved() > 0);
+  return counted;
+}
+
+}  // namespace
+
+TEST_CASE("a steady step allocates nothing on the heap: every list the scheduler fills is sized up front") {
+  CHECK(allocations_in_a_steady_step(off::chunked<off::belady>{.chunk_bytes = chunk_bytes}, false) == 0);
+  CHECK(allocations_in_a_steady_step(off::chunked<off::belady>{.chunk_bytes = chunk_bytes}, true) == 0);
+  CHECK(allocations_in_a_steady_step(off::layer_window<2>{}, false) == 0);
+  CHECK(allocations_in_a_steady_step(off::static_partition{.chunk_bytes = chunk_bytes}, false) == 0);
+  CHECK(allocations_in_a_steady_step(off::resident{.chunk_bytes = chunk_bytes}, true) == 0);
 }

@@ -11,6 +11,7 @@
 #include "tide/core/parallel.hpp"
 #include "tide/memory/device_arena.hpp"
 #include "tide/nn/gpt.hpp"
+#include "tide/offload/scheduler.hpp"
 
 namespace tide::test {
 
@@ -37,6 +38,18 @@ inline std::size_t activation_bytes(nn::gpt_config const& config, index_t batch,
   auto const data = token_runs(0, batch, seq, config.vocab);
   model.forward(ex, tensor_view<std::int32_t const, host>(data.data(), {batch, seq}));
   return round_up(model.activations().footprint, 256);
+}
+
+// The least device budget scheduler<host, T, Config> accepts for a (batch, seq) step of `config`:
+// offloading tests run just above it, so chunks really move.
+template <class Config, class T = float>
+std::size_t scheduler_minimum(nn::gpt_config const& config, Config const& cfg, index_t batch, index_t seq) {
+  thread_pool pool{1};
+  exec<host> ex{pool};
+  memory::device_arena<host> arena{{.budget = std::size_t{64} << 20}};
+  offload::scheduler<host, T, Config> sched{ex, arena, nn::gpt_parameters(config, dtype_of<T>),
+                                            nn::gpt_block_uses(config), cfg};
+  return sched.minimum_device_bytes(activation_bytes(config, batch, seq));
 }
 
 }  // namespace tide::test

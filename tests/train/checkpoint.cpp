@@ -284,12 +284,17 @@ TEST_CASE("checkpoint_writer: a failed commit removes its tmp file and leaves th
   tt::checkpoint_writer w;
   w.add("params", data);
 
-  SUBCASE("the directory does not exist") {
+  SUBCASE("missing folders are created; a folder that cannot be is an io error naming it") {
     auto const path = dir.path / "no" / "such" / "ckpt.tide";
-    auto const e = error_of([&] { w.commit(path); });
+    w.commit(path);
+    CHECK(tt::checkpoint_reader(path).size_of("params") == data.size());
+    std::ofstream(dir.path / "a-file") << "x";  // a file where a folder should be
+    auto const blocked = dir.path / "a-file" / "sub" / "ckpt.tide";
+    auto const e = error_of([&] { w.commit(blocked); });
     CHECK(e.category() == tide::errc::io);
-    CHECK(has(e.message(), path.string()));
-    CHECK(has(e.message(), "No such file or directory"));
+    CHECK(has(e.message(), blocked.string()));
+    CHECK(has(e.message(), "cannot create the folder"));
+    CHECK(!fs::exists(blocked));
   }
   SUBCASE("the path is a directory: the rename fails") {
     auto const path = dir.path / "ckpt.tide";

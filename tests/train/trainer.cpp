@@ -8,6 +8,10 @@
 #include <cfloat>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <span>
+#include <string>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -50,6 +54,15 @@ bool same(std::vector<std::vector<float>> const& a, std::vector<std::vector<floa
 }
 
 tide::nn::gpt_spec<host> const spec{.config = config, .options = {.seed = 3}};
+
+// A device budget just above what the scheduler needs: the model data (about 0.5 MiB) does not
+// fit, so chunks move every step.
+template <class Offload, class T = float>
+Offload tight(Offload off) {
+  off.device_budget = tide::test::scheduler_minimum<Offload, T>(config, off, batch, seq) + 16_KiB;
+  return off;
+}
+off::chunked<off::belady> const tight_belady = tight(off::chunked<off::belady>{.chunk_bytes = 20_KiB});
 tide::optim::adamw const clipped{.lr = 3e-3f, .clip_norm = 0.5f, .schedule = {.warmup_steps = 3, .total_steps = 12}};
 
 template <class Offload>
@@ -60,6 +73,7 @@ std::vector<std::vector<float>> train(Offload const& off, tide::optim::adamw con
     auto const d = data_of(s);
     auto const st = t.step(view_of<decltype(t)>(d));
     CHECK(!st.skipped);
+    if (!off::detail::is_resident<Offload> && s > 0) CHECK(st.bytes_moved > 0);  // it really offloads
     if (losses) losses->push_back(st.loss);
   }
   return params_of(t);
@@ -82,7 +96,7 @@ TEST_CASE("offloaded and resident trainers give the same bits, with clipping and
   std::vector<float> losses;
   auto const resident = train(off::resident{}, clipped, 12, &losses);
   CHECK(losses.back() < losses.front() - 0.2f);
-  auto const chunked = train(off::chunked<off::belady>{.device_budget = 1_MiB, .chunk_bytes = 20_KiB}, clipped, 12);
+  auto const chunked = train(tight_belady, clipped, 12);
   CHECK(same(chunked, resident));
 }
 
@@ -90,14 +104,14 @@ TEST_CASE("loss scaling by a power of two changes no bits") {
   auto const plain = train(off::resident{}, clipped, 8);
   auto scaled_opt = clipped;
   scaled_opt.scaling = {.enabled = true, .initial = 1024.f, .growth_interval = 3};
-  auto const scaled = train(off::chunked<off::lru>{.device_budget = 1_MiB, .chunk_bytes = 20_KiB}, scaled_opt, 8);
+  auto const scaled = train(tight(off::chunked<off::lru>{.chunk_bytes = 20_KiB}), scaled_opt, 8);
   CHECK(same(scaled, plain));
 }
 
 TEST_CASE("an overflowing loss scale skips the step, halves the scale and changes nothing") {
   auto opt = clipped;
   opt.scaling = {.enabled = true, .initial = FLT_MAX, .growth_interval = 1000};
-  auto t = tide::train::make_trainer(spec, off::chunked<off::belady>{.device_budget = 1_MiB, .chunk_bytes = 20_KiB}, opt);
+  auto t = tide::train::make_trainer(spec, tight_belady, opt);
   // Large embeddings make d(lnf) = dlogits wte overflow at this scale (before the first step the
   // chunks are on the host, where the scheduler hands out their addresses for initialisation).
   float* wte = t.scheduler().param_data(0);
@@ -149,19 +163,17 @@ TEST_CASE("gradient accumulation averages the micro-batches") {
   CHECK_THROWS_AS(acc.step(view_of<decltype(acc)>(data_of(0))), tide::error);  // 1 micro-batch for 2 micro-steps
 }
 
-TEST_CASE("the policies' concepts") {
-  static_assert(tide::train::OffloadPolicy<off::chunked<off::belady>>);
-  static_assert(!tide::train::OffloadPolicy<tide::optim::adamw>);
-  static_assert(tide::train::OptimizerPolicy<tide::optim::adamw>);
-  static_assert(!tide::train::OptimizerPolicy<off::resident>);
-  static_assert(tide::train::ModelSpec<tide::nn::gpt_spec<host>>);
-  CHECK(true);
-}
+// The policies' concepts (checked when this file compiles).
+static_assert(tide::train::OffloadPolicy<off::chunked<off::belady>>);
+static_assert(!tide::train::OffloadPolicy<tide::optim::adamw>);
+static_assert(tide::train::OptimizerPolicy<tide::optim::adamw>);
+static_assert(!tide::train::OptimizerPolicy<off::resident>);
+static_assert(tide::train::ModelSpec<tide::nn::gpt_spec<host>>);
 
 TEST_CASE("a resumed run gives the losses of an uninterrupted one, under any scheduler") {
   auto const dir = std::filesystem::temp_directory_path() / ("tide_trainer_ckpt_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  off::chunked<off::belady> const tight{.device_budget = 1_MiB, .chunk_bytes = 20_KiB};
+  auto const& tight = tight_belady;
   std::vector<float> whole;
   {
     auto t = tide::train::make_trainer(spec, tight, clipped);
@@ -230,7 +242,7 @@ TEST_CASE("bf16 parameters with fp32 masters: offloaded equals resident, bit for
     return std::pair{losses, params};
   };
   auto const [lr, pr] = run(off::resident{});
-  auto const [lc, pc] = run(off::chunked<off::belady>{.device_budget = 1_MiB, .chunk_bytes = 10_KiB});
+  auto const [lc, pc] = run(tight<off::chunked<off::belady>, tide::bf16>({.chunk_bytes = 10_KiB}));
   CHECK(lr.back() < lr.front() - 0.2f);  // it learns in bf16
   CHECK(std::memcmp(lr.data(), lc.data(), lr.size() * sizeof(float)) == 0);
   REQUIRE(pr.size() == pc.size());
@@ -242,7 +254,7 @@ TEST_CASE("f16 with loss scaling: overflowing steps are skipped, the scale halve
   tide::nn::gpt_spec<host, tide::f16> const spec16{.config = config, .options = {.seed = 3}};
   auto opt = clipped;
   opt.scaling = {.enabled = true, .initial = 16777216.f, .growth_interval = 1000};  // 2^24 overflows f16 (65504)
-  auto t = tide::train::make_trainer(spec16, off::chunked<off::belady>{.device_budget = 1_MiB, .chunk_bytes = 10_KiB}, opt);
+  auto t = tide::train::make_trainer(spec16, tight<off::chunked<off::belady>, tide::f16>({.chunk_bytes = 10_KiB}), opt);
   auto params = [&] {
     std::vector<std::vector<tide::f16>> out;
     for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) out.push_back(t.scheduler().read_param(i));
@@ -269,4 +281,89 @@ TEST_CASE("f16 with loss scaling: overflowing steps are skipped, the scale halve
   CHECK(t.scheduler().optimizer_steps() == 30 - skipped);
   REQUIRE(losses.size() >= 10);
   CHECK(losses.back() < losses.front() - 0.2f);
+}
+
+TEST_CASE("a checkpoint with one section of the wrong size loads nothing") {
+  auto const dir = std::filesystem::temp_directory_path() / ("tide_trainer_sizes_" + std::to_string(::getpid()));
+  {
+    auto t = tide::train::make_trainer(spec, tight_belady, clipped);
+    for (int s = 0; s < 3; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
+    t.save(dir / "nested" / "folders" / "good");  // save creates the folders it needs
+  }
+  // The same sections, but the last tensor's v one float short: found only after every other
+  // section would have been written by a load that checks as it goes.
+  tide::train::checkpoint_reader const good(dir / "nested" / "folders" / "good");
+  std::vector<std::string> const names = good.sections();
+  std::vector<std::vector<std::byte>> payloads;
+  std::string last_v;
+  for (auto const& n : names) {
+    payloads.emplace_back(good.size_of(n));
+    good.read(n, payloads.back());
+    if (n.starts_with("v/")) last_v = n;
+  }
+  REQUIRE(!last_v.empty());
+  tide::train::checkpoint_writer w;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    std::span<std::byte const> bytes(payloads[k]);
+    if (names[k] == last_v) bytes = bytes.first(bytes.size() - sizeof(float));
+    w.add(names[k], bytes);
+  }
+  w.commit(dir / "short");
+
+  auto t = tide::train::make_trainer(spec, tight_belady, clipped);
+  (void)t.step(view_of<decltype(t)>(data_of(7)));
+  t.save(dir / "before");
+  auto const before = params_of(t);
+  try {
+    t.load(dir / "short");
+    FAIL("a checkpoint with a short section loaded");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::usage);
+    CHECK(std::string(e.message()).find(last_v) != std::string::npos);
+    CHECK(std::string(e.message()).find("nothing was loaded") != std::string::npos);
+  }
+  CHECK(same(params_of(t), before));
+  CHECK(t.steps() == 1);
+  t.save(dir / "after");  // optimizer state and counters too: the files are the same bytes
+  auto const bytes_of = [](std::filesystem::path const& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  CHECK(bytes_of(dir / "before") == bytes_of(dir / "after"));
+  t.load(dir / "nested" / "folders" / "good");  // the good one still loads
+  CHECK(t.steps() == 3);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("device budgets that cannot work are refused with a tide::error naming device_budget") {
+  // More than any machine has, and 2^64 - 5: refused when the trainer is made.
+  for (std::size_t budget : {std::size_t{1} << 50, ~std::size_t{0} - 4}) {
+    INFO("device_budget " << budget);
+    try {
+      auto t = tide::train::make_trainer(spec, off::chunked<off::belady>{.device_budget = budget, .chunk_bytes = 20_KiB},
+                                         clipped);
+      FAIL("an impossible budget was accepted");
+    } catch (tide::error const& e) {
+      CHECK(e.category() == tide::errc::budget);
+      CHECK(std::string(e.message()).find("device_budget") != std::string::npos);
+    }
+  }
+  // Below the activations: the same breakdown of the minimum as below the working set, naming
+  // the trainer's knob (device_budget), not an arena's.
+  auto t = tide::train::make_trainer(spec, off::chunked<off::belady>{.device_budget = 16_KiB, .chunk_bytes = 20_KiB},
+                                     clipped);
+  auto const before = params_of(t);
+  try {
+    (void)t.step(view_of<decltype(t)>(data_of(0)));
+    FAIL("a budget below the activations was accepted");
+  } catch (tide::error const& e) {
+    std::string const what = e.message();
+    CHECK(e.category() == tide::errc::budget);
+    CHECK(what.find("activations") != std::string::npos);
+    CHECK(what.find("working set") != std::string::npos);
+    CHECK(what.find("raise device_budget to at least") != std::string::npos);
+    CHECK(what.find("options.budget") == std::string::npos);
+  }
+  CHECK(same(params_of(t), before));
+  CHECK(t.steps() == 0);
 }

@@ -36,21 +36,35 @@
 // stating the minimum and its parts. Offloading changes no result: the same kernels run on the
 // same bytes, only the addresses differ (tests/offload/scheduler.cpp checks bit-identity).
 //
+// Failures lose nothing. Every allocation and copy is acquired before the chunk it is for lets go
+// of its old block, and a chunk stepped by the optimizer first keeps a host copy of its
+// parameters and AdamW state (undo_on_error). A step that throws (an arena that cannot give a
+// block, a copy that cannot be issued, a model or hook that throws between the hooks) is then
+// abandoned by abort_step(): parameters, optimizer state and AdamW's step number are as before
+// the step, its gradients are dropped, and the next step, a checkpoint or destruction works.
+// (tests/offload/faults.cpp injects a failure at every allocation and copy of a step.) A failure
+// on a worker after its copy or step was issued (a device fault on tide::cuda) cannot be undone:
+// the scheduler reports it from then on and refuses further steps.
+//
 // Host backend only so far (device payloads are arena memory the host can read): the CUDA
 // instantiation needs compute-stream events around handovers and device zero fills.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -88,6 +102,11 @@ struct scheduler_options {
   // Weight decay on matrices only (rank >= 2), not on biases and LayerNorm gains (GPT-2's rule).
   bool decay_matrices_only = false;
   bool lock_host_pages = false;  // host tier: mlock (pointless on tide::host, where nothing DMAs)
+  // A chunk stepped inside a step keeps a host copy of its parameters and AdamW state until the
+  // step completes, so a step that throws can be undone (abort_step). Costs host memory of up to
+  // the stepped state (16 B per fp32 parameter at the end of a step) and one copy of it per step;
+  // off, a step that throws after the optimizer started may leave some chunks updated.
+  bool undo_on_error = true;
 };
 
 namespace detail {
@@ -176,21 +195,55 @@ class scheduler {
     }
     for (std::uint32_t i = 0; i < params_.size(); ++i) param_.transition(i, chunk::tensor_state::hold);
     jobs_.resize(n_);
+    next_backward_ = uses_.last_block();
+    // Everything the steady state appends to is sized here: a step allocates nothing on the heap.
+    undo_.reserve(n_);
+    access_.assign(params_.size(), 0);
+    grads_out_.reserve(params_.size());
+    pending_grad_frees_.reserve(n_);
+    decayed_.resize(n_);
+    plain_.resize(n_);
+    for (std::uint32_t c = 0; c < n_; ++c) {
+      std::size_t matrices = 0;
+      for (std::uint32_t i = layout_.first_param[c]; i < layout_.first_param[c + 1]; ++i)
+        matrices += params_[i].shape.rank >= 2 ? 1 : 0;
+      decayed_[c].reserve(matrices);
+      plain_[c].reserve(layout_.first_param[c + 1] - layout_.first_param[c] - matrices);
+    }
   }
 
   scheduler(scheduler const&) = delete;
   scheduler& operator=(scheduler const&) = delete;
 
+  // Frees every block it holds, also after a failure. A failure still in flight that close() did
+  // not report is written to stderr once (a destructor cannot throw).
   ~scheduler() {
-    try {
-      drain();
-    } catch (...) {  // a failed copy or step is reported by the call that issued it; nothing to add here
+    if (!closed_) {
+      try {
+        drain();
+      } catch (std::exception const& e) {
+        std::fprintf(stderr, "tide: offload::scheduler destroyed with a failure in flight (call close() to have it "
+                             "thrown): %s\n", e.what());
+      }
     }
+    wait_idle();  // no worker reads or writes a block freed below
+    for (std::uint32_t id = 0; id < ids_; ++id)
+      if (stale_[id] != nullptr) free_block(std::exchange(stale_[id], nullptr), stale_where_[id], chunk_of(id).capacity());
+    for (auto const& [c, p] : pending_grad_frees_) host_.deallocate(p, grad_[c].capacity(), 256);
+    pending_grad_frees_.clear();
+    discard_undo();
     for (auto* list : {&param_, &grad_, &master_, &m_, &v_})
       for (std::uint32_t c = 0; c < n_; ++c) free_payload((*list)[c]);
     for (std::byte* p : spare_) arena_->deallocate(p, param_.chunk_bytes(), 256);
     for (std::byte*& p : shadow_)
       if (p != nullptr) host_.deallocate(std::exchange(p, nullptr), param_.chunk_bytes(), 256);
+  }
+
+  // Waits for every copy and optimizer step in flight and reports a failure among them
+  // (tide::error); the destructor then has nothing to report. The scheduler stays usable.
+  void close() {
+    drain();
+    closed_ = true;
   }
 
   // ---- what it is ---------------------------------------------------------------------------
@@ -215,6 +268,12 @@ class scheduler {
   [[nodiscard]] int window() const noexcept { return window_; }
   [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return t_ - 1; }
   [[nodiscard]] bool os_on_device(std::uint32_t c) const { return os_on_device_.at(c); }
+  // The copy engine every chunk copy goes through (its stats; fail_copy() for fault injection).
+  [[nodiscard]] memory::transfer_engine<B>& transfers() noexcept { return engine_; }
+  // True between the first hook of a step and the end of step() / skip_step() / abort_step().
+  [[nodiscard]] bool in_step() const noexcept { return step_open_; }
+  // True once the first moment placed the model data (and checked the budget).
+  [[nodiscard]] bool placed() const noexcept { return placed_; }
 
   // ---- the budget -----------------------------------------------------------------------------
   // The least device budget this scheduler can train with when `non_model` bytes of activations
@@ -230,7 +289,7 @@ class scheduler {
     std::size_t const budget = arena_->config().budget;
     TIDE_CHECK(budget >= need.bytes, budget, "offload ", name(), ": the device budget ", bytes_of{budget},
                " is below this scheduler's minimum ", bytes_of{need.bytes}, " = ", need.why,
-               "; raise the budget to at least ", bytes_of{need.bytes},
+               "; raise device_budget to at least ", bytes_of{need.bytes},
                detail::is_resident<Config> ? std::string(", or offload (chunked<belady>)")
                                            : std::string(", or use smaller chunks / a smaller batch"));
   }
@@ -240,16 +299,31 @@ class scheduler {
   // step, on the host, for initialisation and inspection: then wait with synchronize() first).
   // Inside a step (or an evaluation) the model only reads parameters; outside, the caller may
   // write, so a device-resident chunk forgets its host copy.
+  // Inside a step, a block may ask only for the parameters its uses() list, and for their
+  // gradients only in its backward: anything else throws tide::error(usage) naming the parameter
+  // and the block (the chunk may hold anything then). One byte test per call.
   [[nodiscard]] T* param_data(std::uint32_t i) {
-    if (!step_open_ && !evaluating_) {
+    check_index(i, "param_data");
+    if (in_block_) {
+      if (!(access_[i] & readable)) [[unlikely]]
+        fail_access(i, "parameter");
+    } else if (step_open_ || evaluating_) [[unlikely]] {
+      fail_access(i, "parameter");
+    } else {
       drain();
       drop_shadow(layout_.chunk_of[i]);
     }
     return reinterpret_cast<T*>(param_.data(i));
   }
-  [[nodiscard]] T* grad_data(std::uint32_t i) { return reinterpret_cast<T*>(grad_.data(i)); }
+  [[nodiscard]] T* grad_data(std::uint32_t i) {
+    check_index(i, "grad_data");
+    if ((in_block_ && !(access_[i] & writable_grad)) || (!in_block_ && (step_open_ || evaluating_))) [[unlikely]]
+      fail_access(i, "gradient");
+    return reinterpret_cast<T*>(grad_.data(i));
+  }
   // Parameter i's bytes copied out, wherever its chunk is (after finishing pending work).
   [[nodiscard]] std::vector<T> read_param(std::uint32_t i) {
+    check_index(i, "read_param");
     drain();
     auto const& p = params_[i];
     std::vector<T> out(static_cast<std::size_t>(p.numel()));
@@ -260,6 +334,8 @@ class scheduler {
   // host-readable on tide::host wherever the chunk is, after finishing pending work. For
   // checkpoints: valid until the next hook or step.
   [[nodiscard]] std::span<std::byte> tensor_bytes(chunk::chunk_role role, std::uint32_t i) {
+    check_index(i, "tensor_bytes");
+    TIDE_REQUIRE(!step_open_, "offload::scheduler::tensor_bytes inside a step; read tensors between steps");
     drain();
     TIDE_REQUIRE(role != chunk::chunk_role::grad && (role != chunk::chunk_role::master || has_master),
                  "offload::scheduler::tensor_bytes: the ", chunk::to_string(role),
@@ -274,7 +350,12 @@ class scheduler {
                            : role == chunk::chunk_role::exp_avg_sq ? v_
                                                                    : master_;
     if (role == chunk::chunk_role::param) drop_shadow(layout_.chunk_of[i]);  // the caller may write
-    return {l.data(i), static_cast<std::size_t>(params_[i].numel()) * size_of(l.type())};
+    return {l.data(i), tensor_size(role, i)};
+  }
+  // Bytes of parameter i in the list of `role` (what tensor_bytes spans).
+  [[nodiscard]] std::size_t tensor_size(chunk::chunk_role role, std::uint32_t i) const {
+    check_index(i, "tensor_size");
+    return static_cast<std::size_t>(params_[i].numel()) * size_of(list(role).type());
   }
   // AdamW's step number (steps taken), for a resumed run.
   void set_optimizer_steps(std::int64_t steps) {
@@ -321,6 +402,7 @@ class scheduler {
                                     trace_recorder::now_us());
     for (std::uint32_t i : uses_.of(block))
       param_.transition(i, evaluating_ ? chunk::tensor_state::hold : chunk::tensor_state::hold_after_fwd);
+    leave_block(block);
     sample_non_model();
     if constexpr (detail::is_window<Config>) {
       if (tracer_.recording() && !evaluating_) {
@@ -329,7 +411,17 @@ class scheduler {
       }
     }
   }
-  void pre_backward(int block) { enter(block, chunk::phase::backward); }
+  // Backward visits the blocks last .. first, each once per pass: the optimizer steps a chunk
+  // after the pass that completes its gradients (micro-steps: after the last pass).
+  void pre_backward(int block) {
+    if (!evaluating_) {
+      TIDE_CHECK(block == next_backward_, usage, "offload ", name(), ": pre_backward(", block, ") but block ",
+                 next_backward_, " is next: backward must visit the blocks of uses() in reverse, ",
+                 uses_.last_block(), " down to ", uses_.first_block, ", each once per pass");
+      if (block == uses_.last_block()) ++backward_passes_;  // a pass begins
+    }
+    enter(block, chunk::phase::backward);
+  }
   void post_backward(int block) {
     if (tracing()) trace_->complete(tide::detail::concat("backward ", block), "compute", lane::compute, block_t0_,
                                     trace_recorder::now_us());
@@ -337,27 +429,29 @@ class scheduler {
       param_.transition(i, chunk::tensor_state::hold_after_bwd);
       grad_.transition(i, chunk::tensor_state::hold_after_bwd);
     }
+    leave_block(block);
+    next_backward_ = block == uses_.first_block ? uses_.last_block() : block - 1;
     sample_non_model();
-    if (block == uses_.first_block) ++backward_passes_;
     if (backward_passes_ % options_.micro_steps != 0) return;  // gradients accumulate
     if (options_.defer_optimizer) return;                       // step() runs it
     optimizer_moments_of(block, true);
+    add_moves_to_last_sample();  // the optimizer moment's copies belong to this block's bar
   }
 
   // The gradient of every parameter, in parameter order, wherever its chunk is (host-readable on
   // tide::host): for global_grad_norm and any_non_finite. Waits for copies in flight first. A
   // parameter whose gradient chunk holds nothing yet reads as zeros from a zero-filled chunk.
-  [[nodiscard]] std::vector<kernels::grad_tensor<T>> gradients() {
+  // Valid until the next hook or step.
+  [[nodiscard]] std::span<kernels::grad_tensor<T> const> gradients() {
     drain();
-    std::vector<kernels::grad_tensor<T>> out;
-    out.reserve(params_.size());
+    grads_out_.clear();  // reserved at construction: no allocation per step
     for (std::uint32_t i = 0; i < params_.size(); ++i) {
       std::uint32_t const c = layout_.chunk_of[i];
       TIDE_REQUIRE(grad_[c].payload() != nullptr, "offload::scheduler::gradients: parameter \"", params_[i].name(),
                    "\" has no gradient yet (run backward first; after step() gradients are freed)");
-      out.push_back({reinterpret_cast<T const*>(grad_.data(i)), params_[i].numel()});
+      grads_out_.push_back({reinterpret_cast<T const*>(grad_.data(i)), params_[i].numel()});
     }
-    return out;
+    return grads_out_;
   }
 
   // Ends an optimizer step without updating anything (an overflowed loss scale): the gradients
@@ -369,7 +463,68 @@ class scheduler {
     finish(false);
   }
 
+  // Abandons a step that threw, wherever it threw (a hook, the model between hooks, step()):
+  // waits for the work in flight, puts back the parameters and AdamW state of every chunk the
+  // optimizer stepped in it, drops its gradients and its trace record. Parameters, optimizer
+  // state and AdamW's step number are then as before the step; the next step, a checkpoint or the
+  // destructor work. make_trainer's step() calls it; a caller driving the hooks by hand calls it
+  // from its catch block. Outside a step it does nothing. Never throws: a failure on a worker
+  // (a copy or host step that failed after it was issued) is kept and reported by every later
+  // step and by close().
+  void abort_step() noexcept {
+    in_block_ = false;
+    std::fill(access_.begin(), access_.end(), std::uint8_t{0});
+    if (!step_open_) return;
+    try {
+      drain();
+    } catch (std::exception const& e) {
+      broken_ = e.what();
+    }
+    if (broken_.empty()) {
+      for (undo_record const& r : undo_) restore(r);
+      for (std::uint32_t i = 0; i < params_.size(); ++i) {
+        if (param_.tensor(i).state != chunk::tensor_state::hold) param_.transition(i, chunk::tensor_state::hold);
+        if (grad_.tensor(i).state == chunk::tensor_state::compute) grad_.transition(i, chunk::tensor_state::hold);
+      }
+      for (std::uint32_t c = 0; c < n_; ++c) release_grad(c);  // the step's gradients are dropped
+      if constexpr (detail::is_static<Config>) rehome_ = true;  // the partition is pinned again next step
+    }
+    discard_undo();
+    tracer_.abort_step();
+    backward_passes_ = 0;
+    next_backward_ = uses_.last_block();
+    step_open_ = false;
+    cur_ = {};
+    tide_.clear();
+  }
+
  private:
+  static constexpr std::uint8_t readable = 1, writable_grad = 2;
+
+  void check_index(std::uint32_t i, char const* what) const {
+    TIDE_CHECK(i < params_.size(), usage, "offload::scheduler::", what, "(", i, "): the model has ", params_.size(),
+               " parameters (indices 0..", params_.size() - 1, ")");
+  }
+  [[noreturn]] void fail_access(std::uint32_t i, char const* what) const {
+    std::string blocks;
+    for (int b = uses_.first_block; b <= uses_.last_block(); ++b)
+      for (std::uint32_t j : uses_.of(b))
+        if (j == i) blocks.append(blocks.empty() ? "" : ", ").append(std::to_string(b));
+    std::string const where =
+        in_block_ ? tide::detail::concat("in block ", block_, "'s ", phase_ == chunk::phase::forward ? "forward" : "backward")
+                  : std::string("between blocks (outside every pre_*/post_* pair)");
+    TIDE_FAIL(usage, "offload ", name(), ": the model asked for the ", what, " of \"", params_[i].name(),
+              "\" (parameter ", i, ") ", where, ", but uses() lists it only for block",
+              blocks.find(',') != std::string::npos ? "s " : " ", blocks.empty() ? std::string("s: none") : blocks,
+              std::string_view(what) == "gradient" ? " (gradients: in their backward only)" : "",
+              "; add it to that block's uses() (nn::block_uses) or read it inside a block that lists it");
+  }
+  void leave_block(int block) {
+    (void)block;
+    in_block_ = false;
+    for (std::uint32_t i : uses_.of(block)) access_[i] = 0;
+  }
+
   // The optimizer moment after `block`'s backward, and its steps (apply = false: moves only).
   void optimizer_moments_of(int block, bool apply) {    // The optimizer is a moment of the trace too: host-state chunks must be on the host, the
     // completed gradient chunks are released after it.
@@ -403,20 +558,21 @@ class scheduler {
 
  private:
   void finish(bool apply) {
+    require_intact();
     TIDE_REQUIRE(step_open_, "offload::scheduler::step() without a forward since the last step");
-    TIDE_REQUIRE(backward_passes_ % options_.micro_steps == 0 && backward_passes_ > 0, "offload::scheduler::step(): ",
-                 backward_passes_ % options_.micro_steps, " of ", options_.micro_steps,
-                 " micro-step backward passes ran; step after the last one");
+    TIDE_REQUIRE(backward_passes_ % options_.micro_steps == 0 && backward_passes_ > 0 &&
+                     next_backward_ == uses_.last_block(),
+                 "offload::scheduler::step(): ", backward_passes_ % options_.micro_steps, " of ",
+                 options_.micro_steps, " micro-step backward passes ran",
+                 next_backward_ != uses_.last_block() ? " (one stopped before its first block)" : "",
+                 "; step after the last one");
     if (options_.defer_optimizer)
       for (int b = uses_.last_block(); b >= uses_.first_block; --b) optimizer_moments_of(b, apply);
     auto const t0 = std::chrono::steady_clock::now();
     drain();
     cur_.stall_ms += detail::ms_since(t0);
-    if constexpr (detail::is_static<Config>) {
-      for (std::uint32_t c = 0; c < n_; ++c) bring_home_pinned(c);
-      engine_.synchronize();
-      for (std::uint32_t c = 0; c < n_; ++c) settle(c);
-    }
+    if constexpr (detail::is_static<Config>) pin_partition();
+    discard_undo();  // the step is complete: nothing left to undo
     bool const warm_up = tracer_.recording();
     tracer_.end_step();
     if (warm_up && tracer_.warm()) after_warm_up();
@@ -673,10 +829,18 @@ class scheduler {
       ch.attach(dev, chunk::tier::device);
       ++cur_.allocations;
     } else {
-      std::byte* host = ch.detach();
+      // The copy is issued before the chunk lets go of its host block: if it cannot be, the chunk
+      // keeps its data and the device block goes back (a handed-over one: to the caller).
+      std::byte* const host = ch.payload();
       copy_span* span = open_span(id, "fetch ", ch.capacity());
-      engine_.copy_async(dev, host, ch.capacity(), memory::copy_direction::host_to_device, ready_[id]);
+      try {
+        engine_.copy_async(dev, host, ch.capacity(), memory::copy_direction::host_to_device, ready_[id]);
+      } catch (...) {
+        if (handover == nullptr) free_block(dev, chunk::tier::device, ch.capacity());
+        throw;
+      }
       close_span(span);
+      (void)ch.detach();
       ch.attach(dev, chunk::tier::device);
       if (id < n_) shadow_[id] = host;  // parameters change only in the optimizer: keep the host copy
       else set_stale(id, host, chunk::tier::host);
@@ -698,14 +862,23 @@ class scheduler {
       std::byte* dev = ch.detach();
       ch.attach(std::exchange(shadow_[id], nullptr), chunk::tier::host);
       ++cur_.clean_drops;
+      evicted_bytes_ += ch.capacity();
       return dev;
     }
+    // Acquire, issue, then detach: a refused block or copy leaves the chunk where it was.
     auto* host = static_cast<std::byte*>(host_.allocate(ch.capacity(), 256));
-    std::byte* dev = ch.detach();
+    std::byte* const dev = ch.payload();
     copy_span* span = open_span(id, "evict ", ch.capacity());
-    engine_.copy_async(host, dev, ch.capacity(), memory::copy_direction::device_to_host, ready_[id]);
+    try {
+      engine_.copy_async(host, dev, ch.capacity(), memory::copy_direction::device_to_host, ready_[id]);
+    } catch (...) {
+      host_.deallocate(host, ch.capacity(), 256);
+      throw;
+    }
     close_span(span);
+    (void)ch.detach();
     ch.attach(host, chunk::tier::host);
+    evicted_bytes_ += ch.capacity();
     in_flight_[id] = true;
     ++copies_in_flight_;
     cur_.d2h_bytes += ch.capacity();
@@ -723,6 +896,17 @@ class scheduler {
   void evict(std::uint32_t id) {
     ++cur_.evictions;
     set_stale(id, copy_out(id), chunk::tier::device);
+  }
+  // fetch(id) into the block `victim` handed over; if the fetch throws, the block is the victim's
+  // stale block again (freed once its copy out is done), so nothing leaks.
+  void fetch_into(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect, std::uint32_t victim,
+                  std::byte* block) {
+    try {
+      fetch(id, t, protect, block);
+    } catch (...) {
+      set_stale(victim, block, chunk::tier::device);
+      throw;
+    }
   }
 
   // The chunk to evict at moment t among the movable device chunks not in `protect` whose next
@@ -769,7 +953,6 @@ class scheduler {
       }
       ++cur_.demand_fetches;
       std::size_t const need = block_bytes();
-      std::byte* handover = nullptr;
       while (model_on_device() + need > capacity(t) && reclaim_stale(true)) {
       }
       if (model_on_device() + need > capacity(t)) {
@@ -777,15 +960,15 @@ class scheduler {
         // go on only while the arena's hard limit allows (the warm-up's soft budget is 0).
         auto const victim = pick_victim(t, protect, std::numeric_limits<std::size_t>::max());
         if (victim) {
-          handover = hand_over(*victim, id);
-        } else {
-          TIDE_CHECK(model_on_device() + need <= hard_limit(), budget, "offload ", name(), ": moment ", t,
-                     " needs chunk ", id, " on the device but every chunk there is in use (model data on the device ",
-                     bytes_of{model_on_device()}, ", device room for chunks ", bytes_of{hard_limit()},
-                     "); raise the budget");
+          fetch_into(id, t, protect, *victim, hand_over(*victim, id));
+          continue;
         }
+        TIDE_CHECK(model_on_device() + need <= hard_limit(), budget, "offload ", name(), ": moment ", t,
+                   " needs chunk ", id, " on the device but every chunk there is in use (model data on the device ",
+                   bytes_of{model_on_device()}, ", device room for chunks ", bytes_of{hard_limit()},
+                   "); raise device_budget");
       }
-      fetch(id, t, protect, handover);
+      fetch(id, t, protect);
     }
     for (std::uint32_t id : ids) settle(id);
   }
@@ -811,14 +994,14 @@ class scheduler {
           if (id < n_ && optimizer_pending_[id] && !busy_[id].query()) continue;  // still being stepped
           if (chunk_of(id).payload() == nullptr) continue;  // a FREE gradient: created when touched, no copy
           std::size_t const room = std::min(capacity(t), capacity(u));
-          std::byte* handover = nullptr;
           if (model_on_device() + block_bytes() > room) {
             // Only by evicting a chunk used later than this one (what MIN would do anyway).
             auto const victim = pick_victim(t, protect_, static_cast<std::size_t>(k));
             if (!victim) return;  // the budget is full of nearer uses: fetching further ahead would undo MIN
-            handover = hand_over(*victim, id);
+            fetch_into(id, t, protect_, *victim, hand_over(*victim, id));
+          } else {
+            fetch(id, t, protect_);
           }
-          fetch(id, t, protect_, handover);
           ++cur_.prefetches;
         }
       }
@@ -829,52 +1012,62 @@ class scheduler {
 
   void begin_step_if_needed() {
     if (step_open_) return;
+    require_intact();
     step_open_ = true;
     tracer_.begin_step();
     arena_->reset_peak();
     tide_.clear();
+    moves_mark_ = {cur_.h2d_bytes, evicted_bytes_};
     if (!placed_) first_placement();
+    if constexpr (detail::is_static<Config>)
+      if (rehome_) pin_partition();
+  }
+  void require_intact() const {
+    TIDE_CHECK(broken_.empty(), io, "offload ", name(), ": a copy or optimizer step failed on a worker earlier (",
+               broken_, "); the model data it was moving may be lost: load the last checkpoint into a new trainer");
   }
 
   // The first moment of the first step: the non-model bytes are known (the model allocated its
   // activations), so the budget is checked, then pinned placements are made.
+  // Idempotent: a placement that threw half-way is completed by the next step.
   void first_placement() {
     std::size_t const non_model = arena_->stats().in_use - device_bytes_;
     check_budget(non_model);
-    placed_ = true;
     init_master();
     if constexpr (detail::is_resident<Config>) {
       for (std::uint32_t c = 0; c < n_; ++c) {
-        fetch(c, 0, {});
+        if (!on_device(c)) fetch(c, 0, {});
         chunk_of(c).set_pinned(true);
-        move_os_to_device(c);
+        if (!os_on_device_[c]) move_os_to_device(c);
       }
       engine_.synchronize();
       for (std::uint32_t c = 0; c < n_; ++c) settle(c);
     } else if constexpr (detail::is_static<Config>) {
-      for (std::uint32_t c = 0; c < n_; ++c) {
-        fetch(c, 0, {});
-        chunk_of(c).set_pinned(true);
-        pinned_bytes_ += block_bytes();
-      }
-      engine_.synchronize();
-      for (std::uint32_t c = 0; c < n_; ++c) settle(c);
+      pin_partition();
     } else if constexpr (detail::is_window<Config>) {
       window_ = Config::window == 0 ? 2 : Config::window;  // the warm-up runs with the smallest window
       spare_limit_ = 2 * static_cast<std::size_t>(window_);
+      spare_.reserve(spare_limit_);
     }
+    placed_ = true;
   }
 
   void enter(int block, chunk::phase ph) {
     if (tracing()) block_t0_ = trace_recorder::now_us();
+    TIDE_CHECK(block >= uses_.first_block && block <= uses_.last_block(), usage, "offload ", name(), ": block ",
+               block, " is not one of uses() (", uses_.first_block, "..", uses_.last_block(), ")");
+    TIDE_CHECK(!in_block_, usage, "offload ", name(), ": block ", block, " entered while block ", block_,
+               " is still open; call post_forward / post_backward of each block before the next");
     if (evaluating_) {
       TIDE_REQUIRE(ph == chunk::phase::forward, "offload::scheduler: backward during evaluation; call "
                                                 "end_evaluation() before training");
+      require_intact();
       if (!placed_) first_placement();
       ++tick_;
       reclaim_stale(false);
       make_resident(ids_of(block, ph), untraced);
       for (std::uint32_t i : uses_.of(block)) param_.transition(i, chunk::tensor_state::compute);
+      open_block(block, ph);
       return;
     }
     begin_step_if_needed();
@@ -894,6 +1087,22 @@ class scheduler {
     sample_non_model();
     tide_.push_back({{block, ph}, device_bytes_ - spare_bytes_, non_model_now(), arena_->config().budget});
     prefetch(t);
+    add_moves_to_last_sample();
+    open_block(block, ph);
+  }
+  void open_block(int block, chunk::phase ph) {
+    for (std::uint32_t i : uses_.of(block))
+      access_[i] = static_cast<std::uint8_t>(readable | (ph == chunk::phase::backward ? writable_grad : 0));
+    block_ = block;
+    phase_ = ph;
+    in_block_ = true;
+  }
+  // Bytes fetched and evicted since the last sample go to the newest one.
+  void add_moves_to_last_sample() {
+    if (tide_.empty()) return;
+    tide_.back().fetched_bytes += cur_.h2d_bytes - moves_mark_.first;
+    tide_.back().evicted_bytes += evicted_bytes_ - moves_mark_.second;
+    moves_mark_ = {cur_.h2d_bytes, evicted_bytes_};
   }
 
   [[nodiscard]] std::size_t model_on_device() const noexcept { return device_bytes_ - spare_bytes_; }
@@ -913,6 +1122,13 @@ class scheduler {
 
   // ---- the optimizer --------------------------------------------------------------------------
 
+  // Chunk c's state before this step's update: the parameter chunk, (master,) m and v.
+  struct undo_record {
+    std::uint32_t c = 0;
+    std::size_t elements = 0;
+    std::array<std::byte*, 4> copy{};  // param, master, m, v
+    bool saved = false;                // set by whoever took the copies (the optimizer worker for host steps)
+  };
   // One AdamW step over chunk c (the whole chunk: padding is zero and stays zero).
   struct host_job {
     scheduler* self = nullptr;
@@ -927,10 +1143,12 @@ class scheduler {
     kernels::adamw_hparams hp{};
     float scale = 1.f;
     trace_recorder* recorder = nullptr;
+    undo_record* undo = nullptr;  // where the state before the update goes (undo_on_error)
     void operator()() {
       auto const t0 = std::chrono::steady_clock::now();
       exec<host> const ex{self->optimizer_pool_};
       double const start = recorder != nullptr ? trace_recorder::now_us() : 0;
+      if (undo != nullptr) self->save_undo(*undo, p, m, v, working, n);
       self->run_adamw(ex, c, p, g, m, v, working, n, t, hp, scale);
       self->optimizer_ns_.fetch_add(static_cast<std::int64_t>(detail::ms_since(t0) * 1e6), std::memory_order_relaxed);
       if (recorder != nullptr)
@@ -940,16 +1158,20 @@ class scheduler {
   };
 
   // AdamW over chunk c's n elements: one flat call, or (decay_matrices_only) one call over the
-  // matrices and one without decay over the rest. Const: it runs on the optimizer worker too.
+  // matrices and one without decay over the rest, listed in chunk c's own reserved vectors (it
+  // runs on the optimizer worker too; no two steps of one chunk run at once).
   void run_adamw(exec<host> const& ex, std::uint32_t c, float* p, T const* g, float* m, float* v, T* working,
-                 index_t n, std::int64_t t, kernels::adamw_hparams const& hp, float scale) const {
+                 index_t n, std::int64_t t, kernels::adamw_hparams const& hp, float scale) {
     if (!options_.decay_matrices_only) {
       kernels::adamw(ex, hp, t, tensor_view<float>(p, {n}), tensor_view<T const>(g, {n}), tensor_view<float>(m, {n}),
                      tensor_view<float>(v, {n}), working != nullptr ? tensor_view<T>(working, {n}) : tensor_view<T>{},
                      scale);
       return;
     }
-    std::vector<kernels::adamw_tensor<T, T>> decayed, plain;
+    auto& decayed = decayed_[c];
+    auto& plain = plain_[c];
+    decayed.clear();
+    plain.clear();
     for (std::uint32_t i = layout_.first_param[c]; i < layout_.first_param[c + 1]; ++i) {
       std::size_t const at = layout_.offset_of[i];
       kernels::adamw_tensor<T, T> const r{p + at, g + at, m + at, v + at, working != nullptr ? working + at : nullptr,
@@ -999,7 +1221,12 @@ class scheduler {
         make_resident(ids, current_);
       }
       auto const t0 = std::chrono::steady_clock::now();
-      if (apply) drop_shadow(c);  // the device copy changes: the host one is stale
+      if (apply) {
+        if (undo_record* u = begin_undo(c))
+          save_undo(*u, master_of(c), reinterpret_cast<float*>(m_[c].payload()),
+                    reinterpret_cast<float*>(v_[c].payload()), working_of(c), n);
+        drop_shadow(c);  // the device copy changes: the host one is stale
+      }
       double const start = tracing() ? trace_recorder::now_us() : 0;
       if (apply)
         run_adamw(ex_, c, master_of(c), reinterpret_cast<T const*>(grad_[c].payload()),
@@ -1016,11 +1243,13 @@ class scheduler {
     }
     // Host state: parameters and gradients go to the host; the step runs on the optimizer worker
     // after both copies, and the parameter chunk is not fetched again before it finished.
-    bool const was_pinned = param_[c].pinned();
-    param_[c].set_pinned(false);
+    undo_record* const undo = apply ? begin_undo(c) : nullptr;  // acquired before anything moves
     if (on_device(c)) set_stale(c, copy_out(c), chunk::tier::device);
     if (on_device(n_ + c)) set_stale(n_ + c, copy_out(n_ + c), chunk::tier::device);
-    if (was_pinned) pinned_bytes_ -= block_bytes();
+    if (param_[c].pinned()) {
+      param_[c].set_pinned(false);
+      pinned_bytes_ -= block_bytes();
+    }
     ++cur_.host_optimizer_chunks;
     if (!apply) {  // the moves happened; nothing to compute
       param_.transition_chunk(c, chunk::tensor_state::hold);
@@ -1039,7 +1268,8 @@ class scheduler {
            t_,
            options_.adamw,
            options_.grad_scale,
-           tracing() ? trace_ : nullptr};
+           tracing() ? trace_ : nullptr,
+           undo};
     param_.transition_chunk(c, chunk::tensor_state::hold);
     grad_.transition_chunk(c, chunk::tensor_state::free);
     if (options_.overlap_optimizer) {
@@ -1056,6 +1286,54 @@ class scheduler {
       job();
       free_payload(grad_[c]);
     }
+  }
+
+  // ---- undo -------------------------------------------------------------------------------------
+
+  [[nodiscard]] std::size_t undo_bytes(std::size_t k, std::size_t elements) const noexcept {
+    return elements * (k == 0 ? sizeof(T) : sizeof(float));
+  }
+  // Host blocks for chunk c's undo copies, acquired before its update (nullptr: undo is off).
+  undo_record* begin_undo(std::uint32_t c) {
+    if (!options_.undo_on_error) return nullptr;
+    undo_record r{c, static_cast<std::size_t>(step_elements(c)), {}, false};
+    try {
+      for (std::size_t k = 0; k < 4; ++k)
+        if (k != 1 || has_master) r.copy[k] = static_cast<std::byte*>(host_.allocate(undo_bytes(k, r.elements), 256));
+    } catch (...) {
+      free_undo(r);
+      throw;
+    }
+    TIDE_ASSERT(undo_.size() < undo_.capacity());  // one record per chunk and step: never reallocates
+    undo_.push_back(r);
+    return &undo_.back();
+  }
+  void save_undo(undo_record& r, float const* p, float const* m, float const* v, T const* working,
+                 index_t n) const noexcept {
+    auto const e = static_cast<std::size_t>(n);
+    std::memcpy(r.copy[0], has_master ? static_cast<void const*>(working) : static_cast<void const*>(p), e * sizeof(T));
+    if (has_master) std::memcpy(r.copy[1], p, e * sizeof(float));
+    std::memcpy(r.copy[2], m, e * sizeof(float));
+    std::memcpy(r.copy[3], v, e * sizeof(float));
+    r.saved = true;
+  }
+  // Puts chunk r.c's state back, wherever its chunks are now (host-readable on tide::host).
+  void restore(undo_record const& r) {
+    if (!r.saved) return;  // the update never ran
+    std::uint32_t const c = r.c;
+    drop_shadow(c);  // the host copy of a device-resident chunk may hold the update
+    std::memcpy(param_[c].payload(), r.copy[0], undo_bytes(0, r.elements));
+    if constexpr (has_master) std::memcpy(master_[c].payload(), r.copy[1], undo_bytes(1, r.elements));
+    std::memcpy(m_[c].payload(), r.copy[2], undo_bytes(2, r.elements));
+    std::memcpy(v_[c].payload(), r.copy[3], undo_bytes(3, r.elements));
+  }
+  void free_undo(undo_record& r) noexcept {
+    for (std::size_t k = 0; k < 4; ++k)
+      if (r.copy[k] != nullptr) host_.deallocate(std::exchange(r.copy[k], nullptr), undo_bytes(k, r.elements), 256);
+  }
+  void discard_undo() noexcept {
+    for (undo_record& r : undo_) free_undo(r);
+    undo_.clear();
   }
 
   // ---- the timeline ---------------------------------------------------------------------------
@@ -1110,41 +1388,75 @@ class scheduler {
   }
 
   // Moves chunk c's m and v to the device (state placed there by the warm-up's margin).
+  // All or nothing: every device block is acquired before any list lets go of its host block.
   void move_os_to_device(std::uint32_t c) {
     init_master();
-    for (chunk::chunk_list* list : {&m_, &v_, &master_}) {
-      if (list == &master_ && !has_master) continue;
-      chunk::chunk& ch = (*list)[c];
+    std::array<chunk::chunk*, 3> const lists{&m_[c], &v_[c], has_master ? &master_[c] : nullptr};
+    std::array<std::byte*, 3> dev{};
+    try {
+      for (std::size_t k = 0; k < 3; ++k)
+        if (lists[k] != nullptr) dev[k] = static_cast<std::byte*>(arena_->allocate(lists[k]->capacity(), 256));
+    } catch (...) {
+      for (std::size_t k = 0; k < 3; ++k)
+        if (dev[k] != nullptr) arena_->deallocate(dev[k], lists[k]->capacity(), 256);
+      throw;
+    }
+    for (std::size_t k = 0; k < 3; ++k) {
+      if (lists[k] == nullptr) continue;
+      chunk::chunk& ch = *lists[k];
+      std::memcpy(dev[k], ch.payload(), ch.capacity());
       std::byte* host = ch.detach();
-      auto* dev = static_cast<std::byte*>(arena_->allocate(ch.capacity(), 256));
-      device_bytes_ += round_up(ch.capacity(), 256);
-      std::memcpy(dev, host, ch.capacity());
-      cur_.h2d_bytes += ch.capacity();
+      ch.attach(dev[k], chunk::tier::device);
       host_.deallocate(host, ch.capacity(), 256);
-      ch.attach(dev, chunk::tier::device);
+      device_bytes_ += round_up(ch.capacity(), 256);
+      cur_.h2d_bytes += ch.capacity();
     }
     os_on_device_[c] = true;
   }
 
-  // static_partition: parameter chunk c back to the device after its host step, pinned again.
-  void bring_home_pinned(std::uint32_t c) {
-    if (!on_device(c)) {
-      fetch(c, 0, {});
-      pinned_bytes_ += block_bytes();
+  // static_partition: every parameter chunk on the device and pinned (at the first moment, after
+  // each step's host updates, and after a failed step). A chunk fetched stays fetched if a later
+  // one throws: the next call completes the partition.
+  void pin_partition() {
+    for (std::uint32_t c = 0; c < n_; ++c) {
+      if (!on_device(c)) fetch(c, 0, {});
+      param_[c].set_pinned(true);
+      pinned_bytes_ = static_cast<std::size_t>(c + 1) * block_bytes();
     }
-    param_[c].set_pinned(true);
+    engine_.synchronize();
+    for (std::uint32_t c = 0; c < n_; ++c) settle(c);
+    rehome_ = false;
   }
 
-  // Waits for every copy and host step; frees what they held.
+  // Waits for every copy and host step; frees what they held. Waits for all of them even when
+  // one failed, then reports the first failure.
   void drain() {
-    engine_.synchronize();
-    copy_stream_.synchronize();  // the timeline's stamps run after the copies
-    optimizer_stream_.synchronize();
+    std::exception_ptr failure;
+    auto wait = [&failure](auto&& f) {
+      try {
+        f();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    };
+    wait([&] { engine_.synchronize(); });
+    wait([&] { copy_stream_.synchronize(); });  // the timeline's stamps run after the copies
+    wait([&] { optimizer_stream_.synchronize(); });
+    if (failure) {
+      wait_idle();
+      spans_.clear();
+      std::rethrow_exception(failure);
+    }
     spans_.clear();
     for (std::uint32_t c = 0; c < n_; ++c) optimizer_pending_[c] = false;
     for (auto const& [c, p] : pending_grad_frees_) host_.deallocate(p, grad_[c].capacity(), 256);
     pending_grad_frees_.clear();
     for (std::uint32_t id = 0; id < ids_; ++id) settle(id);
+  }
+  // Waits until both workers ran out of work, without reporting anything (for the destructor
+  // and after a failure: a failed stream skips the rest of its queue, so this ends).
+  void wait_idle() noexcept {
+    while (!copy_stream_.query() || !optimizer_stream_.query()) std::this_thread::yield();
   }
 
   // After the warm-up: place optimizer state on the device where the margin allows
@@ -1157,8 +1469,17 @@ class scheduler {
       std::size_t const taken = peak + reserved_bytes() + movable;
       if (budget > taken) {
         auto const fit = (budget - taken) / (os_lists * os_block_bytes());
-        for (std::uint32_t c = 0; c < n_ && c < fit; ++c)
-          if (!os_on_device_[c]) move_os_to_device(c);
+        // An optimisation: where the arena cannot give the blocks (fragmentation), the state stays
+        // on the host and the trace says so.
+        for (std::uint32_t c = 0; c < n_ && c < fit; ++c) {
+          if (os_on_device_[c]) continue;
+          try {
+            move_os_to_device(c);
+          } catch (tide::error const& e) {
+            if (e.category() != errc::budget) throw;
+            break;
+          }
+        }
         // A planned change, not a divergence: the optimizer moments now touch those chunks.
         tracer_.amend([&](std::size_t, chunk::moment m, std::vector<std::uint32_t>& touched,
                           std::vector<std::uint32_t>& on_host, std::vector<std::uint32_t>& released) {
@@ -1205,8 +1526,8 @@ class scheduler {
     cur_.warm_up = warm_up;
     last_ = cur_;
     cur_ = {};
-    last_tide_ = std::move(tide_);
-    tide_ = {};
+    std::swap(last_tide_, tide_);  // both keep their capacity: no allocation per step
+    tide_.clear();
   }
 
   // ---- state ----------------------------------------------------------------------------------
@@ -1245,6 +1566,9 @@ class scheduler {
   std::size_t copies_in_flight_ = 0;
   std::vector<bool> os_on_device_;
   std::vector<host_job> jobs_;
+  std::vector<undo_record> undo_;          // the chunks stepped in the step in progress
+  std::vector<std::vector<kernels::adamw_tensor<T, T>>> decayed_, plain_;  // by chunk (decay_matrices_only)
+  std::vector<kernels::grad_tensor<T>> grads_out_;                          // what gradients() returns
   std::vector<std::pair<std::uint32_t, std::byte*>> pending_grad_frees_;
   std::vector<std::uint32_t> candidates_, protect_, touched_, on_host_, released_;
   std::vector<std::byte*> spare_;          // layer_window: device blocks kept for reuse
@@ -1258,6 +1582,17 @@ class scheduler {
   std::size_t backward_passes_ = 0;
   bool step_open_ = false;
   bool evaluating_ = false;
+  // Which parameters the open block may touch (readable | writable_grad), by parameter.
+  std::vector<std::uint8_t> access_;
+  bool in_block_ = false;
+  int block_ = 0;
+  chunk::phase phase_ = chunk::phase::forward;
+  int next_backward_ = 0;          // the block backward must visit next
+  bool rehome_ = false;            // static_partition: a failed step left parameter chunks unpinned
+  bool closed_ = false;
+  std::string broken_;             // a failure on a worker: every later step reports it
+  std::size_t evicted_bytes_ = 0;  // bytes that left the device (copied or dropped clean), ever
+  std::pair<std::size_t, std::size_t> moves_mark_{};  // h2d and evicted bytes at the last sample
   bool master_written_ = false;  // bf16 / f16: the masters hold the parameters (init_master ran or a load wrote them)
   trace_recorder* trace_ = nullptr;
   double block_t0_ = 0;

@@ -18,6 +18,8 @@ struct tide_sample {
   std::size_t model_bytes = 0;      // chunks (and optimizer state) on the device
   std::size_t non_model_bytes = 0;  // everything else the arena holds: activations, workspaces
   std::size_t budget = 0;           // the device budget
+  std::size_t fetched_bytes = 0;    // copied host -> device while the moment was made resident (and prefetched)
+  std::size_t evicted_bytes = 0;    // left the device at the moment: copied to the host, or dropped when clean
 };
 
 struct offload_stats {

@@ -173,14 +173,20 @@ class checkpoint_writer {
     return n;
   }
 
-  // Writes `<path>.tmp-<pid>` next to `path`, fsyncs it, renames it over `path` and fsyncs the
-  // directory. On failure the tmp file is removed, `path` is untouched, and tide::error(io) names
+  // Creates the missing parent folders of `path`, writes `<path>.tmp-<pid>` next to it, fsyncs
+  // it, renames it over `path` and fsyncs the directory. On failure the tmp file is removed, `path` is untouched, and tide::error(io) names
   // the path and the system's reason. One commit to a given path at a time per process.
   void commit(std::filesystem::path const& path) const {
     namespace fs = std::filesystem;
     TIDE_REQUIRE(!path.empty(), "checkpoint_writer::commit: empty path");
     TIDE_REQUIRE(sections_.size() <= 0xFFFFFFFFu, "checkpoint_writer::commit: ", sections_.size(),
                  " sections, the format holds at most 2^32 - 1");
+    if (path.has_parent_path()) {  // a new run's folder: made here, as a user saving there expects
+      std::error_code ec;
+      fs::create_directories(path.parent_path(), ec);
+      TIDE_CHECK(!ec, io, "cannot save checkpoint ", path.string(), ": cannot create the folder ",
+                 path.parent_path().string(), ": ", ec.message());
+    }
     fs::path tmp = path;
     tmp += ".tmp-" + std::to_string(::getpid());
 

@@ -45,6 +45,7 @@
 #include "tide/offload/schedulers.hpp"
 #include "tide/optim/adamw.hpp"
 #include "tide/train/checkpoint.hpp"
+#include "tide/train/model.hpp"
 
 namespace tide::train {
 
@@ -61,15 +62,6 @@ struct no_pipeline {
 
 // ---- concepts -------------------------------------------------------------------------------
 
-// What a trainer builds its model from: the parameters and what each block reads (so the
-// scheduler can chunk them), and a model type over the scheduler's hooks.
-template <class S>
-concept ModelSpec = requires(S const& s) {
-  typename S::backend;
-  typename S::element_type;
-  { s.parameters() } -> std::same_as<nn::parameter_list>;
-  { s.uses() } -> std::same_as<nn::block_uses>;
-};
 
 template <class O>
 concept OffloadPolicy = offload::detail::is_chunked<O> || offload::detail::is_window<O> ||
@@ -102,7 +94,7 @@ struct step_stats {
   offload::offload_stats offload{};
 };
 
-template <ModelSpec Spec, class Offload, class Optimizer, class Comm = no_comm, class Compress = no_compress,
+template <class Spec, class Offload, class Optimizer, class Comm = no_comm, class Compress = no_compress,
           class Pipeline = no_pipeline>
 class trainer {
   static_assert(OffloadPolicy<Offload>, "make_trainer: the 2nd argument must be an offload policy: "
@@ -110,20 +102,21 @@ class trainer {
   static_assert(OptimizerPolicy<Optimizer>, "make_trainer: the 3rd argument must be an optimizer policy with "
                                             "hparams(lr), schedule(lr, step), clip_norm, micro_steps and scaling "
                                             "(tide::optim::adamw has them)");
-  static_assert(std::is_same_v<Comm, no_comm>, "make_trainer: communication policies (mpi, nccl) arrive with the "
-                                               "comm issue; pass tide::train::no_comm{} or nothing");
-  static_assert(std::is_same_v<Compress, no_compress>, "make_trainer: compression policies arrive with the "
-                                                       "compression issue; pass tide::train::no_compress{} or nothing");
-  static_assert(std::is_same_v<Pipeline, no_pipeline>, "make_trainer: pipeline schedules arrive with the pipeline "
-                                                       "issue; pass tide::train::no_pipeline{} or nothing");
+  static_assert(std::is_same_v<Comm, no_comm>, "make_trainer: tide has no communication policy (mpi, nccl) yet; "
+                                               "pass tide::train::no_comm{} or nothing");
+  static_assert(std::is_same_v<Compress, no_compress>, "make_trainer: tide has no gradient compression policy yet; "
+                                                       "pass tide::train::no_compress{} or nothing");
+  static_assert(std::is_same_v<Pipeline, no_pipeline>, "make_trainer: tide has no pipeline schedule yet; "
+                                                       "pass tide::train::no_pipeline{} or nothing");
 
  public:
-  using backend = typename Spec::backend;
-  using element_type = typename Spec::element_type;
+  using backend = spec_backend_t<Spec>;
+  using element_type = spec_element_t<Spec>;
   using scheduler_type = offload::scheduler<backend, element_type, Offload>;
   using hooks_type = offload::hooks<scheduler_type>;
-  using model_type = typename Spec::template model_type<hooks_type>;
-  using batch_type = typename model_type::batch_type;
+  static_assert(check_model_spec<Spec, hooks_type>());  // one message per missing member (train/model.hpp)
+  using model_type = spec_model_t<Spec, hooks_type>;
+  using batch_type = model_batch_t<model_type>;
 
   trainer(Spec const& spec, Offload const& off, Optimizer const& opt, Comm = {}, Compress = {}, Pipeline = {},
           int threads = thread_pool::default_threads())
@@ -142,11 +135,42 @@ class trainer {
   trainer(trainer const&) = delete;
   trainer& operator=(trainer const&) = delete;
 
-  // One optimizer step over micro_steps micro-batches (one per micro-step).
+  // One optimizer step over micro_steps micro-batches (one per micro-step). A step that throws
+  // (the device budget, a copy, the model) changes nothing: parameters, optimizer state, the
+  // step count and the loss scale stay as they were, and the trainer stays usable.
   step_stats step(std::span<batch_type const> micro_batches) {
     auto const m = static_cast<std::size_t>(optimizer_.micro_steps);
     TIDE_REQUIRE(micro_batches.size() == m, "trainer::step: ", micro_batches.size(),
                  " micro-batches given, the optimizer accumulates micro_steps = ", m, "; pass exactly that many");
+    std::size_t const refusals = arena_.refusals();
+    try {
+      return run_step(micro_batches);
+    } catch (tide::error const& e) {
+      scheduler_.abort_step();
+      // The arena refused the model's own activations before the scheduler placed anything: say
+      // what the budget must hold, as the scheduler's own check does.
+      std::size_t const non_model = arena_.stats().in_use + arena_.last_refused();
+      if (e.category() == errc::budget && !scheduler_.placed() && arena_.refusals() != refusals &&
+          non_model > arena_.config().budget) {
+        std::size_t const need = scheduler_.minimum_device_bytes(non_model);
+        TIDE_FAIL(budget, "make_trainer: device_budget ", bytes_of{arena_.config().budget},
+                  " cannot hold the activations and workspaces of this batch (the model asked for ",
+                  bytes_of{arena_.last_refused()}, " more with ", bytes_of{arena_.stats().in_use},
+                  " in use); offload ", scheduler_type::name(), " then needs at least ", bytes_of{need}, " = ",
+                  scheduler_.minimum_explained(non_model), "; raise device_budget to at least ", bytes_of{need},
+                  ", or use a smaller batch or sequence");
+      }
+      throw;
+    } catch (...) {
+      scheduler_.abort_step();
+      throw;
+    }
+  }
+  step_stats step(batch_type const& b) { return step(std::span<batch_type const>(&b, 1)); }
+
+ private:
+  step_stats run_step(std::span<batch_type const> micro_batches) {
+    auto const m = static_cast<std::size_t>(optimizer_.micro_steps);
     auto const t0 = std::chrono::steady_clock::now();
     step_stats st;
     st.step = step_ + 1;
@@ -187,13 +211,14 @@ class trainer {
     st.stall_ms = st.offload.stall_ms;
     return st;
   }
-  step_stats step(batch_type const& b) { return step(std::span<batch_type const>(&b, 1)); }
 
+ public:
   // ---- checkpoints ----------------------------------------------------------------------------
   // Writes parameters and AdamW state (one section per tensor and list, in the model's own
   // order, so a checkpoint loads under any scheduler and chunk size), the step counters and the
   // loss scale, plus whatever extra(writer) adds (data position, RNG), to `path` atomically: the
-  // previous file stays until the new one is complete. Between steps.
+  // previous file stays until the new one is complete; missing parent folders are created.
+  // Between steps.
   template <class Extra>
   void save(std::filesystem::path const& path, Extra&& extra) {
     checkpoint_writer w;
@@ -235,11 +260,21 @@ class trainer {
                ": section \"model.shape\" differs from this model (shape mismatch); saved:\n", stored,
                "this model:\n", shape);
     auto const& list = model_.parameters();
-    for (std::uint32_t i = 0; i < list.size(); ++i)  // sizes first: a mismatch writes nothing
-      for (char const* prefix : {"p/", "m/", "v/", "w/"}) {
-        if (prefix[0] == 'w' && !scheduler_type::has_master) continue;
+    // Every section is checked (present, its size that of this model's tensor) before anything
+    // is written: a mismatch anywhere leaves the trainer as it was.
+    TIDE_CHECK(r.contains("trainer.state") && r.size_of("trainer.state") == sizeof(state), usage, "checkpoint ",
+               path.string(), ": section \"trainer.state\" is missing or has another size (",
+               r.contains("trainer.state") ? r.size_of("trainer.state") : 0, " bytes, this trainer's is ",
+               sizeof(state), ")");
+    for (std::uint32_t i = 0; i < list.size(); ++i)
+      for (auto const& [prefix, role] : roles) {
+        if (role == chunk::chunk_role::master && !scheduler_type::has_master) continue;
         auto const name = section(prefix, list[i].name());
         TIDE_CHECK(r.contains(name), usage, "checkpoint ", path.string(), ": no section \"", name, "\"");
+        std::size_t const want = scheduler_.tensor_size(role, i);
+        TIDE_CHECK(r.size_of(name) == want, usage, "checkpoint ", path.string(), ": section \"", name, "\" holds ",
+                   r.size_of(name), " bytes, this model's tensor has ", want,
+                   " (saved from a model of another shape or dtype); nothing was loaded");
       }
     auto const st = r.read_value<state>("trainer.state");
     for (std::uint32_t i = 0; i < list.size(); ++i) {
@@ -268,6 +303,11 @@ class trainer {
   [[nodiscard]] std::int64_t steps() const noexcept { return step_; }
 
  private:
+  static constexpr std::pair<char const*, chunk::chunk_role> roles[] = {
+      {"p/", chunk::chunk_role::param},
+      {"m/", chunk::chunk_role::exp_avg},
+      {"v/", chunk::chunk_role::exp_avg_sq},
+      {"w/", chunk::chunk_role::master}};
   struct state {
     std::int64_t step;
     std::int64_t adam_steps;
@@ -317,7 +357,7 @@ class trainer {
   std::int64_t step_ = 0;
 };
 
-template <ModelSpec Spec, class Offload, class Optimizer, class Comm = no_comm, class Compress = no_compress,
+template <class Spec, class Offload, class Optimizer, class Comm = no_comm, class Compress = no_compress,
           class Pipeline = no_pipeline>
 trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline> make_trainer(Spec const& spec, Offload const& off,
                                                                          Optimizer const& opt, Comm comm = {},

@@ -1,0 +1,267 @@
+// Errors lose nothing. A failure injected at every arena allocation and at every copy of a step
+// (the warm-up step and a steady one), under every scheduler, with the optimizer overlapped with
+// backward and deferred to step(): the step throws tide::error, the trainer's state then saves to
+// the very bytes it saved before the step, and training goes on to the bits of a run that never
+// failed. A hook that throws in any block, forward or backward, does the same to a scheduler
+// driven by hand.
+
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "tide/nn/gpt.hpp"
+#include "tide/offload/scheduler.hpp"
+#include "tide/train/trainer.hpp"
+#include "support/gpt_steps.hpp"
+
+namespace {
+
+using namespace tide::literals;
+using tide::host;
+namespace off = tide::offload;
+namespace fs = std::filesystem;
+
+constexpr tide::nn::gpt_config config{.layers = 2, .heads = 2, .channels = 32, .vocab = 64, .max_seq = 16};
+constexpr tide::index_t batch = 2, seq = 16;
+constexpr std::size_t chunk_bytes = 20_KiB;
+constexpr int steps = 3;
+tide::nn::gpt_spec<host> const spec{.config = config, .options = {.seed = 5}};
+tide::optim::adamw const overlapped{.lr = 3e-3f};                  // each chunk steps beside backward
+tide::optim::adamw const deferred{.lr = 3e-3f, .clip_norm = 0.5f};  // clipping: every step in step()
+
+std::vector<std::int32_t> data_of(int s) { return tide::test::token_runs(s, batch, seq, config.vocab); }
+template <class Trainer>
+typename Trainer::batch_type view_of(std::vector<std::int32_t> const& d) {
+  return {{d.data(), {batch, seq}}, {d.data() + batch * seq, {batch, seq}}};
+}
+
+std::string file_bytes(fs::path const& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+struct scratch_dir {
+  fs::path path = fs::temp_directory_path() / ("tide_faults_" + std::to_string(::getpid()));
+  scratch_dir() { fs::create_directories(path); }
+  ~scratch_dir() { fs::remove_all(path); }
+};
+
+enum class fault { allocation, copy };
+
+// What a run without failures did: the parameters at the end, a checkpoint before each step, and
+// how many requests of each kind each step made.
+struct clean_run {
+  std::vector<std::vector<float>> params;
+  std::vector<std::size_t> allocations, copies;
+};
+
+template <class Trainer>
+std::vector<std::vector<float>> params_of(Trainer& t) {
+  std::vector<std::vector<float>> out;
+  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) out.push_back(t.scheduler().read_param(i));
+  return out;
+}
+
+template <class Offload>
+clean_run run_clean(Offload const& offload, tide::optim::adamw const& opt, fs::path const& dir) {
+  clean_run r;
+  auto t = tide::train::make_trainer(spec, offload, opt);
+  for (int s = 0; s < steps; ++s) {
+    t.save(dir / ("before-" + std::to_string(s)));
+    std::size_t const a = t.arena().stats().allocations, c = t.scheduler().transfers().stats().copies;
+    (void)t.step(view_of<decltype(t)>(data_of(s)));
+    r.allocations.push_back(t.arena().stats().allocations - a);
+    r.copies.push_back(t.scheduler().transfers().stats().copies - c);
+  }
+  r.params = params_of(t);
+  return r;
+}
+
+// A fresh trainer whose request n of step `faulty` fails. The step throws (and then saves to the
+// bytes saved before it in the clean run, and is retried), or the scheduler absorbs the failure
+// (an arena refusal it answers by evicting); either way the run ends with the clean run's bits.
+// Returns whether the step threw.
+template <class Offload>
+bool inject(Offload const& offload, tide::optim::adamw const& opt, fault kind, int faulty, std::size_t n,
+            clean_run const& clean, fs::path const& dir) {
+  auto t = tide::train::make_trainer(spec, offload, opt);
+  bool threw = false;
+  std::size_t moved = 0;
+  for (int s = 0; s < steps; ++s) {
+    auto const d = data_of(s);
+    if (s == faulty) {
+      if (kind == fault::allocation) t.arena().fail_allocation(n);
+      else t.scheduler().transfers().fail_copy(n);
+      try {
+        moved += t.step(view_of<decltype(t)>(d)).bytes_moved;
+      } catch (tide::error const& e) {
+        threw = true;
+        CHECK((e.category() == tide::errc::budget || e.category() == tide::errc::io));
+        CHECK(std::string(e.message()).find("injected") != std::string::npos);
+      }
+      t.arena().fail_allocation(0);
+      t.scheduler().transfers().fail_copy(0);
+      if (threw) {
+        REQUIRE(!t.scheduler().in_step());
+        CHECK(t.steps() == s);
+        t.save(dir / "after");
+        REQUIRE(file_bytes(dir / "after") == file_bytes(dir / ("before-" + std::to_string(s))));
+        moved += t.step(view_of<decltype(t)>(d)).bytes_moved;  // training goes on
+      }
+      continue;
+    }
+    moved += t.step(view_of<decltype(t)>(d)).bytes_moved;
+  }
+  auto const got = params_of(t);
+  REQUIRE(got.size() == clean.params.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(std::memcmp(got[i].data(), clean.params[i].data(), got[i].size() * sizeof(float)) == 0);
+  }
+  if (!off::detail::is_resident<Offload>) CHECK(moved > 0);  // chunks really moved
+  return threw;
+}
+
+template <class Offload>
+void check_faults(Offload const& offload, std::string const& name) {
+  scratch_dir dir;
+  for (auto const& opt : {overlapped, deferred}) {
+    clean_run const clean = run_clean(offload, opt, dir.path);
+    for (int faulty : {0, steps - 1})  // the warm-up (placement, trace) and a step replaying the trace
+      for (fault kind : {fault::allocation, fault::copy}) {
+        std::string const what = name + (opt.clip_norm > 0 ? ", deferred" : ", overlapped") + ", step " +
+                                 std::to_string(faulty) + (kind == fault::allocation ? ", arena" : ", copies");
+        INFO(what);
+        // Every request the step makes, and a few more (a retried step may make more).
+        std::size_t const requests = (kind == fault::allocation ? clean.allocations : clean.copies)[std::size_t(faulty)];
+        std::size_t threw = 0;
+        for (std::size_t n = 1; n <= requests + 2; ++n) threw += inject(offload, opt, kind, faulty, n, clean, dir.path);
+        MESSAGE(what << ": " << requests << " requests, " << threw << " failed steps");
+        CHECK((threw > 0) == (requests > 0));
+      }
+  }
+}
+
+std::size_t tight(auto const& offload) {
+  return tide::test::scheduler_minimum(config, offload, batch, seq) + 8_KiB;
+}
+
+}  // namespace
+
+TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: chunked<belady>") {
+  off::chunked<off::belady> cfg{.chunk_bytes = chunk_bytes};
+  cfg.device_budget = tight(cfg);
+  check_faults(cfg, "chunked<belady>");
+}
+
+TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: layer_window<2>, static_partition, "
+          "resident") {
+  off::layer_window<2> win;
+  win.device_budget = tight(win);
+  check_faults(win, "layer_window<2>");
+  off::static_partition part{.chunk_bytes = chunk_bytes};
+  part.device_budget = tight(part);
+  check_faults(part, "static_partition");
+  check_faults(off::resident{.chunk_bytes = chunk_bytes}, "resident");
+}
+
+// ---- a hook that throws ---------------------------------------------------------------------------
+
+namespace {
+
+using sched_t = off::scheduler<host, float, off::chunked<off::belady>>;
+
+// The scheduler's hooks, throwing at one chosen hook call of the step (a user's hook that fails).
+struct throwing_hooks {
+  sched_t* scheduler = nullptr;
+  int* countdown = nullptr;  // the hook call that throws: 1 = the first; 0 = none
+  void tick() {
+    if (*countdown > 0 && --*countdown == 0) TIDE_FAIL(usage, "a user hook failed");
+  }
+  void pre_forward(int b) {
+    tick();
+    scheduler->pre_forward(b);
+  }
+  void post_forward(int b) {
+    scheduler->post_forward(b);
+    tick();
+  }
+  void pre_backward(int b) {
+    tick();
+    scheduler->pre_backward(b);
+  }
+  void post_backward(int b) {
+    scheduler->post_backward(b);
+    tick();
+  }
+  float* param_data(std::uint32_t i) { return scheduler->param_data(i); }
+  float* grad_data(std::uint32_t i) { return scheduler->grad_data(i); }
+  void zero_grad() { scheduler->zero_grad(); }
+};
+
+std::vector<std::vector<std::byte>> state_of(sched_t& s, std::size_t params) {
+  std::vector<std::vector<std::byte>> out;
+  for (auto role : {tide::chunk::chunk_role::param, tide::chunk::chunk_role::exp_avg, tide::chunk::chunk_role::exp_avg_sq})
+    for (std::uint32_t i = 0; i < params; ++i) {
+      auto const b = s.tensor_bytes(role, i);
+      out.emplace_back(b.begin(), b.end());
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a hook that throws in any block, forward or backward, loses nothing") {
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  std::size_t const budget = tight(cfg);
+  int const hooks_per_step = 4 * (config.layers + 2);
+  tide::thread_pool pool{2};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = budget}};
+  sched_t sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config), cfg,
+                {.adamw = {.lr = 3e-3f}}};
+  int countdown = 0;
+  tide::nn::gpt<host, float, throwing_hooks> model{config, arena, {.seed = 5}, {&sched, &countdown}};
+  auto run = [&](int s) {
+    auto const d = data_of(s);
+    tide::tensor_view<std::int32_t const, host> x(d.data(), {batch, seq}), y(d.data() + batch * seq, {batch, seq});
+    (void)model.forward(ex, x, y);
+    model.backward(ex);
+    sched.step();
+  };
+  run(0);
+  run(1);
+  std::size_t const params = model.parameters().size();
+  for (int k = 1; k <= hooks_per_step; ++k) {
+    INFO("the hook call " << k << " of the step throws");
+    auto const before = state_of(sched, params);
+    countdown = k;
+    CHECK_THROWS_AS(run(2), tide::error);
+    sched.abort_step();
+    CHECK(state_of(sched, params) == before);
+    CHECK(sched.optimizer_steps() == 2);
+  }
+  countdown = 0;
+  run(2);  // and it trains on: the bits of a scheduler that never saw a failure
+  tide::memory::device_arena<host> arena2{{.budget = budget}};
+  sched_t clean{ex, arena2, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config), cfg,
+                {.adamw = {.lr = 3e-3f}}};
+  tide::nn::gpt<host, float, off::hooks<sched_t>> other{config, arena2, {.seed = 5}, {&clean}};
+  for (int s = 0; s < 3; ++s) {
+    auto const d = data_of(s);
+    tide::tensor_view<std::int32_t const, host> x(d.data(), {batch, seq}), y(d.data() + batch * seq, {batch, seq});
+    (void)other.forward(ex, x, y);
+    other.backward(ex);
+    clean.step();
+  }
+  CHECK(state_of(sched, params) == state_of(clean, params));
+  CHECK(sched.last_step().bytes_moved() > 0);
+}
