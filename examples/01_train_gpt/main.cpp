@@ -1,19 +1,23 @@
 // 01_train_gpt (`./tide demo`): a byte-level GPT trained on real text, on the CPU, with its model
 // data offloaded: the device budget is smaller than the parameters, gradients and AdamW state.
 //
-// Everything is a tide part assembled by tide::train::make_trainer: tide::nn::gpt (forward,
-// explicit backward, sampling), an offload scheduler (chunked<belady> by default: PatrickStar's
-// chunks moved by the warm-up trace), tide::optim::adamw (warm-up + cosine, clipping at 1.0, no
-// decay on biases and gains), checkpoints, and the reports (a progress line, SVG pictures).
+// Everything is a tide part assembled by tide::train::trainer: tide::nn::gpt (forward, explicit
+// backward, sampling), an offload scheduler (chunked<belady> by default: PatrickStar's chunks
+// moved by the warm-up trace), tide::optim::adamw (warm-up + cosine, clipping at 1.0, no decay on
+// biases and gains), checkpoints, and the reports (a progress line, SVG pictures).
 //
-//   example_01_train_gpt [--steps 1000] [--model small] [--budget auto] [--scheduler chunked]
-//                        [--data PATH] [--checkpoint-dir tide-run] [--checkpoint-every 100]
-//                        [--resume] [--batch 4] [--seq 128] [--lr 2e-3] [--warmup 30] [--seed 1337]
-//                        [--threads 2] [--eval-every 100] [--sample 200] [--prompt TEXT]
-//                        [--check-falls MARGIN]
+//   example_01_train_gpt [--steps N] [--model tiny|small|medium] [--budget SIZE|auto] [--scheduler NAME]
+//                        [--data PATH] [--checkpoint-dir DIR] [--checkpoint-every N] [--resume]
+//                        [--batch N] [--seq N] [--lr X] [--warmup N] [--seed N] [--threads N]
+//                        [--eval-every N] [--sample N] [--prompt TEXT] [--check-falls MARGIN]
 //
-// Exit 2 with tide::error's message on bad input; --check-falls M: exit 1 unless the mean loss
-// of the last 5 steps is below the first step's minus M (the suite's smoke test).
+// --help prints the defaults (read from `options`). Each run writes to a folder of its own,
+// DIR/run-001, run-002, ...; --resume continues the latest one that has a checkpoint.
+// Bad input: one line "example_01_train_gpt: <what is wrong>" on stderr, exit 2. --check-falls M:
+// exit 1 unless the mean loss of the last 5 steps is below the first step's minus M (the suite's
+// smoke test).
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -22,8 +26,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
+#include <limits>
+#include <new>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -43,95 +51,278 @@ namespace fs = std::filesystem;
 
 namespace {
 
+constexpr char const* program = "example_01_train_gpt";
+
 struct options {
-  int steps = 1000, batch = 2, seq = 128;
-  std::string model = "small", scheduler = "chunked", data, checkpoint_dir = "tide-run";
-  std::string budget = "auto";
-  int checkpoint_every = 100, eval_every = 100, warmup = 30, threads = 2, sample = 200;
+  int steps = 1000;
+  std::string model = "small";
+  std::size_t budget = 0;  // bytes; 0: auto
+  std::string scheduler = "chunked";
+  std::string data;  // empty: the fortunes corpus
+  std::string checkpoint_dir = "tide-run";
+  int checkpoint_every = 100;
   bool resume = false;
+  int batch = 2, seq = 128;
   float lr = 2e-3f;
+  int warmup = 30;
   std::uint64_t seed = 1337;
+  int threads = 2;
+  int eval_every = 100;
+  int sample = 200;
   std::string prompt = "The ";
-  double check_falls = -1;
+  double check_falls = -1;  // off
 };
 
-constexpr char const* usage_text =
-    "example_01_train_gpt (./tide demo): a byte-level GPT on text, model data offloaded\n"
-    "  --steps N            training steps (1000)\n"
-    "  --model NAME         tiny (L2 C64), small (L4 C256, default), medium (L6 C384)\n"
-    "  --budget SIZE|auto   device budget, e.g. 48MiB; auto: activations + a quarter of the model data\n"
-    "  --scheduler NAME     chunked (belady, default), chunked-lru, layer-window, static, resident\n"
-    "  --data PATH          a text file or a folder of them (default: the fortunes corpus)\n"
-    "  --checkpoint-dir DIR checkpoints and pictures (tide-run)\n"
-    "  --checkpoint-every N steps between checkpoints, 0 for none (100)\n"
-    "  --resume             continue from DIR/checkpoint.tide\n"
-    "  --batch N --seq N    sequences per step (4) and their length (128)\n"
-    "  --lr X --warmup N    peak learning rate (2e-3), warm-up steps (30); cosine to lr/10\n"
-    "  --seed N --threads N initialisation and data order (1337), threads (2)\n"
-    "  --eval-every N       validation loss every N steps (100)\n"
-    "  --sample N           bytes generated at the end (200); --prompt TEXT (\"The \")\n"
-    "  --check-falls M      exit 1 unless the last 5 steps' mean loss < the first loss - M\n";
+// --help: the defaults come from options{}, so the text cannot drift from the code.
+std::string usage() {
+  options const d{};
+  return tide::detail::concat(
+      "usage: ", program, " [FLAG VALUE]...   (./tide demo [FLAG VALUE]...)\n",
+      "A byte-level GPT trained on text on the CPU with its model data offloaded. Defaults in [].\n",
+      "  --steps N             training steps; the total when resuming [", d.steps, "]\n",
+      "  --model NAME          tiny (L2 C64), small (L4 C256) or medium (L6 C384) [", d.model, "]\n",
+      "  --budget SIZE|auto    device budget [",
+      d.budget == 0 ? std::string("auto") : tide::detail::concat(d.budget, " bytes"), "]. auto: the activations + a quarter of the\n",
+      "                        model data. SIZE: bytes, or a number and a unit: KiB, MiB, GiB are 1024,\n",
+      "                        1024^2, 1024^3 bytes; KB, MB, GB are 1000, 1000^2, 1000^3 (48MiB, 1.5GiB)\n",
+      "  --scheduler NAME      chunked (belady), chunked-lru, layer-window, static or resident [", d.scheduler, "]\n",
+      "  --data PATH           a text file or a folder of them [",
+      d.data.empty() ? tide::train::fortunes_path().string() : d.data, "]\n",
+      "  --checkpoint-dir DIR  each run writes its checkpoint and pictures to a new DIR/run-NNN [",
+      d.checkpoint_dir, "]\n",
+      "  --checkpoint-every N  steps between checkpoints, 0 for none [", d.checkpoint_every, "]\n",
+      "  --resume              continue the latest DIR/run-NNN that has a checkpoint, writing on there [",
+      d.resume ? "on" : "off", "]\n",
+      "  --batch N             sequences per step [", d.batch, "]\n",
+      "  --seq N               their length T, at least 2 [", d.seq, "]\n",
+      "  --lr X                peak learning rate; cosine down to lr/10 [", d.lr, "]\n",
+      "  --warmup N            warm-up steps [", d.warmup, "]\n",
+      "  --seed N              initialisation, data order and sampling [", d.seed, "]\n",
+      "  --threads N           worker threads [", d.threads, "]\n",
+      "  --eval-every N        validation loss every N steps [", d.eval_every, "]\n",
+      "  --sample N            bytes generated at the end, 0 for none [", d.sample, "]\n",
+      "  --prompt TEXT         the sample's prompt [\"", d.prompt, "\"]\n",
+      "  --check-falls M       exit 1 unless the last 5 steps' mean loss < the first loss - M [",
+      d.check_falls < 0 ? std::string("off") : tide::detail::concat(d.check_falls), "]\n",
+      "  --help                this text\n",
+      "Flags also take --flag=VALUE. Sizes in the output are binary (KiB, MiB, GiB). Bad input exits 2\n",
+      "with one line on stderr.\n");
+}
 
+// The flags, and whether each takes a value: an unknown flag is named as unknown before any
+// value is looked at.
+struct flag {
+  std::string_view name;
+  bool takes_value;
+};
+constexpr flag flags[] = {
+    {"--steps", true},      {"--model", true},      {"--budget", true},     {"--scheduler", true},
+    {"--data", true},       {"--checkpoint-dir", true}, {"--checkpoint-every", true}, {"--resume", false},
+    {"--batch", true},      {"--seq", true},        {"--lr", true},         {"--warmup", true},
+    {"--seed", true},       {"--threads", true},    {"--eval-every", true}, {"--sample", true},
+    {"--prompt", true},     {"--check-falls", true}, {"--help", false},     {"-h", false},
+};
+
+flag const* find_flag(std::string_view name) {
+  for (auto const& f : flags)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+// A whole number in [lo, hi] for `flag`.
 template <class N>
-N number(std::string_view flag, std::string_view text) {
+N whole_number(std::string_view flag, std::string_view text, N lo, N hi) {
   N value{};
   auto const [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  TIDE_CHECK(ec == std::errc{} && end == text.data() + text.size(), usage, flag, " wants a number, got '", text, "'");
+  bool const complete = end == text.data() + text.size();
+  TIDE_CHECK(ec != std::errc::result_out_of_range || !complete, usage, flag, " ", text, ": out of range; pass ", lo,
+             " to ", hi);
+  TIDE_CHECK(ec == std::errc{} && complete && !text.empty(), usage, flag, " wants a whole number, got '", text, "'");
+  if (hi == std::numeric_limits<N>::max())
+    TIDE_CHECK(value >= lo, usage, flag, " must be at least ", lo, ", got ", text);
+  else
+    TIDE_CHECK(value >= lo && value <= hi, usage, flag, " must be ", lo, " to ", hi, ", got ", text);
   return value;
 }
 
-// "48MiB", "1GiB", "50000000".
-std::size_t bytes_from(std::string_view text) {
-  std::size_t unit = 1;
-  for (auto const& [suffix, u] : {std::pair{"KiB", 1_KiB}, std::pair{"MiB", 1_MiB}, std::pair{"GiB", 1_GiB}})
-    if (text.ends_with(suffix)) {
-      unit = u;
-      text.remove_suffix(3);
-      break;
-    }
-  return static_cast<std::size_t>(number<double>("--budget", text) * static_cast<double>(unit));
+// A finite decimal number for `flag` ("2e-3", "0.5").
+double real_number(std::string_view flag, std::string_view text) {
+  double value = 0;
+  auto const [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  TIDE_CHECK(ec == std::errc{} && end == text.data() + text.size() && !text.empty() && std::isfinite(value), usage,
+             flag, " wants a finite number, got '", text, "'");
+  return value;
+}
+
+// "48MiB", "1.5GiB", "500MB", "50000000": KiB, MiB, GiB are powers of 1024, KB, MB, GB powers of
+// 1000, no unit is bytes. At most 1 PiB (no device has more); a fraction needs a unit.
+std::size_t size_from(std::string_view flag, std::string_view text) {
+  constexpr std::size_t most = std::size_t{1} << 50;
+  auto const not_a_size = [&] {
+    TIDE_FAIL(usage, flag, " ", text,
+              ": not a size; pass bytes or a number and a unit, e.g. 48MiB, 1.5GiB, 500MB (KiB, MiB, GiB: "
+              "powers of 1024; KB, MB, GB: powers of 1000)");
+  };
+  TIDE_CHECK(!text.starts_with('-'), usage, flag, " ", text, ": a size cannot be negative");
+  std::size_t const digits = std::min(text.find_first_not_of("0123456789."), text.size());
+  std::string_view const number = text.substr(0, digits), unit_text = text.substr(digits);
+  if (number.find_first_of("0123456789") == std::string_view::npos || number.find('.') != number.rfind('.'))
+    not_a_size();
+  std::size_t unit = 0;
+  for (auto const& [name, bytes] : {std::pair{"", 1_B}, std::pair{"B", 1_B}, std::pair{"KiB", 1_KiB},
+                                    std::pair{"MiB", 1_MiB}, std::pair{"GiB", 1_GiB}, std::pair{"KB", 1_B * 1000},
+                                    std::pair{"MB", 1_B * 1000 * 1000}, std::pair{"GB", 1_B * 1000 * 1000 * 1000}})
+    if (unit_text == name) unit = bytes;
+  if (unit == 0) not_a_size();
+  std::size_t bytes = 0;
+  if (number.find('.') == std::string_view::npos) {
+    std::uint64_t n = 0;
+    auto const [end, ec] = std::from_chars(number.data(), number.data() + number.size(), n);
+    TIDE_CHECK(ec != std::errc::result_out_of_range && n <= most / unit, usage, flag, " ", text,
+               ": too large (more than 1 PiB)");
+    if (ec != std::errc{} || end != number.data() + number.size()) not_a_size();
+    bytes = static_cast<std::size_t>(n) * unit;
+  } else {
+    TIDE_CHECK(unit > 1, usage, flag, " ", text, ": not a whole number of bytes; use a unit for a fraction (1.5MiB)");
+    double v = 0;
+    auto const [end, ec] = std::from_chars(number.data(), number.data() + number.size(), v);
+    if (ec != std::errc{} || end != number.data() + number.size()) not_a_size();
+    double const b = v * static_cast<double>(unit);
+    TIDE_CHECK(b <= static_cast<double>(most), usage, flag, " ", text, ": too large (more than 1 PiB)");
+    bytes = static_cast<std::size_t>(b);
+  }
+  TIDE_CHECK(bytes > 0, usage, flag, " ", text, ": must be more than 0 bytes");
+  return bytes;
+}
+
+// Bytes of RAM: the host backend's "device" is a region of it.
+std::size_t physical_memory() {
+  long const pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page)
+                               : std::numeric_limits<std::size_t>::max();
 }
 
 options parse(int argc, char** argv) {
   options o;
+  int const int_max = std::numeric_limits<int>::max();
   for (int i = 1; i < argc; ++i) {
-    std::string_view const k = argv[i];
+    std::string_view arg = argv[i];
+    std::string_view inline_value;
+    bool has_inline = false;
+    if (arg.starts_with("--") && arg.find('=') != std::string_view::npos) {
+      inline_value = arg.substr(arg.find('=') + 1);
+      arg = arg.substr(0, arg.find('='));
+      has_inline = true;
+    }
+    flag const* f = find_flag(arg);
+    if (f == nullptr) {
+      TIDE_CHECK(!arg.starts_with('-'), usage, "unknown flag ", arg, "; --help lists the flags");
+      TIDE_FAIL(usage, "unexpected argument '", arg, "': flags start with -- (--help lists them)");
+    }
+    std::string_view const k = f->name;
     if (k == "--help" || k == "-h") {
-      std::fputs(usage_text, stdout);
+      std::fputs(usage().c_str(), stdout);
       std::exit(0);
     }
-    if (k == "--resume") {
-      o.resume = true;
+    if (!f->takes_value) {
+      TIDE_CHECK(!has_inline, usage, k, " takes no value, got '", inline_value, "'");
+      o.resume = true;  // the one switch
       continue;
     }
-    TIDE_CHECK(i + 1 < argc, usage, "flag ", k, " has no value; --help lists the flags");
-    std::string_view const v = argv[++i];
-    if (k == "--steps") o.steps = number<int>(k, v);
+    if (!has_inline) {
+      bool const next_is_flag = i + 1 < argc && find_flag(std::string_view(argv[i + 1]).substr(
+                                                    0, std::string_view(argv[i + 1]).find('='))) != nullptr;
+      TIDE_CHECK(i + 1 < argc && !next_is_flag, usage, k, " needs a value; --help lists the flags");
+    }
+    std::string_view const v = has_inline ? inline_value : std::string_view(argv[++i]);
+    if (k == "--steps") o.steps = whole_number(k, v, 1, int_max);
     else if (k == "--model") o.model = v;
-    else if (k == "--budget") o.budget = v;
+    else if (k == "--budget") o.budget = v == "auto" ? 0 : size_from(k, v);
     else if (k == "--scheduler") o.scheduler = v;
     else if (k == "--data") o.data = v;
     else if (k == "--checkpoint-dir") o.checkpoint_dir = v;
-    else if (k == "--checkpoint-every") o.checkpoint_every = number<int>(k, v);
-    else if (k == "--batch") o.batch = number<int>(k, v);
-    else if (k == "--seq") o.seq = number<int>(k, v);
-    else if (k == "--lr") o.lr = number<float>(k, v);
-    else if (k == "--warmup") o.warmup = number<int>(k, v);
-    else if (k == "--seed") o.seed = number<std::uint64_t>(k, v);
-    else if (k == "--threads") o.threads = number<int>(k, v);
-    else if (k == "--eval-every") o.eval_every = number<int>(k, v);
-    else if (k == "--sample") o.sample = number<int>(k, v);
+    else if (k == "--checkpoint-every") o.checkpoint_every = whole_number(k, v, 0, int_max);
+    else if (k == "--batch") o.batch = whole_number(k, v, 1, 65536);
+    else if (k == "--seq") o.seq = whole_number(k, v, 2, 65536);
+    else if (k == "--lr") o.lr = static_cast<float>(real_number(k, v));
+    else if (k == "--warmup") o.warmup = whole_number(k, v, 0, int_max);
+    else if (k == "--seed") o.seed = whole_number(k, v, std::uint64_t{0}, std::numeric_limits<std::uint64_t>::max());
+    else if (k == "--threads") o.threads = whole_number(k, v, 1, 256);
+    else if (k == "--eval-every") o.eval_every = whole_number(k, v, 1, int_max);
+    else if (k == "--sample") o.sample = whole_number(k, v, 0, 1 << 20);
     else if (k == "--prompt") o.prompt = v;
-    else if (k == "--check-falls") o.check_falls = number<double>(k, v);
-    else TIDE_FAIL(usage, "unknown flag ", k, "; --help lists the flags");
+    else if (k == "--check-falls") o.check_falls = real_number(k, v);
   }
-  TIDE_REQUIRE(o.steps >= 1 && o.batch >= 1 && o.seq >= 1 && o.threads >= 1 && o.eval_every >= 1,
-               "--steps, --batch, --seq, --threads and --eval-every must be at least 1");
-  TIDE_REQUIRE(o.warmup >= 0 && o.sample >= 0 && o.checkpoint_every >= 0,
-               "--warmup, --sample and --checkpoint-every must be >= 0");
-  TIDE_REQUIRE(o.lr > 0.f && std::isfinite(o.lr), "--lr must be positive, got ", o.lr);
+  TIDE_REQUIRE(o.lr > 0.f && o.lr <= 1.f, "--lr must be above 0 and at most 1, got ", o.lr);
+  TIDE_REQUIRE(o.check_falls >= 0 || o.check_falls == options{}.check_falls, "--check-falls must be >= 0, got ",
+               o.check_falls);
+  TIDE_REQUIRE(o.sample == 0 || !o.prompt.empty(), "--prompt is empty: give at least one character, or --sample 0");
+  TIDE_REQUIRE(o.checkpoint_dir.size() > 0, "--checkpoint-dir is empty: name a folder");
   return o;
 }
+
+// ---- run folders: DIR/run-001, run-002, ... ---------------------------------------------------
+
+// The number of a run folder's name ("run-007": 7), 0 for any other name.
+int run_number(fs::path const& p) {
+  std::string const name = p.filename().string();
+  if (!name.starts_with("run-") || name.size() < 5 || name.size() > 13) return 0;
+  int n = 0;
+  auto const [end, ec] = std::from_chars(name.data() + 4, name.data() + name.size(), n);
+  return ec == std::errc{} && end == name.data() + name.size() && n > 0 ? n : 0;
+}
+
+fs::path const checkpoint_name = "checkpoint.tide";
+
+// The latest run folder under `dir` holding a checkpoint; empty if none.
+fs::path latest_checkpointed_run(fs::path const& dir) {
+  std::error_code ec;
+  fs::path latest;
+  int latest_n = 0;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    int const n = run_number(it->path());
+    if (n > latest_n && fs::is_regular_file(it->path() / checkpoint_name, ec)) latest = it->path(), latest_n = n;
+  }
+  return latest;
+}
+
+// Creates the checkpoint dir (early: a bad --checkpoint-dir fails before any work).
+void make_checkpoint_dir(fs::path const& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TIDE_CHECK(!ec, io, "--checkpoint-dir ", dir.string(), ": cannot create it: ", ec.message());
+  TIDE_CHECK(fs::is_directory(dir, ec), io, "--checkpoint-dir ", dir.string(), ": not a folder");
+}
+
+// The next free DIR/run-NNN, created; removed again at the end if nothing was written to it (a
+// run that stopped on bad input leaves no empty folder behind).
+class new_run_folder {
+ public:
+  explicit new_run_folder(fs::path const& dir) {
+    int highest = 0;
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+      highest = std::max(highest, run_number(it->path()));
+    TIDE_CHECK(!ec, io, "--checkpoint-dir ", dir.string(), ": cannot list it: ", ec.message());
+    for (int n = highest + 1;; ++n) {  // create_directory is false when another run took n first
+      char name[32];
+      std::snprintf(name, sizeof name, "run-%03d", n);
+      path_ = dir / name;
+      if (fs::create_directory(path_, ec)) break;
+      TIDE_CHECK(!ec, io, "--checkpoint-dir ", dir.string(), ": cannot create ", path_.string(), ": ", ec.message());
+    }
+  }
+  ~new_run_folder() {
+    std::error_code ec;
+    if (fs::is_empty(path_, ec) && !ec) fs::remove(path_, ec);
+  }
+  new_run_folder(new_run_folder const&) = delete;
+  new_run_folder& operator=(new_run_folder const&) = delete;
+  [[nodiscard]] fs::path const& path() const noexcept { return path_; }
+
+ private:
+  fs::path path_;
+};
 
 tide::nn::gpt_config model_config(options const& o) {
   int layers = 4, channels = 256, heads = 4;
@@ -163,34 +354,75 @@ struct batch {
 };
 
 // Bytes of the activations of one (B, T) step: the non-model data the budget must also hold.
+// Measured in an arena of a quarter of the machine's memory (it touches only what it uses).
 std::size_t activation_bytes(tide::nn::gpt_config const& config, int B, int T) {
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
-  tide::memory::device_arena<tide::host> arena{{.budget = 2_GiB}};
-  tide::nn::gpt<tide::host> model{config, arena, {}};
-  std::vector<std::int32_t> zeros(std::size_t(B) * std::size_t(T), 0);
-  model.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {B, T}));
-  return tide::round_up(model.activations().footprint, 256);
+  std::size_t const quarter = std::min(physical_memory() / 4, 256_GiB);
+  tide::memory::device_arena<tide::host> arena{{.budget = quarter}};
+  try {
+    tide::nn::gpt<tide::host> model{config, arena, {}};
+    std::vector<std::int32_t> zeros(std::size_t(B) * std::size_t(T), 0);
+    model.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {B, T}));
+    return tide::round_up(model.activations().footprint, 256);
+  } catch (tide::error const& e) {
+    if (e.category() != tide::errc::budget) throw;
+    TIDE_FAIL(budget, "--batch ", B, " --seq ", T, ": the activations alone need more than ", tide::bytes_of{quarter},
+              ", a quarter of this machine's memory; lower --batch or --seq");
+  }
 }
 
-// auto: the activations plus a quarter of the model data, or the scheduler's own minimum plus
-// two chunks if that is more (the scheduler says what its minimum is made of).
+// The device budget: --budget, checked against the scheduler's minimum for this model before
+// anything is built (the scheduler says what its minimum is made of); auto: the activations plus
+// a quarter of the model data, or that minimum plus two chunks if it is more.
 template <class Offload>
-std::size_t auto_budget(tide::nn::gpt_config const& config, Offload const& offload, std::size_t activations,
-                        std::size_t model_data) {
+std::size_t device_budget(options const& opt, tide::nn::gpt_config const& config, Offload const& offload,
+                          std::size_t model_data) {
+  std::size_t const activations = activation_bytes(config, opt.batch, opt.seq);
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   tide::memory::device_arena<tide::host> arena{{.budget = 1_MiB}};
   tide::offload::scheduler<tide::host, float, Offload> const probe{
       ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config), offload};
-  return std::max(activations + model_data / 4, probe.minimum_device_bytes(activations) + 2 * probe.chunk_bytes());
+  std::size_t const minimum = probe.minimum_device_bytes(activations);
+  if (opt.budget == 0) return std::max(activations + model_data / 4, minimum + 2 * probe.chunk_bytes());
+  TIDE_CHECK(opt.budget >= minimum, budget, "--budget ", tide::bytes_of{opt.budget}, " is below what ",
+             decltype(probe)::name(), " needs for this model and --batch ", opt.batch, " --seq ", opt.seq, ", ",
+             tide::bytes_of{minimum}, ": ", probe.minimum_explained(activations), "; pass more, or auto");
+  TIDE_CHECK(opt.budget <= physical_memory(), budget, "--budget ", tide::bytes_of{opt.budget},
+             " is more than this machine's ", tide::bytes_of{physical_memory()},
+             " of memory (the host backend's device memory is a region of it)");
+  return opt.budget;
+}
+
+// Where this run writes: a new DIR/run-NNN, or with --resume the latest one holding a checkpoint.
+struct run_place {
+  fs::path resume_from;  // the run folder to continue; empty for a new run
+};
+
+run_place find_run_place(options const& opt) {
+  fs::path const dir = opt.checkpoint_dir;
+  if (!opt.resume) {
+    make_checkpoint_dir(dir);
+    return {};
+  }
+  fs::path const latest = latest_checkpointed_run(dir);
+  if (latest.empty()) {
+    std::error_code ec;
+    bool const old_layout = fs::is_regular_file(dir / checkpoint_name, ec);  // before run folders
+    TIDE_FAIL(usage, "--resume: no run folder under ", dir.string(), " has a ", checkpoint_name.string(),
+              old_layout ? tide::detail::concat(" (", (dir / checkpoint_name).string(),
+                                                " is from an older version: move it into ", (dir / "run-001").string(),
+                                                "/ to resume it)")
+                         : std::string("; start a run without --resume"));
+  }
+  return {latest};
 }
 
 template <class Offload>
-int run(options const& opt, Offload offload, tide::nn::gpt_config const& config, std::size_t model_data) {
-  std::size_t const budget = opt.budget == "auto"
-                                 ? auto_budget(config, offload, activation_bytes(config, opt.batch, opt.seq), model_data)
-                                 : bytes_from(opt.budget);
+int run(options const& opt, run_place const& place, Offload offload, tide::nn::gpt_config const& config,
+        std::size_t model_data) {
+  std::size_t const budget = device_budget(opt, config, offload, model_data);
   offload.device_budget = budget;
   auto const corpus = tide::train::byte_corpus::from_path(opt.data.empty() ? tide::train::fortunes_path() : fs::path(opt.data));
   tide::train::window_loader train{corpus, tide::train::split::train, opt.batch, opt.seq, opt.seed};
@@ -204,20 +436,39 @@ int run(options const& opt, Offload offload, tide::nn::gpt_config const& config,
     }
   }
 
-  auto trainer = tide::train::make_trainer(
-      tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = opt.seed}}, offload,
-      tide::optim::adamw{.lr = opt.lr,
-                         .beta2 = 0.99f,
-                         .weight_decay = 0.1f,
-                         .clip_norm = 1.f,
-                         .decay_matrices_only = true,
-                         .schedule = {.warmup_steps = opt.warmup, .total_steps = opt.steps}},
-      tide::train::no_comm{}, tide::train::no_compress{}, tide::train::no_pipeline{});
+  tide::train::trainer trainer{tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = opt.seed}},
+                               offload,
+                               tide::optim::adamw{.lr = opt.lr,
+                                                  .beta2 = 0.99f,
+                                                  .weight_decay = 0.1f,
+                                                  .clip_norm = 1.f,
+                                                  .decay_matrices_only = true,
+                                                  .schedule = {.warmup_steps = opt.warmup, .total_steps = opt.steps}},
+                               tide::train::no_comm{},
+                               tide::train::no_compress{},
+                               tide::train::no_pipeline{},
+                               opt.threads};
+  using scheduler_type = typename decltype(trainer)::scheduler_type;
   auto& model = trainer.model();
   auto& sched = trainer.scheduler();
-  fs::path const dir = opt.checkpoint_dir;
-  fs::create_directories(dir);
-  fs::path const ckpt = dir / "checkpoint.tide";
+
+  // The checkpoint to resume (checked whole before anything is printed), or a new run folder.
+  std::uint64_t position = 0;
+  std::optional<new_run_folder> fresh;  // a new run's folder (none when resuming)
+  fs::path const resumed = place.resume_from / checkpoint_name;
+  if (!place.resume_from.empty()) {
+    try {
+      trainer.load(resumed,
+                   [&](tide::train::checkpoint_reader const& r) { position = r.read_value<std::uint64_t>("data.position"); });
+    } catch (tide::error const& e) {
+      if (e.category() != tide::errc::usage || e.message().find("model.shape") == std::string::npos) throw;
+      TIDE_FAIL(usage, "--resume: ", resumed.string(), " holds another model shape: pass the --model and --seq it was "
+                "started with, or start a new run without --resume");
+    }
+    train.seek(position);
+  } else {
+    fresh.emplace(opt.checkpoint_dir);
+  }
 
   std::printf("corpus: %zu bytes from %s\n", corpus.bytes().size(),
               opt.data.empty() ? tide::train::fortunes_path().c_str() : opt.data.c_str());
@@ -226,15 +477,15 @@ int run(options const& opt, Offload offload, tide::nn::gpt_config const& config,
               double(tide::nn::parameter_count(tide::nn::resolve(config))) / 1e6, double(model_data) / double(1_MiB),
               double(sched.chunk_bytes()) / double(1_MiB));
   std::printf("offload: %s, device budget %.1f MiB (%.0f%% of the model data), B=%d, %d threads\n",
-              decltype(trainer)::scheduler_type::name().c_str(), double(budget) / double(1_MiB),
-              100.0 * double(budget) / double(model_data), opt.batch, opt.threads);
-
-  std::uint64_t position = 0;
-  if (opt.resume) {
-    trainer.load(ckpt, [&](tide::train::checkpoint_reader const& r) { position = r.read_value<std::uint64_t>("data.position"); });
-    train.seek(position);
-    std::printf("resumed from %s at step %lld\n", ckpt.c_str(), static_cast<long long>(trainer.steps()));
-  }
+              scheduler_type::name().c_str(), double(budget) / double(1_MiB), 100.0 * double(budget) / double(model_data),
+              opt.batch, opt.threads);
+  if (fresh)
+    std::printf("run folder: %s (checkpoint, pictures, timeline)\n", fresh->path().c_str());
+  else
+    std::printf("resumed from %s at step %lld; writing on in %s\n", resumed.c_str(),
+                static_cast<long long>(trainer.steps()), place.resume_from.c_str());
+  fs::path const dir = fresh ? fresh->path() : place.resume_from;
+  fs::path const ckpt = dir / checkpoint_name;
   std::fflush(stdout);
 
   auto evaluate = [&] {
@@ -247,6 +498,7 @@ int run(options const& opt, Offload offload, tide::nn::gpt_config const& config,
 
   tide::train::progress progress{stdout};
   batch current(opt.batch, opt.seq);
+  std::int64_t const first_step = trainer.steps() + 1;
   std::vector<float> losses;
   std::vector<std::pair<std::int64_t, float>> validation_losses;
   double const first_validation = evaluate();
@@ -284,18 +536,20 @@ int run(options const& opt, Offload offload, tide::nn::gpt_config const& config,
     }
   }
   if (losses.empty()) {
-    std::printf("nothing to train: the checkpoint is at step %lld of %d\n", static_cast<long long>(trainer.steps()),
-                opt.steps);
+    std::printf("nothing to train: the checkpoint is at step %lld of %d; raise --steps to train on\n",
+                static_cast<long long>(trainer.steps()), opt.steps);
     return 0;
   }
 
   sched.set_trace(nullptr);
   auto const tide_svg = dir / "memory-tide.svg", loss_svg = dir / "loss.svg", trace_json = dir / "step-trace.json";
-  timeline.write(trace_json.string(), decltype(trainer)::scheduler_type::name() + ", the last step of the demo");
+  timeline.write(trace_json.string(), scheduler_type::name() + ", the last step of the demo");
   tide::offload::write_file(tide_svg.string(),
-                            tide::offload::memory_tide_svg(sched.memory_tide(), decltype(trainer)::scheduler_type::name() +
-                                                                                    ", one step of the demo"));
-  tide::offload::write_file(loss_svg.string(), tide::train::loss_svg(losses, validation_losses, "01_train_gpt loss"));
+                            tide::offload::memory_tide_svg(sched.memory_tide(),
+                                                           scheduler_type::name() + ", one step of the demo",
+                                                           {.first = "emb", .last = "head"}));  // nn::gpt's blocks
+  tide::offload::write_file(loss_svg.string(),
+                            tide::train::loss_svg(losses, validation_losses, "01_train_gpt loss", first_step));
 
   std::size_t const tail = std::min<std::size_t>(5, losses.size());
   double const last_mean = std::accumulate(losses.end() - std::ptrdiff_t(tail), losses.end(), 0.0) / double(tail);
@@ -304,13 +558,14 @@ int run(options const& opt, Offload offload, tide::nn::gpt_config const& config,
               tail, last_mean, std::log(256.0));
   std::printf("validation loss: %.4f before, %.4f after\n", first_validation, double(validation_losses.back().second));
   std::printf("%.0f tokens/s after the warm-up step; last step moved %.1f MiB (%zu fetches, %zu evictions, %zu "
-              "prefetch hits), stalled %.1f ms; device peak %.1f of %.1f MiB; %.2f GB moved in all\n",
+              "prefetch hits), stalled %.1f ms; device peak %.1f of %.1f MiB; %s moved in all\n",
               train_seconds > 0 ? double(tokens) / train_seconds : 0.0, double(off.bytes_moved()) / double(1_MiB),
               off.fetches, off.evictions, off.prefetch_hits, off.stall_ms, double(off.peak_device_bytes) / double(1_MiB),
-              double(budget) / double(1_MiB), progress.gb_moved());
+              double(budget) / double(1_MiB), tide::train::size_text(progress.bytes_moved()).c_str());
   std::printf("pictures: %s (memory tide of the last step), %s (loss); timeline: %s (open in ui.perfetto.dev)\n",
               tide_svg.c_str(), loss_svg.c_str(), trace_json.c_str());
-  if (opt.checkpoint_every > 0) std::printf("checkpoint: %s (resume with --resume)\n", ckpt.c_str());
+  if (opt.checkpoint_every > 0)
+    std::printf("checkpoint: %s (--resume continues the latest run with a checkpoint; raise --steps)\n", ckpt.c_str());
 
   if (opt.sample > 0) {
     std::vector<std::int32_t> prompt;
@@ -329,11 +584,13 @@ int run(options const& opt, Offload offload, tide::nn::gpt_config const& config,
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
+int train_gpt(int argc, char** argv) {
   options const opt = parse(argc, argv);
   auto const config = model_config(opt);
+  TIDE_REQUIRE(opt.scheduler == "chunked" || opt.scheduler == "chunked-lru" || opt.scheduler == "layer-window" ||
+                   opt.scheduler == "static" || opt.scheduler == "resident",
+               "--scheduler ", opt.scheduler, ": pass chunked, chunked-lru, layer-window, static or resident");
+  run_place const place = find_run_place(opt);  // before any work: a bad folder or --resume fails at once
   std::size_t const params = static_cast<std::size_t>(tide::nn::parameter_count(tide::nn::resolve(config)));
   std::size_t const model_data = 16 * params;  // parameters, gradients, AdamW m and v: fp32 each
   namespace off = tide::offload;
@@ -341,14 +598,36 @@ int main(int argc, char** argv) try {
   std::size_t largest = 0;
   for (auto const& p : tide::nn::gpt_parameters(config, tide::dtype::f32)) largest = std::max(largest, p.bytes);
   std::size_t const chunk = tide::round_up(std::max(largest, params * sizeof(float) / 16), 64_KiB);
-  if (opt.scheduler == "chunked") return run(opt, off::chunked<off::belady>{.chunk_bytes = chunk}, config, model_data);
-  if (opt.scheduler == "chunked-lru") return run(opt, off::chunked<off::lru>{.chunk_bytes = chunk}, config, model_data);
-  if (opt.scheduler == "layer-window") return run(opt, off::layer_window<>{}, config, model_data);
-  if (opt.scheduler == "static") return run(opt, off::static_partition{.chunk_bytes = chunk}, config, model_data);
-  if (opt.scheduler == "resident") return run(opt, off::resident{.chunk_bytes = chunk}, config, model_data);
-  TIDE_FAIL(usage, "--scheduler ", opt.scheduler, ": pass chunked, chunked-lru, layer-window, static or resident");
-} catch (tide::error const& e) {
+  if (opt.scheduler == "chunked") return run(opt, place, off::chunked<off::belady>{.chunk_bytes = chunk}, config, model_data);
+  if (opt.scheduler == "chunked-lru") return run(opt, place, off::chunked<off::lru>{.chunk_bytes = chunk}, config, model_data);
+  if (opt.scheduler == "layer-window") return run(opt, place, off::layer_window<>{}, config, model_data);
+  if (opt.scheduler == "static") return run(opt, place, off::static_partition{.chunk_bytes = chunk}, config, model_data);
+  return run(opt, place, off::resident{.chunk_bytes = chunk}, config, model_data);
+}
+
+// One line on stderr: "example_01_train_gpt: <message>", newlines folded.
+int fail(std::string_view message) {
+  std::string line(message);
+  while (!line.empty() && line.back() == '\n') line.pop_back();
+  for (std::size_t at = line.find('\n'); at != std::string::npos; at = line.find('\n', at))
+    line.replace(at, 1, "; ");
   std::fflush(stdout);
-  std::fprintf(stderr, "%s\n", e.what());
+  std::fprintf(stderr, "%s: %s\n", program, line.c_str());
   return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return train_gpt(argc, argv);
+  } catch (tide::error const& e) {
+    return fail(e.message());
+  } catch (fs::filesystem_error const& e) {
+    return fail(e.what());
+  } catch (std::bad_alloc const&) {
+    return fail("out of memory; lower --budget, --batch or --seq");
+  } catch (std::exception const& e) {
+    return fail(e.what());
+  }
 }

@@ -1,10 +1,12 @@
 // The memory tide picture of a real run: 3 steps of a tiny GPT under chunked<belady> at a budget
-// just above its minimum. The SVG has one bar per moment, its budget line sits where the y axis
-// puts the budget, no bar crosses it, and rsvg-convert renders it to a PNG of the declared size.
-// write_file replaces files whole and names the path when it cannot.
+// just above its minimum. The SVG has one bar per moment labelled in words for the embeddings and
+// the head, its budget line sits where the y axis puts the budget, no bar crosses it, and
+// rsvg-convert renders it to a PNG of the declared size. The fetched / evicted lane and the legend
+// show only what a tide holds. write_file replaces files whole and names the path when it cannot.
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -39,6 +41,9 @@ constexpr std::size_t chunk_bytes = 20_KiB;
 std::vector<std::int32_t> batch_of(int s) { return tide::test::token_runs(s, batch, seq, config.vocab); }
 
 std::size_t activation_bytes() { return tide::test::activation_bytes(config, batch, seq); }
+
+// nn::gpt's first and last blocks: the embeddings (-1) and the final layernorm + head (L).
+constexpr off::block_names gpt_names{.first = "emb", .last = "head"};
 
 using cfg_t = off::chunked<off::belady>;
 using sched_t = off::scheduler<host, float, cfg_t>;
@@ -133,7 +138,7 @@ TEST_CASE("the memory tide of a tight chunked<belady> run: one bar per moment, t
   REQUIRE(run.bytes_moved > 0);  // the budget is tight: chunks moved in the last step
   // A moment per block in forward and in backward: embeddings, 3 layers, head.
   REQUIRE(run.samples.size() == 2 * static_cast<std::size_t>(config.layers + 2));
-  std::string const svg = off::memory_tide_svg(run.samples, "chunked<belady> & a tight budget");
+  std::string const svg = off::memory_tide_svg(run.samples, "chunked<belady> & a tight budget", gpt_names);
 
   CHECK(svg.starts_with("<?xml"));
   CHECK(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\"") != std::string::npos);
@@ -144,8 +149,25 @@ TEST_CASE("the memory tide of a tight chunked<belady> run: one bar per moment, t
   CHECK(count(svg, R"(<rect class="model")") == run.samples.size());
   CHECK(count(svg, R"(<rect class="non-model")") == run.samples.size());
   CHECK(count(svg, R"(<line class="budget")") == 1);
-  CHECK(svg.find(">F-1<") != std::string::npos);
-  CHECK(svg.find(">B3<") != std::string::npos);
+  // Labels: words for the embeddings (block -1) and the head (block 3 = L), F/B and the number
+  // for the layers; one per moment.
+  CHECK(count(svg, R"(<text class="moment-label")") == run.samples.size());
+  for (auto const* label : {">emb fwd<", ">F0<", ">F2<", ">head fwd<", ">head bwd<", ">B1<", ">emb bwd<"})
+    CHECK_MESSAGE(svg.find(label) != std::string::npos, label);
+  CHECK(svg.find(">F-1<") == std::string::npos);
+  CHECK(svg.find(">B3<") == std::string::npos);
+  // Unnamed, the numbers stay.
+  std::string const numbered = off::memory_tide_svg(run.samples, "numbers");
+  CHECK(numbered.find(">F-1<") != std::string::npos);
+  CHECK(numbered.find(">B3<") != std::string::npos);
+  // The legend: model data, non-model, budget; fetched / evicted only if this tide moved bytes.
+  CHECK(count(svg, R"(<g class="legend model">)") == 1);
+  CHECK(count(svg, R"(<g class="legend non-model">)") == 1);
+  CHECK(count(svg, R"(<g class="legend budget">)") == 1);
+  bool const fetched = std::ranges::any_of(run.samples, [](auto const& m) { return m.fetched_bytes > 0; });
+  bool const evicted = std::ranges::any_of(run.samples, [](auto const& m) { return m.evicted_bytes > 0; });
+  CHECK(count(svg, R"(<g class="legend fetched">)") == (fetched ? 1u : 0u));
+  CHECK(count(svg, R"(<g class="legend evicted">)") == (evicted ? 1u : 0u));
 
   // The y axis from its ticks: 0 MiB at the bottom, linear upwards.
   auto const t = ticks(svg);
@@ -198,7 +220,64 @@ TEST_CASE("the memory tide of a tight chunked<belady> run: one bar per moment, t
   CHECK(png.substr(0, 8) == std::string("\x89PNG\r\n\x1a\n", 8));
   CHECK(png.substr(12, 4) == "IHDR");
   CHECK(big_endian(png, 16) == 960);
-  CHECK(big_endian(png, 20) == 480);
+  CHECK(big_endian(png, 20) == static_cast<std::uint32_t>(attribute(svg, svg.find("<svg "), "height")));
+}
+
+TEST_CASE("memory tide: bytes fetched and evicted per moment, a legend entry only for a series drawn") {
+  using tide::chunk::moment;
+  using tide::chunk::phase;
+  // Four moments of a model with blocks 0 .. 1: nothing moved.
+  std::vector<off::tide_sample> t{{.at = moment{0, phase::forward}, .model_bytes = 2_MiB, .non_model_bytes = 1_MiB, .budget = 4_MiB},
+                                  {.at = moment{1, phase::forward}, .model_bytes = 2_MiB, .non_model_bytes = 1_MiB, .budget = 4_MiB},
+                                  {.at = moment{1, phase::backward}, .model_bytes = 3_MiB, .non_model_bytes = 1_MiB, .budget = 4_MiB},
+                                  {.at = moment{0, phase::backward}, .model_bytes = 3_MiB, .non_model_bytes = 1_MiB, .budget = 4_MiB}};
+  std::string const still = off::memory_tide_svg(t, "nothing moved");
+  CHECK(count(still, R"(<rect class="fetched")") == 0);
+  CHECK(count(still, R"(<rect class="evicted")") == 0);
+  CHECK(still.find("legend fetched") == std::string::npos);
+  CHECK(still.find("legend evicted") == std::string::npos);
+  CHECK(still.find(R"(<line class="lane")") == std::string::npos);  // no lane when nothing moved
+  CHECK(still.find(">F0<") != std::string::npos);
+  CHECK(still.find(">B1<") != std::string::npos);
+
+  // Fetches at two moments, one eviction: a bar up per fetch, a bar down per eviction, scaled to
+  // the largest (3 MiB fills the half-lane), and both in the legend with their totals.
+  t[0].fetched_bytes = 3_MiB;
+  t[2].fetched_bytes = 1_MiB + 512_KiB;
+  std::string const fetching = off::memory_tide_svg(t, "fetched only", {.first = "in", .last = "out"});
+  CHECK(count(fetching, R"(<rect class="fetched")") == 2);
+  CHECK(count(fetching, R"(<rect class="evicted")") == 0);
+  CHECK(count(fetching, R"(<g class="legend fetched">)") == 1);
+  CHECK(fetching.find("legend evicted") == std::string::npos);
+  CHECK(fetching.find("fetched (up): 4.50 MiB") != std::string::npos);
+  CHECK(fetching.find(">in fwd<") != std::string::npos);
+  CHECK(fetching.find(">out bwd<") != std::string::npos);
+  auto const first = fetching.find(R"(<rect class="fetched")");
+  auto const second = fetching.find(R"(<rect class="fetched")", first + 1);
+  CHECK(attribute(fetching, second, "height") == doctest::Approx(attribute(fetching, first, "height") / 2));
+  auto const lane = fetching.find(R"(<line class="lane")");
+  REQUIRE(lane != std::string::npos);
+  double const mid = attribute(fetching, lane, "y1");
+  CHECK(attribute(fetching, first, "y") + attribute(fetching, first, "height") == doctest::Approx(mid));
+
+  t[3].evicted_bytes = 2_MiB;
+  std::string const both = off::memory_tide_svg(t, "fetched and evicted");
+  CHECK(count(both, R"(<rect class="evicted")") == 1);
+  CHECK(count(both, R"(<g class="legend evicted">)") == 1);
+  CHECK(both.find("evicted (down): 2.00 MiB") != std::string::npos);
+  auto const up = both.find(R"(<rect class="fetched")"), down = both.find(R"(<rect class="evicted")");
+  CHECK(attribute(both, down, "y") == doctest::Approx(attribute(both, both.find(R"(<line class="lane")"), "y1")));
+  CHECK(attribute(both, down, "height") == doctest::Approx(attribute(both, up, "height") * 2 / 3).epsilon(1e-3));
+  // The tooltip of each moment states its bytes.
+  CHECK(both.find("B0: model 3.00 MiB, non-model 1.00 MiB; fetched 0.00 MiB, evicted 2.00 MiB") != std::string::npos);
+
+  // No budget, no model data: neither is drawn nor listed.
+  for (auto& m : t) m.budget = 0, m.model_bytes = 0;
+  std::string const bare = off::memory_tide_svg(t, "bare");
+  CHECK(bare.find(R"(<line class="budget")") == std::string::npos);
+  CHECK(bare.find("legend budget") == std::string::npos);
+  CHECK(bare.find("legend model") == std::string::npos);
+  CHECK(count(bare, R"(<g class="legend non-model">)") == 1);
 }
 
 TEST_CASE("memory_tide_svg refuses an empty tide") {

@@ -1,5 +1,6 @@
-// The reports: the progress line carries the step's figures; the loss picture is a valid SVG
-// with one point per step and one dot per validation loss, and rsvg-convert renders it.
+// The reports: the progress line carries the step's figures in binary units; the loss picture is
+// a valid SVG with one point per step, one dot per validation loss, numbered ticks on both axes,
+// the axis titles "step" and "loss", a legend of the series drawn, and rsvg-convert renders it.
 
 #include <doctest/doctest.h>
 
@@ -19,24 +20,60 @@ std::size_t count(std::string const& s, std::string const& what) {
   for (auto at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
   return n;
 }
+
+// The text of each tick group `key` (its label), in order.
+std::vector<std::string> tick_labels(std::string const& svg, std::string const& key) {
+  std::vector<std::string> out;
+  for (auto at = svg.find(key); at != std::string::npos; at = svg.find(key, at + 1)) {
+    auto const open = svg.find('>', svg.find("<text", at)) + 1;
+    out.push_back(svg.substr(open, svg.find("</text>", open) - open));
+  }
+  return out;
+}
+
+// The number right after the first `key`.
+double number_after(std::string const& svg, std::string const& key) {
+  auto const at = svg.find(key);
+  REQUIRE(at != std::string::npos);
+  return std::strtod(svg.c_str() + at + key.size(), nullptr);
+}
 }  // namespace
 
-TEST_CASE("the progress line states step, loss, tokens/s, bytes and data moved") {
+TEST_CASE("the progress line states step, loss, tokens/s, bytes and data moved, in binary units") {
   tide::train::step_stats s;
   s.step = 12;
   s.loss = 2.5f;
   s.tokens_per_s = 4321;
   s.device_bytes = 48u << 20;
   s.host_bytes = 3u << 20;
-  auto const line = tide::train::progress_text(s, 600, 1.25);
+  auto const line = tide::train::progress_text(s, 600, std::size_t{5} << 28);  // 1.25 GiB
   CHECK(line.find("step    12/600") != std::string::npos);
   CHECK(line.find("loss 2.5000") != std::string::npos);
   CHECK(line.find("4321 tok/s") != std::string::npos);
   CHECK(line.find("device 48.0 MiB") != std::string::npos);
   CHECK(line.find("host 3.0 MiB") != std::string::npos);
-  CHECK(line.find("moved 1.25 GB") != std::string::npos);
+  CHECK(line.find("moved 1.25 GiB") != std::string::npos);
+  CHECK(line.find("GB") == std::string::npos);
+  CHECK(line.find("MB") == std::string::npos);
+  CHECK(tide::train::progress_text(s, 600, 0).find("moved 0 B") != std::string::npos);
+  CHECK(tide::train::progress_text(s, 600, 3u << 19).find("moved 1.5 MiB") != std::string::npos);
   s.skipped = true;
   CHECK(tide::train::progress_text(s, 600, 0).find("skipped") != std::string::npos);
+
+  CHECK(tide::train::size_text(512) == "512 B");
+  CHECK(tide::train::size_text(1536) == "1.5 KiB");
+  CHECK(tide::train::size_text(std::size_t{1} << 30) == "1.00 GiB");
+  CHECK(tide::train::size_text(1'000'000'000) == "953.7 MiB");  // 10^9 bytes: not "1 GB"
+
+  // progress counts the bytes of every step: 1.5 GiB over two steps.
+  std::FILE* sink = std::tmpfile();
+  REQUIRE(sink != nullptr);
+  tide::train::progress p{sink};
+  s.bytes_moved = std::size_t{3} << 28;
+  p.update(s, 600);
+  p.update(s, 600);
+  CHECK(p.bytes_moved() == std::size_t{3} << 29);
+  std::fclose(sink);
 }
 
 TEST_CASE("the loss picture: a polyline of every step, a dot per validation loss, rendered by rsvg-convert") {
@@ -50,6 +87,42 @@ TEST_CASE("the loss picture: a polyline of every step, a dot per validation loss
   auto const points = svg.substr(svg.find("points=\""));
   CHECK(count(points.substr(0, points.find("\"/>")), ",") == 50);
   CHECK_THROWS_AS((void)tide::train::loss_svg({}, validation, "x"), tide::error);
+
+  // Axes: titled, and numbered ticks: steps 0 .. 50 in whole numbers, losses 3.05 .. 5.5 inside the y ticks.
+  CHECK(count(svg, R"(<text class="axis-label")") == 2);
+  CHECK(svg.find(R"(text-anchor="middle">step</text>)") != std::string::npos);
+  CHECK(svg.find(R"(text-anchor="middle">loss</text>)") != std::string::npos);
+  auto const xticks = tick_labels(svg, R"(<g class="xtick">)");
+  REQUIRE(xticks.size() >= 5);
+  REQUIRE(xticks.size() <= 11);
+  CHECK(xticks.front() == "0");
+  CHECK(xticks.back() == "50");
+  for (auto const& t : xticks) CHECK(t.find('.') == std::string::npos);  // whole steps
+  auto const yticks = tick_labels(svg, R"(<g class="ytick">)");
+  REQUIRE(yticks.size() >= 3);
+  CHECK(std::stod(yticks.front()) <= 3.05);
+  CHECK(std::stod(yticks.back()) >= 5.5);
+  // The legend lists the two series drawn; without validation losses, only the training loss.
+  CHECK(count(svg, R"(<g class="legend )") == 2);
+  CHECK(count(svg, R"(<g class="legend validation">)") == 1);
+  auto const alone = tide::train::loss_svg(losses, {}, "no validation");
+  CHECK(count(alone, R"(<g class="legend )") == 1);
+  CHECK(count(alone, R"(<g class="legend train">)") == 1);
+  CHECK(count(alone, "<circle") == 0);
+
+  // A resumed run: losses of steps 41 .. 90, validation at 40 and 90; the x axis runs 40 .. 90,
+  // the first training point sits on step 41, the first dot on step 40.
+  std::vector<std::pair<std::int64_t, float>> later{{40, 3.0f}, {90, 2.5f}};
+  auto const resumed = tide::train::loss_svg(losses, later, "resumed", 41);
+  auto const rticks = tick_labels(resumed, R"(<g class="xtick">)");
+  REQUIRE(!rticks.empty());
+  CHECK(rticks.front() == "40");
+  CHECK(rticks.back() == "90");
+  double const x40 = number_after(resumed, R"(<g class="xtick"><line x1=")");
+  double const dot40 = number_after(resumed, R"(<circle class="validation" cx=")");
+  CHECK(dot40 == doctest::Approx(x40));
+  double const first_point = number_after(resumed, R"(points=")");
+  CHECK(first_point > x40);
 
   auto const dir = std::filesystem::temp_directory_path() / ("tide_report_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

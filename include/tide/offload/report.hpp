@@ -2,13 +2,16 @@
 // Pictures and files of an offload run: the memory tide of one step as an SVG, and a file
 // writer that never leaves a half-written file behind.
 //
-//   std::string svg = tide::offload::memory_tide_svg(sched.memory_tide(), "chunked<belady>, budget 128 MiB");
+//   std::string svg = tide::offload::memory_tide_svg(sched.memory_tide(), "chunked<belady>, budget 128 MiB",
+//                                                    {.first = "emb", .last = "head"});  // nn::gpt's blocks
 //   tide::offload::write_file("docs/offload-memory-tide.svg", svg);
 //
-// The picture: one bar per moment in step order ("F-1" forward of block -1, "B3" backward of
-// block 3, "O0" the optimizer after block 0), non-model bytes (activations, workspaces) at the
-// bottom, model data (chunks, optimizer state) stacked on them, the device budget as a
-// horizontal line, MiB on the y axis. Self-contained SVG 1.1: no scripts, no external fonts.
+// The picture: one bar per moment in step order ("F0" forward of block 0, "B3" backward of
+// block 3, "O0" the optimizer after block 0; "emb fwd", "head bwd" when the first and last blocks
+// are given names), non-model bytes (activations, workspaces) at the bottom, model data (chunks,
+// optimizer state) stacked on them, the device budget as a horizontal line, MiB on the y axis;
+// under it the bytes each moment fetched and evicted. Self-contained SVG 1.1: no scripts, no
+// external fonts.
 
 #include <algorithm>
 #include <cerrno>
@@ -50,13 +53,7 @@ inline std::string xml_escape(std::string_view s) {
   return r;
 }
 
-// "F-1", "B3", "O0".
-inline std::string moment_label(chunk::moment m) {
-  char const p = m.phase == chunk::phase::forward ? 'F' : m.phase == chunk::phase::backward ? 'B' : 'O';
-  return tide::detail::concat(p, m.block);
-}
-
-// A tick step of 1, 2 or 5 x 10^k MiB giving at most ~8 ticks up to `top` MiB.
+// A tick step of 1, 2 or 5 x 10^k giving at most ~8 ticks up to `top`.
 inline double tick_step(double top) {
   double const raw = std::max(top, 1e-9) / 8;
   double const p = std::pow(10.0, std::floor(std::log10(raw)));
@@ -65,27 +62,78 @@ inline double tick_step(double top) {
   return 10 * p;
 }
 
+inline std::string mib_text(std::size_t bytes) { return svg_number(static_cast<double>(bytes) / (1024.0 * 1024.0)); }
+
 }  // namespace detail
 
+// Words for the first and last blocks of a model in the picture's labels; empty: the number.
+// nn::gpt's are {"emb", "head"}: block -1 holds the embeddings, block L the final layernorm and
+// the tied LM head (nn::gpt_block_uses).
+struct block_names {
+  std::string_view first;  // the lowest block of the tide
+  std::string_view last;   // the highest
+};
+
+// "F0", "B3", "O0" for numbered blocks; "emb fwd", "head bwd", "emb opt" for named ones.
+inline std::string moment_label(chunk::moment m, int first_block, int last_block, block_names const& names) {
+  std::string_view const name = m.block == first_block ? names.first : m.block == last_block ? names.last : "";
+  if (!name.empty())
+    return tide::detail::concat(name, m.phase == chunk::phase::forward    ? " fwd"
+                                      : m.phase == chunk::phase::backward ? " bwd"
+                                                                          : " opt");
+  char const p = m.phase == chunk::phase::forward ? 'F' : m.phase == chunk::phase::backward ? 'B' : 'O';
+  return tide::detail::concat(p, m.block);
+}
+
 // The memory tide of one step (scheduler::memory_tide()) as a standalone SVG 1.1 document.
+//
+// Top: one stacked bar per moment, non-model bytes (activations, workspaces) at the bottom and
+// model data on them, the device budget as a dashed line, MiB on the y axis. Below it, when any
+// chunk moved, a lane of the bytes each moment fetched (bars up) and evicted (bars down), on a
+// scale of its own. The legend lists only the series drawn.
+//
 // Elements the tests read: one <g class="moment"> per sample holding its <rect class="non-model">
-// and <rect class="model">; <line class="budget">; per y tick <g class="ytick"> with a line at
-// the tick's y and its label "N MiB".
-inline std::string memory_tide_svg(std::span<tide_sample const> samples, std::string_view title) {
+// and <rect class="model">, then <rect class="fetched"> and <rect class="evicted"> for non-zero
+// bytes; <line class="budget">; per y tick <g class="ytick"> with a line at the tick's y and its
+// label "N MiB"; one <text class="moment-label"> per labelled moment; one <g class="legend NAME">
+// per legend entry (NAME: model, non-model, budget, fetched, evicted).
+inline std::string memory_tide_svg(std::span<tide_sample const> samples, std::string_view title,
+                                   block_names const& names = {}) {
   TIDE_REQUIRE(!samples.empty(), "memory_tide_svg: no samples; scheduler::memory_tide() is empty until a step "
                                  "has completed (call it after sched.step())");
+  using detail::mib_text;
   using detail::svg_number;
-  constexpr double width = 960, height = 480, left = 84, right = 200, top = 44, bottom = 70;
-  double const plot_w = width - left - right, plot_h = height - top - bottom;
   constexpr double mib = 1024.0 * 1024.0;
   double highest = 0;
-  for (auto const& s : samples)
+  std::size_t moved_most = 0, fetched = 0, evicted = 0, model = 0, non_model = 0;
+  int first_block = samples.front().at.block, last_block = first_block;
+  for (auto const& s : samples) {
     highest = std::max({highest, static_cast<double>(s.model_bytes + s.non_model_bytes), static_cast<double>(s.budget)});
+    moved_most = std::max({moved_most, s.fetched_bytes, s.evicted_bytes});
+    fetched += s.fetched_bytes;
+    evicted += s.evicted_bytes;
+    model += s.model_bytes;
+    non_model += s.non_model_bytes;
+    first_block = std::min(first_block, s.at.block);
+    last_block = std::max(last_block, s.at.block);
+  }
+  std::size_t const budget = samples.front().budget;  // one step has one budget
+  bool const lane = moved_most > 0;                   // the fetched / evicted lane
+
+  constexpr double width = 960, left = 84, right = 220, top = 44, plot_h = 366, plot_w = width - left - right;
+  constexpr double lane_half = 28, lane_gap = 14;
+  double const lane_mid = top + plot_h + lane_gap + lane_half;
+  double const labels_y = lane ? lane_mid + lane_half + 8 : top + plot_h + 8;
+  double const height = labels_y + 62;
   double const step = detail::tick_step(highest / mib * 1.05);
   double const y_max = std::max(step, std::ceil(highest / mib * 1.05 / step) * step);  // MiB at the top
   auto const y_of = [&](double bytes) { return top + plot_h * (1 - bytes / mib / y_max); };
+  auto const lane_px = [&](std::size_t bytes) {
+    return lane_half * static_cast<double>(bytes) / static_cast<double>(std::max<std::size_t>(moved_most, 1));
+  };
   double const bar = plot_w / static_cast<double>(samples.size());
   std::size_t const label_every = std::max<std::size_t>(1, (samples.size() + 47) / 48);
+  auto const label = [&](chunk::moment m) { return moment_label(m, first_block, last_block, names); };
 
   std::string s;
   s += tide::detail::concat(R"(<?xml version="1.0" encoding="UTF-8"?>)", '\n',
@@ -103,51 +151,81 @@ inline std::string memory_tide_svg(std::span<tide_sample const> samples, std::st
                               svg_number(left - 8), R"(" y=")", svg_number(y_of(v * mib) + 4),
                               R"(" text-anchor="end">)", v, " MiB</text></g>\n");
   }
-  // One stacked bar per moment.
+  // The lane's baseline and scale: the largest bytes one moment moved, up and down.
+  if (lane) {
+    std::string const mid = svg_number(lane_mid), most = mib_text(moved_most);
+    s += tide::detail::concat(
+        R"(<line class="lane" x1=")", svg_number(left), R"(" y1=")", mid, R"(" x2=")", svg_number(left + plot_w),
+        R"(" y2=")", mid, R"(" stroke="#999999"/>)", '\n', R"(<text x=")", svg_number(left - 8), R"(" y=")",
+        svg_number(lane_mid - lane_half + 8), R"(" text-anchor="end" font-size="9">)", most, " MiB</text>\n",
+        R"(<text x=")", svg_number(left - 8), R"(" y=")", svg_number(lane_mid + 4),
+        R"(" text-anchor="end" font-size="9">moved</text>)", '\n', R"(<text x=")", svg_number(left - 8), R"(" y=")",
+        svg_number(lane_mid + lane_half), R"(" text-anchor="end" font-size="9">)", most, " MiB</text>\n");
+  }
+  // One stacked bar per moment, and what it moved.
   for (std::size_t i = 0; i < samples.size(); ++i) {
     auto const& m = samples[i];
     double const x = left + bar * static_cast<double>(i), w = std::max(bar * 0.85, 0.5);
     double const nm_top = y_of(static_cast<double>(m.non_model_bytes));
     double const all_top = y_of(static_cast<double>(m.non_model_bytes + m.model_bytes));
     s += tide::detail::concat(
-        R"(<g class="moment"><title>)", detail::moment_label(m.at), ": model ", svg_number(static_cast<double>(m.model_bytes) / mib),
-        " MiB, non-model ", svg_number(static_cast<double>(m.non_model_bytes) / mib), R"( MiB</title><rect class="non-model" x=")",
-        svg_number(x), R"(" y=")", svg_number(nm_top), R"(" width=")", svg_number(w), R"(" height=")",
-        svg_number(top + plot_h - nm_top), R"(" fill="#9ecae1"/><rect class="model" x=")", svg_number(x), R"(" y=")",
-        svg_number(all_top), R"(" width=")", svg_number(w), R"(" height=")", svg_number(nm_top - all_top),
-        R"(" fill="#e6550d"/></g>)", '\n');
+        R"(<g class="moment"><title>)", label(m.at), ": model ", mib_text(m.model_bytes), " MiB, non-model ",
+        mib_text(m.non_model_bytes), " MiB; fetched ", mib_text(m.fetched_bytes), " MiB, evicted ",
+        mib_text(m.evicted_bytes), R"( MiB</title><rect class="non-model" x=")", svg_number(x), R"(" y=")",
+        svg_number(nm_top), R"(" width=")", svg_number(w), R"(" height=")", svg_number(top + plot_h - nm_top),
+        R"(" fill="#9ecae1"/><rect class="model" x=")", svg_number(x), R"(" y=")", svg_number(all_top),
+        R"(" width=")", svg_number(w), R"(" height=")", svg_number(nm_top - all_top), R"(" fill="#e6550d"/>)");
+    if (m.fetched_bytes > 0)
+      s += tide::detail::concat(R"(<rect class="fetched" x=")", svg_number(x), R"(" y=")",
+                                svg_number(lane_mid - lane_px(m.fetched_bytes)), R"(" width=")", svg_number(w),
+                                R"(" height=")", svg_number(lane_px(m.fetched_bytes)), R"(" fill="#31a354"/>)");
+    if (m.evicted_bytes > 0)
+      s += tide::detail::concat(R"(<rect class="evicted" x=")", svg_number(x), R"(" y=")", svg_number(lane_mid),
+                                R"(" width=")", svg_number(w), R"(" height=")", svg_number(lane_px(m.evicted_bytes)),
+                                R"(" fill="#756bb1"/>)");
+    s += "</g>\n";
     if (i % label_every == 0)
-      s += tide::detail::concat(R"(<text x=")", svg_number(x + w / 2), R"(" y=")", svg_number(top + plot_h + 8),
-                                R"(" transform="rotate(-90 )", svg_number(x + w / 2), ' ',
-                                svg_number(top + plot_h + 8), R"x()" text-anchor="end" font-size="9">)x",
-                                detail::moment_label(m.at), "</text>\n");
+      s += tide::detail::concat(R"(<text class="moment-label" x=")", svg_number(x + w / 2), R"(" y=")",
+                                svg_number(labels_y), R"(" transform="rotate(-90 )", svg_number(x + w / 2), ' ',
+                                svg_number(labels_y), R"x()" text-anchor="end" font-size="9">)x", label(m.at),
+                                "</text>\n");
   }
-  // The budget (of the first sample: one step has one budget) and the axes.
-  std::string const by = svg_number(y_of(static_cast<double>(samples.front().budget)));
-  s += tide::detail::concat(R"(<line class="budget" x1=")", svg_number(left), R"(" y1=")", by, R"(" x2=")",
-                            svg_number(left + plot_w), R"(" y2=")", by,
-                            R"(" stroke="#d62728" stroke-width="2" stroke-dasharray="6 3"/>)", '\n',
-                            R"(<path d="M)", svg_number(left), ' ', svg_number(top), 'V', svg_number(top + plot_h), 'H',
+  // The budget and the axes.
+  if (budget > 0) {
+    std::string const by = svg_number(y_of(static_cast<double>(budget)));
+    s += tide::detail::concat(R"(<line class="budget" x1=")", svg_number(left), R"(" y1=")", by, R"(" x2=")",
+                              svg_number(left + plot_w), R"(" y2=")", by,
+                              R"(" stroke="#d62728" stroke-width="2" stroke-dasharray="6 3"/>)", '\n');
+  }
+  s += tide::detail::concat(R"(<path d="M)", svg_number(left), ' ', svg_number(top), 'V', svg_number(top + plot_h), 'H',
                             svg_number(left + plot_w), R"(" fill="none" stroke="#333333"/>)", '\n',
                             R"(<text x=")", svg_number(left + plot_w / 2), R"(" y=")", svg_number(height - 6),
-                            R"(" text-anchor="middle">moments of one step (F: forward, B: backward, O: optimizer; )",
-                            "number: block)</text>\n");
-  // Legend.
+                            R"(" text-anchor="middle">moments of one step (F: forward, B: backward, O: optimizer, )",
+                            "then the block number)</text>\n");
+  // Legend: only what is drawn.
   double const lx = left + plot_w + 16;
-  auto const entry = [&](double y, std::string_view swatch, std::string_view text) {
-    s += tide::detail::concat(swatch, R"(<text x=")", svg_number(lx + 22), R"(" y=")", svg_number(y + 10), R"(">)",
-                              text, "</text>\n");
+  double ly = top;
+  auto const entry = [&](std::string_view name, std::string_view swatch, std::string_view text) {
+    s += tide::detail::concat(R"(<g class="legend )", name, R"(">)", swatch, R"(<text x=")", svg_number(lx + 22),
+                              R"(" y=")", svg_number(ly + 10), R"(">)", text, "</text></g>\n");
+    ly += 22;
   };
-  entry(top, tide::detail::concat(R"(<rect x=")", svg_number(lx), R"(" y=")", svg_number(top),
-                                  R"(" width="14" height="12" fill="#e6550d"/>)"),
-        "model data (chunks)");
-  entry(top + 22, tide::detail::concat(R"(<rect x=")", svg_number(lx), R"(" y=")", svg_number(top + 22),
-                                       R"(" width="14" height="12" fill="#9ecae1"/>)"),
-        "non-model (activations)");
-  entry(top + 44, tide::detail::concat(R"(<line x1=")", svg_number(lx), R"(" y1=")", svg_number(top + 50), R"(" x2=")",
-                                       svg_number(lx + 16), R"(" y2=")", svg_number(top + 50),
-                                       R"(" stroke="#d62728" stroke-width="2" stroke-dasharray="6 3"/>)"),
-        tide::detail::concat("device budget ", svg_number(static_cast<double>(samples.front().budget) / mib), " MiB"));
+  auto const box = [&](std::string_view colour) {
+    return tide::detail::concat(R"(<rect x=")", svg_number(lx), R"(" y=")", svg_number(ly),
+                                R"(" width="14" height="12" fill=")", colour, R"("/>)");
+  };
+  if (model > 0) entry("model", box("#e6550d"), "model data (chunks)");
+  if (non_model > 0) entry("non-model", box("#9ecae1"), "non-model (activations)");
+  if (budget > 0)
+    entry("budget",
+          tide::detail::concat(R"(<line x1=")", svg_number(lx), R"(" y1=")", svg_number(ly + 6), R"(" x2=")",
+                               svg_number(lx + 16), R"(" y2=")", svg_number(ly + 6),
+                               R"(" stroke="#d62728" stroke-width="2" stroke-dasharray="6 3"/>)"),
+          tide::detail::concat("device budget ", mib_text(budget), " MiB"));
+  if (fetched > 0)
+    entry("fetched", box("#31a354"), tide::detail::concat("fetched (up): ", mib_text(fetched), " MiB"));
+  if (evicted > 0)
+    entry("evicted", box("#756bb1"), tide::detail::concat("evicted (down): ", mib_text(evicted), " MiB"));
   s += "</svg>\n";
   return s;
 }

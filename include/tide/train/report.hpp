@@ -24,13 +24,27 @@
 
 namespace tide::train {
 
-// "step   120/500  loss 2.4512  5230 tok/s  device 46.1 MiB  host 39.0 MiB  moved 1.92 GB"
-inline std::string progress_text(step_stats const& s, std::int64_t total, double gb_moved) {
+// "812.3 MiB", "1.92 GiB", "64.0 KiB", "512 B": binary units (KiB = 2^10 bytes, MiB = 2^20,
+// GiB = 2^30), the largest that keeps the number at least 1.
+inline std::string size_text(std::size_t bytes) {
+  char buf[32];
+  double const b = static_cast<double>(bytes);
+  if (bytes < (std::size_t{1} << 10)) std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  else if (bytes < (std::size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.1f KiB", b / (1 << 10));
+  else if (bytes < (std::size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
+  else std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  return buf;
+}
+
+// "step   120/500  loss 2.4512  5230 tok/s  device 46.1 MiB  host 39.0 MiB  moved 1.92 GiB"; the
+// bytes moved host <-> device so far in size_text's units.
+inline std::string progress_text(step_stats const& s, std::int64_t total, std::size_t moved_bytes) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "step %5lld/%lld  loss %.4f  %6.0f tok/s  device %.1f MiB  host %.1f MiB  moved %.2f GB%s",
+  std::snprintf(buf, sizeof buf, "step %5lld/%lld  loss %.4f  %6.0f tok/s  device %.1f MiB  host %.1f MiB  moved %s%s",
                 static_cast<long long>(s.step), static_cast<long long>(total), static_cast<double>(s.loss),
                 s.tokens_per_s, static_cast<double>(s.device_bytes) / (1 << 20),
-                static_cast<double>(s.host_bytes) / (1 << 20), gb_moved, s.skipped ? "  (skipped: overflow)" : "");
+                static_cast<double>(s.host_bytes) / (1 << 20), size_text(moved_bytes).c_str(),
+                s.skipped ? "  (skipped: overflow)" : "");
   return buf;
 }
 
@@ -41,7 +55,7 @@ class progress {
 
   // The step's line: in place on a terminal, nothing otherwise (line() keeps lines).
   void update(step_stats const& s, std::int64_t total) {
-    moved_ += static_cast<double>(s.bytes_moved) * 1e-9;
+    moved_ += s.bytes_moved;
     if (!tty_) return;
     std::fprintf(out_, "\r\033[K%s", progress_text(s, total, moved_).c_str());
     std::fflush(out_);
@@ -52,54 +66,90 @@ class progress {
                  static_cast<int>(extra.size()), extra.data());
     std::fflush(out_);
   }
-  [[nodiscard]] double gb_moved() const noexcept { return moved_; }
+  // Bytes moved host <-> device over every update() so far.
+  [[nodiscard]] std::size_t bytes_moved() const noexcept { return moved_; }
 
  private:
   std::FILE* out_;
   bool tty_;
-  double moved_ = 0;
+  std::size_t moved_ = 0;
 };
 
 // Training loss per step (a line) and validation losses at their steps (dots), as SVG 1.1.
-// Elements the tests read: <polyline class="train">, one <circle class="validation"> per value.
+// train[i] is the loss of step first_step + i; a validation loss at step s is measured after s
+// steps (0: before training). The x axis is in steps, the y axis in loss, both with ticks.
+// Elements the tests read: <polyline class="train">, one <circle class="validation"> per value,
+// per tick <g class="xtick"> / <g class="ytick"> holding a line and its number, the axis titles
+// <text class="axis-label">, and one <g class="legend NAME"> per series drawn (train, validation).
 inline std::string loss_svg(std::span<float const> train, std::span<std::pair<std::int64_t, float> const> validation,
-                            std::string_view title) {
+                            std::string_view title, std::int64_t first_step = 1) {
   TIDE_REQUIRE(!train.empty(), "loss_svg: no training losses");
   using offload::detail::svg_number;
-  double const w = 720, h = 360, left = 60, right = 20, top = 40, bottom = 40;
-  double hi = 0, lo = 1e300;
+  double const w = 720, h = 360, left = 64, right = 20, top = 40, bottom = 52;
+  double hi = -1e300, lo = 1e300;
   for (float v : train)
     if (std::isfinite(v)) hi = std::max(hi, double(v)), lo = std::min(lo, double(v));
+  std::size_t drawn_validation = 0;
   for (auto const& [s, v] : validation)
-    if (std::isfinite(v)) hi = std::max(hi, double(v)), lo = std::min(lo, double(v));
-  lo = std::max(0.0, std::floor(lo * 2) / 2);
-  hi = std::max(lo + 0.5, std::ceil(hi * 2) / 2);
-  double const steps = static_cast<double>(std::max<std::size_t>(train.size(), 2) - 1);
-  auto x = [&](double step) { return left + (w - left - right) * step / steps; };  // step 0-based
+    if (std::isfinite(v)) hi = std::max(hi, double(v)), lo = std::min(lo, double(v)), ++drawn_validation;
+  if (hi < lo) lo = 0, hi = 1;  // nothing finite
+  double const y_step = offload::detail::tick_step(std::max(hi - lo, 0.1));  // at most ~8 ticks
+  lo = std::max(0.0, std::floor(lo / y_step) * y_step);
+  hi = std::max(lo + y_step, std::ceil(hi / y_step) * y_step);
+  // Steps on x: from the first step drawn (a validation at step 0 included) to the last.
+  double first = static_cast<double>(first_step), last = static_cast<double>(first_step) + double(train.size()) - 1;
+  for (auto const& [s, v] : validation)
+    if (std::isfinite(v)) first = std::min(first, double(s)), last = std::max(last, double(s));
+  if (last <= first) last = first + 1;
+  auto x = [&](double step) { return left + (w - left - right) * (step - first) / (last - first); };
   auto y = [&](double v) { return top + (h - top - bottom) * (hi - v) / (hi - lo); };
+  double const bottom_y = h - bottom;
   std::string s = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"" +
                   svg_number(w) + "\" height=\"" + svg_number(h) + "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   s += "<text x=\"" + svg_number(left) + "\" y=\"22\" font-size=\"14\">" + offload::detail::xml_escape(title) + "</text>\n";
-  for (double v = lo; v <= hi + 1e-9; v += 0.5) {
-    s += "<line x1=\"" + svg_number(left) + "\" x2=\"" + svg_number(w - right) + "\" y1=\"" + svg_number(y(v)) +
-         "\" y2=\"" + svg_number(y(v)) + "\" stroke=\"#ddd\"/>\n";
-    s += "<text x=\"" + svg_number(left - 6) + "\" y=\"" + svg_number(y(v) + 4) + "\" text-anchor=\"end\">" +
-         svg_number(v) + "</text>\n";
+  // Y ticks: grid lines and loss values.
+  for (double v = lo; v <= hi + y_step * 1e-6; v += y_step) {
+    s += "<g class=\"ytick\"><line x1=\"" + svg_number(left - 4) + "\" x2=\"" + svg_number(w - right) + "\" y1=\"" +
+         svg_number(y(v)) + "\" y2=\"" + svg_number(y(v)) + "\" stroke=\"#ddd\"/><text x=\"" + svg_number(left - 7) +
+         "\" y=\"" + svg_number(y(v) + 4) + "\" text-anchor=\"end\">" + svg_number(v) + "</text></g>\n";
   }
-  s += "<text x=\"" + svg_number((left + w - right) / 2) + "\" y=\"" + svg_number(h - 8) +
-       "\" text-anchor=\"middle\">step (" + std::to_string(train.size()) + ")</text>\n";
+  // X ticks: whole steps, 1, 2 or 5 x 10^k apart.
+  double const x_step = std::max(1.0, offload::detail::tick_step((last - first) * 1.25));  // ~6-10 ticks
+  for (double t = std::ceil(first / x_step) * x_step; t <= last + 1e-9; t += x_step) {
+    s += "<g class=\"xtick\"><line x1=\"" + svg_number(x(t)) + "\" x2=\"" + svg_number(x(t)) + "\" y1=\"" +
+         svg_number(bottom_y) + "\" y2=\"" + svg_number(bottom_y + 5) + "\" stroke=\"#333\"/><text x=\"" +
+         svg_number(x(t)) + "\" y=\"" + svg_number(bottom_y + 18) + "\" text-anchor=\"middle\">" +
+         std::to_string(static_cast<std::int64_t>(t)) + "</text></g>\n";
+  }
+  // Axes and their titles.
+  s += "<path d=\"M" + svg_number(left) + " " + svg_number(top) + "V" + svg_number(bottom_y) + "H" +
+       svg_number(w - right) + "\" fill=\"none\" stroke=\"#333\"/>\n";
+  s += "<text class=\"axis-label\" x=\"" + svg_number((left + w - right) / 2) + "\" y=\"" + svg_number(h - 8) +
+       "\" text-anchor=\"middle\">step</text>\n";
+  double const mid_y = (top + bottom_y) / 2;
+  s += "<text class=\"axis-label\" x=\"16\" y=\"" + svg_number(mid_y) + "\" transform=\"rotate(-90 16 " +
+       svg_number(mid_y) + ")\" text-anchor=\"middle\">loss</text>\n";
   s += "<polyline class=\"train\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
   for (std::size_t i = 0; i < train.size(); ++i)
-    if (std::isfinite(train[i])) s += svg_number(x(double(i))) + "," + svg_number(y(train[i])) + " ";
+    if (std::isfinite(train[i]))
+      s += svg_number(x(static_cast<double>(first_step) + double(i))) + "," + svg_number(y(train[i])) + " ";
   s += "\"/>\n";
   for (auto const& [step, v] : validation)
     if (std::isfinite(v))
-      s += "<circle class=\"validation\" cx=\"" + svg_number(x(double(std::max<std::int64_t>(step - 1, 0)))) +
-           "\" cy=\"" + svg_number(y(v)) + "\" r=\"4\" fill=\"#d62728\"/>\n";
-  s += "<text x=\"" + svg_number(w - right - 200) + "\" y=\"" + svg_number(top + 14) +
-       "\" fill=\"#1f77b4\">training loss</text>\n<text x=\"" + svg_number(w - right - 200) + "\" y=\"" +
-       svg_number(top + 30) + "\" fill=\"#d62728\">validation loss</text>\n</svg>\n";
+      s += "<circle class=\"validation\" cx=\"" + svg_number(x(double(step))) + "\" cy=\"" + svg_number(y(v)) +
+           "\" r=\"4\" fill=\"#d62728\"/>\n";
+  // Legend: the series drawn.
+  double const lx = w - right - 170;
+  s += "<g class=\"legend train\"><line x1=\"" + svg_number(lx) + "\" x2=\"" + svg_number(lx + 18) + "\" y1=\"" +
+       svg_number(top + 10) + "\" y2=\"" + svg_number(top + 10) +
+       "\" stroke=\"#1f77b4\" stroke-width=\"1.5\"/><text x=\"" + svg_number(lx + 24) + "\" y=\"" +
+       svg_number(top + 14) + "\">training loss</text></g>\n";
+  if (drawn_validation > 0)
+    s += "<g class=\"legend validation\"><circle cx=\"" + svg_number(lx + 9) + "\" cy=\"" + svg_number(top + 28) +
+         "\" r=\"4\" fill=\"#d62728\"/><text x=\"" + svg_number(lx + 24) + "\" y=\"" + svg_number(top + 32) +
+         "\">validation loss</text></g>\n";
+  s += "</svg>\n";
   return s;
 }
 
