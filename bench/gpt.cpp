@@ -3,9 +3,10 @@
 //   gpt2_124m_ms_per_step   ms per step (zero_grad, forward, backward, global grad norm, AdamW) at
 //                           L=12 C=768 NH=12 V=50257 (Vp=50304) maxT=1024, B=4 T=64. Anchor:
 //                           llm.c's CPU reference (train_gpt2.c, fp32, OpenMP, -Ofast
-//                           -march=native), 1.29-1.45 s/step at B=4 T=64 on an Apple M3 Max
-//                           (/work/shared/research/kernels_e2e.md); 1370 ms, the middle, is a
-//                           published number, NOT measured here (detail.anchor_measured_here = 0).
+//                           -march=native), 1.29-1.45 s/step at B=4 T=64 on an Apple M3 Max,
+//                           as published for llm.c (github.com/karpathy/llm.c); 1370 ms, the
+//                           middle, is a published number, NOT measured here
+//                           (detail.anchor_measured_here = 0).
 //                           Lower is better; ratio = tide / llm.c.
 //   gpt2_124m_step_vs_sgemm model FLOP/s of that step over OpenBLAS sgemm (n = 2048, 2 threads)
 //                           measured in the same run. FLOP per step = B T (6 N' + 6 L T C), with

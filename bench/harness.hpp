@@ -6,7 +6,7 @@
 //    "goal":0.8,"machine":{...},"detail":{...}}
 //
 // `value` is tide's figure, `anchor_value` the anchor measured in the same run (or a roofline
-// probe), `ratio` = value / anchor_value. `goal`, when given, is the ratio the issue asks for.
+// probe), `ratio` = value / anchor_value. `goal`, when given, is the ratio tide aims for.
 // Timing: median of repeated runs after a warm-up; the harness never asserts on time.
 
 #include <algorithm>
@@ -87,7 +87,7 @@ struct figure {
   std::string anchor;              // what it is compared with
   double anchor_value = 0;         // measured in the same run
   bool higher_is_better = true;    // of value (and so of ratio)
-  double goal = std::nan("");      // the ratio the issue asks for, if any
+  double goal = std::nan("");      // the ratio tide aims for, if any
   std::vector<std::pair<std::string, double>> detail{};  // extra numbers worth keeping
 
   [[nodiscard]] double ratio() const { return anchor_value != 0 ? value / anchor_value : std::nan(""); }

@@ -1,13 +1,12 @@
 #pragma once
-// Figures of issue 3's softmax and fused classifier on the host, 2 threads (bench/kernels.cpp
+// Figures of the softmax and the fused classifier on the host, 2 threads (bench/kernels.cpp
 // calls bench_classifier()):
 //
 //   classifier_ns_per_elem  fused_classifier forward + backward on 256 x 50257 logits (padded to
 //                           50304, in place), ns per real logit. Anchor: the unfused path in the
 //                           same run (softmax_forward_masked into an (N, Vp) probability buffer,
 //                           crossentropy_forward, crossentropy_softmax_backward). Goal: <= 1.2 ns
-//                           (detail goal_ns; research/kernels_e2e.md section 7.3), so the ratio is
-//                           the fusion's speed-up inverted.
+//                           (detail goal_ns). The ratio is the fusion's speed-up inverted.
 //   softmax_ns_per_elem     softmax_forward on (256, 50257), ns per element. Anchor: the same
 //                           three-pass row softmax with scalar std::exp, threaded the same way.
 

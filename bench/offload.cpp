@@ -475,7 +475,8 @@ int main() {
     auto const title = tide::detail::concat("Memory tide of one step: chunked<belady>, GPT L=", s.config.layers,
                                             " C=", s.config.channels, ", model data ", tide::bytes_of{model_data},
                                             " = 4x the budget");
-    off::write_file(svg, off::memory_tide_svg(offl.last_tide, title));
+    // nn::gpt's lowest block is the embedding, its highest the head.
+    off::write_file(svg, off::memory_tide_svg(offl.last_tide, title, {.first = "emb", .last = "head"}));
   }
 
   // ---- (b) bytes moved vs MIN on the same trace -------------------------------------------------

@@ -146,7 +146,7 @@ int main() {
   gpt2_shape const g;
   tide::memory::lifetime_planner planner;
   for (std::size_t const T : {std::size_t{64}, std::size_t{256}, std::size_t{1024}}) {
-    // The research goal for planning time is stated for about 100 tensors: a 3-layer model.
+    // The goal for planning time is stated for about 100 tensors: a 3-layer model.
     auto const small = gpt2_step(gpt2_shape{.L = 3}, T);
     double const replan_small_s = replan_seconds(planner, load(planner, small));
 

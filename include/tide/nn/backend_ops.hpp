@@ -1,8 +1,9 @@
 #pragma once
-// The few operations nn/ needs besides the kernels: fill with zeros, sum the per-row losses,
-// check token ids. Host overloads here; the CUDA ones (cudaMemsetAsync, a copy back of the
-// losses, no token check: device memory) will sit in backend_ops.cuh, taking exec<cuda>, so the
-// model calls the same names on either backend.
+// The few operations nn/ needs besides the kernels: fill with zeros, scale in place (loss
+// scaling), sum the per-row losses, check token ids. Only the host overloads exist. CUDA
+// counterparts taking exec<cuda> (cudaMemsetAsync, a copy back of the losses, no token check: the
+// ids are in device memory) are not written yet; with them the model would call the same names on
+// either backend.
 
 #include <cstddef>
 #include <cstdint>

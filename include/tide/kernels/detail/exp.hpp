@@ -1,8 +1,8 @@
 #pragma once
 // exp_poly(x): e^x in float, branch-free, so g++ vectorises a loop that calls it and CUDA runs
 // the same arithmetic. Softmax and the fused classifier spend most of their time in exp on a
-// CPU, and libm's scalar expf does not vectorise (research: a 256 x 50257 softmax on 2 threads
-// took 1.78 ns/elem with scalar expf, 0.95 with a vectorised exp).
+// CPU, and libm's scalar expf does not vectorise (measured on a 2-core AVX-512 Xeon: a 256 x
+// 50257 softmax on 2 threads took 1.78 ns/elem with scalar expf, 0.95 with a vectorised exp).
 // exp_poly_nonpositive(x) is the same arithmetic without the overflow handling, for softmax's
 // exp(z - max): about 1.8x faster in a vectorised loop, and bit-identical to exp_poly on
 // [-87.3365, 0].
