@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -179,7 +180,8 @@ namespace {
 
 using sched_t = off::scheduler<host, float, off::chunked<off::belady>>;
 
-// The scheduler's hooks, throwing at one chosen hook call of the step (a user's hook that fails).
+// The scheduler's hooks, throwing at one chosen hook call of the step, inside the block (after
+// the scheduler's pre_* hook, before its post_* hook): a user's hook or a kernel that fails.
 struct throwing_hooks {
   sched_t* scheduler = nullptr;
   int* countdown = nullptr;  // the hook call that throws: 1 = the first; 0 = none
@@ -187,20 +189,20 @@ struct throwing_hooks {
     if (*countdown > 0 && --*countdown == 0) TIDE_FAIL(usage, "a user hook failed");
   }
   void pre_forward(int b) {
-    tick();
     scheduler->pre_forward(b);
+    tick();
   }
   void post_forward(int b) {
-    scheduler->post_forward(b);
     tick();
+    scheduler->post_forward(b);
   }
   void pre_backward(int b) {
-    tick();
     scheduler->pre_backward(b);
+    tick();
   }
   void post_backward(int b) {
-    scheduler->post_backward(b);
     tick();
+    scheduler->post_backward(b);
   }
   float* param_data(std::uint32_t i) { return scheduler->param_data(i); }
   float* grad_data(std::uint32_t i) { return scheduler->grad_data(i); }
@@ -248,6 +250,19 @@ TEST_CASE("a hook that throws in any block, forward or backward, loses nothing")
     sched.abort_step();
     CHECK(state_of(sched, params) == before);
     CHECK(sched.optimizer_steps() == 2);
+  }
+  // An evaluation forward that fails inside a block is abandoned too; the next one works.
+  {
+    auto const d = data_of(9);
+    tide::tensor_view<std::int32_t const, host> x(d.data(), {batch, seq}), y(d.data() + batch * seq, {batch, seq});
+    sched.begin_evaluation();
+    countdown = 3;
+    CHECK_THROWS_AS((void)model.forward(ex, x, y), tide::error);
+    sched.abort_step();
+    countdown = 0;
+    float const loss = model.forward(ex, x, y);
+    CHECK(std::isfinite(loss));
+    sched.end_evaluation();
   }
   countdown = 0;
   run(2);  // and it trains on: the bits of a scheduler that never saw a failure

@@ -471,10 +471,12 @@ class scheduler {
   // from its catch block. Outside a step it does nothing. Never throws: a failure on a worker
   // (a copy or host step that failed after it was issued) is kept and reported by every later
   // step and by close().
+  // An evaluation forward that threw inside a block is abandoned the same way.
   void abort_step() noexcept {
+    bool const was_in_block = in_block_;
     in_block_ = false;
     std::fill(access_.begin(), access_.end(), std::uint8_t{0});
-    if (!step_open_) return;
+    if (!step_open_ && !was_in_block) return;
     try {
       drain();
     } catch (std::exception const& e) {
@@ -486,9 +488,12 @@ class scheduler {
         if (param_.tensor(i).state != chunk::tensor_state::hold) param_.transition(i, chunk::tensor_state::hold);
         if (grad_.tensor(i).state == chunk::tensor_state::compute) grad_.transition(i, chunk::tensor_state::hold);
       }
-      for (std::uint32_t c = 0; c < n_; ++c) release_grad(c);  // the step's gradients are dropped
-      if constexpr (detail::is_static<Config>) rehome_ = true;  // the partition is pinned again next step
+      if (step_open_) {
+        for (std::uint32_t c = 0; c < n_; ++c) release_grad(c);  // the step's gradients are dropped
+        if constexpr (detail::is_static<Config>) rehome_ = true;  // the partition is pinned again next step
+      }
     }
+    if (!step_open_) return;  // an evaluation: no step to undo
     discard_undo();
     tracer_.abort_step();
     backward_passes_ = 0;
