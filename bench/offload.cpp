@@ -6,6 +6,9 @@
 //                             model and data under `resident` with an unlimited budget; both
 //                             trained in this run, their measured steps interleaved. Goal 0.9.
 //                             detail: the offloaded run's offload_stats of a steady step.
+//   undo_on_error_vs_off      tokens/s of that chunked<belady> run (undo copies on, the default)
+//                             over the same run with scheduler_options::undo_on_error = false,
+//                             steps interleaved. Goal 0.95.
 //   offload_bytes_vs_optimum  the bytes of a steady step (h2d + d2h, each clean drop counted as the copy it replaced) over MIN on
 //                             its own recorded trace: simulate(trace, capacity, belady{}) per
 //                             iteration in steady state (3 iterations - 2), capacity = the least
@@ -217,10 +220,11 @@ struct trainer {
   std::vector<off::offload_stats> stats;
   std::vector<off::tide_sample> last_tide;
 
-  trainer(tide::exec<host> const& ex, tide::nn::gpt_config const& c, std::size_t budget, Config const& cfg)
+  trainer(tide::exec<host> const& ex, tide::nn::gpt_config const& c, std::size_t budget, Config const& cfg,
+          bool undo = true)
       : arena{{.budget = budget}},
         sched{ex, arena, tide::nn::gpt_parameters(c, tide::dtype::f32), tide::nn::gpt_block_uses(c), cfg,
-              {.adamw = {.lr = 1e-4f, .weight_decay = 0.1f}}},
+              {.adamw = {.lr = 1e-4f, .weight_decay = 0.1f}, .undo_on_error = undo}},
         model{c, arena, {.seed = 1}, {&sched}} {}
 
   float step(tide::exec<host> const& ex, shape const& s, int k) {
@@ -396,6 +400,7 @@ int main() {
   using chunked_t = off::chunked<off::belady>;
   trainer<chunked_t> offl{ex, s.config, budget, {}};
   trainer<off::resident> res{ex, s.config, 2 * model_data + 2 * act + 64_MiB, {}};
+  trainer<chunked_t> no_undo{ex, s.config, budget, {}, false};  // what keeping the undo copies costs
   std::size_t const minimum = offl.sched.minimum_device_bytes(act);
   TIDE_CHECK(budget >= minimum, budget, "bench_offload: the shape's budget ", tide::bytes_of{budget},
              " (model data / 4) is below chunked<belady>'s minimum ", tide::bytes_of{minimum}, " = ",
@@ -404,11 +409,14 @@ int main() {
   for (int k = 0; k < warm_steps; ++k) {
     loss_off = offl.step(ex, s, k);
     loss_res = res.step(ex, s, k);
+    (void)no_undo.step(ex, s, k);
   }
-  // The measured steps interleave, so a burst of load on the shared machine hits both.
+  // The measured steps interleave, so a burst of load on the shared machine hits all three.
+  float loss_no_undo = 0;
   for (int k = warm_steps; k < warm_steps + measured; ++k) {
     loss_res = res.step(ex, s, k);
     loss_off = offl.step(ex, s, k);
+    loss_no_undo = no_undo.step(ex, s, k);
   }
   bool const activations_exact = tide::round_up(offl.model.activations().footprint, 256) == act;
   bool const same_loss = loss_off == loss_res;  // offloading changes no bit
@@ -470,6 +478,26 @@ int main() {
                       {"loadavg_1min_before", load_before},
                       {"loadavg_1min_after", load_average()}}};
   print_figure(a, {{"offload_stats_last_step", off::to_json(st)}});
+
+  // ---- (a') what undo_on_error costs ----------------------------------------------------------
+  {
+    double const plain_tps = tokens / median(tail(no_undo.seconds));
+    figure u{.bench = "offload",
+             .name = "undo_on_error_vs_off",
+             .value = off_tps,
+             .unit = "tokens/s",
+             .anchor = "the same chunked<belady> run with undo_on_error = false, this run, steps interleaved",
+             .anchor_value = plain_tps,
+             .higher_is_better = true,
+             .goal = 0.95,
+             .detail = {{"undo_bytes_per_step", double(12 * params)},
+                        {"same_loss_bits", loss_no_undo == loss_off ? 1.0 : 0.0},
+                        {"with_undo_ms_per_step", 1e3 * median(tail(offl.seconds))},
+                        {"without_undo_ms_per_step", 1e3 * median(tail(no_undo.seconds))},
+                        {"measured_steps", measured},
+                        {"loadavg_1min_after", load_average()}}};
+    print_figure(u, {});
+  }
 
   if (char const* svg = std::getenv("TIDE_BENCH_SVG"); svg != nullptr && svg[0] != '\0') {
     auto const title = tide::detail::concat("Memory tide of one step: chunked<belady>, GPT L=", s.config.layers,

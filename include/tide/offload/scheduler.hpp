@@ -104,7 +104,8 @@ struct scheduler_options {
   bool lock_host_pages = false;  // host tier: mlock (pointless on tide::host, where nothing DMAs)
   // A chunk stepped inside a step keeps a host copy of its parameters and AdamW state until the
   // step completes, so a step that throws can be undone (abort_step). Costs host memory of up to
-  // the stepped state (16 B per fp32 parameter at the end of a step) and one copy of it per step;
+  // the stepped state (12 B per fp32 parameter at the end of a step) and one copy of it per step
+  // (bench/offload undo_on_error_vs_off: 13 % of a 58 M-parameter GPT's step on 2 cores);
   // off, a step that throws after the optimizer started may leave some chunks updated.
   bool undo_on_error = true;
 };
