@@ -1,39 +1,20 @@
 // expect: `forward` does not return the loss
 // make_trainer with a model whose `forward(ex, batch)` returns void instead of the loss. The check
 // says what forward must return.
-#include <cstddef>
-
 #include <tide/train/trainer.hpp>
 
-template <class Hooks>
-struct one_layer {
-  struct batch_type {
-    tide::tensor_view<float const> x;  // (N, 4)
-  };
-  tide::nn::parameter_list params;
-  Hooks hooks;
-  void forward(tide::exec<tide::host> const&, batch_type const&) {}
-  void backward(tide::exec<tide::host> const&, float) {}
-  tide::nn::parameter_list const& parameters() const { return params; }
-  static std::size_t tokens_in(batch_type const& b) { return static_cast<std::size_t>(b.x.extent(0)); }
+#include "minimal_model.hpp"
+
+using namespace tide::test::minimal;
+
+// Every part of minimal_model.hpp, with this one for has_forward: forward returns nothing.
+struct forward_returns_void {
+  void forward(tide::exec<tide::host> const&, batch const&) {}
 };
 
-struct one_layer_spec {
-  using backend = tide::host;
-  using element_type = float;
-  template <class Hooks>
-  using model_type = one_layer<Hooks>;
-  tide::nn::parameter_list parameters() const {
-    tide::nn::parameter_list p;
-    p.add("w", 0, {4}, tide::dtype::f32);
-    return p;
-  }
-  tide::nn::block_uses uses() const { return {0, {{0}}}; }
-  template <class Hooks>
-  model_type<Hooks> build(tide::memory::device_arena<tide::host>&, Hooks hooks) const {
-    return {parameters(), hooks};
-  }
-};
+template <class Hooks>
+using one_layer = model<Hooks, has_batch_type, forward_returns_void, has_backward, has_parameters, has_tokens_in>;
+struct one_layer_spec : spec_types, spec_parameters, spec_uses, spec_model_type<one_layer>, spec_build<one_layer> {};
 
 int main() {
   auto t = tide::train::make_trainer(one_layer_spec{}, tide::offload::resident{}, tide::optim::adamw{});

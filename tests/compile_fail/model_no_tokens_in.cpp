@@ -1,38 +1,16 @@
 // expect: model has no static member `tokens_in
 // make_trainer with a model without `static tokens_in(batch)`. The check names the missing member
 // and what to write.
-#include <cstddef>
-
 #include <tide/train/trainer.hpp>
 
-template <class Hooks>
-struct one_layer {
-  struct batch_type {
-    tide::tensor_view<float const> x;  // (N, 4)
-  };
-  tide::nn::parameter_list params;
-  Hooks hooks;
-  float forward(tide::exec<tide::host> const&, batch_type const&) { return 0.f; }
-  void backward(tide::exec<tide::host> const&, float) {}
-  tide::nn::parameter_list const& parameters() const { return params; }
-};
+#include "minimal_model.hpp"
 
-struct one_layer_spec {
-  using backend = tide::host;
-  using element_type = float;
-  template <class Hooks>
-  using model_type = one_layer<Hooks>;
-  tide::nn::parameter_list parameters() const {
-    tide::nn::parameter_list p;
-    p.add("w", 0, {4}, tide::dtype::f32);
-    return p;
-  }
-  tide::nn::block_uses uses() const { return {0, {{0}}}; }
-  template <class Hooks>
-  model_type<Hooks> build(tide::memory::device_arena<tide::host>&, Hooks hooks) const {
-    return {parameters(), hooks};
-  }
-};
+using namespace tide::test::minimal;
+
+// Every part of minimal_model.hpp but has_tokens_in.
+template <class Hooks>
+using one_layer = model<Hooks, has_batch_type, has_forward, has_backward, has_parameters>;
+struct one_layer_spec : spec_types, spec_parameters, spec_uses, spec_model_type<one_layer>, spec_build<one_layer> {};
 
 int main() {
   auto t = tide::train::make_trainer(one_layer_spec{}, tide::offload::resident{}, tide::optim::adamw{});
