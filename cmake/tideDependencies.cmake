@@ -1,7 +1,6 @@
 # Dependencies come from Debian packages and the CUDA Toolkit under /usr/local/cuda.
 # Nothing here downloads anything.
 find_package(Threads REQUIRED)
-find_package(range-v3 CONFIG REQUIRED)
 find_package(MPI QUIET COMPONENTS CXX)
 # OpenBLAS ships a CMake config on Debian; CBLAS symbols live in libopenblas.
 find_package(OpenBLAS CONFIG QUIET)
