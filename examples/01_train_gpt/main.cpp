@@ -197,9 +197,8 @@ std::size_t size_from(std::string_view flag, std::string_view text) {
 
 // Bytes of RAM: the host backend's "device" is a region of it.
 std::size_t physical_memory() {
-  long const pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page)
-                               : std::numeric_limits<std::size_t>::max();
+  std::size_t const bytes = tide::memory::device_arena<tide::host>::capacity();
+  return bytes != 0 ? bytes : std::numeric_limits<std::size_t>::max();
 }
 
 options parse(int argc, char** argv) {
@@ -561,7 +560,7 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
               "prefetch hits), stalled %.1f ms; device peak %.1f of %.1f MiB; %s moved in all\n",
               train_seconds > 0 ? double(tokens) / train_seconds : 0.0, double(off.bytes_moved()) / double(1_MiB),
               off.fetches, off.evictions, off.prefetch_hits, off.stall_ms, double(off.peak_device_bytes) / double(1_MiB),
-              double(budget) / double(1_MiB), tide::train::size_text(progress.bytes_moved()).c_str());
+              double(budget) / double(1_MiB), tide::detail::concat(tide::bytes_of{progress.bytes_moved()}).c_str());
   std::printf("pictures: %s (memory tide of the last step), %s (loss); timeline: %s (open in ui.perfetto.dev)\n",
               tide_svg.c_str(), loss_svg.c_str(), trace_json.c_str());
   if (opt.checkpoint_every > 0)

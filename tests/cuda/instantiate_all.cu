@@ -123,7 +123,7 @@ void memory_of() {
   (void)cache.allocate(256);
 }
 
-// ---- chunk/ and offload/: host logic through nvcc (the CUDA scheduler is not written yet) ----
+// ---- chunk/ and offload/: host logic through nvcc (the scheduler itself runs on tide::host only) ----
 void offload_of(tide::exec<tide::host> const& hx) {
   tide::memory::device_arena<tide::host> arena{{.budget = 1 << 20}};
   tide::nn::gpt_config const cfg{.layers = 1, .heads = 1, .channels = 8, .vocab = 8, .max_seq = 4};

@@ -13,14 +13,13 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "tide/nn/gpt.hpp"
 #include "tide/offload/scheduler.hpp"
 #include "tide/train/trainer.hpp"
+#include "support/files.hpp"
 #include "support/gpt_steps.hpp"
 
 namespace {
@@ -44,16 +43,7 @@ typename Trainer::batch_type view_of(std::vector<std::int32_t> const& d) {
   return {{d.data(), {batch, seq}}, {d.data() + batch * seq, {batch, seq}}};
 }
 
-std::string file_bytes(fs::path const& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-struct scratch_dir {
-  fs::path path = fs::temp_directory_path() / ("tide_faults_" + std::to_string(::getpid()));
-  scratch_dir() { fs::create_directories(path); }
-  ~scratch_dir() { fs::remove_all(path); }
-};
+using tide::test::file_text;
 
 enum class fault { allocation, copy };
 
@@ -114,7 +104,7 @@ bool inject(Offload const& offload, tide::optim::adamw const& opt, fault kind, i
         REQUIRE(!t.scheduler().in_step());
         CHECK(t.steps() == s);
         t.save(dir / "after");
-        REQUIRE(file_bytes(dir / "after") == file_bytes(dir / ("before-" + std::to_string(s))));
+        REQUIRE(file_text(dir / "after") == file_text(dir / ("before-" + std::to_string(s))));
         moved += t.step(view_of<decltype(t)>(d)).bytes_moved;  // training goes on
       }
       continue;
@@ -133,7 +123,7 @@ bool inject(Offload const& offload, tide::optim::adamw const& opt, fault kind, i
 
 template <class Offload>
 void check_faults(Offload const& offload, std::string const& name) {
-  scratch_dir dir;
+  tide::test::scratch_dir dir{"faults"};
   for (auto const& opt : {overlapped, deferred}) {
     clean_run const clean = run_clean(offload, opt, dir.path);
     for (int faulty : {0, steps - 1})  // the warm-up (placement, trace) and a step replaying the trace

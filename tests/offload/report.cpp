@@ -11,8 +11,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <string_view>
 #include <unistd.h>
@@ -24,6 +22,7 @@
 #include "tide/memory/device_arena.hpp"
 #include "tide/nn/gpt.hpp"
 #include "tide/offload/report.hpp"
+#include "support/files.hpp"
 #include "support/gpt_steps.hpp"
 #include "tide/offload/scheduler.hpp"
 
@@ -111,25 +110,11 @@ std::vector<tick> ticks(std::string_view s) {
   return out;
 }
 
-std::string read_all(fs::path const& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 std::uint32_t big_endian(std::string_view b, std::size_t at) {
   std::uint32_t v = 0;
   for (std::size_t i = 0; i < 4; ++i) v = (v << 8) | static_cast<unsigned char>(b[at + i]);
   return v;
 }
-
-struct temp_dir {
-  fs::path path = fs::temp_directory_path() / ("tide_report_" + std::to_string(::getpid()));
-  temp_dir() { fs::create_directories(path); }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 }  // namespace
 
@@ -209,13 +194,13 @@ TEST_CASE("the memory tide of a tight chunked<belady> run: one bar per moment, t
   if (found != 0)
     FAIL("rsvg-convert is not installed: the memory tide SVG cannot be checked by a renderer; install Debian's "
          "librsvg2-bin (./tide test installs it)");
-  temp_dir dir;
+  tide::test::scratch_dir dir{"report"};
   auto const svg_path = dir.path / "tide.svg", png_path = dir.path / "tide.png";
   off::write_file(svg_path.string(), svg);
-  CHECK(read_all(svg_path) == svg);
+  CHECK(tide::test::file_text(svg_path) == svg);
   std::string const cmd = "rsvg-convert -o '" + png_path.string() + "' '" + svg_path.string() + "'";
   REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, "rsvg-convert refused the SVG: " << cmd);
-  std::string const png = read_all(png_path);
+  std::string const png = tide::test::file_text(png_path);
   REQUIRE(png.size() > 33);
   CHECK(png.substr(0, 8) == std::string("\x89PNG\r\n\x1a\n", 8));
   CHECK(png.substr(12, 4) == "IHDR");
@@ -291,11 +276,11 @@ TEST_CASE("memory_tide_svg refuses an empty tide") {
 }
 
 TEST_CASE("write_file replaces the file whole, leaves no temporary, and names the path it cannot write") {
-  temp_dir dir;
+  tide::test::scratch_dir dir{"report"};
   auto const p = (dir.path / "out.txt").string();
   off::write_file(p, "first version, longer than the second");
   off::write_file(p, "second");
-  CHECK(read_all(p) == "second");
+  CHECK(tide::test::file_text(p) == "second");
   std::size_t files = 0;
   for (auto const& e : fs::directory_iterator(dir.path)) files += e.is_regular_file() ? 1 : 0;
   CHECK(files == 1);

@@ -8,8 +8,6 @@
 #include <cfloat>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <span>
 #include <string>
 #include <cmath>
@@ -19,6 +17,7 @@
 
 #include "tide/nn/gpt.hpp"
 #include "tide/train/trainer.hpp"
+#include "support/files.hpp"
 #include "support/gpt_steps.hpp"
 
 namespace {
@@ -284,7 +283,8 @@ TEST_CASE("f16 with loss scaling: overflowing steps are skipped, the scale halve
 }
 
 TEST_CASE("a checkpoint with one section of the wrong size loads nothing") {
-  auto const dir = std::filesystem::temp_directory_path() / ("tide_trainer_sizes_" + std::to_string(::getpid()));
+  tide::test::scratch_dir const scratch{"trainer_sizes"};
+  auto const& dir = scratch.path;
   {
     auto t = tide::train::make_trainer(spec, tight_belady, clipped);
     for (int s = 0; s < 3; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
@@ -325,14 +325,9 @@ TEST_CASE("a checkpoint with one section of the wrong size loads nothing") {
   CHECK(same(params_of(t), before));
   CHECK(t.steps() == 1);
   t.save(dir / "after");  // optimizer state and counters too: the files are the same bytes
-  auto const bytes_of = [](std::filesystem::path const& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  };
-  CHECK(bytes_of(dir / "before") == bytes_of(dir / "after"));
+  CHECK(tide::test::file_text(dir / "before") == tide::test::file_text(dir / "after"));
   t.load(dir / "nested" / "folders" / "good");  // the good one still loads
   CHECK(t.steps() == 3);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("device budgets that cannot work are refused with a tide::error naming device_budget") {

@@ -244,6 +244,9 @@ class device_arena {
   }
 
   [[nodiscard]] options const& config() const noexcept { return state_->opts; }
+  // The most a budget may be: the machine's device memory (host memory on tide::host); 0 when
+  // the system does not say.
+  [[nodiscard]] static std::size_t capacity() noexcept { return detail::device_region<B>::capacity(); }
   // The region's first byte (device memory for tide::cuda).
   [[nodiscard]] void* base() const noexcept { return state_->region.data(); }
 

@@ -223,7 +223,7 @@ class copy_path<host> {
   void check_caller(stream<host> const& s) const {
     TIDE_REQUIRE(std::this_thread::get_id() != s.worker_id(),
                  "transfer_engine used from its own copy stream's worker: it would wait for itself; "
-                 "issue copies from another thread");
+                 "call copy_async from another thread (the caller of the stream, not its worker)");
   }
 
   void issue(stream<host>& s, std::size_t slot, void* dst, void const* src, std::size_t bytes) {

@@ -344,7 +344,8 @@ class gpt {
   // Re-initialises the parameters from `seed` (the constructor's initialisation, threaded over
   // ex's pool; the values do not depend on the thread count).
   void init(exec<B> const& ex, std::uint64_t seed) {
-    static_assert(!B::is_device, "gpt::init on a device backend stages through host memory: not yet written");
+    static_assert(!B::is_device, "gpt::init runs on tide::host only: build the model as gpt<tide::host, ...> (offload schedulers keep its "
+                                 "parameters in host-readable chunks)");
     initialise(&ex.pool, seed);
   }
 
@@ -431,7 +432,8 @@ class gpt {
   // replans the activations for (1, that length). Returns prompt followed by the n new tokens.
   std::vector<std::int32_t> generate(exec<B> const& ex, std::span<std::int32_t const> prompt, int n,
                                      float temperature, std::uint64_t seed) {
-    static_assert(!B::is_device, "gpt::generate on a device backend copies logits back: not yet written");
+    static_assert(!B::is_device, "gpt::generate runs on tide::host only: sample from a gpt<tide::host, ...> (load the trained "
+                                 "parameters into it from a checkpoint)");
     TIDE_REQUIRE(!prompt.empty(), "gpt::generate needs a prompt of at least one token");
     TIDE_REQUIRE(n >= 0, "gpt::generate: n = ", n, " tokens; pass n >= 0");
     for (std::size_t i = 0; i < prompt.size(); ++i)
@@ -637,7 +639,7 @@ class gpt {
   [[nodiscard]] parameter const& lnf_b() const noexcept { return params_list_[params_list_.size() - 1]; }
 
   void initialise(thread_pool* pool, std::uint64_t seed) {
-    static_assert(!B::is_device, "gpt initialisation on a device backend stages through host memory: not yet written");
+    static_assert(!B::is_device, "gpt initialises its parameters on tide::host only: build the model as gpt<tide::host, ...>");
     if constexpr (!external_storage) {
       std::byte* const base = params_.data();
       std::fill(base, base + params_list_.bytes(), std::byte{0});  // padding and zero tensors

@@ -139,8 +139,8 @@ inline double ms_since(std::chrono::steady_clock::time_point t0) {
 
 template <Backend B, Element T, class Config>
 class scheduler {
-  static_assert(!B::is_device, "offload::scheduler on a device backend: the CUDA instantiation (compute-stream "
-                               "events around handovers, device zero fills) is not written yet; use tide::host");
+  static_assert(!B::is_device, "offload::scheduler runs on tide::host only: instantiate scheduler<tide::host, T, "
+                               "Config> (its device is a budgeted device_arena<tide::host>)");
   static_assert(detail::is_chunked<Config> || detail::is_window<Config> || detail::is_static<Config> ||
                     detail::is_resident<Config>,
                 "offload::scheduler<B, T, Config>: Config must be resident, chunked<Policy>, layer_window<W> or "
@@ -526,7 +526,6 @@ class scheduler {
               "; add it to that block's uses() (nn::block_uses) or read it inside a block that lists it");
   }
   void leave_block(int block) {
-    (void)block;
     in_block_ = false;
     for (std::uint32_t i : uses_.of(block)) access_[i] = 0;
   }

@@ -19,31 +19,20 @@
 #include <utility>
 
 #include "tide/core/bytes.hpp"
+#include "tide/core/error.hpp"
 #include "tide/offload/report.hpp"
 #include "tide/train/trainer.hpp"
 
 namespace tide::train {
 
-// "812.3 MiB", "1.92 GiB", "64.0 KiB", "512 B": binary units (KiB = 2^10 bytes, MiB = 2^20,
-// GiB = 2^30), the largest that keeps the number at least 1.
-inline std::string size_text(std::size_t bytes) {
-  char buf[32];
-  double const b = static_cast<double>(bytes);
-  if (bytes < (std::size_t{1} << 10)) std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  else if (bytes < (std::size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.1f KiB", b / (1 << 10));
-  else if (bytes < (std::size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
-  else std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
-  return buf;
-}
-
 // "step   120/500  loss 2.4512  5230 tok/s  device 46.1 MiB  host 39.0 MiB  moved 1.92 GiB"; the
-// bytes moved host <-> device so far in size_text's units.
+// bytes moved host <-> device so far in bytes_of's binary units.
 inline std::string progress_text(step_stats const& s, std::int64_t total, std::size_t moved_bytes) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "step %5lld/%lld  loss %.4f  %6.0f tok/s  device %.1f MiB  host %.1f MiB  moved %s%s",
                 static_cast<long long>(s.step), static_cast<long long>(total), static_cast<double>(s.loss),
                 s.tokens_per_s, static_cast<double>(s.device_bytes) / (1 << 20),
-                static_cast<double>(s.host_bytes) / (1 << 20), size_text(moved_bytes).c_str(),
+                static_cast<double>(s.host_bytes) / (1 << 20), tide::detail::concat(bytes_of{moved_bytes}).c_str(),
                 s.skipped ? "  (skipped: overflow)" : "");
   return buf;
 }

@@ -102,12 +102,15 @@ class trainer {
   static_assert(OptimizerPolicy<Optimizer>, "make_trainer: the 3rd argument must be an optimizer policy with "
                                             "hparams(lr), schedule(lr, step), clip_norm, micro_steps and scaling "
                                             "(tide::optim::adamw has them)");
-  static_assert(std::is_same_v<Comm, no_comm>, "make_trainer: tide has no communication policy (mpi, nccl) yet; "
-                                               "pass tide::train::no_comm{} or nothing");
-  static_assert(std::is_same_v<Compress, no_compress>, "make_trainer: tide has no gradient compression policy yet; "
-                                                       "pass tide::train::no_compress{} or nothing");
-  static_assert(std::is_same_v<Pipeline, no_pipeline>, "make_trainer: tide has no pipeline schedule yet; "
-                                                       "pass tide::train::no_pipeline{} or nothing");
+  static_assert(std::is_same_v<Comm, no_comm>,
+                "make_trainer: the 4th argument (communication) must be tide::train::no_comm, the only one tide "
+                "has; pass tide::train::no_comm{} or nothing");
+  static_assert(std::is_same_v<Compress, no_compress>,
+                "make_trainer: the 5th argument (gradient compression) must be tide::train::no_compress, the only "
+                "one tide has; pass tide::train::no_compress{} or nothing");
+  static_assert(std::is_same_v<Pipeline, no_pipeline>,
+                "make_trainer: the 6th argument (pipeline) must be tide::train::no_pipeline, the only one tide has; "
+                "pass tide::train::no_pipeline{} or nothing");
 
  public:
   using backend = spec_backend_t<Spec>;
