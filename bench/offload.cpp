@@ -121,23 +121,25 @@ std::size_t mem_available_bytes() {
 // ---- activation bytes without a model ---------------------------------------------------------
 
 // nn::gpt's activations of L layers, planned for any (B, T, C, NH, Vp) and element size without
-// allocating parameters. The tensors and their lifetimes depend on L only; a probe model (C = 8,
-// NH = 2, Vp = 128) run on one token gives every tensor's kind by its bytes, and a copy of its
-// planner replans with the real sizes: the same planner, the same footprint as the real model.
+// allocating parameters. The tensors and their lifetimes depend on L and the options only; a
+// probe model (C = 8, NH = 2, Vp = 128, the trainers' options) run on one token gives every
+// tensor's kind by its bytes, and a copy of its planner replans with the real sizes: the same
+// planner, the same footprint as the real model. The (Vp, C) tied gradient (vpc) exists only
+// with gpt_options::separate_tied_grad or in_flight > 1; the trainers here use neither.
 class activation_model {
  public:
-  explicit activation_model(int layers) {
+  explicit activation_model(int layers, tide::nn::gpt_options const& options = {}) {
     tide::thread_pool pool{1};
     tide::exec<host> ex{pool};
     tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
-    tide::nn::gpt<host> probe{{.layers = layers, .heads = 2, .channels = 8, .vocab = 1, .max_seq = 1}, arena};
+    tide::nn::gpt<host> probe{{.layers = layers, .heads = 2, .channels = 8, .vocab = 1, .max_seq = 1}, arena, options};
     std::int32_t const token = 0;
     probe.forward(ex, tide::tensor_view<std::int32_t const, host>(&token, {1, 1}));
     planner_ = probe.activation_planner();
     for (std::uint32_t i = 0; i < planner_.size(); ++i) {
       std::size_t const b = planner_.bytes({i});
       kind const k = b == 32 ? kind::btc : b == 4 ? kind::bt : b == 96 ? kind::bt3c : b == 128 ? kind::bt4c
-                   : b == 8 ? kind::bnht : b == 512 ? kind::btvp : kind::unknown;
+                   : b == 8 ? kind::bnht : b == 512 ? kind::btvp : b == 4096 ? kind::vpc : kind::unknown;
       TIDE_CHECK(k != kind::unknown, internal, "activation_model: tensor \"", planner_.name({i}), "\" has ", b,
                  " bytes in the probe; nn::gpt gained an activation kind this bench does not know");
       kinds_.push_back(k);
@@ -165,13 +167,14 @@ class activation_model {
         case kind::bt4c: sizes_[i] = 4 * bt * C * element_bytes; break;
         case kind::bnht: sizes_[i] = static_cast<std::size_t>(B * c.heads * T) * 4; break;
         case kind::btvp: sizes_[i] = bt * Vp * element_bytes; break;
+        case kind::vpc: sizes_[i] = Vp * C * element_bytes; break;  // the tied gradient, whatever B and T
         case kind::unknown: break;
       }
     }
     return tide::round_up(planner_.replan(sizes_).footprint(), 256);
   }
 
-  enum class kind : std::uint8_t { btc, bt, bt3c, bt4c, bnht, btvp, unknown };
+  enum class kind : std::uint8_t { btc, bt, bt3c, bt4c, bnht, btvp, vpc, unknown };
   tide::memory::lifetime_planner planner_;
   std::vector<kind> kinds_;
   std::vector<std::size_t> sizes_;
@@ -224,7 +227,7 @@ struct trainer {
           bool undo = true)
       : arena{{.budget = budget}},
         sched{ex, arena, tide::nn::gpt_parameters(c, tide::dtype::f32), tide::nn::gpt_block_uses(c), cfg,
-              {.adamw = {.lr = 1e-4f, .weight_decay = 0.1f}, .undo_on_error = undo}},
+              {.undo_on_error = undo}, tide::optim::adamw{.lr = 1e-4f, .weight_decay = 0.1f}},
         model{c, arena, {.seed = 1}, {&sched}} {}
 
   float step(tide::exec<host> const& ex, shape const& s, int k) {

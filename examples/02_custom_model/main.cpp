@@ -25,8 +25,8 @@
 #include <tide/kernels/gelu/gelu.hpp>
 #include <tide/kernels/matmul/matmul.hpp>
 #include <tide/memory/device_arena.hpp>
-#include <tide/nn/gpt.hpp>  // nn::block_uses
-#include <tide/nn/parameters.hpp>
+#include <tide/nn/gpt.hpp>  // tide::block_uses
+#include <tide/core/parameters.hpp>
 #include <tide/offload/schedulers.hpp>
 #include <tide/optim/adamw.hpp>
 #include <tide/train/trainer.hpp>
@@ -49,14 +49,14 @@ class mlp {
     cview x, y;  // (N, D), (N, O)
   };
 
-  mlp(tide::nn::parameter_list params, tide::memory::device_arena<tide::host>& arena, Hooks hooks)
+  mlp(tide::parameter_list params, tide::memory::device_arena<tide::host>& arena, Hooks hooks)
       : params_(std::move(params)), arena_(&arena), hooks_(hooks) {
     init();
   }
   mlp(mlp const&) = delete;
   ~mlp() { release(); }
 
-  [[nodiscard]] tide::nn::parameter_list const& parameters() const noexcept { return params_; }
+  [[nodiscard]] tide::parameter_list const& parameters() const noexcept { return params_; }
   static std::size_t tokens_in(batch_type const& b) noexcept { return static_cast<std::size_t>(b.x.extent(0)); }
 
   float forward(host_exec const& ex, batch_type const& b) {
@@ -140,7 +140,7 @@ class mlp {
   }
   view act(float* p, tide::shape s) { return {p, s}; }
 
-  tide::nn::parameter_list params_;
+  tide::parameter_list params_;
   tide::memory::device_arena<tide::host>* arena_;
   Hooks hooks_;
   index_t rows_ = 0;
@@ -156,15 +156,15 @@ struct mlp_spec {
   template <class Hooks>
   using model_type = mlp<Hooks>;
 
-  [[nodiscard]] tide::nn::parameter_list parameters() const {
-    tide::nn::parameter_list p;
+  [[nodiscard]] tide::parameter_list parameters() const {
+    tide::parameter_list p;
     p.add("fc1.w", 0, {H, D}, tide::dtype::f32);  // block 0
     p.add("fc1.b", 0, {H}, tide::dtype::f32);
     p.add("fc2.w", 1, {O, H}, tide::dtype::f32);  // block 1
     p.add("fc2.b", 1, {O}, tide::dtype::f32);
     return p;
   }
-  [[nodiscard]] tide::nn::block_uses uses() const { return {0, {{0, 1}, {2, 3}}}; }
+  [[nodiscard]] tide::block_uses uses() const { return {0, {{0, 1}, {2, 3}}}; }
   template <class Hooks>
   [[nodiscard]] model_type<Hooks> build(tide::memory::device_arena<tide::host>& arena, Hooks hooks) const {
     return model_type<Hooks>(parameters(), arena, hooks);

@@ -9,6 +9,7 @@
 #include "tide/core/error.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
+#include "tide/core/parameters.hpp"
 #include "tide/core/tensor_view.hpp"
 
 #include "tide/memory/caching_allocator.hpp"
@@ -22,6 +23,7 @@
 #include "tide/train/crc32c.hpp"
 #include "tide/train/text_data.hpp"
 
+#include "tide/kernels/adam/adam.hpp"
 #include "tide/kernels/adamw/adamw.hpp"
 #include "tide/kernels/attention/attention.hpp"
 #include "tide/kernels/cast/cast.hpp"
@@ -32,6 +34,7 @@
 #include "tide/kernels/layernorm/layernorm.hpp"
 #include "tide/kernels/matmul/matmul.hpp"
 #include "tide/kernels/residual/residual.hpp"
+#include "tide/kernels/sgd/sgd.hpp"
 #include "tide/kernels/softmax/softmax.hpp"
 
 #include "tide/nn/gpt.hpp"
@@ -42,14 +45,22 @@
 #include "tide/chunk/memory_tracer.hpp"
 #include "tide/chunk/tensor_state.hpp"
 
+#include "tide/offload/gradient_sink.hpp"
+#include "tide/offload/hooks.hpp"
 #include "tide/offload/policy.hpp"
 #include "tide/offload/report.hpp"
 #include "tide/offload/scheduler.hpp"
+#include "tide/offload/scheduler_policy.hpp"
 #include "tide/offload/schedulers.hpp"
 #include "tide/offload/simulate.hpp"
 #include "tide/offload/stats.hpp"
 #include "tide/offload/trace_events.hpp"
 
+#include "tide/optim/adam.hpp"
 #include "tide/optim/adamw.hpp"
+#include "tide/optim/optimizer.hpp"
+#include "tide/optim/sgd.hpp"
+#include "tide/optim/training.hpp"
 #include "tide/train/report.hpp"
+#include "tide/train/slots.hpp"
 #include "tide/train/trainer.hpp"

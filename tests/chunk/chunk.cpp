@@ -24,11 +24,11 @@ constexpr std::size_t n_states = tide::chunk::tensor_state_count;
 
 tensor_state state(std::size_t i) { return static_cast<tensor_state>(i); }
 
-tide::nn::parameter_list small_gpt() {
+tide::parameter_list small_gpt() {
   return tide::nn::gpt_parameters({.layers = 4, .heads = 4, .channels = 64, .vocab = 256, .max_seq = 64}, dtype::f32);
 }
 
-std::uint32_t index_of(tide::nn::parameter_list const& params, std::string_view name) {
+std::uint32_t index_of(tide::parameter_list const& params, std::string_view name) {
   return static_cast<std::uint32_t>(&params.find(name) - params.begin());
 }
 

@@ -14,7 +14,7 @@ using tide::dtype;
 using tide::chunk::chunk_layout;
 using tide::chunk::pack;
 using tide::chunk::pack_mode;
-using tide::nn::parameter_list;
+using tide::parameter_list;
 
 namespace {
 

@@ -24,8 +24,8 @@ struct batch {
 };
 
 // The model's one tensor, "w" of 4 floats in block 0.
-inline tide::nn::parameter_list one_weight() {
-  tide::nn::parameter_list p;
+inline tide::parameter_list one_weight() {
+  tide::parameter_list p;
   p.add("w", 0, {4}, tide::dtype::f32);
   return p;
 }
@@ -38,11 +38,11 @@ struct spec_types {
 };
 
 struct spec_parameters {
-  tide::nn::parameter_list parameters() const { return one_weight(); }
+  tide::parameter_list parameters() const { return one_weight(); }
 };
 
 struct spec_uses {
-  tide::nn::block_uses uses() const { return {0, {{0}}}; }
+  tide::block_uses uses() const { return {0, {{0}}}; }
 };
 
 template <template <class> class Model>
@@ -74,8 +74,8 @@ struct has_backward {
 };
 
 struct has_parameters {
-  tide::nn::parameter_list params = one_weight();
-  tide::nn::parameter_list const& parameters() const { return params; }
+  tide::parameter_list params = one_weight();
+  tide::parameter_list const& parameters() const { return params; }
 };
 
 struct has_tokens_in {

@@ -1,4 +1,4 @@
-// expect: the 2nd argument must be an offload policy
+// expect: the 2nd argument must be an offload scheduler policy
 // make_trainer with an optimizer where the offload policy goes: a static_assert says what to pass.
 #include <tide/nn/gpt.hpp>
 #include <tide/train/trainer.hpp>

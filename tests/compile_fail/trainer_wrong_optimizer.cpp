@@ -1,4 +1,4 @@
-// expect: the 3rd argument must be an optimizer policy
+// expect: the 3rd argument must be an optimizer
 // make_trainer with an offload policy where the optimizer goes.
 #include <tide/nn/gpt.hpp>
 #include <tide/train/trainer.hpp>

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include <tide/cuda.cuh>
+#include <tide/nn/gpt.hpp>
 #include <tide/offload/scheduler.hpp>
 #include <tide/offload/simulate.hpp>
 
@@ -47,6 +48,27 @@ void adamw_of(cuda_exec const& ex, float const* device_scale) {
                        device_view<float>{}, device_view<Work>{}, 1.f, device_scale);
   tide::kernels::adamw(ex, hp, 1, device_view<float>{}, device_view<Grad const>{}, device_view<float>{},
                        device_view<float>{});
+}
+
+// ---- kernels/adam: as adamw (its records are adamw's) -----------------------------------------
+template <class Grad, class Work>
+void adam_of(cuda_exec const& ex, float const* device_scale) {
+  tide::kernels::adam_hparams const hp{};
+  tide::kernels::adam(ex, hp, 1, device_view<tide::kernels::adam_tensor<Grad, Work> const>{}, 1.f, device_scale);
+  tide::kernels::adam(ex, hp, 1, device_view<float>{}, device_view<Grad const>{}, device_view<float>{},
+                      device_view<float>{}, device_view<Work>{}, 1.f, device_scale);
+  tide::kernels::adam(ex, hp, 1, device_view<float>{}, device_view<Grad const>{}, device_view<float>{},
+                      device_view<float>{});
+}
+
+// ---- kernels/sgd: fp32 master weights and momentum; f32, bf16, f16 gradients; working copies ----
+template <class Grad, class Work>
+void sgd_of(cuda_exec const& ex, float const* device_scale) {
+  tide::kernels::sgd_hparams const hp{.momentum = 0.9f};
+  tide::kernels::sgd(ex, hp, 1, device_view<tide::kernels::sgd_tensor<Grad, Work> const>{}, 1.f, device_scale);
+  tide::kernels::sgd(ex, hp, 1, device_view<float>{}, device_view<Grad const>{}, device_view<float>{},
+                     device_view<Work>{}, 1.f, device_scale);
+  tide::kernels::sgd(ex, hp, 1, device_view<float>{}, device_view<Grad const>{}, device_view<float>{});
 }
 
 // ---- kernels/grad_norm: flat chunks and both record types -------------------------------------
@@ -154,6 +176,12 @@ int main(int argc, char**) {
   adamw_of<float, bf16>(ex, nullptr);
   adamw_of<bf16, bf16>(ex, nullptr);
   adamw_of<f16, f16>(ex, nullptr);
+  adam_of<float, bf16>(ex, nullptr);
+  adam_of<bf16, bf16>(ex, nullptr);
+  adam_of<f16, f16>(ex, nullptr);
+  sgd_of<float, bf16>(ex, nullptr);
+  sgd_of<bf16, bf16>(ex, nullptr);
+  sgd_of<f16, f16>(ex, nullptr);
   grad_norm_of<float>(ex, nullptr);
   grad_norm_of<bf16>(ex, nullptr);
   grad_norm_of<f16>(ex, nullptr);

@@ -10,51 +10,18 @@
 
 #include <tide/kernels/adamw/adamw.hpp>
 
+#include "support/optimizer_checks.hpp"
+
 namespace {
 
 namespace k = tide::kernels;
 using tide::index_t;
 
-// Where the compiler may contract a*b+c into an FMA (the target has FMA units: -march=haswell
-// and later), it may contract the scalar reference and the vector host code differently; m and
-// v then differ by about one rounding of the terms they are summed from, beta1 |m| and
-// (1 - beta1) |g|, which is more than an ulp of m when the terms cancel. Without FMA units both
-// run the same operations, and m and v must be bit-identical.
-#if defined(__FMA__)
-constexpr double contraction_slack = 0x1p-22;
-#else
-constexpr double contraction_slack = 0;
-#endif
-
-// Uniform in [-1, 1) from (seed, i): a hash, so filling a million elements stays cheap at -O0.
-float noise(unsigned seed, index_t i) {
-  std::uint64_t z = (static_cast<std::uint64_t>(seed) << 32) + static_cast<std::uint64_t>(i) + 0x9e3779b97f4a7c15u;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * 0x1p-23f - 1.f;
-}
-
-// One tensor's optimizer state with random contents, as after a few steps: p and g in [-1, 1),
-// m in [-0.1, 0.1), v in [0, 0.01).
+using tide::test::contraction_slack;
+using tide::test::noise;
+using tide::test::throws_usage;
 template <class Grad>
-struct state {
-  std::vector<float> p, m, v;
-  std::vector<Grad> g;
-  explicit state(index_t n, unsigned seed) {
-    for (index_t i = 0; i < n; ++i) {
-      p.push_back(noise(seed, i));
-      g.push_back(tide::from_float<Grad>(noise(seed + 1, i)));
-      m.push_back(0.1f * noise(seed + 2, i));
-      v.push_back(0.005f * (noise(seed + 3, i) + 1.f));
-    }
-  }
-  index_t size() const { return static_cast<index_t>(p.size()); }
-  tide::tensor_view<float> pv() { return {p.data(), {size()}}; }
-  tide::tensor_view<float> mv() { return {m.data(), {size()}}; }
-  tide::tensor_view<float> vv() { return {v.data(), {size()}}; }
-  tide::tensor_view<Grad const> gv() const { return {g.data(), {size()}}; }
-};
+using state = tide::test::adam_state<Grad>;
 
 // Host against reference on one tensor, with the tolerances the docs state:
 //   m, v: contraction_slack of their terms (bit-identical without FMA units).
@@ -127,27 +94,11 @@ TEST_CASE("adamw: bf16 and f16 gradients and working copies (gradients widen exa
 }
 
 TEST_CASE("adamw: bit-identical for 1, 2 and 3 threads") {
-  index_t const n = 200003;
   k::adamw_hparams const hp{.lr = 3e-4f, .weight_decay = 0.1f};
-  std::vector<state<tide::bf16>> runs;
-  std::vector<std::vector<tide::bf16>> working;
-  for (int threads : {1, 2, 3}) {
-    state<tide::bf16> s(n, 21u);
-    std::vector<tide::bf16> w(static_cast<std::size_t>(n));
-    tide::thread_pool pool{threads};
-    for (std::int64_t t = 1; t <= 2; ++t)
-      k::adamw(tide::exec<tide::host>{pool}, hp, t, s.pv(), s.gv(), s.mv(), s.vv(),
-               tide::tensor_view<tide::bf16>{w.data(), {n}}, 0.75f);
-    runs.push_back(std::move(s));
-    working.push_back(std::move(w));
-  }
-  for (std::size_t r = 1; r < runs.size(); ++r) {
-    CHECK(std::memcmp(runs[r].p.data(), runs[0].p.data(), sizeof(float) * n) == 0);
-    CHECK(std::memcmp(runs[r].m.data(), runs[0].m.data(), sizeof(float) * n) == 0);
-    CHECK(std::memcmp(runs[r].v.data(), runs[0].v.data(), sizeof(float) * n) == 0);
-    CHECK(std::memcmp(working[r].data(), working[0].data(), sizeof(tide::bf16) * n) == 0);
-  }
-  CHECK(std::memcmp(runs[0].p.data(), state<tide::bf16>(n, 21u).p.data(), sizeof(float) * n) != 0);
+  auto const steps = [&](auto const& ex, auto& s, auto w) {
+    for (std::int64_t t = 1; t <= 2; ++t) k::adamw(ex, hp, t, s.pv(), s.gv(), s.mv(), s.vv(), w, 0.75f);
+  };
+  tide::test::check_thread_count_identity<state<tide::bf16>, tide::bf16>(200003, 21u, steps);
 }
 
 TEST_CASE("adamw: a tensor list gives the same bits as the same data as one flat chunk") {
@@ -256,42 +207,34 @@ TEST_CASE("adamw: bad input throws tide::error(usage) and changes nothing") {
   state<float> const before = s;
   tide::thread_pool pool{2};
   tide::exec<tide::host> const ex{pool};
-  auto const usage = [](auto&& f) {
-    try {
-      f();
-    } catch (tide::error const& e) {
-      return e.category() == tide::errc::usage;
-    }
-    return false;
-  };
-  CHECK(usage([&] { k::adamw(ex, {}, 0, s.pv(), s.gv(), s.mv(), s.vv()); }));
-  CHECK(usage([&] { k::adamw(ex, {}, -3, s.pv(), s.gv(), s.mv(), s.vv()); }));
-  CHECK(usage([&] { k::adamw(ex, {}, 1, s.pv(), shorter.gv(), s.mv(), s.vv()); }));
-  CHECK(usage([&] { k::adamw(ex, {}, 1, s.pv(), s.gv(), shorter.mv(), s.vv()); }));
-  CHECK(usage([&] { k::adamw(ex, {}, 1, s.pv(), s.gv(), s.mv(), shorter.vv()); }));
+  CHECK(throws_usage([&] { k::adamw(ex, {}, 0, s.pv(), s.gv(), s.mv(), s.vv()); }));
+  CHECK(throws_usage([&] { k::adamw(ex, {}, -3, s.pv(), s.gv(), s.mv(), s.vv()); }));
+  CHECK(throws_usage([&] { k::adamw(ex, {}, 1, s.pv(), shorter.gv(), s.mv(), s.vv()); }));
+  CHECK(throws_usage([&] { k::adamw(ex, {}, 1, s.pv(), s.gv(), shorter.mv(), s.vv()); }));
+  CHECK(throws_usage([&] { k::adamw(ex, {}, 1, s.pv(), s.gv(), s.mv(), shorter.vv()); }));
   std::vector<tide::bf16> w(static_cast<std::size_t>(n - 1));
-  CHECK(usage([&] {
+  CHECK(throws_usage([&] {
     k::adamw(ex, {}, 1, s.pv(), s.gv(), s.mv(), s.vv(), tide::tensor_view<tide::bf16>{w.data(), {n - 1}});
   }));
   // Same element count, different shape; and a strided view.
-  CHECK(usage([&] {
+  CHECK(throws_usage([&] {
     k::adamw(ex, {}, 1, s.pv(), tide::tensor_view<float const>{s.g.data(), {3, 11}}, s.mv(), s.vv());
   }));
   tide::tensor_view<float> const strided{s.m.data(), {11}, {3, 1, 1, 1}};
-  CHECK(usage([&] {
+  CHECK(throws_usage([&] {
     k::adamw(ex, {}, 1, tide::tensor_view<float>{s.p.data(), {11}}, tide::tensor_view<float const>{s.g.data(), {11}},
              strided, tide::tensor_view<float>{s.v.data(), {11}});
   }));
-  CHECK(usage([&] { k::adamw(ex, {.beta1 = 1.f}, 1, s.pv(), s.gv(), s.mv(), s.vv()); }));
-  CHECK(usage([&] { k::adamw(ex, {.lr = -1e-3f}, 1, s.pv(), s.gv(), s.mv(), s.vv()); }));
-  CHECK(usage([&] { k::adamw(ex, {}, 1, s.pv(), s.gv(), s.mv(), s.vv(), INFINITY); }));
-  CHECK(usage([&] { k::adamw(ex, {}, 1, s.pv(), s.gv(), s.mv(), s.vv(), NAN); }));
+  CHECK(throws_usage([&] { k::adamw(ex, {.beta1 = 1.f}, 1, s.pv(), s.gv(), s.mv(), s.vv()); }));
+  CHECK(throws_usage([&] { k::adamw(ex, {.lr = -1e-3f}, 1, s.pv(), s.gv(), s.mv(), s.vv()); }));
+  CHECK(throws_usage([&] { k::adamw(ex, {}, 1, s.pv(), s.gv(), s.mv(), s.vv(), INFINITY); }));
+  CHECK(throws_usage([&] { k::adamw(ex, {}, 1, s.pv(), s.gv(), s.mv(), s.vv(), NAN); }));
   // A list with a bad record anywhere is rejected before the good ones are stepped.
   std::vector<k::adamw_tensor<float>> list = {{s.p.data(), s.g.data(), s.m.data(), s.v.data(), nullptr, n},
                                               {nullptr, s.g.data(), s.m.data(), s.v.data(), nullptr, 4}};
-  CHECK(usage([&] { k::adamw(ex, {}, 1, list); }));
+  CHECK(throws_usage([&] { k::adamw(ex, {}, 1, list); }));
   list[1] = {s.p.data(), s.g.data(), s.m.data(), s.v.data(), nullptr, -1};
-  CHECK(usage([&] { k::adamw(ex, {}, 1, list); }));
+  CHECK(throws_usage([&] { k::adamw(ex, {}, 1, list); }));
   CHECK(s.p == before.p);
   CHECK(s.m == before.m);
   CHECK(s.v == before.v);

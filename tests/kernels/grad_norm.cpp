@@ -10,19 +10,15 @@
 #include <tide/kernels/adamw/adamw.hpp>
 #include <tide/kernels/grad_norm/grad_norm.hpp>
 
+#include "support/kernel_checks.hpp"
+
 namespace {
 
 namespace k = tide::kernels;
 using tide::index_t;
 
-// Uniform in [-1, 1) from (seed, i), cheap at -O0.
-float noise(unsigned seed, index_t i) {
-  std::uint64_t z = (static_cast<std::uint64_t>(seed) << 32) + static_cast<std::uint64_t>(i) + 0x9e3779b97f4a7c15u;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * 0x1p-23f - 1.f;
-}
+using tide::test::noise;
+using tide::test::throws_usage;
 
 // Gradients over a wide range of magnitudes (2^-20 to 2^10), so the sum is not dominated by
 // a few terms of one size.
@@ -38,15 +34,6 @@ std::vector<Grad> gradients(index_t n, unsigned seed) {
 // recursive summation; the host's lanes and grains only shorten the chains), so they differ by
 // at most 2 n 2^-53 relative, and the square roots by half that: n 2^-53.
 double norm_tolerance(index_t n, double norm) { return static_cast<double>(n) * 0x1p-53 * norm; }
-
-bool usage_error(auto&& f) {
-  try {
-    f();
-  } catch (tide::error const& e) {
-    return e.category() == tide::errc::usage;
-  }
-  return false;
-}
 
 }  // namespace
 
@@ -143,9 +130,9 @@ TEST_CASE("clip_scale: PyTorch's clip_grad_norm_ coefficient, NaN for a non-fini
   CHECK(k::clip_scale(1e30, std::numeric_limits<float>::infinity()) == 1.f);
   CHECK(std::isnan(k::clip_scale(std::numeric_limits<double>::infinity(), 1.f)));
   CHECK(std::isnan(k::clip_scale(std::numeric_limits<double>::quiet_NaN(), 1.f)));
-  CHECK(usage_error([] { (void)k::clip_scale(1.0, 0.f); }));
-  CHECK(usage_error([] { (void)k::clip_scale(1.0, -1.f); }));
-  CHECK(usage_error([] { (void)k::clip_scale(1.0, std::numeric_limits<float>::quiet_NaN()); }));
+  CHECK(throws_usage([] { (void)k::clip_scale(1.0, 0.f); }));
+  CHECK(throws_usage([] { (void)k::clip_scale(1.0, -1.f); }));
+  CHECK(throws_usage([] { (void)k::clip_scale(1.0, std::numeric_limits<float>::quiet_NaN()); }));
 }
 
 TEST_CASE("clipping through adamw's grad_scale equals stepping on clipped gradients") {
@@ -180,11 +167,11 @@ TEST_CASE("grad norm: malformed records and strided views throw tide::error(usag
   tide::exec<tide::host> const ex{pool};
   std::vector<float> g(12, 1.f);
   std::vector<k::grad_tensor<float>> list = {{g.data(), 12}, {nullptr, 3}};
-  CHECK(usage_error([&] { (void)k::global_grad_norm(ex, list); }));
-  CHECK(usage_error([&] { (void)k::any_non_finite(ex, list); }));
+  CHECK(throws_usage([&] { (void)k::global_grad_norm(ex, list); }));
+  CHECK(throws_usage([&] { (void)k::any_non_finite(ex, list); }));
   list[1] = {g.data(), -1};
-  CHECK(usage_error([&] { (void)k::global_grad_norm(ex, list); }));
+  CHECK(throws_usage([&] { (void)k::global_grad_norm(ex, list); }));
   tide::tensor_view<float const> const strided{g.data(), {4}, {3, 1, 1, 1}};
-  CHECK(usage_error([&] { (void)k::global_grad_norm(ex, strided); }));
-  CHECK(usage_error([&] { (void)k::any_non_finite(ex, strided); }));
+  CHECK(throws_usage([&] { (void)k::global_grad_norm(ex, strided); }));
+  CHECK(throws_usage([&] { (void)k::any_non_finite(ex, strided); }));
 }

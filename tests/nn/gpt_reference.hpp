@@ -217,7 +217,7 @@ inline void crossentropy_backward(double* dlogits, double const* probs, std::int
 // f32): element offset = byte offset / 4, padding included (and never touched).
 struct model {
   tide::nn::gpt_config c;
-  tide::nn::parameter_list list;
+  tide::parameter_list list;
   int B = 0, T = 0;
   std::vector<std::int32_t> tokens, targets;
 

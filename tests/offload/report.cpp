@@ -68,7 +68,7 @@ tide_run run_tight() {
   tide::exec<host> ex{pool};
   tide::memory::device_arena<host> arena{{.budget = minimum + 4_KiB}};
   sched_t sched{ex,  arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config),
-                cfg, {.adamw = {.lr = 3e-3f}}};
+                cfg, {}, tide::optim::adamw{.lr = 3e-3f}};
   tide::nn::gpt<host, float, off::hooks<sched_t>> model{config, arena, {.seed = 7}, {&sched}};
   for (int s = 0; s < 3; ++s) {
     auto const data = batch_of(s);

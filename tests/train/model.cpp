@@ -29,7 +29,7 @@ class linear {
     tide::tensor_view<float const> x, t;  // (N, 4), (N)
   };
 
-  linear(tide::nn::parameter_list params, Hooks hooks) : params_(std::move(params)), hooks_(hooks) {
+  linear(tide::parameter_list params, Hooks hooks) : params_(std::move(params)), hooks_(hooks) {
     float* w = hooks_.param_data(0);  // before the first step: host addresses, to initialise
     for (int k = 0; k < 4; ++k) w[k] = 0.25f * float(k + 1);
   }
@@ -65,11 +65,11 @@ class linear {
     hooks_.post_backward(0);
   }
 
-  [[nodiscard]] tide::nn::parameter_list const& parameters() const noexcept { return params_; }
+  [[nodiscard]] tide::parameter_list const& parameters() const noexcept { return params_; }
   static std::size_t tokens_in(batch_type const& b) noexcept { return static_cast<std::size_t>(b.x.extent(0)); }
 
  private:
-  tide::nn::parameter_list params_;
+  tide::parameter_list params_;
   Hooks hooks_;
   tide::tensor_view<float const> x_;  // the caller keeps the batch alive until backward
   std::vector<float> r_;              // y - t, (N); host memory is fine on tide::host
@@ -81,13 +81,13 @@ struct linear_spec {
   template <class Hooks>
   using model_type = linear<Hooks>;
 
-  [[nodiscard]] tide::nn::parameter_list parameters() const {
-    tide::nn::parameter_list p;
+  [[nodiscard]] tide::parameter_list parameters() const {
+    tide::parameter_list p;
     p.add("w", 0, {4}, tide::dtype::f32);  // name, owning block, shape, dtype of element_type
     p.add("b", 0, {1}, tide::dtype::f32);
     return p;
   }
-  [[nodiscard]] tide::nn::block_uses uses() const { return {0, {{0, 1}}}; }  // block 0 reads 0 and 1
+  [[nodiscard]] tide::block_uses uses() const { return {0, {{0, 1}}}; }  // block 0 reads 0 and 1
   template <class Hooks>
   [[nodiscard]] model_type<Hooks> build(tide::memory::device_arena<tide::host>&, Hooks hooks) const {
     return model_type<Hooks>(parameters(), hooks);
@@ -129,18 +129,18 @@ struct element_type_double {
 struct missing_parameters {
   using backend = tide::host;
   using element_type = float;
-  tide::nn::block_uses uses() const;
+  tide::block_uses uses() const;
 };
 struct missing_uses {
   using backend = tide::host;
   using element_type = float;
-  tide::nn::parameter_list parameters() const;
+  tide::parameter_list parameters() const;
 };
 struct missing_model_type {
   using backend = tide::host;
   using element_type = float;
-  tide::nn::parameter_list parameters() const;
-  tide::nn::block_uses uses() const;
+  tide::parameter_list parameters() const;
+  tide::block_uses uses() const;
 };
 struct missing_build : missing_model_type {
   template <class Hooks>
@@ -172,13 +172,13 @@ struct rows {
 struct missing_batch_type {
   float forward(host_exec const&, rows const&);
   void backward(host_exec const&, float);
-  tide::nn::parameter_list const& parameters() const;
+  tide::parameter_list const& parameters() const;
   static std::size_t tokens_in(rows const&);
 };
 struct missing_forward {
   using batch_type = rows;
   void backward(host_exec const&, float);
-  tide::nn::parameter_list const& parameters() const;
+  tide::parameter_list const& parameters() const;
   static std::size_t tokens_in(rows const&);
 };
 struct forward_returns_void : missing_forward {
@@ -187,7 +187,7 @@ struct forward_returns_void : missing_forward {
 struct missing_backward {
   using batch_type = rows;
   float forward(host_exec const&, rows const&);
-  tide::nn::parameter_list const& parameters() const;
+  tide::parameter_list const& parameters() const;
   static std::size_t tokens_in(rows const&);
 };
 struct missing_model_parameters {
@@ -197,13 +197,13 @@ struct missing_model_parameters {
   static std::size_t tokens_in(rows const&);
 };
 struct parameters_by_value : missing_model_parameters {
-  tide::nn::parameter_list parameters() const;
+  tide::parameter_list parameters() const;
 };
 struct missing_tokens_in {
   using batch_type = rows;
   float forward(host_exec const&, rows const&);
   void backward(host_exec const&, float);
-  tide::nn::parameter_list const& parameters() const;
+  tide::parameter_list const& parameters() const;
 };
 struct tokens_in_not_static : missing_tokens_in {
   std::size_t tokens_in(rows const&) const;
@@ -231,6 +231,24 @@ static_assert(!tt::ModelSpec<spec_of<missing_batch_type>> && !tt::ModelSpec<spec
               !tt::ModelSpec<spec_of<forward_returns_void>> && !tt::ModelSpec<spec_of<missing_backward>> &&
               !tt::ModelSpec<spec_of<missing_model_parameters>> && !tt::ModelSpec<spec_of<missing_tokens_in>>);
 static_assert(tt::SpecBuildsModel<spec_of<missing_backward>, resident_hooks>);  // the spec part is right
+
+// ---- stages: nn::gpt is a StagedModel; a model without forward_blocks still trains --------------
+
+struct staged_but_no_forward_blocks : missing_tokens_in {
+  static std::size_t tokens_in(rows const&);
+  int first_block() const;
+  int last_block() const;
+  void backward_blocks(host_exec const&, int, int, int, float);
+};
+static_assert(tt::StagedModel<tide::nn::gpt<tide::host>, tide::host>);
+static_assert(tt::StagedModel<tide::nn::gpt<tide::host, float, resident_hooks>, tide::host>);
+static_assert(tt::check_staged_model<tide::nn::gpt<tide::host>, tide::host>());
+static_assert(tt::Model<linear<resident_hooks>, tide::host> && !tt::StagedModel<linear<resident_hooks>, tide::host>);
+static_assert(tt::Model<staged_but_no_forward_blocks, tide::host> &&
+              tt::StagedHasBlocks<staged_but_no_forward_blocks> &&
+              !tt::StagedHasForwardBlocks<staged_but_no_forward_blocks, tide::host> &&
+              !tt::StagedModel<staged_but_no_forward_blocks, tide::host>);
+static_assert(tt::ModelSpec<linear_spec>);  // and it still trains: the spec needs no stages
 
 // ---- the stand-ins a trainer names for a wrong spec --------------------------------------------
 

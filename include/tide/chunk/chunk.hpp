@@ -32,7 +32,7 @@
 #include "tide/chunk/tensor_state.hpp"
 #include "tide/core/dtype.hpp"
 #include "tide/core/error.hpp"
-#include "tide/nn/parameters.hpp"
+#include "tide/core/parameters.hpp"
 
 namespace tide::chunk {
 
@@ -60,7 +60,7 @@ constexpr chunk_state chunk_state_of(tensor_state s) noexcept {
 
 // A named slice of a chunk.
 struct stateful_tensor {
-  std::uint32_t param = 0;  // index in the nn::parameter_list
+  std::uint32_t param = 0;  // index in the tide::parameter_list
   std::uint32_t chunk = 0;  // index of its chunk in the list
   std::size_t offset = 0;   // bytes from the chunk payload's start
   std::size_t bytes = 0;
@@ -135,7 +135,9 @@ class chunk {
   bool pinned_ = false;
 };
 
-enum class chunk_role : std::uint8_t { param, grad, master, exp_avg, exp_avg_sq };
+// exp_avg, exp_avg_sq: an optimizer's state lists 0 and 1; extra: a list a gradient sink declares
+// (an error-feedback residual).
+enum class chunk_role : std::uint8_t { param, grad, master, exp_avg, exp_avg_sq, extra };
 
 constexpr std::string_view to_string(chunk_role r) noexcept {
   switch (r) {
@@ -144,6 +146,7 @@ constexpr std::string_view to_string(chunk_role r) noexcept {
     case chunk_role::master: return "master";
     case chunk_role::exp_avg: return "exp_avg";
     case chunk_role::exp_avg_sq: return "exp_avg_sq";
+    case chunk_role::extra: return "extra";
   }
   return "?";
 }
@@ -153,7 +156,7 @@ constexpr std::string_view to_string(chunk_role r) noexcept {
 class chunk_list {
  public:
   // Throws tide::error(usage) if the layout was not packed from a list like `params`.
-  chunk_list(chunk_role role, dtype type, chunk_layout const& layout, nn::parameter_list const& params)
+  chunk_list(chunk_role role, dtype type, chunk_layout const& layout, tide::parameter_list const& params)
       : role_(role), type_(type), chunk_bytes_(layout.chunk_elements * size_of(type)) {
     std::size_t const n = params.size(), chunks = layout.chunks();
     TIDE_REQUIRE(layout.chunk_of.size() == n && layout.offset_of.size() == n && !layout.first_param.empty() &&
@@ -201,7 +204,7 @@ class chunk_list {
   // ---- the tensors --------------------------------------------------------------------------
   [[nodiscard]] std::span<stateful_tensor const> tensors() const noexcept { return tensors_; }
   [[nodiscard]] stateful_tensor const& tensor(std::uint32_t param) const { return tensors_[checked(param)]; }
-  [[nodiscard]] nn::parameter const& parameter(std::uint32_t param) const { return params_[checked(param)]; }
+  [[nodiscard]] tide::parameter const& parameter(std::uint32_t param) const { return params_[checked(param)]; }
   // Parameter indices in chunk c (a contiguous run: packing keeps registration order).
   [[nodiscard]] std::span<std::uint32_t const> params_of(std::uint32_t c) const {
     TIDE_REQUIRE(c < chunks_.size(), "chunk_list(", to_string(role_), ")::params_of(", c, "): the list has ",
@@ -258,7 +261,7 @@ class chunk_list {
   std::size_t chunk_bytes_;
   std::vector<chunk> chunks_;
   std::vector<stateful_tensor> tensors_;
-  std::vector<nn::parameter> params_;      // names and shapes, copied: no reference to dangle
+  std::vector<tide::parameter> params_;      // names and shapes, copied: no reference to dangle
   std::vector<std::uint32_t> first_param_; // the layout's CSR
   std::vector<std::uint32_t> order_;       // 0, 1, ..., n - 1: what params_of spans over
 };

@@ -28,7 +28,7 @@
 #include "tide/core/bytes.hpp"
 #include "tide/core/dtype.hpp"
 #include "tide/core/error.hpp"
-#include "tide/nn/parameters.hpp"
+#include "tide/core/parameters.hpp"
 
 namespace tide::chunk {
 
@@ -56,7 +56,7 @@ enum class pack_mode : std::uint8_t {
 
 namespace detail {
 
-inline std::size_t numel_of(nn::parameter const& p) noexcept { return static_cast<std::size_t>(p.numel()); }
+inline std::size_t numel_of(tide::parameter const& p) noexcept { return static_cast<std::size_t>(p.numel()); }
 
 // "65536 B (64.00 KiB; 16384 elements of f32)": the bytes of `elements` elements of `type`, exact,
 // readable from 1 KiB on, and the elements.
@@ -67,14 +67,14 @@ inline std::string bytes_text(std::size_t elements, dtype type) {
 }
 
 // Elements the tensors [b, e) span from an aligned offset (the same from any aligned offset).
-inline std::size_t block_span(std::span<nn::parameter const> ps, std::size_t b, std::size_t e, std::size_t align) noexcept {
+inline std::size_t block_span(std::span<tide::parameter const> ps, std::size_t b, std::size_t e, std::size_t align) noexcept {
   std::size_t end = 0;
   for (std::size_t i = b; i < e; ++i) end = round_up(end, align) + numel_of(ps[i]);
   return end;
 }
 
 // One past the last tensor of the layer that starts at b.
-inline std::size_t block_end(std::span<nn::parameter const> ps, std::size_t b) noexcept {
+inline std::size_t block_end(std::span<tide::parameter const> ps, std::size_t b) noexcept {
   std::size_t e = b + 1;
   while (e < ps.size() && ps[e].layer == ps[b].layer) ++e;
   return e;
@@ -86,7 +86,7 @@ struct smallest_chunk {
   std::size_t first = 0, last = 0;
 };
 
-inline smallest_chunk smallest_valid_chunk(nn::parameter_list const& params, std::size_t align, pack_mode mode) noexcept {
+inline smallest_chunk smallest_valid_chunk(tide::parameter_list const& params, std::size_t align, pack_mode mode) noexcept {
   smallest_chunk s;
   auto const ps = params.all();
   for (std::size_t b = 0; b < ps.size();) {
@@ -104,7 +104,7 @@ inline smallest_chunk smallest_valid_chunk(nn::parameter_list const& params, std
 
 // Places every tensor and returns the number of chunks; `out` null only counts them (the inner
 // loop of the search). Requires chunk_elements >= smallest_valid_chunk(...).elements.
-inline std::size_t place(nn::parameter_list const& params, std::size_t chunk_elements, std::size_t align, pack_mode mode,
+inline std::size_t place(tide::parameter_list const& params, std::size_t chunk_elements, std::size_t align, pack_mode mode,
                          chunk_layout* out) {
   auto const ps = params.all();
   std::size_t chunks = 0, fill = 0;  // fill: one past the last tensor of the open chunk
@@ -137,14 +137,14 @@ inline std::size_t place(nn::parameter_list const& params, std::size_t chunk_ele
   return chunks;
 }
 
-inline void check_pack(nn::parameter_list const& params, std::size_t chunk_elements, std::size_t align, pack_mode mode) {
+inline void check_pack(tide::parameter_list const& params, std::size_t chunk_elements, std::size_t align, pack_mode mode) {
   TIDE_REQUIRE(align >= 1, "pack: alignment_elements = 0; pass 1 for no alignment (64, the default, is 256 B of f32)");
   TIDE_REQUIRE(params.size() < std::numeric_limits<std::uint32_t>::max(), "pack: ", params.size(),
                " parameters; a layout indexes at most 2^32 - 1");
   smallest_chunk const s = smallest_valid_chunk(params, align, mode);
   if (chunk_elements >= s.elements) [[likely]]  // every tensor has >= 1 element, so this is > 0 too
     return;
-  nn::parameter const& first = params[s.first];
+  tide::parameter const& first = params[s.first];
   std::size_t const need_bytes = s.elements * size_of(first.type);
   if (mode == pack_mode::layers_together)
     TIDE_FAIL(usage, "pack: tensor \"", first.name(), "\" takes ", bytes_text(s.elements, first.type),
@@ -164,7 +164,7 @@ inline void check_pack(nn::parameter_list const& params, std::size_t chunk_eleme
 //     chunk if it fits an empty one, else goes tensor by tensor (a new chunk when one does not fit).
 //   one_layer_per_chunk: every layer opens a new chunk; its block must fit one.
 // Throws tide::error(usage) naming the tensor (or block) that cannot fit and the smallest valid size.
-inline chunk_layout pack(nn::parameter_list const& params, std::size_t chunk_elements,
+inline chunk_layout pack(tide::parameter_list const& params, std::size_t chunk_elements,
                          std::size_t alignment_elements = 64, pack_mode mode = pack_mode::layers_together) {
   detail::check_pack(params, chunk_elements, alignment_elements, mode);
   chunk_layout layout;
@@ -198,7 +198,7 @@ struct chunk_search_result {
 // the smaller size. 32 Mi elements of 1024-element steps are 32768 packs of O(tensors) each.
 // Throws tide::error(budget) when even the smallest valid chunk breaks two_chunk_budget, and
 // tide::error(usage) for an empty list or a range that holds no valid size.
-inline chunk_search_result search_chunk_size(nn::parameter_list const& params, chunk_search_options const& o) {
+inline chunk_search_result search_chunk_size(tide::parameter_list const& params, chunk_search_options const& o) {
   TIDE_REQUIRE(!params.empty(), "search_chunk_size: the parameter list is empty; register the model's parameters first");
   TIDE_REQUIRE(o.alignment_elements >= 1 && o.element_bytes >= 1, "search_chunk_size: alignment_elements = ",
                o.alignment_elements, " and element_bytes = ", o.element_bytes, "; both must be >= 1");
@@ -210,7 +210,7 @@ inline chunk_search_result search_chunk_size(nn::parameter_list const& params, c
   std::size_t const whole = detail::block_span(params.all(), 0, params.size(), align);
   std::size_t const whole_on_grid = whole <= min ? min : min + round_up(whole - min, step);
   std::size_t const max = o.max_elements != 0 ? o.max_elements : std::min(min + (std::size_t{32} << 20), whole_on_grid);
-  nn::parameter const& first = params[s.first];
+  tide::parameter const& first = params[s.first];
   char const* const holder = o.mode == pack_mode::layers_together ? "tensor \"" : "the block from \"";
   TIDE_REQUIRE(min <= max, "search_chunk_size: max_elements = ", max, " (", max * size_of(first.type), " B of ",
                to_string(first.type), ") is below the smallest valid chunk, chunk_bytes = ",

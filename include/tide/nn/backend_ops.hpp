@@ -1,9 +1,9 @@
 #pragma once
 // The few operations nn/ needs besides the kernels: fill with zeros, scale in place (loss
-// scaling), sum the per-row losses, check token ids. Only the host overloads exist. CUDA
-// counterparts taking exec<cuda> (cudaMemsetAsync, a copy back of the losses, no token check: the
-// ids are in device memory) are not written yet; with them the model would call the same names on
-// either backend.
+// scaling), add in place (the tied gradient), sum the per-row losses, check token ids. Only the
+// host overloads exist. CUDA counterparts taking exec<cuda> (cudaMemsetAsync, a copy back of the
+// losses, no token check: the ids are in device memory) are not written yet; with them the model
+// would call the same names on either backend.
 
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +29,16 @@ void scale_in_place(exec<host> const& ex, tensor_view<T> x, float s) {
   T* p = x.data();
   parallel_for(ex.pool, static_cast<std::size_t>(x.size()), [=](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; ++i) p[i] = from_float<T>(to_float(p[i]) * s);
+  });
+}
+
+// x += y, elementwise (folding the head's wte gradient into wte's: the same bits on any threads).
+template <class T>
+void add_in_place(exec<host> const& ex, tensor_view<T> x, tensor_view<T const> y) {
+  T* p = x.data();
+  T const* q = y.data();
+  parallel_for(ex.pool, static_cast<std::size_t>(x.size()), [=](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) p[i] = from_float<T>(to_float(p[i]) + to_float(q[i]));
   });
 }
 

@@ -1,57 +1,30 @@
 #pragma once
-// The optimizer policies a trainer is built with: AdamW's hyper-parameters, a learning-rate
-// schedule, global-norm clipping, gradient accumulation and dynamic loss scaling. The update
-// itself is tide::kernels::adamw, run per chunk by the offload scheduler on the tier where the
-// chunk's optimizer state lives.
+// tide::optim::adamw: AdamW (torch.optim.AdamW's decoupled weight decay) as an Optimizer
+// (optim/optimizer.hpp) the offload engine calls per chunk, on the tier where the chunk's state
+// lives, plus the training knobs every tide optimizer carries: a learning-rate schedule,
+// global-norm clipping, gradient accumulation and dynamic loss scaling (optim/training.hpp).
+// The update is tide::kernels::adamw.
 //
 //   tide::optim::adamw opt{.lr = 1e-3f, .weight_decay = 0.1f, .clip_norm = 1.0f,
 //                          .schedule = {.warmup_steps = 20, .total_steps = 500}};
 //   opt.schedule(opt.lr, step);   // the learning rate of 0-based step `step`
-//
-// Loss scaling (for f16 gradients): the loss gradient is multiplied by the scale S before
-// backward and the update divides by it again (inside AdamW's grad_scale, no extra pass). A step
-// whose gradients hold a NaN or an Inf is skipped: parameters, optimizer state and AdamW's step
-// number stay, the scale is multiplied by `backoff`; after `growth_interval` good steps in a row
-// it is multiplied by `growth`. Powers of two keep the scaling exact in floating point.
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <numbers>
+#include <cstddef>
+#include <span>
+#include <string_view>
 
 #include "tide/core/error.hpp"
 #include "tide/kernels/adamw/adamw.hpp"
+#include "tide/optim/optimizer.hpp"
+#include "tide/optim/training.hpp"
 
 namespace tide::optim {
 
-// Linear warm-up over warmup_steps, then cosine decay to min_ratio * lr at total_steps (and
-// constant after). total_steps = 0: constant after the warm-up.
-struct warmup_cosine {
-  std::int64_t warmup_steps = 0;
-  std::int64_t total_steps = 0;
-  float min_ratio = 0.1f;
-
-  [[nodiscard]] float operator()(float lr, std::int64_t step) const {
-    TIDE_REQUIRE(step >= 0, "warmup_cosine: step ", step, " is negative");
-    if (step < warmup_steps) return lr * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
-    if (total_steps <= warmup_steps) return lr;
-    double const progress = std::min(1.0, static_cast<double>(step - warmup_steps) /
-                                              static_cast<double>(total_steps - warmup_steps));
-    double const cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
-    return static_cast<float>(lr * (min_ratio + (1.0 - min_ratio) * cosine));
-  }
-};
-
-struct loss_scaling {
-  bool enabled = false;
-  float initial = 65536.f;  // 2^16
-  float growth = 2.f;
-  float backoff = 0.5f;
-  int growth_interval = 2000;
-  float min_scale = 1.f;
-};
-
 struct adamw {
+  static constexpr std::string_view name = "adamw";
+  static constexpr std::size_t state_lists = 2;  // m and v
+  static constexpr std::string_view state_name(std::size_t k) noexcept { return k == 0 ? "m" : "v"; }
+
   float lr = 3e-4f;
   float beta1 = 0.9f;
   float beta2 = 0.95f;
@@ -68,47 +41,19 @@ struct adamw {
   }
   // The optimizer must see every gradient before it steps (clipping, overflow checks).
   [[nodiscard]] bool needs_all_gradients() const noexcept { return clip_norm > 0.f || scaling.enabled; }
+
+  template <class T>
+  void update(exec<host> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const {
+    kernels::adamw_hparams hp = hparams(a.lr);
+    if (!a.decay) hp.weight_decay = 0.f;
+    detail::in_batches<kernels::adamw_tensor<T, T>>(
+        tensors,
+        [](update_tensor<T> const& x) {
+          return kernels::adamw_tensor<T, T>{x.master, x.grad, x.state[0], x.state[1], x.working, x.n};
+        },
+        [&](auto records) { kernels::adamw(ex, hp, a.step, records, a.grad_scale); });
+  }
 };
-
-// The dynamic loss scale between steps.
-class loss_scaler {
- public:
-  explicit loss_scaler(loss_scaling const& s = {}) : cfg_(s), scale_(s.enabled ? s.initial : 1.f) {
-    TIDE_REQUIRE(!s.enabled || (s.initial > 0.f && std::isfinite(s.initial) && s.backoff > 0.f && s.backoff < 1.f &&
-                                s.growth >= 1.f && s.growth_interval >= 1),
-                 "loss_scaling: need initial > 0 and finite, 0 < backoff < 1, growth >= 1, growth_interval >= 1; got "
-                 "initial = ", s.initial, ", backoff = ", s.backoff, ", growth = ", s.growth,
-                 ", growth_interval = ", s.growth_interval);
-  }
-  [[nodiscard]] float scale() const noexcept { return scale_; }
-  [[nodiscard]] bool enabled() const noexcept { return cfg_.enabled; }
-  [[nodiscard]] std::int64_t skipped() const noexcept { return skipped_; }
-
-  // After a step: `overflow` says whether some gradient was NaN or Inf (the step was skipped).
-  void update(bool overflow) noexcept {
-    if (!cfg_.enabled) return;
-    if (overflow) {
-      scale_ = std::max(cfg_.min_scale, scale_ * cfg_.backoff);
-      good_ = 0;
-      ++skipped_;
-    } else if (++good_ >= cfg_.growth_interval) {
-      scale_ *= cfg_.growth;
-      good_ = 0;
-    }
-  }
-  // For checkpoints.
-  void restore(float scale, int good, std::int64_t skipped) noexcept {
-    scale_ = scale;
-    good_ = good;
-    skipped_ = skipped;
-  }
-  [[nodiscard]] int good_steps() const noexcept { return good_; }
-
- private:
-  loss_scaling cfg_;
-  float scale_;
-  int good_ = 0;
-  std::int64_t skipped_ = 0;
-};
+static_assert(check_optimizer<adamw>());
 
 }  // namespace tide::optim

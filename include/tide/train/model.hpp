@@ -1,13 +1,14 @@
 #pragma once
 // What make_trainer needs from a model of your own, as concepts, and check_model_spec, which
-// states the first thing missing as a sentence instead of a page of template errors.
+// states the first thing missing as a sentence instead of a page of template errors. Also
+// StagedModel / check_staged_model: what a pipeline needs on top (optional for training).
 //
 //   struct my_spec {                                         // what make_trainer takes
 //     using backend = tide::host;
 //     using element_type = float;
 //     template <class Hooks> using model_type = my_model<Hooks>;
-//     tide::nn::parameter_list parameters() const;
-//     tide::nn::block_uses uses() const;
+//     tide::parameter_list parameters() const;
+//     tide::block_uses uses() const;
 //     template <class Hooks> model_type<Hooks> build(tide::memory::device_arena<backend>&, Hooks) const;
 //   };
 //   static_assert(tide::train::ModelSpec<my_spec>);          // or, with the messages:
@@ -26,8 +27,8 @@
 #include "tide/core/dtype.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/memory/device_arena.hpp"
-#include "tide/nn/gpt.hpp"  // nn::block_uses, nn::no_hooks
-#include "tide/nn/parameters.hpp"
+#include "tide/nn/gpt.hpp"  // tide::block_uses, nn::no_hooks
+#include "tide/core/parameters.hpp"
 #include "tide/offload/scheduler.hpp"
 #include "tide/offload/schedulers.hpp"
 
@@ -43,12 +44,12 @@ concept SpecHasElementType = requires { typename S::element_type; } && Element<t
 
 template <class S>
 concept SpecHasParameters = requires(S const& s) {
-  { s.parameters() } -> std::same_as<nn::parameter_list>;
+  { s.parameters() } -> std::same_as<tide::parameter_list>;
 };
 
 template <class S>
 concept SpecHasUses = requires(S const& s) {
-  { s.uses() } -> std::same_as<nn::block_uses>;
+  { s.uses() } -> std::same_as<tide::block_uses>;
 };
 
 template <class S, class Hooks>
@@ -82,7 +83,7 @@ concept ModelHasBackward = requires(M& m, exec<B>& ex, float loss_scale) { m.bac
 
 template <class M>
 concept ModelHasParameters = requires(M const& m) {
-  { m.parameters() } -> std::same_as<nn::parameter_list const&>;
+  { m.parameters() } -> std::same_as<tide::parameter_list const&>;
 };
 
 // Static: the trainer counts tokens as model_type::tokens_in(batch).
@@ -97,6 +98,41 @@ concept ModelCountsTokens = requires(typename M::batch_type const& batch) {
 template <class M, class B>
 concept Model = ModelHasBatchType<M> && ModelHasForward<M, B> && ModelForwardReturnsLoss<M, B> &&
                 ModelHasBackward<M, B> && ModelHasParameters<M> && ModelCountsTokens<M>;
+
+// ---- stages, for a pipeline (optional: Model does not ask for them) --------------------------
+
+// Blocks numbered first_block() .. last_block(): what forward_blocks / backward_blocks take.
+template <class M>
+concept StagedHasBlocks = requires(M const& m) {
+  { m.first_block() } -> std::convertible_to<int>;
+  { m.last_block() } -> std::convertible_to<int>;
+};
+
+template <class M, class B>
+concept StagedHasForwardBlocks =
+    requires(M& m, exec<B>& ex, int first, int last, int micro, typename M::batch_type const& batch) {
+      { m.forward_blocks(ex, first, last, micro, batch) } -> std::convertible_to<float>;
+    };
+
+template <class M, class B>
+concept StagedHasBackwardBlocks = requires(M& m, exec<B>& ex, int first, int last, int micro, float loss_scale) {
+  m.backward_blocks(ex, first, last, micro, loss_scale);
+};
+
+// The tensors a pipeline sends between stages: the activations leaving a block, and the
+// gradient arriving at / leaving a stage, both views it can copy.
+template <class M>
+concept StagedHasBoundaries = requires(M const& m, int block, int micro) {
+  { m.boundary(block, micro).data() };
+  { m.boundary(block, micro).bytes() } -> std::convertible_to<std::size_t>;
+  { m.boundary_grad(micro).data() };
+  { m.boundary_grad(micro).bytes() } -> std::convertible_to<std::size_t>;
+};
+
+// A Model a pipeline can split into stages (nn::gpt is one).
+template <class M, class B>
+concept StagedModel = Model<M, B> && StagedHasBlocks<M> && StagedHasForwardBlocks<M, B> &&
+                      StagedHasBackwardBlocks<M, B> && StagedHasBoundaries<M>;
 
 namespace detail {
 // The hooks a trainer hands the model: the interface is the same under every offload policy, so
@@ -205,7 +241,7 @@ consteval bool check_model() {
   } else if constexpr (!ModelHasParameters<M>) {
     static_assert(ModelHasParameters<M>,
                   "make_trainer: the model has no member `parameters() const` returning "
-                  "tide::nn::parameter_list const&; add `tide::nn::parameter_list const& parameters() const;` "
+                  "tide::parameter_list const&; add `tide::parameter_list const& parameters() const;` "
                   "returning the list the spec gave (docs/trainer.md, 'Writing your own model')");
   } else if constexpr (!ModelCountsTokens<M>) {
     static_assert(ModelCountsTokens<M>,
@@ -214,6 +250,35 @@ consteval bool check_model() {
                   "trains on (docs/trainer.md, 'Writing your own model')");
   }
   return true;  // a failed static_assert above is the one error; a false here would add a second
+}
+
+// One static_assert per requirement of a staged model, after those of check_model: exactly one
+// message appears, naming the member to add.
+template <class M, class B>
+consteval bool check_staged_model() {
+  if constexpr (!Model<M, B>) {
+    check_model<M, B>();
+  } else if constexpr (!StagedHasBlocks<M>) {
+    static_assert(StagedHasBlocks<M>,
+                  "pipeline: the model has no members `first_block() const` and `last_block() const` returning int; "
+                  "add them, the numbers of its first and last blocks (nn::gpt: -1 and L)");
+  } else if constexpr (!StagedHasForwardBlocks<M, B>) {
+    static_assert(StagedHasForwardBlocks<M, B>,
+                  "pipeline: the model has no member `forward_blocks(ex, first, last, micro, batch)` returning the "
+                  "loss; add `float forward_blocks(tide::exec<backend> const& ex, int first, int last, int micro, "
+                  "batch_type const& batch);` running blocks first .. last for micro-batch slot micro");
+  } else if constexpr (!StagedHasBackwardBlocks<M, B>) {
+    static_assert(StagedHasBackwardBlocks<M, B>,
+                  "pipeline: the model has no member `backward_blocks(ex, first, last, micro, loss_scale)`; add "
+                  "`void backward_blocks(tide::exec<backend> const& ex, int first, int last, int micro, float "
+                  "loss_scale);` running blocks last .. first backward for micro-batch slot micro");
+  } else if constexpr (!StagedHasBoundaries<M>) {
+    static_assert(StagedHasBoundaries<M>,
+                  "pipeline: the model has no members `boundary(block, micro) const` and `boundary_grad(micro) "
+                  "const` returning tensor views; add them: the activations leaving a block and the gradient at a "
+                  "stage's edge, which the pipeline sends between stages");
+  }
+  return true;
 }
 
 // One static_assert per requirement of the spec, then of the model it builds. The trainer calls
@@ -232,12 +297,12 @@ consteval bool check_model_spec() {
   } else if constexpr (!SpecHasParameters<Spec>) {
     static_assert(SpecHasParameters<Spec>,
                   "make_trainer: the model spec has no member `parameters() const` returning "
-                  "tide::nn::parameter_list; add `tide::nn::parameter_list parameters() const;` that adds each "
+                  "tide::parameter_list; add `tide::parameter_list parameters() const;` that adds each "
                   "tensor with its block (docs/trainer.md, 'Writing your own model')");
   } else if constexpr (!SpecHasUses<Spec>) {
     static_assert(SpecHasUses<Spec>,
-                  "make_trainer: the model spec has no member `uses() const` returning tide::nn::block_uses; add "
-                  "`tide::nn::block_uses uses() const;` listing the parameters each block reads "
+                  "make_trainer: the model spec has no member `uses() const` returning tide::block_uses; add "
+                  "`tide::block_uses uses() const;` listing the parameters each block reads "
                   "(docs/trainer.md, 'Writing your own model')");
   } else if constexpr (!SpecHasModelType<Spec, Hooks>) {
     static_assert(SpecHasModelType<Spec, Hooks>,

@@ -8,15 +8,16 @@
 //       tide::optim::adamw{.lr = 1e-3f, .clip_norm = 1.f, .schedule = {.warmup_steps = 20, .total_steps = 500}});
 //   tide::train::step_stats st = trainer.step(batch);     // one micro-batch per micro-step
 //
-// Every argument is a policy whose type the trainer is templated on (CTAD picks them): the model
-// spec (what to build; nn::gpt_spec or your own, see examples/02_custom_model), the offload
-// scheduler configuration (offload/schedulers.hpp), the optimizer (optim/adamw.hpp), and the
-// communication, compression and pipeline policies, which default to none. A policy of the wrong
-// kind fails with a static_assert saying what it must provide. Nothing on the step path is
-// dispatched at run time: the model's hooks call the scheduler directly.
+// Every argument is a policy whose type the trainer is templated on (CTAD picks them), one per
+// slot of train/slots.hpp: the model spec (nn::gpt_spec or your own, see examples/02_custom_model),
+// the offload scheduler policy (offload/schedulers.hpp), the optimizer (optim::adamw, adam, sgd),
+// and the communication, compression and pipeline policies, which default to none. The trainer
+// stores each. A policy of the wrong kind fails with a static_assert saying what it must provide.
+// Nothing on the step path is dispatched at run time: the model's hooks call the engine directly.
 //
-// One step: the learning rate of the schedule; for each micro-batch forward + backward (the loss
-// gradient scaled by the loss scale); if the optimizer needs every gradient (clipping, loss
+// One step: the learning rate of the schedule; the pipeline policy runs forward + backward over
+// the micro-batches (no_pipeline: one after the other; the loss gradient scaled by the loss
+// scale); if the optimizer needs every gradient (clipping, loss
 // scaling) the global norm is measured, a non-finite one skips the step and halves the scale,
 // else the update runs with grad_scale = clip / (loss scale * micro-steps); otherwise each chunk
 // is stepped as soon as its gradients are complete, beside the rest of backward.
@@ -40,41 +41,15 @@
 #include "tide/core/parallel.hpp"
 #include "tide/kernels/grad_norm/grad_norm.hpp"
 #include "tide/memory/device_arena.hpp"
-#include "tide/nn/parameters.hpp"
+#include "tide/core/parameters.hpp"
 #include "tide/offload/scheduler.hpp"
 #include "tide/offload/schedulers.hpp"
 #include "tide/optim/adamw.hpp"
 #include "tide/train/checkpoint.hpp"
 #include "tide/train/model.hpp"
+#include "tide/train/slots.hpp"
 
 namespace tide::train {
-
-// ---- the policies that are still to come --------------------------------------------------
-struct no_comm {
-  static constexpr std::string_view kind = "none";
-};
-struct no_compress {
-  static constexpr std::string_view kind = "none";
-};
-struct no_pipeline {
-  static constexpr std::string_view kind = "none";
-};
-
-// ---- concepts -------------------------------------------------------------------------------
-
-
-template <class O>
-concept OffloadPolicy = offload::detail::is_chunked<O> || offload::detail::is_window<O> ||
-                        offload::detail::is_static<O> || offload::detail::is_resident<O>;
-
-template <class O>
-concept OptimizerPolicy = requires(O const& o, float lr) {
-  { o.hparams(lr) } -> std::same_as<kernels::adamw_hparams>;
-  { o.schedule(lr, std::int64_t{0}) } -> std::convertible_to<float>;
-  { o.clip_norm } -> std::convertible_to<float>;
-  { o.micro_steps } -> std::convertible_to<int>;
-  { o.scaling } -> std::convertible_to<optim::loss_scaling>;
-};
 
 // What one step did.
 struct step_stats {
@@ -97,41 +72,55 @@ struct step_stats {
 template <class Spec, class Offload, class Optimizer, class Comm = no_comm, class Compress = no_compress,
           class Pipeline = no_pipeline>
 class trainer {
-  static_assert(OffloadPolicy<Offload>, "make_trainer: the 2nd argument must be an offload policy: "
-                                        "tide::offload::resident, chunked<Policy>, layer_window<W> or static_partition");
-  static_assert(OptimizerPolicy<Optimizer>, "make_trainer: the 3rd argument must be an optimizer policy with "
-                                            "hparams(lr), schedule(lr, step), clip_norm, micro_steps and scaling "
-                                            "(tide::optim::adamw has them)");
-  static_assert(std::is_same_v<Comm, no_comm>,
-                "make_trainer: the 4th argument (communication) must be tide::train::no_comm, the only one tide "
-                "has; pass tide::train::no_comm{} or nothing");
-  static_assert(std::is_same_v<Compress, no_compress>,
-                "make_trainer: the 5th argument (gradient compression) must be tide::train::no_compress, the only "
-                "one tide has; pass tide::train::no_compress{} or nothing");
-  static_assert(std::is_same_v<Pipeline, no_pipeline>,
-                "make_trainer: the 6th argument (pipeline) must be tide::train::no_pipeline, the only one tide has; "
-                "pass tide::train::no_pipeline{} or nothing");
+  static_assert(OffloadPolicy<Offload>, "make_trainer: the 2nd argument must be an offload scheduler policy "
+                                        "(tide::offload::SchedulerPolicy): resident, chunked<Policy>, "
+                                        "layer_window<W>, static_partition, or your own");
+  static_assert(OptimizerPolicy<Optimizer>, "make_trainer: the 3rd argument must be an optimizer "
+                                            "(tide::optim::Optimizer: name, state_lists, state_name(k), lr, "
+                                            "update(ex, args, tensors)) with schedule(lr, step), clip_norm, "
+                                            "micro_steps, decay_matrices_only and scaling (tide::optim::adamw, "
+                                            "adam and sgd have them)");
+  static_assert(CommPolicy<Comm>, "make_trainer: the 4th argument must be a communication policy "
+                                  "(tide::train::CommPolicy: name, rank(), world_size(), sink() giving a "
+                                  "GradientSink, source() giving a ChunkSource); pass tide::train::no_comm{} or nothing for one process");
+  static_assert(CompressionPolicy<Compress>, "make_trainer: the 5th argument must be a compression policy "
+                                             "(tide::train::CompressionPolicy: name and residual_lists); pass "
+                                             "tide::train::no_compress{} or nothing");
+  static_assert(PipelinePolicy<Pipeline>, "make_trainer: the 6th argument must be a pipeline policy "
+                                          "(tide::train::PipelinePolicy: name, stages and run(ex, model, "
+                                          "micro_batches, loss_scale)); pass tide::train::no_pipeline{} or nothing");
 
  public:
   using backend = spec_backend_t<Spec>;
   using element_type = spec_element_t<Spec>;
-  using scheduler_type = offload::scheduler<backend, element_type, Offload>;
+  using scheduler_type = offload::scheduler<backend, element_type, Offload, Optimizer, typename Comm::sink_type,
+                                            typename Comm::source_type>;
   using hooks_type = offload::hooks<scheduler_type>;
   static_assert(check_model_spec<Spec, hooks_type>());  // one message per missing member (train/model.hpp)
   using model_type = spec_model_t<Spec, hooks_type>;
   using batch_type = model_batch_t<model_type>;
+  static_assert(PipelinePolicyFor<Pipeline, model_type, batch_type, backend>,
+                "make_trainer: the pipeline policy needs `double run(exec<B> const&, Model&, std::span<batch_type "
+                "const>, float loss_scale)` for this model (tide::train::no_pipeline has it)");
+  static_assert(Compress::residual_lists == 0,
+                "make_trainer: a compression policy's own residual lists are not kept by make_trainer; keep "
+                "per-chunk residuals as a gradient sink's extra lists (offload/gradient_sink.hpp) and pass a "
+                "compression policy with residual_lists = 0, or tide::train::no_compress{}");
 
-  trainer(Spec const& spec, Offload const& off, Optimizer const& opt, Comm = {}, Compress = {}, Pipeline = {},
-          int threads = thread_pool::default_threads())
+  trainer(Spec const& spec, Offload const& off, Optimizer const& opt, Comm const& comm = {},
+          Compress const& compress = {}, Pipeline const& pipeline = {}, int threads = thread_pool::default_threads())
       : optimizer_(checked(opt)),
+        comm_(comm),
+        compress_(compress),
+        pipeline_(pipeline),
         pool_(threads),
         ex_{pool_},
         arena_({.budget = budget_of(spec, off)}),
         scheduler_(ex_, arena_, spec.parameters(), spec.uses(), off,
-                   {.adamw = opt.hparams(opt.lr),
-                    .micro_steps = opt.micro_steps,
-                    .defer_optimizer = opt.needs_all_gradients(),
-                    .decay_matrices_only = opt.decay_matrices_only}),
+                   {.micro_steps = opt.micro_steps,
+                    .defer_optimizer = needs_all_gradients(opt),
+                    .decay_matrices_only = opt.decay_matrices_only},
+                   opt, comm.sink(), comm.source()),
         model_(spec.build(arena_, hooks_type{&scheduler_})),
         scaler_(opt.scaling) {}
 
@@ -181,15 +170,11 @@ class trainer {
     st.loss_scale = scaler_.scale();
     scheduler_.set_learning_rate(st.lr);
     float const inv = 1.f / (st.loss_scale * static_cast<float>(m));  // exact for powers of two
-    if (!optimizer_.needs_all_gradients()) scheduler_.set_grad_scale(inv);
-    double loss = 0;
-    for (batch_type const& b : micro_batches) {
-      loss += static_cast<double>(model_.forward(ex_, b));
-      model_.backward(ex_, st.loss_scale);
-      st.tokens += model_type::tokens_in(b);
-    }
+    if (!needs_all_gradients(optimizer_)) scheduler_.set_grad_scale(inv);
+    double const loss = pipeline_.run(ex_, model_, micro_batches, st.loss_scale);
+    for (batch_type const& b : micro_batches) st.tokens += model_type::tokens_in(b);
     st.loss = static_cast<float>(loss / static_cast<double>(m));
-    if (optimizer_.needs_all_gradients()) {
+    if (needs_all_gradients(optimizer_)) {
       double const norm = kernels::global_grad_norm(ex_, scheduler_.gradients());
       st.skipped = !std::isfinite(norm);
       if (st.skipped) {
@@ -217,8 +202,9 @@ class trainer {
 
  public:
   // ---- checkpoints ----------------------------------------------------------------------------
-  // Writes parameters and AdamW state (one section per tensor and list, in the model's own
-  // order, so a checkpoint loads under any scheduler and chunk size), the step counters and the
+  // Writes parameters, the fp32 masters, the optimizer's state lists and the gradient sink's
+  // extra lists (one section per tensor and list, "<list>/<tensor>", in the model's own order, so
+  // a checkpoint loads under any scheduler and chunk size), the step counters and the
   // loss scale, plus whatever extra(writer) adds (data position, RNG), to `path` atomically: the
   // previous file stays until the new one is complete; missing parent folders are created.
   // Between steps.
@@ -232,8 +218,10 @@ class trainer {
     auto const& list = model_.parameters();
     for (std::uint32_t i = 0; i < list.size(); ++i) {
       w.add(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
-      w.add(section("m/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::exp_avg, i));
-      w.add(section("v/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::exp_avg_sq, i));
+      for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
+        w.add(state_section(k, list[i].name()), scheduler_.state_bytes(k, i));
+      for (std::size_t k = 0; k < extra_lists.size(); ++k)
+        w.add(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, i));
       if constexpr (scheduler_type::has_master)
         w.add(section("w/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::master, i));
     }
@@ -269,21 +257,30 @@ class trainer {
                path.string(), ": section \"trainer.state\" is missing or has another size (",
                r.contains("trainer.state") ? r.size_of("trainer.state") : 0, " bytes, this trainer's is ",
                sizeof(state), ")");
-    for (std::uint32_t i = 0; i < list.size(); ++i)
-      for (auto const& [prefix, role] : roles) {
-        if (role == chunk::chunk_role::master && !scheduler_type::has_master) continue;
-        auto const name = section(prefix, list[i].name());
-        TIDE_CHECK(r.contains(name), usage, "checkpoint ", path.string(), ": no section \"", name, "\"");
-        std::size_t const want = scheduler_.tensor_size(role, i);
-        TIDE_CHECK(r.size_of(name) == want, usage, "checkpoint ", path.string(), ": section \"", name, "\" holds ",
-                   r.size_of(name), " bytes, this model's tensor has ", want,
-                   " (saved from a model of another shape or dtype); nothing was loaded");
-      }
+    auto expect = [&](std::string const& name, std::size_t want) {
+      TIDE_CHECK(r.contains(name), usage, "checkpoint ", path.string(), ": no section \"", name, "\"",
+                 name.starts_with("p/") ? "" : tide::detail::concat(" (was it saved with another optimizer than ",
+                                                                   Optimizer::name, " or another gradient sink?)"));
+      TIDE_CHECK(r.size_of(name) == want, usage, "checkpoint ", path.string(), ": section \"", name, "\" holds ",
+                 r.size_of(name), " bytes, this model's tensor has ", want,
+                 " (saved from a model of another shape or dtype); nothing was loaded");
+    };
+    for (std::uint32_t i = 0; i < list.size(); ++i) {
+      expect(section("p/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::param, i));
+      for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
+        expect(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, i));
+      for (std::size_t k = 0; k < extra_lists.size(); ++k)
+        expect(extra_section(k, list[i].name()), scheduler_.extra_size(k, i));
+      if constexpr (scheduler_type::has_master)
+        expect(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, i));
+    }
     auto const st = r.read_value<state>("trainer.state");
     for (std::uint32_t i = 0; i < list.size(); ++i) {
       r.read(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
-      r.read(section("m/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::exp_avg, i));
-      r.read(section("v/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::exp_avg_sq, i));
+      for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
+        r.read(state_section(k, list[i].name()), scheduler_.state_bytes(k, i));
+      for (std::size_t k = 0; k < extra_lists.size(); ++k)
+        r.read(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, i));
       if constexpr (scheduler_type::has_master)
         r.read(section("w/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::master, i));
     }
@@ -302,15 +299,14 @@ class trainer {
   [[nodiscard]] memory::device_arena<backend>& arena() noexcept { return arena_; }
   [[nodiscard]] exec<backend> const& executor() const noexcept { return ex_; }
   [[nodiscard]] Optimizer const& optimizer() const noexcept { return optimizer_; }
+  [[nodiscard]] Offload const& offload() const noexcept { return scheduler_.policy(); }
+  [[nodiscard]] Comm const& comm() const noexcept { return comm_; }
+  [[nodiscard]] Compress const& compression() const noexcept { return compress_; }
+  [[nodiscard]] Pipeline& pipeline() noexcept { return pipeline_; }
   [[nodiscard]] optim::loss_scaler const& scaler() const noexcept { return scaler_; }
   [[nodiscard]] std::int64_t steps() const noexcept { return step_; }
 
  private:
-  static constexpr std::pair<char const*, chunk::chunk_role> roles[] = {
-      {"p/", chunk::chunk_role::param},
-      {"m/", chunk::chunk_role::exp_avg},
-      {"v/", chunk::chunk_role::exp_avg_sq},
-      {"w/", chunk::chunk_role::master}};
   struct state {
     std::int64_t step;
     std::int64_t adam_steps;
@@ -325,6 +321,18 @@ class trainer {
     out.append(prefix).append(name);
     return out;
   }
+  // "m/h0.ln1.w": the section of state list k (Optimizer::state_name(k)) of a tensor.
+  static std::string state_section(std::size_t k, std::string_view name) {
+    std::string prefix(Optimizer::state_name(k));
+    return section(prefix.append("/"), name);
+  }
+  // The lists the gradient sink keeps (an error-feedback residual): "<name>/<tensor>" sections.
+  static constexpr std::span<offload::extra_list const> extra_lists = offload::extra_lists_of<typename Comm::sink_type>();
+  static std::string extra_section(std::size_t k, std::string_view name) {
+    std::string prefix(extra_lists[k].name);
+    return section(prefix.append("/"), name);
+  }
+  static bool needs_all_gradients(Optimizer const& o) noexcept { return o.clip_norm > 0.f || o.scaling.enabled; }
   // One line per parameter: "name dtype d0 d1 ...".
   [[nodiscard]] std::string shape_text() const {
     std::string out;
@@ -344,13 +352,16 @@ class trainer {
   }
   static std::size_t budget_of(Spec const& spec, Offload const& off) {
     if (off.device_budget != 0) return off.device_budget;
-    TIDE_REQUIRE(offload::detail::is_resident<Offload>, "make_trainer: ", offload::scheduler_name<Offload>(),
+    TIDE_REQUIRE(!Offload::moves_data, "make_trainer: ", offload::scheduler_name<Offload>(),
                  " needs a device_budget (bytes of the device it may use)");
     // Parameters, gradients, m and v with room for chunk padding, and 1 GiB for activations.
     return 8 * spec.parameters().bytes() + (std::size_t{1} << 30);
   }
 
   Optimizer optimizer_;
+  Comm comm_;
+  Compress compress_;
+  Pipeline pipeline_;
   thread_pool pool_;
   exec<backend> ex_;
   memory::device_arena<backend> arena_;

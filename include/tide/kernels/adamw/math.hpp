@@ -48,18 +48,27 @@ struct adamw_coefficients {
   float grad_scale;
 };
 
+// The moments' update from the effective gradient gs, and the bias-corrected ratio
+// m^ / (sqrt(v^) + eps) it returns: the part AdamW shares with Adam (kernels/adam/math.hpp),
+// which differs only in where weight decay enters.
+template <class V>
+TIDE_HOST_DEVICE inline V adam_moments_ratio(V& m, V& v, V gs, adamw_coefficients const& c) {
+  using std::sqrt;
+  m = c.beta1 * m + c.one_minus_beta1 * gs;
+  v = c.beta2 * v + c.one_minus_beta2 * gs * gs;
+  V const m_hat = m * c.bias1_recip;
+  V const v_hat = v * c.bias2_recip;
+  return m_hat / (sqrt(v_hat) + c.eps);
+}
+
 // One element (V = float), or one vector of lanes (V = a SIMD type with float's operators and an
 // ADL-visible sqrt). Every backend runs this exact sequence of IEEE operations, so they differ
 // only where a compiler contracts a*b+c into an FMA (nvcc does by default; g++ with FMA units).
 template <class V>
 TIDE_HOST_DEVICE inline void adamw_update(V& p, V& m, V& v, V g, adamw_coefficients const& c) {
-  using std::sqrt;
   V const gs = g * c.grad_scale;
-  m = c.beta1 * m + c.one_minus_beta1 * gs;
-  v = c.beta2 * v + c.one_minus_beta2 * gs * gs;
-  V const m_hat = m * c.bias1_recip;
-  V const v_hat = v * c.bias2_recip;
-  p = p - c.lr * (m_hat / (sqrt(v_hat) + c.eps) + c.weight_decay * p);
+  V const ratio = adam_moments_ratio(m, v, gs, c);
+  p = p - c.lr * (ratio + c.weight_decay * p);
 }
 
 }  // namespace tide::kernels

@@ -14,16 +14,17 @@
 //
 // Threads take contiguous slices of the B * NH pairs; a pair is computed by one thread in a fixed
 // order with its own scratch, so the results are bit-identical for any thread count. Scratch per
-// thread, allocated before any work: about (3 T HS + q_block (k_block + HS)) floats forward,
-// (6 T HS + 2 T + 2 q_block k_block + 2 k_block HS) backward (transposed copies are padded).
+// thread, taken before any work and kept for the next call (detail/scratch.hpp): about
+// (3 T HS + q_block (k_block + HS)) floats forward, (6 T HS + 2 T + 2 q_block k_block +
+// 2 k_block HS) backward (transposed copies are padded).
 
 #include <algorithm>
 #include <cstddef>
-#include <memory>
 
 #include "tide/core/exec.hpp"
 #include "tide/kernels/attention/checks.hpp"
 #include "tide/kernels/attention/math.hpp"
+#include "tide/kernels/detail/scratch.hpp"
 #include "tide/kernels/matmul/block_gemm.hpp"
 #include "tide/kernels/residual/rows.hpp"
 
@@ -42,16 +43,18 @@ struct attention_host_tuning {
 namespace detail {
 
 // f(pair, scratch) for every pair in [0, pairs): threads take contiguous slices of pairs, each
-// slice with its own `per_slice` floats of scratch, all allocated before any work starts.
+// slice with its own `per_slice` floats of scratch, all of it the calling thread's (kept for the
+// next call) and taken before any work starts.
+struct attention_scratch;
 template <class F>
 void attention_over_pairs(thread_pool& pool, index_t pairs, std::size_t per_slice, F&& f) {
   if (pairs == 0) return;
   int const slices = static_cast<int>(std::min<index_t>(pool.threads(), pairs));
-  auto const scratch = std::make_unique_for_overwrite<float[]>(per_slice * static_cast<std::size_t>(slices));
+  float* const scratch = thread_scratch<attention_scratch>(per_slice * static_cast<std::size_t>(slices));
   parallel_for(pool, static_cast<std::size_t>(slices), [&](std::size_t s0, std::size_t s1) {
     for (std::size_t s = s0; s < s1; ++s) {
       auto const [p0, p1] = thread_pool::slice(static_cast<std::size_t>(pairs), slices, static_cast<int>(s));
-      for (std::size_t p = p0; p < p1; ++p) f(static_cast<index_t>(p), scratch.get() + s * per_slice);
+      for (std::size_t p = p0; p < p1; ++p) f(static_cast<index_t>(p), scratch + s * per_slice);
     }
   });
 }

@@ -5,12 +5,12 @@
 //   2. z = exp(z - m) in place, and the row sum; loss = log s + m - x_t;
 //   3. dlogits = T((z / s - [j == t]) * w), then 0 in the padded columns.
 // The logits are read in full (pass 1) before dlogits is written (pass 3), so dlogits may be
-// the logits' own memory. No (N, V) probability buffer exists; the scratch is one row per thread.
+// the logits' own memory. No (N, V) probability buffer exists; the scratch is one row per thread,
+// kept for the next call (detail/scratch.hpp).
 // Rows are reduced in a fixed order: losses and dlogits are bit-identical for any thread count.
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <type_traits>
 
 #include "tide/core/dtype.hpp"
@@ -18,6 +18,7 @@
 #include "tide/core/parallel.hpp"
 #include "tide/core/tensor_view.hpp"
 #include "tide/kernels/classifier/check.hpp"
+#include "tide/kernels/detail/scratch.hpp"
 #include "tide/kernels/classifier/math.hpp"
 #include "tide/kernels/softmax/host.hpp"
 
@@ -34,13 +35,14 @@ void classifier_row_store(T* __restrict d, float const* __restrict e, index_t vo
   for (index_t j = vocab; j < vp; ++j) d[j] = from_float<T>(0.f);
 }
 
+struct classifier_row_scratch;
+
 template <class T, class Weight>
 void classifier_rows(thread_pool& pool, T* dlogits, float* losses, T const* logits, std::int32_t const* targets,
                      index_t rows, index_t vocab, index_t vp, Weight weight) {
   if (rows == 0) return;
   parallel_for(pool, static_cast<std::size_t>(rows), [&](std::size_t begin, std::size_t end) {
-    auto const scratch = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(vocab));
-    float* z = scratch.get();
+    float* const z = thread_scratch<classifier_row_scratch>(static_cast<std::size_t>(vocab));
     for (auto r = static_cast<index_t>(begin); r < static_cast<index_t>(end); ++r) {
       std::int32_t const t = targets[r];
       float const m = softmax_row_load_max(z, logits + r * vp, vocab, 1.f);

@@ -7,19 +7,20 @@
 // gradient is the sum of its positions' dout in position order, in float, added to dwte once;
 // a position's is the sum over b in order, added to dwpe once. No element's arithmetic depends
 // on how the channels are split, so dwte and dwpe are bit-identical for any thread count (and a
-// bf16 table is rounded once per call, not once per occurrence).
+// bf16 table is rounded once per call, not once per occurrence). Scratch (kept per thread for the
+// next call, detail/scratch.hpp): 16 B per position on the calling thread, a float per channel of
+// its share of C on each thread.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <type_traits>
-#include <vector>
 
 #include "tide/core/dtype.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
 #include "tide/core/tensor_view.hpp"
+#include "tide/kernels/detail/scratch.hpp"
 #include "tide/kernels/embedding/check.hpp"
 
 namespace tide::kernels {
@@ -33,28 +34,35 @@ struct encoder_tuning {
 namespace detail {
 
 // The positions [0, n) ordered by (token, position), and where each token's run starts:
-// run k is order[starts[k] .. starts[k + 1]).
+// run k is order[starts[k] .. starts[k + 1]), k < count. The arrays are the calling thread's
+// scratch (kept for the next call), valid until its next encoder_backward.
 struct token_runs {
-  std::vector<std::int32_t> order;
-  std::vector<std::int32_t> starts;
+  std::int32_t const* order;
+  std::int32_t const* starts;
+  std::size_t count;
 };
+struct encoder_keys_scratch;
+struct encoder_runs_scratch;
+struct encoder_sums_scratch;
 
 inline token_runs encoder_token_runs(std::int32_t const* tokens, index_t n) {
-  std::vector<std::uint64_t> keys(static_cast<std::size_t>(n));
+  auto const un = static_cast<std::size_t>(n);
+  std::uint64_t* const keys = thread_scratch<encoder_keys_scratch, std::uint64_t>(un);
   for (index_t i = 0; i < n; ++i)
     keys[static_cast<std::size_t>(i)] =
         (std::uint64_t{static_cast<std::uint32_t>(tokens[i])} << 32) | static_cast<std::uint64_t>(i);
-  std::sort(keys.begin(), keys.end());
-  token_runs runs;
-  runs.order.resize(static_cast<std::size_t>(n));
+  std::sort(keys, keys + un);  // in place: no allocation
+  std::int32_t* const order = thread_scratch<encoder_runs_scratch, std::int32_t>(2 * un + 1);
+  std::int32_t* const starts = order + un;  // at most n runs, and the end
+  std::size_t count = 0;
   for (index_t i = 0; i < n; ++i) {
     auto const k = keys[static_cast<std::size_t>(i)];
-    runs.order[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(k & 0xffffffffu);
+    order[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(k & 0xffffffffu);
     if (i == 0 || (k >> 32) != (keys[static_cast<std::size_t>(i - 1)] >> 32))
-      runs.starts.push_back(static_cast<std::int32_t>(i));
+      starts[count++] = static_cast<std::int32_t>(i);
   }
-  runs.starts.push_back(static_cast<std::int32_t>(n));
-  return runs;
+  starts[count] = static_cast<std::int32_t>(n);
+  return {order, starts, count};
 }
 
 template <class D>
@@ -120,9 +128,8 @@ void encoder_backward(exec<host> const& ex, tensor_view<G> dwte, tensor_view<G> 
   parallel_for(ex.pool, static_cast<std::size_t>(blocks), [&](std::size_t begin, std::size_t end) {
     index_t const c0 = static_cast<index_t>(begin) * block;
     index_t const width = std::min(c_len, static_cast<index_t>(end) * block) - c0;
-    auto const scratch = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(width));
-    float* acc = scratch.get();
-    for (std::size_t k = 0; k + 1 < runs.starts.size(); ++k) {
+    float* const acc = detail::thread_scratch<detail::encoder_sums_scratch>(static_cast<std::size_t>(width));
+    for (std::size_t k = 0; k < runs.count; ++k) {
       std::fill_n(acc, width, 0.f);
       for (std::int32_t i = runs.starts[k]; i < runs.starts[k + 1]; ++i)
         detail::encoder_accumulate(acc, d + index_t{runs.order[static_cast<std::size_t>(i)]} * c_len + c0, width);

@@ -22,13 +22,13 @@
 #include <cstdint>
 #include <ranges>
 #include <type_traits>
-#include <vector>
 
 #include "tide/core/dtype.hpp"
 #include "tide/core/error.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
 #include "tide/core/tensor_view.hpp"
+#include "tide/kernels/detail/scratch.hpp"
 #include "tide/kernels/grad_norm/math.hpp"
 
 namespace tide::kernels {
@@ -95,15 +95,19 @@ bool has_non_finite(Grad const* __restrict x, index_t n) {
   return found != 0;
 }
 
+// The grains' partials are the calling thread's scratch, kept for the next call: a training
+// loop's norm allocates nothing after its first step.
+struct grad_norm_partials;  // the scratch tag (grad_norm_scratch is the CUDA path's device record)
 template <class Record>
 double grad_sum_squares(thread_pool& pool, Record const* records, std::size_t count) {
-  std::vector<double> partial(grad_grains(records, count));
-  parallel_for(pool, partial.size(), [&](std::size_t first, std::size_t last) {
+  std::size_t const grains = grad_grains(records, count);
+  double* const partial = thread_scratch<grad_norm_partials, double>(grains);
+  parallel_for(pool, grains, [&](std::size_t first, std::size_t last) {
     for_each_grad_grain(records, count, first, last,
                         [&](auto const* x, index_t n, std::size_t k) { partial[k] = sum_squares(x, n); });
   });
   double sum = 0;
-  for (double s : partial) sum += s;
+  for (std::size_t k = 0; k < grains; ++k) sum += partial[k];
   return sum;
 }
 

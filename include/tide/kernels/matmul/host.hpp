@@ -7,15 +7,17 @@
 //
 // bf16 / f16 operands are converted to float copies first (threaded, one pass each) and results
 // are rounded back once: scratch of (N*C + OC*C + N*OC) floats per forward, (N*OC + N*C + OC*C)
-// plus (N*C + OC*C) per backward, and one conversion pass over each operand, small against the
-// 2*N*C*OC FLOP of a product for N of a few hundred rows (docs/kernels/matmul.md).
+// plus (N*C + OC*C) per backward (the calling thread's, kept for the next call: each of the five
+// buffers holds the largest size any call asked of it), and one conversion pass over each
+// operand, small against the 2*N*C*OC FLOP of a product for N of a few hundred rows
+// (docs/kernels/matmul.md).
 
 #include <algorithm>
 #include <cstddef>
-#include <memory>
 #include <type_traits>
 
 #include "tide/core/exec.hpp"
+#include "tide/kernels/detail/scratch.hpp"
 #include "tide/kernels/gelu/host.hpp"
 #include "tide/kernels/matmul/block_gemm.hpp"
 #include "tide/kernels/matmul/checks.hpp"
@@ -56,17 +58,17 @@ inline void matmul_transpose(thread_pool& pool, index_t rows, index_t cols, floa
 }
 
 // Row-major C (M, N) = op(A) (M, K) @ op(B) (K, N), or C += it; op transposes when asked (A is then
-// stored (K, M), B (N, K)). block_gemm reads A^T in place; B^T is transposed into scratch first.
-// Every element of C is summed over k in order, whatever the threads.
+// stored (K, M), B (N, K)). block_gemm reads A^T in place; B^T is transposed into scratch first
+// (the calling thread's, kept). Every element of C is summed over k in order, whatever the threads.
+struct matmul_transpose_scratch;
 inline void sgemm_portable(thread_pool& pool, bool transpose_a, bool transpose_b, index_t M, index_t N, index_t K,
                            float const* a, index_t lda, float const* b, index_t ldb, bool accumulate, float* c,
                            index_t ldc) {
   if (M == 0 || N == 0) return;
-  std::unique_ptr<float[]> bt;
   if (transpose_b) {
-    bt = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(K * N));
-    matmul_transpose(pool, N, K, b, ldb, bt.get());  // (K, N)
-    b = bt.get();
+    float* const bt = thread_scratch<matmul_transpose_scratch>(static_cast<std::size_t>(K * N));
+    matmul_transpose(pool, N, K, b, ldb, bt);  // (K, N)
+    b = bt;
     ldb = N;
   }
   index_t const per = matmul_host_tuning::task_rows;
@@ -133,8 +135,15 @@ inline void sgemm(thread_pool& pool, bool transpose_a, bool transpose_b, index_t
 #endif
 }
 
+// The float copies of bf16 / f16 operands and results: the calling thread's scratch, kept for the
+// next call, one buffer per role (the roles of one call are live at once). out serves the
+// forward's result and the backward's dout (both N x OC, never in one call).
+enum class matmul_role : int { inp, weight, out, dinp, dweight };
+template <matmul_role Role>
+struct matmul_scratch;
+
 // A read-only operand as floats: the data itself for float, a converted copy otherwise.
-template <Element T>
+template <Element T, matmul_role Role>
 class matmul_operand {
  public:
   matmul_operand(thread_pool& pool, T const* data, index_t n) {
@@ -142,8 +151,7 @@ class matmul_operand {
       (void)pool, (void)n;
       data_ = data;
     } else {
-      copy_ = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(n));
-      float* const dst = copy_.get();
+      float* const dst = thread_scratch<matmul_scratch<Role>>(static_cast<std::size_t>(n));
       for_elements(pool, n, [=](index_t b, index_t e) {
         for (index_t i = b; i < e; ++i) dst[i] = to_float(data[i]);
       });
@@ -153,31 +161,29 @@ class matmul_operand {
   [[nodiscard]] float const* data() const noexcept { return data_; }
 
  private:
-  std::unique_ptr<float[]> copy_;
   float const* data_ = nullptr;
 };
 
 // An output as floats: the tensor itself for float; otherwise a float scratch that finish()
 // rounds into the tensor (assigned, or added to its old values when Accumulate).
-template <Element T, bool Accumulate>
+template <Element T, bool Accumulate, matmul_role Role>
 class matmul_result {
  public:
   matmul_result(T* data, index_t n) : out_(data), n_(n) {
-    if constexpr (!std::is_same_v<T, float>)
-      scratch_ = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(n));
+    if constexpr (!std::is_same_v<T, float>) scratch_ = thread_scratch<matmul_scratch<Role>>(static_cast<std::size_t>(n));
   }
   [[nodiscard]] float* data() const noexcept {
     if constexpr (std::is_same_v<T, float>)
       return out_;
     else
-      return scratch_.get();
+      return scratch_;
   }
   // Whether an sgemm into data() accumulates: into the tensor itself, yes when Accumulate.
   [[nodiscard]] static constexpr bool accumulate() noexcept { return Accumulate && std::is_same_v<T, float>; }
   void finish(thread_pool& pool) const {
     if constexpr (!std::is_same_v<T, float>) {
       T* const o = out_;
-      float const* const s = scratch_.get();
+      float const* const s = scratch_;
       for_elements(pool, n_, [=](index_t b, index_t e) {
         for (index_t i = b; i < e; ++i) o[i] = from_float<T>(Accumulate ? to_float(o[i]) + s[i] : s[i]);
       });
@@ -187,7 +193,7 @@ class matmul_result {
  private:
   T* out_;
   index_t n_;
-  std::unique_ptr<float[]> scratch_;
+  float* scratch_ = nullptr;
 };
 
 // dbias(o) += sum over rows of g(n, o), rows in order: the same for any thread count.
@@ -218,9 +224,10 @@ void matmul_forward(exec<host> const& ex, tensor_view<T> out, X inp, W weight,
                     std::type_identity_t<tensor_view<T const>> bias = {}) {
   auto const d = detail::check_matmul_forward(out, inp, weight, bias);
   if (d.N == 0) return;
-  detail::matmul_operand<T> const x(ex.pool, inp.data(), d.N * d.C);
-  detail::matmul_operand<T> const w(ex.pool, weight.data(), d.OC * d.C);
-  detail::matmul_result<T, false> const y(out.data(), d.N * d.OC);
+  using role = detail::matmul_role;
+  detail::matmul_operand<T, role::inp> const x(ex.pool, inp.data(), d.N * d.C);
+  detail::matmul_operand<T, role::weight> const w(ex.pool, weight.data(), d.OC * d.C);
+  detail::matmul_result<T, false, role::out> const y(out.data(), d.N * d.OC);
   bool const with_bias = detail::matmul_given(bias);
   if (with_bias) {
     float* const o = y.data();
@@ -254,12 +261,13 @@ void matmul_backward(exec<host> const& ex, tensor_view<T> dinp, tensor_view<T> d
   auto const d = detail::check_matmul_backward("matmul_backward", dinp, dweight, dbias, dout, inp, weight,
                                                detail::region::use::read);
   if (d.N == 0) return;
-  // Every allocation happens before the first write.
-  detail::matmul_operand<T> const g(ex.pool, dout.data(), d.N * d.OC);
-  detail::matmul_operand<T> const x(ex.pool, inp.data(), d.N * d.C);
-  detail::matmul_operand<T> const w(ex.pool, weight.data(), d.OC * d.C);
-  detail::matmul_result<T, true> const di(dinp.data(), d.N * d.C);
-  detail::matmul_result<T, true> const dw(dweight.data(), d.OC * d.C);
+  // Every allocation (a scratch that grows) happens before the first write.
+  using role = detail::matmul_role;
+  detail::matmul_operand<T, role::out> const g(ex.pool, dout.data(), d.N * d.OC);
+  detail::matmul_operand<T, role::inp> const x(ex.pool, inp.data(), d.N * d.C);
+  detail::matmul_operand<T, role::weight> const w(ex.pool, weight.data(), d.OC * d.C);
+  detail::matmul_result<T, true, role::dinp> const di(dinp.data(), d.N * d.C);
+  detail::matmul_result<T, true, role::dweight> const dw(dweight.data(), d.OC * d.C);
   // dinp (N, C) += g (N, OC) @ w (OC, C)
   detail::sgemm(ex.pool, false, false, d.N, d.C, d.OC, g.data(), d.OC, w.data(), d.C, di.accumulate(), di.data(), d.C);
   // dweight (OC, C) += g^T (OC, N) @ x (N, C)

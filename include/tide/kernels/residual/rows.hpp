@@ -22,6 +22,7 @@
 #include "tide/core/error.hpp"
 #include "tide/core/parallel.hpp"
 #include "tide/core/tensor_view.hpp"
+#include "tide/kernels/detail/scratch.hpp"
 
 namespace tide::kernels {
 
@@ -205,14 +206,16 @@ void for_rows(thread_pool& pool, index_t rows, index_t C, F&& f) {
 //
 // Deterministic for any thread count: rows go in fixed chunks of chunk_rows; each chunk sums its
 // rows in order into its own partial; the partials are added in chunk order. Neither order
-// depends on the thread count. Scratch: ceil(rows / chunk_rows) * K * C floats, per call.
+// depends on the thread count. Scratch: ceil(rows / chunk_rows) * K * C floats, the calling
+// thread's (thread_scratch: kept for the next call).
+struct column_sums_scratch;
 template <std::size_t K, Element W, class Row>
 void rows_with_column_sums(thread_pool& pool, index_t rows, index_t C, std::array<W*, K> dst, Row&& row) {
   if (rows == 0) return;
   index_t const R = row_tuning::chunk_rows;
   index_t const chunks = (rows + R - 1) / R;
   index_t const slot = static_cast<index_t>(K) * C;
-  auto const scratch = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(chunks * slot));
+  float* const scratch = thread_scratch<column_sums_scratch>(static_cast<std::size_t>(chunks * slot));
   // One chunk per task at least; more when rows are short, so a task is worth a thread.
   index_t const chunks_per_task = std::max<index_t>(1, rows_per_task(C) / R);
   auto const tasks = static_cast<std::size_t>((chunks + chunks_per_task - 1) / chunks_per_task);
@@ -220,7 +223,7 @@ void rows_with_column_sums(thread_pool& pool, index_t rows, index_t C, std::arra
     index_t const cb = static_cast<index_t>(tb) * chunks_per_task;
     index_t const ce = std::min(chunks, static_cast<index_t>(te) * chunks_per_task);
     for (index_t c = cb; c < ce; ++c) {
-      float* const part = scratch.get() + c * slot;
+      float* const part = scratch + c * slot;
       std::fill(part, part + slot, 0.0f);
       std::array<float*, K> acc;
       for (std::size_t k = 0; k < K; ++k) acc[k] = part + static_cast<index_t>(k) * C;
@@ -240,7 +243,7 @@ void rows_with_column_sums(thread_pool& pool, index_t rows, index_t C, std::arra
       for (std::size_t k = 0; k < K; ++k) {
         float total[block] = {};
         for (index_t c = 0; c < chunks; ++c) {
-          float const* __restrict p = scratch.get() + c * slot + static_cast<index_t>(k) * C + c0;
+          float const* __restrict p = scratch + c * slot + static_cast<index_t>(k) * C + c0;
 #pragma GCC ivdep
           for (index_t j = 0; j < n; ++j) total[j] += p[j];
         }

@@ -12,13 +12,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <type_traits>
 
 #include "tide/core/dtype.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
 #include "tide/core/tensor_view.hpp"
+#include "tide/kernels/detail/scratch.hpp"
 #include "tide/kernels/softmax/check.hpp"
 #include "tide/kernels/softmax/math.hpp"
 
@@ -138,14 +138,16 @@ void softmax_row(T* y, T const* x, float* z, index_t n, index_t cols, float scal
   softmax_row_store(y, z, n, cols, 1.f / s);
 }
 
-// Every row of (rows, cols), one slice of rows per thread, one scratch row per slice.
+// Every row of (rows, cols), one slice of rows per thread, one scratch row per thread (kept for
+// the next call).
+struct softmax_row_scratch;
 template <class T, class Mask>
 void softmax_rows(thread_pool& pool, T* out, T const* inp, index_t rows, index_t cols, float scale, Mask mask) {
   if (rows == 0 || cols == 0) return;
   parallel_for(pool, static_cast<std::size_t>(rows), [&](std::size_t begin, std::size_t end) {
-    auto const scratch = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(cols));
+    float* const scratch = thread_scratch<softmax_row_scratch>(static_cast<std::size_t>(cols));
     for (auto r = static_cast<index_t>(begin); r < static_cast<index_t>(end); ++r)
-      softmax_row(out + r * cols, inp + r * cols, scratch.get(), mask.valid(r), cols, scale);
+      softmax_row(out + r * cols, inp + r * cols, scratch, mask.valid(r), cols, scale);
   });
 }
 

@@ -4,10 +4,10 @@
 // together, so a layer is a contiguous run of the list and a contiguous byte range of the
 // buffer: what a chunk packer needs.
 //
-//   tide::nn::parameter_list params;                         // offsets aligned to 256 B
+//   tide::parameter_list params;                         // offsets aligned to 256 B
 //   params.add("wte", -1, {Vp, C}, tide::dtype::f32);
 //   params.add("h0.ln1.w", 0, {C}, tide::dtype::f32);
-//   for (tide::nn::parameter const& p : params) ... p.name(), p.shape, p.offset, p.bytes;
+//   for (tide::parameter const& p : params) ... p.name(), p.shape, p.offset, p.bytes;
 //   params.layer(0);                                         // std::span<parameter const>
 //   params | ranges::views::chunk_by([](auto& a, auto& b) { return layer_of(a) == layer_of(b); })
 //
@@ -29,7 +29,7 @@
 #include "tide/core/error.hpp"
 #include "tide/core/tensor_view.hpp"
 
-namespace tide::nn {
+namespace tide {
 
 // One named tensor of a flat parameter buffer.
 struct parameter {
@@ -145,4 +145,18 @@ class parameter_list {
   index_t count_ = 0;
 };
 
-}  // namespace tide::nn
+// The parameters each block of a model reads (what an offload scheduler makes resident around
+// the block): params[b - first_block] lists parameter indices. A block reads its own layer's
+// parameters and, for a tied head, others.
+struct block_uses {
+  int first_block = 0;
+  std::vector<std::vector<std::uint32_t>> params;
+  [[nodiscard]] int last_block() const noexcept { return first_block + static_cast<int>(params.size()) - 1; }
+  [[nodiscard]] std::span<std::uint32_t const> of(int block) const {
+    TIDE_REQUIRE(block >= first_block && block <= last_block(), "block_uses::of(", block, "): blocks are ",
+                 first_block, " .. ", last_block());
+    return params[static_cast<std::size_t>(block - first_block)];
+  }
+};
+
+}  // namespace tide

@@ -10,14 +10,14 @@
 #include <range/v3/view/transform.hpp>
 
 #include <tide/nn/gpt.hpp>
-#include <tide/nn/parameters.hpp>
+#include <tide/core/parameters.hpp>
 
 using tide::dtype;
 using tide::index_t;
 using tide::nn::gpt_config;
-using tide::nn::layer_of;
-using tide::nn::parameter;
-using tide::nn::parameter_list;
+using tide::layer_of;
+using tide::parameter;
+using tide::parameter_list;
 
 static_assert(std::ranges::contiguous_range<parameter_list const&>);
 static_assert(std::ranges::sized_range<parameter_list const&>);
@@ -41,8 +41,8 @@ TEST_CASE("parameter_list: aligned offsets, contiguous layers, lookups") {
   CHECK(list.layer(0).size() == 2);
   CHECK(list.layer(0).front().name() == "h0.w");
   CHECK(list.layer(5).empty());
-  CHECK(list.layer_bytes(0) == tide::nn::byte_range{64, 66});
-  CHECK(list.layer_bytes(-1) == tide::nn::byte_range{0, 60});
+  CHECK(list.layer_bytes(0) == tide::byte_range{64, 66});
+  CHECK(list.layer_bytes(-1) == tide::byte_range{0, 60});
 
   SUBCASE("bad registrations throw and change nothing") {
     CHECK_THROWS_AS(list.add("a", 2, {1}, dtype::f32), tide::error);              // duplicate name

@@ -1,0 +1,294 @@
+#pragma once
+// The blocks of tide::nn::gpt, forward and backward, as free functions over views: the model
+// (nn/gpt.hpp) finds each block's activations in its plan and its parameters where they live,
+// then calls these. Also the pieces the model needs that are not blocks: arena memory, the
+// counter-based initialisation and token sampling.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <numbers>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tide/core/backend.hpp"
+#include "tide/core/dtype.hpp"
+#include "tide/core/exec.hpp"
+#include "tide/core/parallel.hpp"
+#include "tide/core/parameters.hpp"
+#include "tide/core/tensor_view.hpp"
+#include "tide/kernels/attention/attention.hpp"
+#include "tide/kernels/classifier/classifier.hpp"
+#include "tide/kernels/embedding/embedding.hpp"
+#include "tide/kernels/gelu/gelu.hpp"
+#include "tide/kernels/layernorm/layernorm.hpp"
+#include "tide/kernels/matmul/matmul.hpp"
+#include "tide/kernels/residual/residual.hpp"
+#include "tide/memory/device_arena.hpp"
+#include "tide/nn/backend_ops.hpp"
+#include "tide/nn/gpt_activations.hpp"
+#include "tide/nn/gpt_config.hpp"
+
+namespace tide::nn::detail {
+
+// ---- memory -----------------------------------------------------------------------------------
+
+// One block of arena memory, returned on destruction.
+template <Backend B>
+class arena_block {
+ public:
+  arena_block() = default;
+  arena_block(memory::device_arena<B>& arena, std::size_t bytes, std::size_t alignment)
+      : arena_(&arena), data_(arena.allocate(bytes, alignment)), bytes_(bytes), alignment_(alignment) {}
+  arena_block(arena_block&& o) noexcept
+      : arena_(o.arena_), data_(std::exchange(o.data_, nullptr)), bytes_(o.bytes_), alignment_(o.alignment_) {}
+  arena_block& operator=(arena_block&& o) noexcept {
+    if (this != &o) {
+      release();
+      arena_ = o.arena_;
+      data_ = std::exchange(o.data_, nullptr);
+      bytes_ = o.bytes_;
+      alignment_ = o.alignment_;
+    }
+    return *this;
+  }
+  ~arena_block() { release(); }
+
+  void release() noexcept {
+    if (data_ != nullptr) arena_->deallocate(data_, bytes_, alignment_);
+    data_ = nullptr;
+  }
+  [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(data_); }
+  [[nodiscard]] std::size_t bytes() const noexcept { return data_ ? bytes_ : 0; }
+  explicit operator bool() const noexcept { return data_ != nullptr; }
+
+ private:
+  memory::device_arena<B>* arena_ = nullptr;
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::size_t alignment_ = 256;
+};
+
+// ---- initialisation and sampling --------------------------------------------------------------
+
+// Counter-based random numbers: element i of stream `key` is a pure function of (key, i), so
+// an initialisation is the same for any order or thread count.
+constexpr std::uint64_t splitmix64(std::uint64_t x) noexcept {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+// A double in (0, 1): 53 random bits, never 0 (log of it is finite).
+constexpr double open_unit(std::uint64_t bits) noexcept {
+  return (static_cast<double>(bits >> 11) + 0.5) * 0x1p-53;
+}
+// N(0, 1) samples 2 pair and 2 pair + 1 of stream `key` (Box-Muller).
+inline std::pair<double, double> normal_pair(std::uint64_t key, std::uint64_t pair) noexcept {
+  double const u1 = open_unit(splitmix64(key ^ splitmix64(2 * pair)));
+  double const u2 = open_unit(splitmix64(key ^ splitmix64(2 * pair + 1)));
+  double const r = std::sqrt(-2.0 * std::log(u1));
+  double const a = 2.0 * std::numbers::pi * u2;
+  return {r * std::cos(a), r * std::sin(a)};
+}
+
+// GPT-2's initialisation of parameter i (`p`, at host-writable x): weights N(0, 0.02), the
+// residual projections' N(0, 0.02 / sqrt(2L)), biases 0, LayerNorm weights 1, wte's padding
+// rows 0. Element j is sample j of stream (seed, i): the same bits on any thread count.
+template <class T>
+void initialise_parameter(thread_pool* pool, gpt_config const& c, std::size_t i, parameter const& p, T* x,
+                          std::uint64_t seed) {
+  std::string_view const name = p.name();
+  auto const n = static_cast<std::size_t>(p.numel());
+  if (name.ends_with(".b")) {
+    std::fill(x, x + n, from_float<T>(0.0f));
+    return;
+  }
+  if (name.ends_with("ln1.w") || name.ends_with("ln2.w") || name == "lnf.w") {
+    std::fill(x, x + n, from_float<T>(1.0f));
+    return;
+  }
+  double const std_dev = name.ends_with("proj.w") ? 0.02 / std::sqrt(2.0 * c.layers) : 0.02;
+  // wte's padding rows stay 0: no token selects them and the head's loss ignores them.
+  std::size_t const real = name == "wte" ? static_cast<std::size_t>(c.vocab * c.channels) : n;
+  std::fill(x + real, x + n, from_float<T>(0.0f));
+  std::uint64_t const key = splitmix64(seed ^ splitmix64(0xA11CE + i));
+  auto fill = [=](std::size_t b, std::size_t e) {
+    for (std::size_t pair = b; pair < e; ++pair) {
+      auto const [z0, z1] = normal_pair(key, pair);
+      x[2 * pair] = from_float<T>(static_cast<float>(std_dev * z0));
+      if (2 * pair + 1 < real) x[2 * pair + 1] = from_float<T>(static_cast<float>(std_dev * z1));
+    }
+  };
+  std::size_t const pairs = (real + 1) / 2;
+  if (pool != nullptr) parallel_for(*pool, pairs, fill);
+  else fill(0, pairs);
+}
+
+// A token from softmax(row[:V] / temperature) at quantile u in (0, 1); temperature <= 0: argmax.
+template <class T>
+std::int32_t sample_token(T const* row, index_t V, std::vector<double>& probs, float temperature, double u) {
+  if (!(temperature > 0.f)) {
+    index_t best = 0;
+    for (index_t j = 1; j < V; ++j)
+      if (to_float(row[j]) > to_float(row[best])) best = j;
+    return static_cast<std::int32_t>(best);
+  }
+  double m = -std::numeric_limits<double>::infinity();
+  for (index_t j = 0; j < V; ++j) m = std::max(m, static_cast<double>(to_float(row[j])) / temperature);
+  double sum = 0;
+  for (index_t j = 0; j < V; ++j)
+    sum += probs[static_cast<std::size_t>(j)] = std::exp(static_cast<double>(to_float(row[j])) / temperature - m);
+  double const target = u * sum;
+  double acc = 0;
+  for (index_t j = 0; j < V; ++j) {
+    acc += probs[static_cast<std::size_t>(j)];
+    if (target < acc) return static_cast<std::int32_t>(j);
+  }
+  return static_cast<std::int32_t>(V - 1);
+}
+
+// gpt::generate: n tokens sampled after `prompt` by forwards over a sliding window.
+template <class Model, class Exec>
+std::vector<std::int32_t> generate_tokens(Model& model, Exec const& ex, std::span<std::int32_t const> prompt, int n,
+                                          float temperature, std::uint64_t seed) {
+  gpt_config const& c = model.config();
+  TIDE_REQUIRE(!prompt.empty(), "gpt::generate needs a prompt of at least one token");
+  TIDE_REQUIRE(n >= 0, "gpt::generate: n = ", n, " tokens; pass n >= 0");
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    TIDE_REQUIRE(prompt[i] >= 0 && prompt[i] < c.vocab, "gpt::generate: prompt[", i, "] = ", prompt[i],
+                 " is outside the vocabulary [0, ", c.vocab, ")");
+  std::vector<std::int32_t> seq(prompt.begin(), prompt.end());
+  seq.reserve(prompt.size() + static_cast<std::size_t>(n));
+  auto const window = static_cast<index_t>(std::min<std::size_t>(prompt.size() + static_cast<std::size_t>(n),
+                                                                  static_cast<std::size_t>(c.max_seq)));
+  std::vector<std::int32_t> buf(static_cast<std::size_t>(window), 0);
+  std::vector<double> probs(static_cast<std::size_t>(c.vocab));
+  std::uint64_t const key = splitmix64(seed ^ 0x5eed5eed5eed5eedull);
+  index_t const Vp = c.padded_vocab;
+  for (int i = 0; i < n; ++i) {
+    // The last `used` tokens at positions 0 .. used-1; positions after them are padding the
+    // causal mask keeps out of position used-1.
+    auto const used = static_cast<index_t>(std::min<std::size_t>(seq.size(), static_cast<std::size_t>(window)));
+    std::copy(seq.end() - used, seq.end(), buf.begin());
+    model.forward(ex, typename Model::token_view(buf.data(), {index_t{1}, window}));
+    auto const* row = model.logits().data() + (used - 1) * Vp;
+    double const u = open_unit(splitmix64(key ^ static_cast<std::uint64_t>(i)));
+    seq.push_back(sample_token(row, index_t{c.vocab}, probs, temperature, u));
+  }
+  return seq;
+}
+
+// ---- inputs --------------------------------------------------------------------------------------
+
+// Shapes always; ids of tokens when the embedding reads them, of targets when given.
+template <Backend B>
+void check_batch(char const* op, exec<B> const& ex, gpt_config const& config, tensor_view<std::int32_t const, B> tokens,
+               tensor_view<std::int32_t const, B> const* targets, bool ids) {
+  TIDE_REQUIRE(tokens.rank() == 2 && tokens.extent(0) >= 1 && tokens.extent(1) >= 1 && tokens.is_contiguous(), op,
+               ": tokens must be a contiguous (B, T) view with B, T >= 1, got rank ", tokens.rank(), " (",
+               tokens.extent(0), ", ", tokens.extent(1), ")");
+  TIDE_REQUIRE(tokens.extent(1) <= config.max_seq, op, ": T = ", tokens.extent(1), " positions but max_seq = ",
+               config.max_seq, "; pass at most max_seq positions (wpe has max_seq rows)");
+  if (targets != nullptr)
+    TIDE_REQUIRE(targets->extents() == tokens.extents() && targets->is_contiguous(), op,
+                 ": targets must be contiguous and have the shape of tokens (", tokens.extent(0), ", ",
+                 tokens.extent(1), "), got rank ", targets->rank(), " (", targets->extent(0), ", ",
+                 targets->extent(1), "); the head block needs them");
+  if constexpr (!B::is_device) {
+    if (ids) check_token_ids(ex, op, "tokens", tokens, config.vocab);
+    if (targets != nullptr) check_token_ids(ex, op, "targets", *targets, config.vocab);
+  }
+}
+
+// ---- a transformer block ----------------------------------------------------------------------
+
+// The 12 parameters (or gradients) of one block, indexed by block_param.
+template <class V>
+struct block_params {
+  V at[params_per_block];
+  [[nodiscard]] V const& operator[](block_param k) const noexcept { return at[static_cast<int>(k)]; }
+};
+
+// Block l's parameters (or gradients) as view_of(record) gives them; the list is wte, wpe, 12
+// per block, lnf.w, lnf.b.
+template <class ViewOf>
+auto block_params_of(parameter_list const& list, int l, ViewOf view_of) {
+  block_params<decltype(view_of(list[0]))> p;
+  for (int k = 0; k < params_per_block; ++k)
+    p.at[k] = view_of(list[static_cast<std::size_t>(2 + params_per_block * l + k)]);
+  return p;
+}
+
+// x_{l+1} = res2 + mlp.proj(gelu(fc(ln2(res2)))), res2 = x_l + attn.proj(attention(qkv(ln1(x_l)))).
+template <Backend B, class T>
+void block_forward(exec<B> const& ex, tensor_view<T const, B> x, block_views<B, T> const& a,
+                   block_params<tensor_view<T const, B>> const& w, index_t NH) {
+  using enum block_param;
+  using cview = tensor_view<T const, B>;
+  kernels::layernorm_forward(ex, a.ln1, a.ln1_mean, a.ln1_rstd, x, w[ln1_w], w[ln1_b]);
+  kernels::matmul_forward(ex, a.qkv, cview(a.ln1), w[qkv_w], w[qkv_b]);
+  kernels::attention_forward(ex, a.atty, a.lse, cview(a.qkv), NH);
+  kernels::matmul_forward(ex, a.attproj, cview(a.atty), w[attn_proj_w], w[attn_proj_b]);
+  kernels::residual_layernorm_forward(ex, a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, cview(a.attproj), w[ln2_w],
+                                      w[ln2_b]);
+  kernels::matmul_forward_gelu(ex, a.fch_gelu, a.fch, cview(a.ln2), w[fc_w], w[fc_b]);
+  kernels::matmul_forward(ex, a.fcproj, cview(a.fch_gelu), w[mlp_proj_w], w[mlp_proj_b]);
+  kernels::residual_forward(ex, a.res3, cview(a.res2), cview(a.fcproj));
+}
+
+// dres: d x_{l+1} (B, T, C) on entry, d x_l on return; dw += the block's parameter gradients.
+template <Backend B, class T>
+void block_backward(exec<B> const& ex, tensor_view<T, B> dres, tensor_view<T const, B> x, block_views<B, T> const& a,
+                    block_params<tensor_view<T const, B>> const& w, block_params<tensor_view<T, B>> const& dw,
+                    index_t NH) {
+  using enum block_param;
+  using cview = tensor_view<T const, B>;
+  using fview = tensor_view<float const, B>;
+  // x_{l+1} = res2 + fcproj: d fcproj = d x_{l+1} = dres, which also flows on into res2.
+  zero_fill(ex, a.dfch);
+  kernels::matmul_backward(ex, a.dfch, dw[mlp_proj_w], dw[mlp_proj_b], cview(dres), cview(a.fch_gelu), w[mlp_proj_w]);
+  zero_fill(ex, a.dln2);
+  kernels::matmul_backward_gelu(ex, a.dln2, dw[fc_w], dw[fc_b], a.dfch, cview(a.fch), cview(a.ln2), w[fc_w]);
+  kernels::layernorm_backward(ex, dres, dw[ln2_w], dw[ln2_b], cview(a.dln2), cview(a.res2), w[ln2_w],
+                              fview(a.ln2_mean), fview(a.ln2_rstd));
+  // res2 = x_l + attproj: d attproj = d res2 = dres.
+  zero_fill(ex, a.datty);
+  kernels::matmul_backward(ex, a.datty, dw[attn_proj_w], dw[attn_proj_b], cview(dres), cview(a.atty), w[attn_proj_w]);
+  zero_fill(ex, a.dqkv);
+  kernels::attention_backward(ex, a.dqkv, cview(a.datty), cview(a.qkv), cview(a.atty), fview(a.lse), NH);
+  zero_fill(ex, a.dln1);
+  kernels::matmul_backward(ex, a.dln1, dw[qkv_w], dw[qkv_b], cview(a.dqkv), cview(a.ln1), w[qkv_w]);
+  kernels::layernorm_backward(ex, dres, dw[ln1_w], dw[ln1_b], cview(a.dln1), x, w[ln1_w], fview(a.ln1_mean),
+                              fview(a.ln1_rstd));
+}
+
+// ---- the head: final LayerNorm, LM head tied to wte, loss -------------------------------------
+
+// logits = layernorm(x_L) wte^T.
+template <Backend B, class T>
+void head_forward(exec<B> const& ex, tensor_view<T const, B> x, head_views<B, T> const& h,
+                  tensor_view<T const, B> lnf_w, tensor_view<T const, B> lnf_b, tensor_view<T const, B> wte) {
+  kernels::layernorm_forward(ex, h.lnf, h.lnf_mean, h.lnf_rstd, x, lnf_w, lnf_b);
+  kernels::matmul_forward(ex, h.logits, tensor_view<T const, B>(h.lnf), wte);
+}
+
+// dres = d x_L (overwritten); dwte += the head's share of wte's gradient (into the tied buffer,
+// zeroed by the caller, or into wte's gradient itself); dlnf_w, dlnf_b +=.
+template <Backend B, class T>
+void head_backward(exec<B> const& ex, tensor_view<T, B> dres, tensor_view<T const, B> x, head_views<B, T> const& h,
+                   tensor_view<T const, B> lnf_w, tensor_view<T const, B> wte, tensor_view<T, B> dwte,
+                   tensor_view<T, B> dlnf_w, tensor_view<T, B> dlnf_b) {
+  using cview = tensor_view<T const, B>;
+  zero_fill(ex, h.dlnf);
+  kernels::matmul_backward(ex, h.dlnf, dwte, tensor_view<T, B>{}, cview(h.dlogits), cview(h.lnf), wte);
+  zero_fill(ex, dres);
+  kernels::layernorm_backward(ex, dres, dlnf_w, dlnf_b, cview(h.dlnf), x, lnf_w,
+                              tensor_view<float const, B>(h.lnf_mean), tensor_view<float const, B>(h.lnf_rstd));
+}
+
+}  // namespace tide::nn::detail

@@ -1,0 +1,406 @@
+#pragma once
+// The mechanics of the offload engine that move bytes: the chunk lists and their blocks, the
+// pinned host tier, the copy stream and its events, and the moves themselves (fetch, copy out,
+// hand a victim's block over, evict, drop a clean chunk, settle, reclaim). No decision is made
+// here: what to fetch and what to evict come from the engine above it (CRTP: Engine provides
+// pick_victim(t, protect, beyond), before_fetch(id), fetched(id), and fill_chunk / released,
+// which ask its chunk source to fill a parameter chunk and tell it one left).
+//
+// Trace ids: parameter chunk c is c, gradient chunk c is n + c (n chunks per list).
+//
+// Acquire before detach: every move allocates its new block and issues its copy before the chunk
+// lets go of the old one, so a refused block or copy leaves the chunk where it was.
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tide/chunk/chunk.hpp"
+#include "tide/chunk/layout.hpp"
+#include "tide/core/backend.hpp"
+#include "tide/core/bytes.hpp"
+#include "tide/core/error.hpp"
+#include "tide/core/exec.hpp"
+#include "tide/core/parameters.hpp"
+#include "tide/memory/device_arena.hpp"
+#include "tide/memory/pinned_pool.hpp"
+#include "tide/memory/stream.hpp"
+#include "tide/memory/transfer_engine.hpp"
+#include "tide/offload/gradient_sink.hpp"
+#include "tide/offload/stats.hpp"
+#include "tide/optim/optimizer.hpp"
+#include "tide/offload/trace_events.hpp"
+
+namespace tide::offload::detail {
+
+inline double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <Backend B, Element T, class Engine>
+class chunk_store {
+ public:
+  static constexpr bool has_master = !std::is_same_v<T, float>;
+  static constexpr std::size_t untraced = std::numeric_limits<std::size_t>::max();
+
+  chunk_store(exec<B> const& ex, memory::device_arena<B>& arena, parameter_list params, block_uses uses,
+              chunk::chunk_layout layout, std::size_t state_lists, std::span<extra_list const> extras,
+              bool lock_pages)
+      : ex_(ex),
+        arena_(&arena),
+        params_(std::move(params)),
+        uses_(std::move(uses)),
+        layout_(std::move(layout)),
+        param_(chunk::chunk_role::param, dtype_of<T>, layout_, params_),
+        grad_(chunk::chunk_role::grad, dtype_of<T>, layout_, params_),
+        master_(chunk::chunk_role::master, dtype::f32, layout_, params_),
+        host_(memory::pinned_pool_options{.lock_pages = lock_pages}),
+        engine_(copy_stream_, {.max_in_flight = 8}) {
+    for (std::size_t k = 0; k < state_lists; ++k)
+      state_.emplace_back(k == 0 ? chunk::chunk_role::exp_avg : chunk::chunk_role::exp_avg_sq, dtype::f32, layout_,
+                          params_);
+    for (extra_list const& e : extras) extra_.emplace_back(chunk::chunk_role::extra, e.type, layout_, params_);
+    n_ = static_cast<std::uint32_t>(layout_.chunks());
+    ids_ = 2 * n_;
+    ready_.resize(ids_);
+    stale_.assign(ids_, nullptr);
+    stale_where_.assign(ids_, chunk::tier::host);
+    shadow_.assign(n_, nullptr);
+    in_flight_.assign(ids_, false);
+    // Parameters and optimizer state start on the host, zeroed: the model initialises them there.
+    for (std::uint32_t c = 0; c < n_; ++c) {
+      attach_host_zeroed(param_[c]);
+      for (auto& l : state_) attach_host_zeroed(l[c]);
+      for (auto& l : extra_) attach_host_zeroed(l[c]);
+      if constexpr (has_master) attach_host_zeroed(master_[c]);
+    }
+    for (std::uint32_t i = 0; i < params_.size(); ++i) param_.transition(i, chunk::tensor_state::hold);
+  }
+  chunk_store(chunk_store const&) = delete;
+  chunk_store& operator=(chunk_store const&) = delete;
+
+  // Frees every block (the engine waited for its workers first).
+  void free_all() noexcept {
+    for (std::uint32_t id = 0; id < ids_; ++id)
+      if (stale_[id] != nullptr) free_block(std::exchange(stale_[id], nullptr), stale_where_[id], chunk_of(id).capacity());
+    free_payloads(param_);
+    free_payloads(grad_);
+    free_payloads(master_);
+    for (auto& l : state_) free_payloads(l);
+    for (auto& l : extra_) free_payloads(l);
+    for (std::byte* p : spare_) arena_->deallocate(p, param_.chunk_bytes(), 256);
+    spare_.clear();
+    for (std::byte*& p : shadow_)
+      if (p != nullptr) host_.deallocate(std::exchange(p, nullptr), param_.chunk_bytes(), 256);
+  }
+
+  // ---- the placement members policies call (offload/scheduler_policy.hpp) -------------------
+  // Device blocks kept for reuse instead of going back to the arena (layer_window's pool).
+  void keep_spare_blocks(std::size_t count) {
+    spare_limit_ = count;
+    spare_.reserve(count);
+  }
+
+ protected:
+  Engine& self() noexcept { return static_cast<Engine&>(*this); }
+
+  [[nodiscard]] chunk::chunk& chunk_of(std::uint32_t id) { return id < n_ ? param_[id] : grad_[id - n_]; }
+  [[nodiscard]] bool on_device(std::uint32_t id) {
+    chunk::chunk& ch = chunk_of(id);
+    return ch.payload() != nullptr && ch.tier() == chunk::tier::device;
+  }
+  [[nodiscard]] std::size_t block_bytes() const noexcept { return round_up(param_.chunk_bytes(), 256); }
+  [[nodiscard]] std::size_t state_block_bytes() const noexcept { return round_up(master_.chunk_bytes(), 256); }
+  [[nodiscard]] std::size_t model_on_device() const noexcept { return device_bytes_ - spare_bytes_; }
+  // What the arena holds besides model data: activations and workspaces.
+  [[nodiscard]] std::size_t non_model_now() const {
+    std::size_t const in_use = arena_->stats().in_use;
+    return in_use > model_on_device() ? in_use - model_on_device() : 0;
+  }
+
+  void attach_host_zeroed(chunk::chunk& ch) {
+    auto* p = static_cast<std::byte*>(host_.allocate(ch.capacity(), 256));
+    std::memset(p, 0, ch.capacity());
+    ch.attach(p, chunk::tier::host);
+  }
+  void free_payloads(chunk::chunk_list& list) noexcept {
+    for (std::uint32_t c = 0; c < n_; ++c) free_payload(list[c]);
+  }
+  void free_payload(chunk::chunk& ch) noexcept {
+    if (ch.payload() == nullptr) return;
+    chunk::tier const where = ch.tier();
+    std::byte* p = ch.detach();
+    free_block(p, where, ch.capacity());
+  }
+  void free_block(std::byte* p, chunk::tier where, std::size_t capacity) noexcept {
+    if (where == chunk::tier::host) {
+      host_.deallocate(p, capacity, 256);
+      return;
+    }
+    if (spare_.size() < spare_limit_) {  // kept for reuse; device_bytes_ still counts it
+      spare_.push_back(p);
+      spare_bytes_ += round_up(capacity, 256);
+      return;
+    }
+    device_bytes_ -= round_up(capacity, 256);
+    arena_->deallocate(p, capacity, 256);
+  }
+  // A device block for a chunk: from the spare pool, or the arena (reclaiming stale blocks, and
+  // evicting more if fragmentation refuses a request the accounting allowed).
+  std::byte* allocate_device(std::size_t capacity, std::size_t t, std::span<std::uint32_t const> protect) {
+    if (!spare_.empty()) {
+      std::byte* p = spare_.back();
+      spare_.pop_back();
+      spare_bytes_ -= round_up(capacity, 256);
+      return p;
+    }
+    for (;;) {
+      try {
+        auto* p = static_cast<std::byte*>(arena_->allocate(capacity, 256));
+        device_bytes_ += round_up(capacity, 256);
+        return p;
+      } catch (tide::error const& e) {
+        if (e.category() != errc::budget) throw;
+        if (reclaim_stale(true)) continue;
+        auto const victim = self().pick_victim(t, protect, untraced);
+        if (!victim) throw;
+        evict(*victim);
+      }
+    }
+  }
+
+  // Waits for chunk id's copy in flight, then frees the block it was copied from.
+  void settle(std::uint32_t id) {
+    if (in_flight_[id]) {
+      auto const t0 = std::chrono::steady_clock::now();
+      ready_[id].synchronize();
+      cur_.stall_ms += ms_since(t0);
+      in_flight_[id] = false;
+      --copies_in_flight_;
+    }
+    if (stale_[id] != nullptr) free_block(std::exchange(stale_[id], nullptr), stale_where_[id], chunk_of(id).capacity());
+  }
+  void set_stale(std::uint32_t id, std::byte* p, chunk::tier where) {
+    TIDE_ASSERT(stale_[id] == nullptr);
+    stale_[id] = p;
+    stale_where_[id] = where;
+  }
+  // Frees device blocks whose copy to the host finished (waiting for one if `wait`). True if
+  // device memory was freed.
+  bool reclaim_stale(bool wait) {
+    for (std::uint32_t id = 0; id < ids_; ++id) {
+      if (stale_[id] == nullptr || stale_where_[id] != chunk::tier::device) continue;
+      if (!wait && in_flight_[id] && !ready_[id].query()) continue;
+      settle(id);
+      return true;
+    }
+    return false;
+  }
+  // Settles the copies already finished (never blocks); returns the copies still in flight.
+  std::size_t refresh_in_flight() {
+    for (std::uint32_t id = 0; id < ids_ && copies_in_flight_ > 0; ++id)
+      if (in_flight_[id] && ready_[id].query()) settle(id);
+    return copies_in_flight_;
+  }
+
+  // Copies chunk id to the device (or creates it zero-filled there if it has no payload).
+  // `handover`: a victim's device block to reuse (its copy out is already queued before ours).
+  void fetch(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect, std::byte* handover = nullptr) {
+    chunk::chunk& ch = chunk_of(id);
+    settle(id);
+    self().before_fetch(id);
+    std::byte* dev = handover != nullptr ? handover : allocate_device(ch.capacity(), t, protect);
+    if (ch.payload() == nullptr) {
+      std::memset(dev, 0, ch.capacity());  // a FREE slot is zero-filled; nothing to copy
+      ch.attach(dev, chunk::tier::device);
+      ++cur_.allocations;
+    } else {
+      // The copy is issued before the chunk lets go of its host block: if it cannot be, the chunk
+      // keeps its data and the device block goes back (a handed-over one: to the caller).
+      std::byte* const host = ch.payload();
+      copy_span* span = open_span(id, "fetch ", ch.capacity());
+      try {
+        if (id < n_) self().fill_chunk(id, dev, host, ch.capacity(), handover != nullptr);  // the source slot
+        else engine_.copy_async(dev, host, ch.capacity(), memory::copy_direction::host_to_device, ready_[id]);
+      } catch (...) {
+        if (handover == nullptr) free_block(dev, chunk::tier::device, ch.capacity());
+        throw;
+      }
+      close_span(span);
+      (void)ch.detach();
+      ch.attach(dev, chunk::tier::device);
+      if (id < n_) shadow_[id] = host;  // parameters change only in the optimizer: keep the host copy
+      else set_stale(id, host, chunk::tier::host);
+      in_flight_[id] = true;
+      ++copies_in_flight_;
+      ++cur_.fetches;
+      cur_.h2d_bytes += ch.capacity();
+    }
+    self().fetched(id);
+  }
+
+  // Copies chunk id to the host. Returns its device block, still being read by the copy: the
+  // caller either hands it over (the next copy on the stream runs after this one) or leaves it
+  // stale until the copy is done.
+  std::byte* copy_out(std::uint32_t id) {
+    chunk::chunk& ch = chunk_of(id);
+    settle(id);
+    if (id < n_ && shadow_[id] != nullptr) {  // clean: the host copy is current, nothing to copy
+      std::byte* dev = ch.detach();
+      ch.attach(std::exchange(shadow_[id], nullptr), chunk::tier::host);
+      ++cur_.clean_drops;
+      evicted_bytes_ += ch.capacity();
+      self().released(id);
+      return dev;
+    }
+    auto* host = static_cast<std::byte*>(host_.allocate(ch.capacity(), 256));
+    std::byte* const dev = ch.payload();
+    copy_span* span = open_span(id, "evict ", ch.capacity());
+    try {
+      engine_.copy_async(host, dev, ch.capacity(), memory::copy_direction::device_to_host, ready_[id]);
+    } catch (...) {
+      host_.deallocate(host, ch.capacity(), 256);
+      throw;
+    }
+    close_span(span);
+    (void)ch.detach();
+    ch.attach(host, chunk::tier::host);
+    evicted_bytes_ += ch.capacity();
+    if (id < n_) self().released(id);
+    in_flight_[id] = true;
+    ++copies_in_flight_;
+    cur_.d2h_bytes += ch.capacity();
+    return dev;
+  }
+  // Evicts `victim` and returns its device block for chunk `id`. A copy into the block queues
+  // behind the victim's copy out on the copy stream; a zero fill runs on this thread, so it
+  // waits for the copy out first.
+  std::byte* hand_over(std::uint32_t victim, std::uint32_t id) {
+    ++cur_.evictions;
+    std::byte* block = copy_out(victim);
+    if (chunk_of(id).payload() == nullptr) settle(victim);
+    return block;
+  }
+  void evict(std::uint32_t id) {
+    ++cur_.evictions;
+    set_stale(id, copy_out(id), chunk::tier::device);
+  }
+  // fetch(id) into the block `victim` handed over; if the fetch throws, the block is the victim's
+  // stale block again (freed once its copy out is done), so nothing leaks.
+  void fetch_into(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect, std::uint32_t victim,
+                  std::byte* block) {
+    try {
+      fetch(id, t, protect, block);
+    } catch (...) {
+      set_stale(victim, block, chunk::tier::device);
+      throw;
+    }
+  }
+  // Parameter chunk c's host copy is (about to be) stale: free it.
+  void drop_shadow(std::uint32_t c) {
+    if (shadow_[c] == nullptr) return;
+    settle(c);  // a copy in flight may still read it
+    host_.deallocate(std::exchange(shadow_[c], nullptr), param_[c].capacity(), 256);
+  }
+
+  // Chunk c's master, optimizer state and extra lists to the device. All or nothing: every device
+  // block is acquired before any list lets go of its host block.
+  void move_state_to_device(std::uint32_t c) {
+    std::array<chunk::chunk*, 1 + optim::max_state_lists + max_extra_lists> lists{};
+    std::size_t k = 0;
+    for (auto& l : state_) lists[k++] = &l[c];
+    for (auto& l : extra_) lists[k++] = &l[c];
+    if constexpr (has_master) lists[k++] = &master_[c];
+    std::array<std::byte*, lists.size()> dev{};
+    try {
+      for (std::size_t i = 0; i < k; ++i) dev[i] = static_cast<std::byte*>(arena_->allocate(lists[i]->capacity(), 256));
+    } catch (...) {
+      for (std::size_t i = 0; i < k; ++i)
+        if (dev[i] != nullptr) arena_->deallocate(dev[i], lists[i]->capacity(), 256);
+      throw;
+    }
+    for (std::size_t i = 0; i < k; ++i) {
+      chunk::chunk& ch = *lists[i];
+      std::memcpy(dev[i], ch.payload(), ch.capacity());
+      std::byte* host = ch.detach();
+      ch.attach(dev[i], chunk::tier::device);
+      host_.deallocate(host, ch.capacity(), 256);
+      device_bytes_ += round_up(ch.capacity(), 256);
+      cur_.h2d_bytes += ch.capacity();
+    }
+  }
+
+  // ---- the copy lane of the timeline ----------------------------------------------------------
+  [[nodiscard]] bool tracing() const noexcept { return trace_ != nullptr && trace_->enabled(); }
+  // One copy on the copy lane: two host functions on the copy stream stamp its start and end, so
+  // the span is when the copy ran, not when it was issued. Kept until the engine drains.
+  struct copy_span {
+    trace_recorder* recorder = nullptr;
+    std::string name;
+    std::size_t bytes = 0;
+    double start = 0;
+    struct begin_stamp {
+      copy_span* s;
+      void operator()() const { s->start = trace_recorder::now_us(); }
+    } begin{this};
+    struct end_stamp {
+      copy_span* s;
+      void operator()() const {
+        s->recorder->complete(s->name, "copy", lane::copy, s->start, trace_recorder::now_us(), s->bytes);
+      }
+    } end{this};
+  };
+  copy_span* open_span(std::uint32_t id, char const* what, std::size_t bytes) {
+    if (!tracing()) return nullptr;
+    copy_span& sp = spans_.emplace_back();
+    sp.recorder = trace_;
+    sp.name = tide::detail::concat(what, id < n_ ? "param " : "grad ", id < n_ ? id : id - n_);
+    sp.bytes = bytes;
+    memory::launch(copy_stream_, sp.begin);
+    return &sp;
+  }
+  void close_span(copy_span* sp) {
+    if (sp != nullptr) memory::launch(copy_stream_, sp->end);
+  }
+
+  // ---- state ----------------------------------------------------------------------------------
+  exec<B> ex_;
+  memory::device_arena<B>* arena_;
+  parameter_list params_;
+  block_uses uses_;
+  chunk::chunk_layout layout_;
+  chunk::chunk_list param_, grad_, master_;
+  std::vector<chunk::chunk_list> state_;  // the optimizer's fp32 lists (Adam: m, v)
+  std::vector<chunk::chunk_list> extra_;  // the lists the gradient sink declared (a residual)
+  memory::pinned_pool<B> host_;
+  memory::stream<B> copy_stream_;
+  memory::transfer_engine<B> engine_;
+  std::uint32_t n_ = 0;    // chunks per list
+  std::uint32_t ids_ = 0;  // trace ids: 2 n
+
+  std::vector<memory::event<B>> ready_;  // by id: the last copy into its payload
+  std::vector<std::byte*> stale_;        // by id: the block its last copy came from, freed when done
+  std::vector<chunk::tier> stale_where_;
+  // By parameter chunk: the host block a device-resident parameter chunk was fetched from, kept
+  // while the device copy is unchanged (clean), so evicting it needs no copy back.
+  std::vector<std::byte*> shadow_;
+  std::vector<bool> in_flight_;
+  std::size_t copies_in_flight_ = 0;
+  std::vector<std::byte*> spare_;  // device blocks kept for reuse (keep_spare_blocks)
+  std::size_t spare_limit_ = 0, spare_bytes_ = 0;
+  std::size_t device_bytes_ = 0;   // model data on the device (payloads, stale blocks, spares, state)
+  std::size_t evicted_bytes_ = 0;  // bytes that left the device (copied or dropped clean), ever
+  offload_stats cur_{};            // the step in progress
+  trace_recorder* trace_ = nullptr;
+  std::deque<copy_span> spans_;    // stable addresses: the copy stream holds pointers into them
+};
+
+}  // namespace tide::offload::detail

@@ -1,0 +1,483 @@
+#pragma once
+// The step of the offload engine: the gradient sink, the optimizer, the chunk source, the undo
+// journal and draining, over the residency layer (moments, budget, prefetch) and chunk_store
+// (the byte moves). Decisions come from the scheduler policy P, the update from the optimizer
+// O, the gradient reduction from the sink S, parameter bytes at fetch from the source Src. scheduler<B, T, P, O, S> (offload/scheduler.hpp) is the public face.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tide/chunk/memory_tracer.hpp"
+#include "tide/core/parallel.hpp"
+#include "tide/offload/chunk_source.hpp"
+#include "tide/offload/detail/chunk_store.hpp"
+#include "tide/offload/detail/residency.hpp"
+#include "tide/offload/detail/undo.hpp"
+#include "tide/offload/gradient_sink.hpp"
+#include "tide/offload/scheduler_policy.hpp"
+#include "tide/optim/optimizer.hpp"
+
+namespace tide::offload {
+
+struct scheduler_options {
+  float grad_scale = 1.f;        // multiplies every gradient in the step (clipping, loss-scale unscaling)
+  int micro_steps = 1;           // backward passes per optimizer step (gradient accumulation)
+  bool overlap_optimizer = true; // host steps run on the optimizer worker beside backward
+  // The optimizer runs in step() instead of after each block's backward: what global-norm
+  // clipping and loss scaling need (the norm and the overflow check read every gradient first).
+  bool defer_optimizer = false;
+  // Weight decay on matrices only (rank >= 2), not on biases and LayerNorm gains (GPT-2's rule).
+  bool decay_matrices_only = false;
+  bool lock_host_pages = false;  // host tier: mlock (pointless on tide::host, where nothing DMAs)
+  // A chunk stepped inside a step keeps a host copy of its parameters and optimizer state until
+  // the step completes, so a step that throws can be undone (abort_step). Costs host memory of up
+  // to the stepped state (12 B per fp32 parameter with Adam) and one copy of it per step
+  // (bench/offload undo_on_error_vs_off); off, a step that throws after the optimizer started
+  // may leave some chunks updated.
+  bool undo_on_error = true;
+};
+
+namespace detail {
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
+  using base = residency<B, T, P, engine_core>;
+  using store = chunk_store<B, T, engine_core>;
+  friend store;
+  friend base;
+
+ public:
+  static constexpr std::size_t state_lists = O::state_lists;
+  static constexpr std::size_t extra_count = extra_lists_of<S>().size();
+  // fp32-sized lists per chunk that live with the optimizer state (the minimum counts them so).
+  static constexpr std::size_t fp32_lists = state_lists + (store::has_master ? 1 : 0) + extra_count;
+
+  engine_core(exec<B> const& ex, memory::device_arena<B>& arena, parameter_list params, block_uses uses,
+              P const& policy, scheduler_options const& options, O const& optimizer, S const& sink,
+              Src const& source)
+      : base(ex, arena, std::move(params), std::move(uses), policy, state_lists, extra_lists_of<S>(),
+             options.lock_host_pages),
+        optimizer_(optimizer),
+        sink_(sink),
+        source_(source),
+        options_(options),
+        undo_(this->host_, this->layout_.chunks(), state_lists),
+        extra_undo_(this->host_, extra_count > 0 ? this->layout_.chunks() : 0),
+        lr_(optimizer.lr) {
+    TIDE_REQUIRE(options_.micro_steps >= 1, "offload::scheduler: micro_steps = ", options_.micro_steps,
+                 "; pass the number of backward passes per optimizer step, >= 1");
+    std::uint32_t const n = this->n_;
+    busy_.resize(n);
+    reduced_.resize(n);
+    block_free_.resize(n);
+    optimizer_pending_.assign(n, false);
+    reduce_pending_.assign(n, false);
+    os_on_device_.assign(n, false);
+    jobs_.resize(n);
+    next_backward_ = this->uses_.last_block();
+    // Everything the steady state appends to is sized here: a step allocates nothing on the heap.
+    pending_grad_frees_.reserve(n);
+    decayed_.resize(n);
+    plain_.resize(n);
+    for (std::uint32_t c = 0; c < n; ++c) {
+      std::size_t matrices = 0;
+      for (std::uint32_t i = this->layout_.first_param[c]; i < this->layout_.first_param[c + 1]; ++i)
+        matrices += this->params_[i].shape.rank >= 2 ? 1 : 0;
+      decayed_[c].reserve(matrices);
+      plain_[c].reserve(this->layout_.first_param[c + 1] - this->layout_.first_param[c] - matrices);
+    }
+    this->ctx_.state_lists = fp32_lists;
+  }
+
+  // ---- the placement members policies call ----------------------------------------------------
+  // Every parameter chunk on the device and pinned there. Idempotent: a chunk fetched stays
+  // fetched if a later one throws, and the next call completes the set.
+  void pin_parameters() {
+    for (std::uint32_t c = 0; c < this->n_; ++c) {
+      if (!this->on_device(c)) this->fetch(c, 0, {});
+      this->param_[c].set_pinned(true);
+      this->ctx_.pinned_bytes = static_cast<std::size_t>(c + 1) * this->block_bytes();
+    }
+    this->engine_.synchronize();
+    for (std::uint32_t c = 0; c < this->n_; ++c) this->settle(c);
+  }
+  // The master and optimizer state of the first `count` chunks to the device, where their steps
+  // then run. required = false: an optimisation, stopped where the arena refuses. Returns the
+  // chunks whose state is on the device.
+  std::uint32_t place_state_on_device(std::uint32_t count, bool required) {
+    init_master();
+    std::uint32_t placed = 0;
+    for (std::uint32_t c = 0; c < this->n_ && c < count; ++c, ++placed) {
+      if (os_on_device_[c]) continue;
+      try {
+        this->move_state_to_device(c);
+      } catch (tide::error const& e) {
+        if (required || e.category() != errc::budget) throw;
+        break;
+      }
+      os_on_device_[c] = true;
+    }
+    if (this->tracer_.warm()) {  // a planned change, not a divergence: the optimizer moments now touch them
+      this->tracer_.amend([&](std::size_t, chunk::moment m, std::vector<std::uint32_t>& touched,
+                        std::vector<std::uint32_t>& on_host, std::vector<std::uint32_t>& released) {
+        if (m.phase == chunk::phase::optimizer) optimizer_moment(m.block, touched, on_host, released);
+      });
+    }
+    return placed;
+  }
+
+  // The optimizer moment after block's backward: host-state chunks must be on the host,
+  // device-state ones are touched there; the completed gradient chunks are released after it.
+  void optimizer_moment(int block, std::vector<std::uint32_t>& touched, std::vector<std::uint32_t>& on_host,
+                        std::vector<std::uint32_t>& released) const {
+    touched.clear();
+    on_host.clear();
+    released.clear();
+    for (std::uint32_t c : this->completes_at(block)) {
+      auto& list = os_on_device_[c] ? touched : on_host;
+      list.push_back(c);
+      list.push_back(this->n_ + c);
+      released.push_back(this->n_ + c);
+    }
+    std::ranges::sort(touched);
+  }
+
+ protected:
+  // ---- what the store asks ------------------------------------------------------------------
+  void before_fetch(std::uint32_t id) {
+    if (id < this->n_) wait_optimizer(id);  // the host step writes the chunk's host payload
+  }
+  // The chunk source fills parameter chunk c's device block (a handed-over block is free once the
+  // copy stream passed the victim's copy out; the default source copies on that stream, in order).
+  void fill_chunk(std::uint32_t c, std::byte* device, std::byte const* host, std::size_t bytes, bool handed_over) {
+    memory::event<B> const* free_after = nullptr;
+    if constexpr (!std::is_same_v<Src, host_source>) {
+      if (handed_over) {
+        block_free_[c].record(this->copy_stream_);
+        free_after = &block_free_[c];
+      }
+    }
+    source_.fill(fill_request<B>{c, device, host, bytes, &this->engine_, &this->copy_stream_, free_after,
+                                 &this->ready_[c]});
+  }
+  void released(std::uint32_t c) noexcept { source_.released(c); }
+  // Parameter chunk c's host update is still running (prefetch leaves it alone).
+  [[nodiscard]] bool stepping(std::uint32_t c) { return optimizer_pending_[c] && !busy_[c].query(); }
+  void require_intact() const {
+    TIDE_CHECK(broken_.empty(), io, "offload ", P::name(), ": a copy or optimizer step failed on a worker earlier (",
+               broken_, "); the model data it was moving may be lost: load the last checkpoint into a new trainer");
+  }
+  // The first moment of the first step: the non-model bytes are known (the model allocated its
+  // activations), so the budget is checked, then the policy places what it pins. A placement
+  // that threw half-way is completed by the next step.
+  void first_placement() {
+    std::size_t const non_model = this->arena_->stats().in_use - this->device_bytes_;
+    auto const need = this->policy_.minimum(this->ctx_, non_model);
+    TIDE_CHECK(this->ctx_.budget >= need.bytes, budget, "offload ", P::name(), ": the device budget ", bytes_of{this->ctx_.budget},
+               " is below this scheduler's minimum ", bytes_of{need.bytes}, " = ", need.why,
+               "; raise device_budget to at least ", bytes_of{need.bytes}, need.advice);
+    init_master();
+    this->policy_.place(*this);
+    placed_ = true;
+  }
+  void begin_step_if_needed() {
+    if (step_open_) return;
+    require_intact();
+    step_open_ = true;
+    this->tracer_.begin_step();
+    this->ctx_.recording = this->tracer_.recording();
+    this->arena_->reset_peak();
+    this->tide_.clear();
+    moves_mark_ = {this->cur_.h2d_bytes, this->evicted_bytes_};
+    if (!placed_) first_placement();
+    if (aborted_) {  // the policy puts back what a failed step left out of place
+      this->policy_.after_step(*this);
+      aborted_ = false;
+    }
+  }
+
+  // ---- the gradient sink and the optimizer ----------------------------------------------------
+  // After the pass that completes them: chunk c's gradients go to READY_FOR_REDUCE and to the sink.
+  void hand_to_sink(int block) {
+    for (std::uint32_t c : this->completes_at(block)) {
+      this->grad_.transition_chunk(c, chunk::tensor_state::ready_for_reduce);
+      chunk::chunk& g = this->grad_[c];
+      ready_chunk<B, T> r{c, {reinterpret_cast<T*>(g.payload()), g.capacity() / sizeof(T)}, g.tier(), nullptr,
+                          &reduced_[c], t_};
+      if constexpr (extra_count > 0) {
+        if (options_.undo_on_error) extra_undo_.save(c, this->extra_);  // the sink may change them
+        for (std::size_t k = 0; k < extra_count; ++k)
+          r.lists[k] = {this->extra_[k][c].payload(), this->extra_[k][c].capacity()};
+      }
+      reduce_pending_[c] = sink_.reduce(r);
+    }
+  }
+  void wait_reduced(std::uint32_t c) {
+    if (!reduce_pending_[c]) return;
+    auto const t0 = std::chrono::steady_clock::now();
+    reduced_[c].synchronize();
+    this->cur_.stall_ms += ms_since(t0);
+    reduce_pending_[c] = false;
+  }
+  // Waits for optimizer work on parameter chunk c (the host step writes its host payload).
+  void wait_optimizer(std::uint32_t c) {
+    if (!optimizer_pending_[c]) return;
+    auto const t0 = std::chrono::steady_clock::now();
+    busy_[c].synchronize();
+    this->cur_.stall_ms += ms_since(t0);
+    optimizer_pending_[c] = false;
+  }
+
+  // The optimizer moment after `block`'s backward, and its steps (apply = false: moves only).
+  void optimizer_moments_of(int block, bool apply) {
+    optimizer_moment(block, touched_, on_host_, released_);
+    if (released_.empty()) return;
+    this->current_ = this->tracer_.at({block, chunk::phase::optimizer}, touched_, on_host_, released_);
+    for (std::uint32_t c : this->completes_at(block)) optimizer_step(c, apply);
+  }
+
+  [[nodiscard]] update_targets<T> targets_of(std::uint32_t c) {
+    update_targets<T> x;
+    x.param = reinterpret_cast<T*>(this->param_[c].payload());
+    if constexpr (store::has_master) x.master = reinterpret_cast<float*>(this->master_[c].payload());
+    for (std::size_t k = 0; k < state_lists; ++k) x.state[k] = reinterpret_cast<float*>(this->state_[k][c].payload());
+    return x;
+  }
+  [[nodiscard]] optim::update_tensor<T> update_of(std::uint32_t c) {
+    update_targets<T> const x = targets_of(c);
+    optim::update_tensor<T> u;
+    u.master = store::has_master ? x.master : reinterpret_cast<float*>(x.param);
+    u.grad = reinterpret_cast<T const*>(this->grad_[c].payload());
+    u.state = x.state;
+    u.working = store::has_master ? x.param : nullptr;
+    u.n = step_elements(c);
+    return u;
+  }
+  [[nodiscard]] index_t step_elements(std::uint32_t c) const {
+    // Up to the end of the chunk's last tensor (the rest of the chunk is never touched).
+    std::uint32_t const last = this->layout_.first_param[c + 1] - 1;
+    return static_cast<index_t>(this->layout_.offset_of[last] + static_cast<std::size_t>(this->params_[last].numel()));
+  }
+
+  // The update of chunk c: one call over the chunk, or (decay_matrices_only) one over its
+  // matrices and one without decay over the rest, listed in c's own reserved vectors (it runs on
+  // the optimizer worker too; no two steps of one chunk run at once).
+  void run_update(exec<host> const& ex, std::uint32_t c, optim::update_tensor<T> const& whole,
+                  optim::update_args a) {
+    if (!options_.decay_matrices_only) {
+      optimizer_.update(ex, a, std::span<optim::update_tensor<T> const>(&whole, 1));
+      return;
+    }
+    auto& decayed = decayed_[c];
+    auto& plain = plain_[c];
+    decayed.clear();
+    plain.clear();
+    for (std::uint32_t i = this->layout_.first_param[c]; i < this->layout_.first_param[c + 1]; ++i) {
+      std::size_t const at = this->layout_.offset_of[i];
+      optim::update_tensor<T> r{whole.master + at, whole.grad + at, {}, whole.working ? whole.working + at : nullptr,
+                                this->params_[i].numel()};
+      for (std::size_t k = 0; k < state_lists; ++k) r.state[k] = whole.state[k] + at;
+      (this->params_[i].shape.rank >= 2 ? decayed : plain).push_back(r);
+    }
+    if (!decayed.empty()) optimizer_.update(ex, a, std::span<optim::update_tensor<T> const>(decayed));
+    a.decay = false;
+    if (!plain.empty()) optimizer_.update(ex, a, std::span<optim::update_tensor<T> const>(plain));
+  }
+
+  // One optimizer step over chunk c on the optimizer worker.
+  struct host_job {
+    engine_core* self = nullptr;
+    std::uint32_t c = 0;
+    optim::update_tensor<T> whole{};
+    update_targets<T> targets{};
+    optim::update_args args{};
+    trace_recorder* recorder = nullptr;
+    undo_record* undo = nullptr;  // where the state before the update goes (undo_on_error)
+    void operator()() {
+      auto const t0 = std::chrono::steady_clock::now();
+      exec<host> const ex{self->optimizer_pool_};
+      double const start = recorder != nullptr ? trace_recorder::now_us() : 0;
+      if (undo != nullptr) self->undo_.save(*undo, targets);
+      self->run_update(ex, c, whole, args);
+      self->optimizer_ns_.fetch_add(static_cast<std::int64_t>(ms_since(t0) * 1e6), std::memory_order_relaxed);
+      if (recorder != nullptr)
+        recorder->complete(tide::detail::concat(O::name, " chunk ", c, " (host)"), "optimizer", lane::optimizer, start,
+                           trace_recorder::now_us(), static_cast<std::size_t>(whole.n) * (8 + 4 * fp32_lists));
+    }
+  };
+
+  void optimizer_step(std::uint32_t c, bool apply) {
+    wait_reduced(c);  // the sink finished with the gradients
+    index_t const n = step_elements(c);
+    optim::update_args const args{t_, lr_, options_.grad_scale, true};
+    if (os_on_device_[c]) {
+      if (!this->on_device(c) || !this->on_device(this->n_ + c)) {  // deferred: they may have been evicted since
+        ids_pair_ = {c, this->n_ + c};
+        this->make_resident(ids_pair_, this->current_);
+      }
+      auto const t0 = std::chrono::steady_clock::now();
+      if (apply) {
+        if (undo_record* u = begin_undo(c, n)) undo_.save(*u, targets_of(c));
+        this->drop_shadow(c);  // the device copy changes: the host one is stale
+      }
+      double const start = this->tracing() ? trace_recorder::now_us() : 0;
+      if (apply) run_update(this->ex_, c, update_of(c), args);
+      if (apply && this->tracing())
+        this->trace_->complete(tide::detail::concat(O::name, " chunk ", c, " (device)"), "optimizer", lane::compute,
+                               start, trace_recorder::now_us(), static_cast<std::size_t>(n) * (8 + 4 * fp32_lists));
+      this->cur_.optimizer_ms += ms_since(t0);
+      ++this->cur_.device_optimizer_chunks;
+      this->param_.transition_chunk(c, chunk::tensor_state::hold);
+      release_grad(c);
+      return;
+    }
+    // Host state: parameters and gradients go to the host; the step runs on the optimizer worker
+    // after both copies, and the parameter chunk is not fetched again before it finished.
+    undo_record* const undo = apply ? begin_undo(c, n) : nullptr;  // acquired before anything moves
+    if (this->on_device(c)) this->set_stale(c, this->copy_out(c), chunk::tier::device);
+    if (this->on_device(this->n_ + c))
+      this->set_stale(this->n_ + c, this->copy_out(this->n_ + c), chunk::tier::device);
+    if (this->param_[c].pinned()) {
+      this->param_[c].set_pinned(false);
+      this->ctx_.pinned_bytes -= this->block_bytes();
+    }
+    ++this->cur_.host_optimizer_chunks;
+    if (!apply) {  // the moves happened; nothing to compute
+      this->param_.transition_chunk(c, chunk::tensor_state::hold);
+      release_grad(c);
+      return;
+    }
+    host_job& job = jobs_[c];
+    job = {this, c, update_of(c), targets_of(c), args, this->tracing() ? this->trace_ : nullptr, undo};
+    this->param_.transition_chunk(c, chunk::tensor_state::hold);
+    this->grad_.transition_chunk(c, chunk::tensor_state::free);
+    if (options_.overlap_optimizer) {
+      optimizer_stream_.wait(this->ready_[c]);
+      optimizer_stream_.wait(this->ready_[this->n_ + c]);
+      memory::launch(optimizer_stream_, job);
+      busy_[c].record(optimizer_stream_);
+      optimizer_pending_[c] = true;
+      // The gradient's host block is freed once the step read it (drain / the next use).
+      pending_grad_frees_.push_back({c, this->grad_[c].detach()});
+    } else {
+      this->settle(c);
+      this->settle(this->n_ + c);
+      job();
+      this->free_payload(this->grad_[c]);
+    }
+  }
+  undo_record* begin_undo(std::uint32_t c, index_t n) {
+    return options_.undo_on_error ? undo_.begin(c, static_cast<std::size_t>(n)) : nullptr;
+  }
+
+  // The masters start as the parameters the model initialised (or a checkpoint wrote): once,
+  // before the first update, while every chunk is still readable on the host.
+  void init_master() {
+    if constexpr (store::has_master) {
+      if (master_written_) return;
+      drain();
+      for (std::uint32_t i = 0; i < this->params_.size(); ++i) {
+        auto const* src = reinterpret_cast<T const*>(this->param_.data(i));
+        auto* dst = reinterpret_cast<float*>(this->master_.data(i));
+        for (index_t k = 0; k < this->params_[i].numel(); ++k) dst[k] = to_float(src[k]);
+      }
+      master_written_ = true;
+    }
+  }
+
+  // Gradient chunk c to FREE, its payload released.
+  void release_grad(std::uint32_t c) {
+    chunk::chunk& g = this->grad_[c];
+    if (g.payload() == nullptr && this->stale_[this->n_ + c] == nullptr) return;
+    this->settle(this->n_ + c);
+    this->grad_.transition_chunk(c, chunk::tensor_state::free);
+    this->free_payload(g);
+  }
+
+  // Waits for every copy, sink and host step; frees what they held. Waits for all of them even
+  // when one failed, then reports the first failure.
+  void drain() {
+    std::exception_ptr failure;
+    auto wait = [&failure](auto&& f) {
+      try {
+        f();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    };
+    wait([&] { this->engine_.synchronize(); });
+    wait([&] { this->copy_stream_.synchronize(); });  // the timeline's stamps run after the copies
+    for (std::uint32_t c = 0; c < this->n_; ++c) wait([&] { wait_reduced(c); });
+    wait([&] { optimizer_stream_.synchronize(); });
+    if (failure) {
+      wait_idle();
+      this->spans_.clear();
+      std::rethrow_exception(failure);
+    }
+    this->spans_.clear();
+    for (std::uint32_t c = 0; c < this->n_; ++c) optimizer_pending_[c] = false;
+    for (auto const& [c, p] : pending_grad_frees_) this->host_.deallocate(p, this->grad_[c].capacity(), 256);
+    pending_grad_frees_.clear();
+    for (std::uint32_t id = 0; id < this->ids_; ++id) this->settle(id);
+  }
+  // Waits until the workers ran out of work, without reporting anything (for the destructor and
+  // after a failure: a failed stream skips the rest of its queue, so this ends). A sink's events
+  // are waited for too: its work may still read a gradient chunk.
+  void wait_idle() noexcept {
+    while (!this->copy_stream_.query() || !optimizer_stream_.query()) std::this_thread::yield();
+    for (std::uint32_t c = 0; c < this->n_; ++c)
+      if (reduce_pending_[c]) {
+        while (!reduced_[c].query()) std::this_thread::yield();
+        reduce_pending_[c] = false;
+      }
+  }
+
+  // ---- state ----------------------------------------------------------------------------------
+  O optimizer_;
+  S sink_;
+  Src source_;
+  scheduler_options options_;
+  memory::stream<B> optimizer_stream_;
+  thread_pool optimizer_pool_{1};
+  std::atomic<std::int64_t> optimizer_ns_{0};
+  undo_journal<B, T> undo_;
+  extra_journal<B> extra_undo_;  // the extra lists of the chunks handed to the sink in this step
+  float lr_;
+
+  std::vector<memory::event<B>> busy_;     // by chunk: its host optimizer step
+  std::vector<memory::event<B>> reduced_;  // by chunk: the sink finished with its gradients
+  std::vector<memory::event<B>> block_free_;  // by chunk: a handed-over block may be written (other sources)
+  std::vector<bool> optimizer_pending_, reduce_pending_, os_on_device_;  // by chunk
+  std::vector<host_job> jobs_;
+  std::vector<std::vector<optim::update_tensor<T>>> decayed_, plain_;  // by chunk (decay_matrices_only)
+  std::vector<std::pair<std::uint32_t, std::byte*>> pending_grad_frees_;
+  std::vector<std::uint32_t> touched_, on_host_, released_;
+  std::vector<std::uint32_t> ids_pair_ = std::vector<std::uint32_t>(2);
+
+  std::int64_t t_ = 1;  // the optimizer step number of the step in progress
+  std::size_t backward_passes_ = 0;
+  bool step_open_ = false;
+  bool evaluating_ = false;
+  bool placed_ = false;
+  int next_backward_ = 0;               // the block backward must visit next
+  bool aborted_ = false;          // a failed step may have left the policy's placement incomplete
+  bool master_written_ = false;   // bf16 / f16: the masters hold the parameters
+  std::string broken_;            // a failure on a worker: every later step reports it
+  std::pair<std::size_t, std::size_t> moves_mark_{};  // h2d and evicted bytes at the last sample
+};
+
+}  // namespace detail
+}  // namespace tide::offload

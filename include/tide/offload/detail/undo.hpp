@@ -1,0 +1,154 @@
+#pragma once
+// The undo journals of the offload engine (scheduler_options::undo_on_error): each chunk the
+// optimizer steps in a step first keeps a host copy of its parameters, fp32 master and optimizer
+// state, and each chunk handed to a sink with extra lists a copy of those, so a step that throws
+// can be put back (abort_step). The host blocks are acquired before
+// the update runs; the copies are taken by whoever runs it (the optimizer worker for host steps).
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tide/core/dtype.hpp"
+#include "tide/core/error.hpp"
+#include "tide/memory/pinned_pool.hpp"
+#include "tide/chunk/chunk.hpp"
+#include "tide/offload/gradient_sink.hpp"
+#include "tide/optim/optimizer.hpp"
+
+namespace tide::offload::detail {
+
+// Where one chunk's updated values live: the parameter chunk (T), the master (fp32; T = float:
+// the parameter chunk itself) and the optimizer's lists.
+template <class T>
+struct update_targets {
+  T* param = nullptr;
+  float* master = nullptr;  // null when T = float
+  std::array<float*, optim::max_state_lists> state{};
+};
+
+struct undo_record {
+  std::uint32_t c = 0;
+  std::size_t elements = 0;
+  std::array<std::byte*, 2 + optim::max_state_lists> copy{};  // param, master, state...
+  bool saved = false;  // set by whoever took the copies
+};
+
+template <Backend B, Element T>
+class undo_journal {
+ public:
+  undo_journal(memory::pinned_pool<B>& host, std::size_t chunks, std::size_t state_lists)
+      : host_(&host), state_lists_(state_lists) {
+    records_.reserve(chunks);  // one record per chunk and step: a step never reallocates
+  }
+  undo_journal(undo_journal const&) = delete;
+  undo_journal& operator=(undo_journal const&) = delete;
+  ~undo_journal() { discard(); }
+
+  // Host blocks for chunk c's copies, acquired before its update.
+  undo_record* begin(std::uint32_t c, std::size_t elements) {
+    undo_record r{c, elements, {}, false};
+    try {
+      for (std::size_t k = 0; k < slots(); ++k)
+        if (used(k)) r.copy[k] = static_cast<std::byte*>(host_->allocate(bytes(k, elements), 256));
+    } catch (...) {
+      release(r);
+      throw;
+    }
+    TIDE_ASSERT(records_.size() < records_.capacity());
+    records_.push_back(r);
+    return &records_.back();
+  }
+  void save(undo_record& r, update_targets<T> const& x) const noexcept {
+    for (std::size_t k = 0; k < slots(); ++k)
+      if (used(k)) std::memcpy(r.copy[k], address(x, k), bytes(k, r.elements));
+    r.saved = true;
+  }
+  // Puts the values back wherever the chunks are now (host-readable on tide::host).
+  void restore(undo_record const& r, update_targets<T> const& x) const noexcept {
+    if (!r.saved) return;  // the update never ran
+    for (std::size_t k = 0; k < slots(); ++k)
+      if (used(k)) std::memcpy(const_cast<void*>(address(x, k)), r.copy[k], bytes(k, r.elements));
+  }
+  [[nodiscard]] std::span<undo_record const> records() const noexcept { return records_; }
+  void discard() noexcept {
+    for (undo_record& r : records_) release(r);
+    records_.clear();
+  }
+
+ private:
+  static constexpr bool has_master = !std::is_same_v<T, float>;
+  [[nodiscard]] std::size_t slots() const noexcept { return 2 + state_lists_; }
+  [[nodiscard]] static bool used(std::size_t k) noexcept { return k != 1 || has_master; }
+  [[nodiscard]] static std::size_t bytes(std::size_t k, std::size_t elements) noexcept {
+    return elements * (k == 0 ? sizeof(T) : sizeof(float));
+  }
+  [[nodiscard]] static void const* address(update_targets<T> const& x, std::size_t k) noexcept {
+    if (k == 0) return x.param;
+    if (k == 1) return x.master;
+    return x.state[k - 2];
+  }
+  void release(undo_record& r) noexcept {
+    for (std::size_t k = 0; k < r.copy.size(); ++k)
+      if (r.copy[k] != nullptr) host_->deallocate(std::exchange(r.copy[k], nullptr), bytes(k, r.elements), 256);
+  }
+
+  memory::pinned_pool<B>* host_;
+  std::size_t state_lists_;
+  std::vector<undo_record> records_;
+};
+
+// Host copies of the extra lists (a sink's residual) of the chunks handed to the sink in a step,
+// taken before the sink runs, put back by a failed step.
+template <Backend B>
+class extra_journal {
+ public:
+  extra_journal(memory::pinned_pool<B>& host, std::size_t chunks) : host_(&host) { records_.reserve(chunks); }
+  extra_journal(extra_journal const&) = delete;
+  extra_journal& operator=(extra_journal const&) = delete;
+  ~extra_journal() { discard(); }
+
+  void save(std::uint32_t c, std::span<chunk::chunk_list> lists) {
+    record r{c, {}, {}};
+    try {
+      for (std::size_t k = 0; k < lists.size(); ++k) {
+        r.bytes[k] = lists[k][c].capacity();
+        r.copy[k] = static_cast<std::byte*>(host_->allocate(r.bytes[k], 256));
+      }
+    } catch (...) {
+      release(r);
+      throw;
+    }
+    for (std::size_t k = 0; k < lists.size(); ++k) std::memcpy(r.copy[k], lists[k][c].payload(), r.bytes[k]);
+    TIDE_ASSERT(records_.size() < records_.capacity());
+    records_.push_back(r);
+  }
+  void restore(std::span<chunk::chunk_list> lists) const noexcept {
+    for (record const& r : records_)
+      for (std::size_t k = 0; k < lists.size(); ++k) std::memcpy(lists[k][r.c].payload(), r.copy[k], r.bytes[k]);
+  }
+  void discard() noexcept {
+    for (record& r : records_) release(r);
+    records_.clear();
+  }
+
+ private:
+  struct record {
+    std::uint32_t c = 0;
+    std::array<std::byte*, max_extra_lists> copy{};
+    std::array<std::size_t, max_extra_lists> bytes{};
+  };
+  void release(record& r) noexcept {
+    for (std::size_t k = 0; k < r.copy.size(); ++k)
+      if (r.copy[k] != nullptr) host_->deallocate(std::exchange(r.copy[k], nullptr), r.bytes[k], 256);
+  }
+  memory::pinned_pool<B>* host_;
+  std::vector<record> records_;
+};
+
+}  // namespace tide::offload::detail

@@ -1,0 +1,96 @@
+#pragma once
+// The gradient-sink slot of the offload engine: where data parallelism and gradient compression
+// plug in. When a chunk's gradients are complete (after the backward pass that completes them,
+// and after the last micro-step), the engine moves its tensors to READY_FOR_REDUCE and hands the
+// chunk to the sink. The sink may finish on its own stream: it records `done` and returns true,
+// and that chunk's optimizer step waits for the event (the engine waits on an event, not a
+// barrier: other chunks go on). A sink that finished before returning returns false.
+//
+//   struct all_reduce_sink {                              // a sink a comm policy would provide
+//     template <Backend B, class T>
+//     bool reduce(ready_chunk<B, T> const& r) {
+//       stream.wait(*r.valid_after) if set; enqueue the all-reduce of r.grads on stream;
+//       r.done->record(stream); return true;
+//     }
+//   };
+//
+// The span is the chunk's whole gradient payload (padding included: zero, and it must stay
+// zero), on `tier`, valid after `valid_after` (null: valid now; the host backend computes on the
+// calling thread). It stays valid and unmoved until `done` completes. Gradients are in the
+// model's element type, unscaled: the optimizer applies grad_scale afterwards, so a sink that
+// scales (averaging over ranks) composes with clipping and loss scaling.
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "tide/chunk/chunk.hpp"
+#include "tide/core/backend.hpp"
+#include "tide/core/dtype.hpp"
+#include "tide/memory/stream.hpp"
+
+namespace tide::offload {
+
+// A per-chunk list a sink keeps between steps (an error-feedback residual): the engine allocates
+// it zeroed, one chunk per parameter chunk, keeps it where the chunk's optimizer state lives,
+// undoes it with a failed step and saves it in checkpoints as "<name>/<parameter>". A sink
+// declares its lists as `static constexpr std::array<tide::offload::extra_list, K> lists`.
+struct extra_list {
+  std::string_view name;    // the checkpoint section prefix: letters, digits, '_'
+  dtype type = dtype::f32;  // of each element (one per parameter element)
+};
+inline constexpr std::size_t max_extra_lists = 2;
+
+// The lists a sink declares (none if it has no `lists`).
+template <class S>
+constexpr std::span<extra_list const> extra_lists_of() noexcept {
+  if constexpr (requires { S::lists; }) return std::span<extra_list const>(S::lists);
+  else return {};
+}
+
+template <Backend B, class T>
+struct ready_chunk {
+  std::uint32_t chunk = 0;                          // its index in the chunk lists
+  std::span<T> grads;                               // the whole gradient chunk
+  chunk::tier tier = chunk::tier::host;             // where grads live
+  memory::event<B> const* valid_after = nullptr;    // grads are complete once this completes (null: now)
+  memory::event<B>* done = nullptr;                 // record here when finishing later (and return true)
+  std::int64_t step = 1;                            // the optimizer step (1-based) these gradients are for
+  std::array<std::span<std::byte>, max_extra_lists> lists{};  // this chunk of each declared list, on `tier`'s side
+};
+
+template <class S, class B, class T>
+concept GradientSinkFor = requires(S& s, ready_chunk<B, T> const& r) {
+  { s.reduce(r) } -> std::same_as<bool>;
+};
+
+// Checked for every element type tide trains in, on the host backend.
+template <class S>
+concept GradientSink = GradientSinkFor<S, host, float> && GradientSinkFor<S, host, bf16> &&
+                       GradientSinkFor<S, host, f16>;
+
+template <class S>
+consteval bool check_gradient_sink() {
+  if constexpr (requires { S::lists; })
+    static_assert(extra_lists_of<S>().size() <= max_extra_lists,
+                  "GradientSink: a sink declares at most 2 extra lists (static constexpr std::array<extra_list, K> "
+                  "lists, K <= 2)");
+  static_assert(GradientSinkFor<S, host, float>,
+                "GradientSink: S needs `template <Backend B, class T> bool reduce(ready_chunk<B, T> const&)`: "
+                "finish with the chunk's gradients, or record ready_chunk::done and return true to finish later");
+  return GradientSink<S>;
+}
+
+// The default: gradients stay as backward left them.
+struct no_sink {
+  template <Backend B, class T>
+  constexpr bool reduce(ready_chunk<B, T> const&) const noexcept {
+    return false;
+  }
+};
+static_assert(check_gradient_sink<no_sink>());
+
+}  // namespace tide::offload

@@ -1,0 +1,41 @@
+#pragma once
+// What a model sees of an offload engine: per-block hooks and the addresses of parameters and
+// gradients. A scheduler satisfies OffloadScheduler: pre_forward, post_forward, pre_backward,
+// post_backward (per block), step() (per optimizer step), and the addresses of every parameter
+// and gradient (the model asks for them between a block's pre_* and post_* hooks).
+
+#include <concepts>
+#include <cstdint>
+
+#include "tide/offload/stats.hpp"
+
+namespace tide::offload {
+
+template <class S>
+concept OffloadScheduler = requires(S& s, S const& cs, int block, std::uint32_t i) {
+  typename S::element_type;
+  s.pre_forward(block);
+  s.post_forward(block);
+  s.pre_backward(block);
+  s.post_backward(block);
+  s.step();
+  { s.param_data(i) } -> std::same_as<typename S::element_type*>;
+  { s.grad_data(i) } -> std::same_as<typename S::element_type*>;
+  { cs.last_step() } -> std::convertible_to<offload_stats>;
+};
+
+// What a model's Hooks parameter holds: a pointer to the scheduler, forwarding every hook and
+// address (nn::gpt<B, T, offload::hooks<S>> keeps its parameters in the scheduler's chunks).
+template <class S>
+struct hooks {
+  S* scheduler = nullptr;
+  void pre_forward(int b) { scheduler->pre_forward(b); }
+  void post_forward(int b) { scheduler->post_forward(b); }
+  void pre_backward(int b) { scheduler->pre_backward(b); }
+  void post_backward(int b) { scheduler->post_backward(b); }
+  typename S::element_type* param_data(std::uint32_t i) { return scheduler->param_data(i); }
+  typename S::element_type* grad_data(std::uint32_t i) { return scheduler->grad_data(i); }
+  void zero_grad() { scheduler->zero_grad(); }
+};
+
+}  // namespace tide::offload

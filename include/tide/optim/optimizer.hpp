@@ -1,0 +1,106 @@
+#pragma once
+// The optimizer slot: what the offload engine calls once per chunk, on the tier where the chunk's
+// optimizer state lives, as soon as the chunk's gradients are complete (or in step(), when the
+// trainer needs every gradient first).
+//
+//   struct my_optimizer {                                  // tide::optim::adamw, adam and sgd are three
+//     static constexpr std::string_view name = "mine";
+//     static constexpr std::size_t state_lists = 1;      // fp32 values per parameter it keeps (0..2)
+//     static constexpr std::string_view state_name(std::size_t k) { return "buf"; }  // checkpoint sections
+//     float lr = 1e-3f;                                  // the base learning rate (the trainer's schedule scales it)
+//     template <Backend B, class T>
+//     void update(exec<B> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const;
+//   };
+//   static_assert(tide::optim::check_optimizer<my_optimizer>());   // names a missing member
+//
+// The engine owns the state: state_lists fp32 chunk lists, zero-initialised, placed and moved with
+// the parameters, saved in checkpoints as "<state_name(k)>/<parameter>". One update call covers
+// one chunk (or, with decay_matrices_only, the chunk's matrices and then the rest, `a.decay`
+// telling which): each update_tensor is a run of elements with its fp32 master, gradient, state
+// and the optional bf16/f16 working copy to round the new value into. Padding between tensors is
+// zero and must stay zero. An optimizer is elementwise, so the engine may split or join runs
+// freely; a result must not depend on how the elements are grouped.
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "tide/core/backend.hpp"
+#include "tide/core/exec.hpp"
+#include "tide/core/tensor_view.hpp"
+
+namespace tide::optim {
+
+// fp32 state lists an optimizer may keep per parameter (Adam's m and v).
+inline constexpr std::size_t max_state_lists = 2;
+
+// One run of elements to update in place.
+template <class T>
+struct update_tensor {
+  float* master = nullptr;   // (n) fp32 values updated in place (the parameter itself when T = float)
+  T const* grad = nullptr;   // (n) the accumulated gradient, times grad_scale
+  std::array<float*, max_state_lists> state{};  // (n) each; the first state_lists are set
+  T* working = nullptr;      // (n) bf16 / f16: the parameter, written with the rounded new master; else null
+  index_t n = 0;
+};
+
+// What changes between calls.
+struct update_args {
+  std::int64_t step = 1;   // 1-based number of this update (bias corrections, SGD's first step)
+  float lr = 0;            // the learning rate of this step
+  float grad_scale = 1;    // multiplies every gradient (clipping, loss-scale unscaling, accumulation)
+  bool decay = true;       // false: no weight decay for these tensors (biases and gains)
+};
+
+template <class O>
+concept Optimizer = requires(O const& o, exec<host> const& ex, update_args const& a,
+                             std::span<update_tensor<float> const> tensors) {
+  { O::name } -> std::convertible_to<std::string_view>;
+  { O::state_lists } -> std::convertible_to<std::size_t>;
+  { O::state_name(std::size_t{0}) } -> std::convertible_to<std::string_view>;
+  { o.lr } -> std::convertible_to<float>;
+  o.update(ex, a, tensors);
+} && (O::state_lists <= max_state_lists);
+
+// `static_assert(check_optimizer<O>())`: the first missing member fails with a sentence.
+template <class O>
+consteval bool check_optimizer() {
+  static_assert(requires { { O::name } -> std::convertible_to<std::string_view>; },
+                "Optimizer: O needs a static `name` convertible to std::string_view (for reports)");
+  static_assert(requires { { O::state_lists } -> std::convertible_to<std::size_t>; },
+                "Optimizer: O needs `static constexpr std::size_t state_lists`, the fp32 values it keeps per "
+                "parameter (0 to 2: SGD with momentum 1, Adam 2)");
+  if constexpr (requires { { O::state_lists } -> std::convertible_to<std::size_t>; })
+    static_assert(O::state_lists <= max_state_lists, "Optimizer: state_lists must be at most 2 (fp32 lists per "
+                                                     "parameter the engine keeps for it)");
+  static_assert(requires { { O::state_name(std::size_t{0}) } -> std::convertible_to<std::string_view>; },
+                "Optimizer: O needs `static constexpr std::string_view state_name(std::size_t k)`, the checkpoint "
+                "name of state list k (\"m\", \"v\", \"momentum\")");
+  static_assert(requires(O const& o) { { o.lr } -> std::convertible_to<float>; },
+                "Optimizer: O needs a member `float lr`, the base learning rate");
+  static_assert(requires(O const& o, exec<host> const& ex, update_args const& a,
+                         std::span<update_tensor<float> const> ts) { o.update(ex, a, ts); },
+                "Optimizer: O needs `template <Backend B, class T> void update(exec<B> const&, update_args const&, "
+                "std::span<update_tensor<T> const>) const`, the in-place update of a chunk's runs of elements");
+  return Optimizer<O>;
+}
+
+namespace detail {
+// Calls kernel(records) for the tensors converted to Record, at most 32 at a time from a stack
+// array (an update allocates nothing). Elementwise optimizers give the same bits for any grouping.
+template <class Record, class T, class Convert, class Kernel>
+void in_batches(std::span<update_tensor<T> const> tensors, Convert&& convert, Kernel&& kernel) {
+  constexpr std::size_t batch = 32;
+  std::array<Record, batch> records{};
+  for (std::size_t at = 0; at < tensors.size(); at += batch) {
+    std::size_t const k = tensors.size() - at < batch ? tensors.size() - at : batch;
+    for (std::size_t i = 0; i < k; ++i) records[i] = convert(tensors[at + i]);
+    kernel(std::span<Record const>(records.data(), k));
+  }
+}
+}  // namespace detail
+
+}  // namespace tide::optim

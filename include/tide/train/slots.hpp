@@ -1,0 +1,121 @@
+#pragma once
+// The slots of make_trainer, each a concept, all declared here:
+//
+//   make_trainer(spec, offload, optimizer, comm, compression, pipeline)
+//
+//   ModelSpec          what to build: model_type<Hooks>, build(arena, hooks), parameters(), uses()
+//                      (train/model.hpp checks it member by member)
+//   OffloadPolicy      a scheduler policy: where model data lives and when it moves
+//                      (offload/scheduler_policy.hpp; resident, chunked<P>, layer_window<W>,
+//                      static_partition, or your own)
+//   OptimizerPolicy    an optimizer the engine calls per chunk (optim/optimizer.hpp) with the
+//                      knobs the trainer reads: schedule, clip_norm, micro_steps,
+//                      decay_matrices_only, scaling (optim::adamw, adam, sgd)
+//   CommPolicy         this process's rank among world_size, the gradient sink the engine hands
+//                      each completed chunk to (offload/gradient_sink.hpp) and the chunk source
+//                      that fills a fetched parameter chunk (offload/chunk_source.hpp); no_comm:
+//                      one process, no sink, chunks copied from the host
+//   CompressionPolicy  gradient compression between the backward pass and the sink; no_compress
+//   PipelinePolicy     owns the step loop: runs forward and backward over the micro-batches of one
+//                      step; no_pipeline is the plain loop, micro-batch after micro-batch
+//
+// The trainer stores every policy object it is given (trainer::comm(), pipeline(), ...); nothing
+// on the step path is dispatched at run time. A wrong argument fails with a static_assert naming
+// the slot and what it needs (tests/compile_fail/trainer_wrong_*.cpp).
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "tide/core/backend.hpp"
+#include "tide/core/exec.hpp"
+#include "tide/offload/chunk_source.hpp"
+#include "tide/offload/gradient_sink.hpp"
+#include "tide/offload/scheduler_policy.hpp"
+#include "tide/optim/optimizer.hpp"
+#include "tide/optim/training.hpp"
+
+namespace tide::train {
+
+template <class O>
+concept OffloadPolicy = offload::SchedulerPolicy<O>;
+
+template <class O>
+concept OptimizerPolicy = optim::Optimizer<O> && requires(O const& o, float lr) {
+  { o.schedule(lr, std::int64_t{0}) } -> std::convertible_to<float>;
+  { o.clip_norm } -> std::convertible_to<float>;
+  { o.micro_steps } -> std::convertible_to<int>;
+  { o.decay_matrices_only } -> std::convertible_to<bool>;
+  { o.scaling } -> std::convertible_to<optim::loss_scaling>;
+};
+
+template <class C>
+concept CommPolicy = requires(C const& c) {
+  { C::name } -> std::convertible_to<std::string_view>;
+  { c.rank() } -> std::convertible_to<int>;
+  { c.world_size() } -> std::convertible_to<int>;
+  typename C::sink_type;
+  { c.sink() } -> std::same_as<typename C::sink_type>;
+  typename C::source_type;
+  { c.source() } -> std::same_as<typename C::source_type>;
+} && offload::GradientSink<typename C::sink_type> && offload::ChunkSource<typename C::source_type>;
+
+template <class C>
+concept CompressionPolicy = requires {
+  { C::name } -> std::convertible_to<std::string_view>;
+  // fp32 lists per chunk it keeps between steps (an error-feedback residual): 0 for none.
+  { C::residual_lists } -> std::convertible_to<std::size_t>;
+};
+
+// P runs the forward and backward passes of one step over `micro` for Model, returning the sum of
+// the micro-batches' losses.
+template <class P, class Model, class Batch, class B>
+concept PipelinePolicyFor = requires(P& p, exec<B> const& ex, Model& m, std::span<Batch const> micro, float scale) {
+  { P::name } -> std::convertible_to<std::string_view>;
+  { P::stages } -> std::convertible_to<int>;
+  { p.run(ex, m, micro, scale) } -> std::convertible_to<double>;
+};
+// The part a pipeline policy shows before a model is chosen.
+template <class P>
+concept PipelinePolicy = requires {
+  { P::name } -> std::convertible_to<std::string_view>;
+  { P::stages } -> std::convertible_to<int>;
+};
+
+// ---- the single-process, single-stage policies ---------------------------------------------------
+struct no_comm {
+  static constexpr std::string_view name = "none";
+  using sink_type = offload::no_sink;
+  using source_type = offload::host_source;
+  [[nodiscard]] constexpr int rank() const noexcept { return 0; }
+  [[nodiscard]] constexpr int world_size() const noexcept { return 1; }
+  [[nodiscard]] constexpr sink_type sink() const noexcept { return {}; }
+  [[nodiscard]] constexpr source_type source() const noexcept { return {}; }
+};
+
+struct no_compress {
+  static constexpr std::string_view name = "none";
+  static constexpr std::size_t residual_lists = 0;
+};
+
+// Forward then backward, micro-batch after micro-batch: gradients accumulate in the model's
+// (or the engine's) gradient buffers; the loss gradient of each is scaled by `scale`.
+struct no_pipeline {
+  static constexpr std::string_view name = "none";
+  static constexpr int stages = 1;
+  template <Backend B, class Model, class Batch>
+  double run(exec<B> const& ex, Model& model, std::span<Batch const> micro, float scale) {
+    double loss = 0;
+    for (Batch const& b : micro) {
+      loss += static_cast<double>(model.forward(ex, b));
+      model.backward(ex, scale);
+    }
+    return loss;
+  }
+};
+
+static_assert(CommPolicy<no_comm> && CompressionPolicy<no_compress> && PipelinePolicy<no_pipeline>);
+
+}  // namespace tide::train

@@ -1,0 +1,10 @@
+// expect: the 6th argument must be a pipeline policy
+// make_trainer with a policy of another slot where the pipeline policy goes: a static_assert names
+// the slot's concept (train/slots.hpp) and what to pass.
+#include <tide/nn/gpt.hpp>
+#include <tide/train/trainer.hpp>
+
+int main() {
+  auto t = tide::train::make_trainer(tide::nn::gpt_spec<tide::host>{}, tide::offload::resident{}, tide::optim::adamw{}, tide::train::no_comm{}, tide::train::no_compress{}, tide::train::no_comm{});
+  (void)t;
+}

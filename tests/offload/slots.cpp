@@ -1,0 +1,514 @@
+// The slots of the offload engine, each filled by code in this file as a user would: a scheduler
+// policy (trained through make_trainer like the four tide ships), the three optimizers (checked
+// against their kernels on the model's own buffers), and a gradient sink that finishes late on its
+// own stream and scales the gradients in place (the same as scaling the loss).
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <filesystem>
+#include <span>
+#include <thread>
+#include <type_traits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tide/nn/gpt.hpp"
+#include "tide/memory/stream.hpp"
+#include "tide/offload/chunk_source.hpp"
+#include "tide/offload/scheduler.hpp"
+#include "tide/optim/adam.hpp"
+#include "tide/optim/sgd.hpp"
+#include "tide/train/trainer.hpp"
+#include "support/gpt_steps.hpp"
+
+namespace {
+
+using namespace tide::literals;
+using tide::host;
+namespace off = tide::offload;
+
+// Half of what the trace allows, one moment of prefetch, first-in-first-out eviction, optimizer
+// state always on the host: a policy that trades copies for device memory.
+struct halved {
+  std::size_t device_budget = 0;
+  std::size_t chunk_bytes = 0;
+  off::fifo policy{};
+  int fetched_ahead = 1;
+  int placements = 0, warm_ups = 0, steps = 0;  // how often the engine asked
+  static constexpr bool moves_data = true;
+
+  static std::string name() { return "halved<fifo>"; }
+  [[nodiscard]] tide::chunk::chunk_layout layout(tide::parameter_list const& params, tide::block_uses const&,
+                                                 std::size_t budget, std::size_t element_bytes) const {
+    return off::pack_for_budget(params, chunk_bytes, budget, element_bytes);
+  }
+  [[nodiscard]] std::size_t reserved_bytes() const noexcept { return 0; }
+  [[nodiscard]] off::minimum_parts minimum(off::policy_context const& c, std::size_t non_model) const {
+    return {non_model + c.working_set * c.block_bytes, "non-model bytes + the working set", ""};
+  }
+  [[nodiscard]] std::size_t chunk_budget(off::policy_context const& c, tide::chunk::memory_tracer const& tr,
+                                         std::size_t t) const {
+    if (c.recording) return 0;
+    std::size_t const half = tr.chunk_budget(t) / 2;
+    return std::max(half, c.working_set * c.block_bytes);  // never below one moment's chunks
+  }
+  [[nodiscard]] int prefetch_depth(off::policy_context const&) const noexcept { return fetched_ahead; }
+  [[nodiscard]] int max_in_flight() const noexcept { return 2; }
+  template <class Engine>
+  void place(Engine&) {
+    ++placements;
+  }
+  template <class Engine>
+  void after_warm_up(Engine&, off::policy_context const&) {
+    ++warm_ups;
+  }
+  template <class Engine>
+  void after_step(Engine&) {
+    ++steps;
+  }
+};
+static_assert(off::check_scheduler_policy<halved>());
+
+// Missing chunk_budget: not a policy (the engine and make_trainer say so in a sentence).
+struct no_budget {
+  std::size_t device_budget = 0;
+  off::belady policy{};
+  static constexpr bool moves_data = true;
+  static std::string name() { return "no_budget"; }
+};
+static_assert(!off::SchedulerPolicy<no_budget>);
+
+constexpr tide::nn::gpt_config config{.layers = 2, .heads = 2, .channels = 32, .vocab = 64, .max_seq = 16};
+constexpr tide::index_t batch = 2, seq = 16;
+tide::nn::gpt_spec<host> const spec{.config = config, .options = {.seed = 3}};
+tide::optim::adamw const opt{.lr = 3e-3f};
+
+template <class Trainer>
+typename Trainer::batch_type view_of(std::vector<std::int32_t> const& d) {
+  return {{d.data(), {batch, seq}}, {d.data() + batch * seq, {batch, seq}}};
+}
+
+template <class Offload>
+std::vector<std::vector<float>> train(Offload const& policy, int steps, std::size_t* moved = nullptr,
+                                      Offload* after = nullptr) {
+  auto t = tide::train::make_trainer(spec, policy, opt);
+  for (int s = 0; s < steps; ++s) {
+    auto const d = tide::test::token_runs(s, batch, seq, 64);
+    auto const st = t.step(view_of<decltype(t)>(d));
+    if (moved != nullptr && s > 0) *moved += st.bytes_moved;
+  }
+  if (after != nullptr) *after = t.scheduler().policy();
+  std::vector<std::vector<float>> out;
+  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) out.push_back(t.scheduler().read_param(i));
+  return out;
+}
+
+TEST_CASE("a scheduler policy defined by the user trains through make_trainer with the same bits as resident") {
+  auto const reference = train(off::resident{}, 4);
+  halved h{.chunk_bytes = 20_KiB};
+  h.device_budget = tide::test::scheduler_minimum<halved, float>(config, h, batch, seq) + 64_KiB;
+  std::size_t moved = 0;
+  halved after;
+  auto const got = train(h, 4, &moved, &after);
+  CHECK(moved > 0);  // it really offloaded
+  REQUIRE(got.size() == reference.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    REQUIRE(got[i].size() == reference[i].size());
+    CHECK_MESSAGE(std::memcmp(got[i].data(), reference[i].data(), got[i].size() * sizeof(float)) == 0,
+                  "parameter ", i);
+  }
+  // The engine stored the policy object and called it: once placed, once warmed up, every step.
+  CHECK(after.placements == 1);
+  CHECK(after.warm_ups == 1);
+  CHECK(after.steps == 4);
+  CHECK(tide::train::trainer<tide::nn::gpt_spec<host>, halved, tide::optim::adamw>::scheduler_type::name() ==
+        "halved<fifo>");
+}
+
+// ---- the optimizer slot ---------------------------------------------------------------------------
+
+tide::optim::adam const adam{.lr = 2e-3f, .weight_decay = 0.01f};
+tide::optim::sgd const nesterov{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true};
+tide::optim::adamw const adamw{.lr = 3e-3f, .weight_decay = 0.1f};
+constexpr int optimizer_steps = 5;
+
+bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The model's own buffers stepped by the optimizer's kernel over the whole flat buffer: no engine.
+template <class O>
+std::vector<std::vector<float>> plain(O const& o) {
+  tide::thread_pool pool{2};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  tide::nn::gpt<host> model{config, arena, {.seed = 3}};
+  auto const n = model.flat_params().extent(0);
+  std::vector<float> s0(static_cast<std::size_t>(n), 0.f), s1(static_cast<std::size_t>(n), 0.f);
+  tide::tensor_view<float, host> a(s0.data(), {n}), b(s1.data(), {n});
+  for (int s = 0; s < optimizer_steps; ++s) {
+    auto const d = tide::test::token_runs(s, batch, seq, 64);
+    model.zero_grad(ex);
+    model.forward(ex, tide::tensor_view<std::int32_t const, host>(d.data(), {batch, seq}),
+                  tide::tensor_view<std::int32_t const, host>(d.data() + batch * seq, {batch, seq}));
+    model.backward(ex);
+    tide::tensor_view<float const, host> g(model.flat_grads());
+    if constexpr (std::is_same_v<O, tide::optim::sgd>)
+      tide::kernels::sgd(ex, {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov}, s + 1, model.flat_params(), g, a);
+    else if constexpr (std::is_same_v<O, tide::optim::adam>)
+      tide::kernels::adam(ex, {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}, s + 1, model.flat_params(), g, a, b);
+    else
+      tide::kernels::adamw(ex, o.hparams(o.lr), s + 1, model.flat_params(), g, a, b);
+  }
+  std::vector<std::vector<float>> out;
+  for (auto const& p : model.parameters()) {
+    auto const t = model.param(p);
+    out.emplace_back(t.data(), t.data() + p.numel());
+  }
+  return out;
+}
+
+template <class Offload, class O>
+void check_optimizer(Offload off, O const& o, std::vector<std::vector<float>> const& reference) {
+  off.device_budget = tide::test::scheduler_minimum<Offload, float>(config, off, batch, seq) + 16_KiB;
+  auto t = tide::train::make_trainer(spec, off, o);
+  std::size_t moved = 0;
+  for (int s = 0; s < optimizer_steps; ++s) {
+    auto const d = tide::test::token_runs(s, batch, seq, 64);
+    moved += t.step(view_of<decltype(t)>(d)).bytes_moved;
+  }
+  CHECK(moved > 0);
+  for (std::uint32_t i = 0; i < reference.size(); ++i)
+    CHECK_MESSAGE(same_bits(t.scheduler().read_param(i), reference[i]), O::name, " under ", Offload::name(),
+                  ": parameter ", i);
+}
+
+TEST_CASE_TEMPLATE("each optimizer, called per chunk by the engine, equals its kernel over the whole model", O,
+                   tide::optim::adam, tide::optim::sgd, tide::optim::adamw) {
+  O const& o = []() -> O const& {
+    if constexpr (std::is_same_v<O, tide::optim::adam>) return adam;
+    else if constexpr (std::is_same_v<O, tide::optim::sgd>) return nesterov;
+    else return adamw;
+  }();
+  auto const reference = plain(o);
+  check_optimizer(off::chunked<off::belady>{.chunk_bytes = 20_KiB}, o, reference);
+  check_optimizer(off::layer_window<2>{}, o, reference);
+  check_optimizer(off::static_partition{.chunk_bytes = 20_KiB}, o, reference);
+}
+
+// ---- the gradient sink --------------------------------------------------------------------------
+
+// Finishes each chunk later, on its own stream, after a short sleep, multiplying the gradients in
+// place: the optimizer must wait for it (an event per chunk), or it reads unscaled gradients.
+struct delayed_scaling_sink {
+  struct job {
+    std::span<float> grads;
+    float factor = 1;
+    void operator()() const {
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+      for (float& g : grads) g *= factor;
+    }
+  };
+  tide::memory::stream<host>* lane = nullptr;
+  std::vector<job>* jobs = nullptr;  // by chunk: alive until the stream ran them
+  float factor = 2;
+  int* calls = nullptr;
+  template <tide::Backend B, class T>
+  bool reduce(off::ready_chunk<B, T> const& r) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (r.valid_after != nullptr) lane->wait(*r.valid_after);
+      job& j = (*jobs)[r.chunk];
+      j = {r.grads, factor};
+      tide::memory::launch(*lane, j);
+      r.done->record(*lane);
+      ++*calls;
+      return true;
+    } else {
+      return false;
+    }
+  }
+};
+static_assert(off::check_gradient_sink<delayed_scaling_sink>());
+
+// Parameters after `steps` steps of SGD with momentum (linear in the gradient, so a scale shows).
+template <class Policy, class Sink>
+std::vector<std::vector<float>> with_sink(Policy off, Sink sink, float loss_scale, int& calls) {
+  tide::thread_pool pool{2};
+  tide::exec<host> ex{pool};
+  tide::optim::sgd const o{.lr = 0.02f, .momentum = 0.9f};
+  off.device_budget = tide::test::scheduler_minimum<Policy, float>(config, off, batch, seq) + 16_KiB;
+  tide::memory::device_arena<host> arena{{.budget = Policy::moves_data ? off.device_budget : 64_MiB}};
+  using sched_t = off::scheduler<host, float, Policy, tide::optim::sgd, Sink>;
+  sched_t sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config), off,
+                {}, o, sink};
+  tide::nn::gpt<host, float, off::hooks<sched_t>> model{config, arena, {.seed = 3}, {&sched}};
+  std::size_t moved = 0;
+  for (int s = 0; s < optimizer_steps; ++s) {
+    auto const d = tide::test::token_runs(s, batch, seq, 64);
+    model.forward(ex, tide::tensor_view<std::int32_t const, host>(d.data(), {batch, seq}),
+                  tide::tensor_view<std::int32_t const, host>(d.data() + batch * seq, {batch, seq}));
+    model.backward(ex, loss_scale);
+    sched.step();
+    moved += sched.last_step().bytes_moved();
+  }
+  if (Policy::moves_data) CHECK(moved > 0);
+  calls = 0;
+  if constexpr (!std::is_same_v<Sink, off::no_sink>) calls = *sched.sink().calls;
+  std::vector<std::vector<float>> out;
+  for (std::uint32_t i = 0; i < sched.parameters().size(); ++i) out.push_back(sched.read_param(i));
+  return out;
+}
+
+TEST_CASE_TEMPLATE("a sink that finishes late and scales the gradients equals scaling the loss, under every scheduler",
+                   Policy, off::resident, off::chunked<off::belady>, off::chunked<off::lru>, off::layer_window<2>,
+                   off::static_partition, halved) {
+  Policy off{};
+  if constexpr (requires { off.chunk_bytes; }) off.chunk_bytes = 20_KiB;
+  int calls = 0, none = 0;
+  auto const scaled_loss = with_sink(off, off::no_sink{}, 2.f, none);
+  auto const unscaled = with_sink(off, off::no_sink{}, 1.f, none);
+  tide::memory::stream<host> lane;
+  std::vector<delayed_scaling_sink::job> jobs(64);
+  int counted = 0;
+  auto const sunk = with_sink(off, delayed_scaling_sink{&lane, &jobs, 2.f, &counted}, 1.f, calls);
+  CHECK(calls > 0);
+  bool differs = false;  // scaling matters: the test could fail
+  for (std::size_t i = 0; i < sunk.size(); ++i) {
+    CHECK_MESSAGE(same_bits(sunk[i], scaled_loss[i]), Policy::name(), ": parameter ", i);
+    differs = differs || !same_bits(unscaled[i], scaled_loss[i]);
+  }
+  CHECK(differs);
+}
+
+// ---- the chunk source ----------------------------------------------------------------------------
+
+// Fills each parameter chunk on its own stream, late (a sleep, then the copy), and counts; throws
+// on fill number `fail_at` (0: never), before anything is issued, as a failed gather would.
+struct delayed_source {
+  struct job {
+    std::byte* device = nullptr;
+    std::byte const* host = nullptr;
+    std::size_t bytes = 0;
+    void operator()() const {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      std::memcpy(device, host, bytes);
+    }
+  };
+  tide::memory::stream<host>* lane = nullptr;
+  std::vector<job>* jobs = nullptr;  // by chunk
+  int* fills = nullptr;
+  int* releases = nullptr;
+  int fail_at = 0;
+  template <tide::Backend B>
+  void fill(off::fill_request<B> const& r) {
+    if (++*fills == fail_at) throw tide::error(tide::errc::io, "test: the gather of a chunk failed");
+    if (r.block_free != nullptr) lane->wait(*r.block_free);  // a handed-over block: after the victim's copy out
+    job& j = (*jobs)[r.chunk];
+    j = {r.device, r.host, r.bytes};
+    tide::memory::launch(*lane, j);
+    r.ready->record(*lane);
+  }
+  void released(std::uint32_t) noexcept { ++*releases; }
+};
+static_assert(off::check_chunk_source<delayed_source>());
+
+// A communication policy of one process whose chunks come from the delayed source.
+struct source_comm {
+  static constexpr std::string_view name = "test";
+  using sink_type = off::no_sink;
+  using source_type = delayed_source;
+  delayed_source src;
+  [[nodiscard]] int rank() const noexcept { return 0; }
+  [[nodiscard]] int world_size() const noexcept { return 1; }
+  [[nodiscard]] sink_type sink() const noexcept { return {}; }
+  [[nodiscard]] source_type source() const noexcept { return src; }
+};
+static_assert(tide::train::CommPolicy<source_comm>);
+
+template <class Policy>
+void check_source(Policy off, std::vector<std::vector<float>> const& reference) {
+  if constexpr (requires { off.chunk_bytes; }) off.chunk_bytes = 20_KiB;
+  off.device_budget = tide::test::scheduler_minimum<Policy, float>(config, off, batch, seq) + 16_KiB;
+  tide::memory::stream<host> lane;
+  std::vector<delayed_source::job> jobs(64);
+  int fills = 0, releases = 0;
+  auto t = tide::train::make_trainer(spec, off, opt, source_comm{{&lane, &jobs, &fills, &releases, 0}});
+  for (int s = 0; s < 4; ++s) {
+    auto const d = tide::test::token_runs(s, batch, seq, 64);
+    t.step(view_of<decltype(t)>(d));
+  }
+  CHECK(fills > 0);
+  CHECK(releases > 0);
+  for (std::uint32_t i = 0; i < reference.size(); ++i)
+    CHECK_MESSAGE(same_bits(t.scheduler().read_param(i), reference[i]), Policy::name(), ": parameter ", i);
+}
+
+TEST_CASE("a chunk source that fills late on its own stream gives the same bits, and is told of every release") {
+  auto const reference = train(off::resident{}, 4);
+  check_source(off::chunked<off::belady>{}, reference);
+  check_source(off::layer_window<2>{}, reference);
+  check_source(off::static_partition{}, reference);
+}
+
+TEST_CASE("a chunk source that throws loses nothing: the step is undone and training goes on to the same bits") {
+  auto const reference = train(off::resident{}, 4);  // offloading, with any source, gives these bits
+  off::chunked<off::belady> policy{.chunk_bytes = 20_KiB};
+  policy.device_budget = tide::test::scheduler_minimum<decltype(policy), float>(config, policy, batch, seq) + 16_KiB;
+  for (int fail_at : {1, 3, 7, 20, 40}) {  // 44 fills in 4 steps
+    tide::memory::stream<host> lane;
+    std::vector<delayed_source::job> jobs(64);
+    int fills = 0, releases = 0;
+    auto t = tide::train::make_trainer(spec, policy, opt, source_comm{{&lane, &jobs, &fills, &releases, fail_at}});
+    int failures = 0;
+    for (int s = 0; s < 4; ++s) {
+      auto const d = tide::test::token_runs(s, batch, seq, 64);
+      std::vector<std::vector<float>> before;
+      for (std::uint32_t i = 0; i < reference.size(); ++i) before.push_back(t.scheduler().read_param(i));
+      try {
+        t.step(view_of<decltype(t)>(d));
+      } catch (tide::error const& e) {
+        ++failures;
+        CHECK(std::string(e.what()).find("the gather of a chunk failed") != std::string::npos);
+        for (std::uint32_t i = 0; i < reference.size(); ++i)
+          CHECK_MESSAGE(same_bits(t.scheduler().read_param(i), before[i]), "fill ", fail_at, ": parameter ", i);
+        t.step(view_of<decltype(t)>(d));  // the same step again, now without a failure
+      }
+    }
+    CHECK_MESSAGE(failures == 1, "fill ", fail_at, " (", fills, " fills in all)");
+    for (std::uint32_t i = 0; i < reference.size(); ++i)
+      CHECK_MESSAGE(same_bits(t.scheduler().read_param(i), reference[i]), "fill ", fail_at, ": parameter ", i);
+  }
+}
+
+// ---- a list the sink keeps: an error-feedback residual --------------------------------------------
+
+// Rounds each gradient to bf16 precision and carries what the rounding lost into the next step
+// (the error feedback of RedSync and DGC, with rounding as the compressor). The residual is an
+// extra list the engine allocates, places with the optimizer state, undoes and checkpoints.
+struct feedback_sink {
+  static constexpr std::array<off::extra_list, 1> lists{{{"residual", tide::dtype::f32}}};
+  int* calls = nullptr;
+  template <tide::Backend B, class T>
+  bool reduce(off::ready_chunk<B, T> const& r) {
+    if constexpr (std::is_same_v<T, float>) {
+      auto* residual = reinterpret_cast<float*>(r.lists[0].data());
+      for (std::size_t i = 0; i < r.grads.size(); ++i) {
+        float const x = r.grads[i] + residual[i];
+        float const kept = tide::to_float(tide::from_float<tide::bf16>(x));
+        residual[i] = x - kept;
+        r.grads[i] = kept;
+      }
+      ++*calls;
+    }
+    return false;
+  }
+};
+static_assert(off::check_gradient_sink<feedback_sink>());
+
+struct feedback_comm {
+  static constexpr std::string_view name = "feedback";
+  using sink_type = feedback_sink;
+  using source_type = off::host_source;
+  feedback_sink s;
+  [[nodiscard]] int rank() const noexcept { return 0; }
+  [[nodiscard]] int world_size() const noexcept { return 1; }
+  [[nodiscard]] sink_type sink() const noexcept { return s; }
+  [[nodiscard]] source_type source() const noexcept { return {}; }
+};
+
+template <class Trainer>
+std::vector<std::vector<float>> residuals_of(Trainer& t) {
+  std::vector<std::vector<float>> out;
+  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
+    auto const b = t.scheduler().extra_bytes(0, i);
+    out.emplace_back(reinterpret_cast<float const*>(b.data()), reinterpret_cast<float const*>(b.data() + b.size()));
+  }
+  return out;
+}
+
+TEST_CASE("a sink's extra list is kept, placed with the optimizer state, undone with a failed step and checkpointed") {
+  namespace fs = std::filesystem;
+  off::chunked<off::belady> policy{.chunk_bytes = 20_KiB};
+  policy.device_budget = tide::test::scheduler_minimum<decltype(policy), float>(config, policy, batch, seq) + 256_KiB;
+  int calls = 0;
+  auto run = [&](int from, int to, auto& t) {
+    for (int s = from; s < to; ++s) {
+      auto const d = tide::test::token_runs(s, batch, seq, 64);
+      t.step(view_of<std::remove_cvref_t<decltype(t)>>(d));
+    }
+  };
+  auto straight = tide::train::make_trainer(spec, policy, opt, feedback_comm{{&calls}});
+  run(0, 4, straight);
+  CHECK(calls > 0);
+  auto const residual = residuals_of(straight);
+  bool nonzero = false;
+  for (auto const& r : residual)
+    for (float x : r) nonzero = nonzero || x != 0.f;
+  CHECK(nonzero);  // rounding to bf16 lost something, and the sink kept it
+  // Where the optimizer state went (the margin of this budget holds some of it), the residual went too.
+  auto const& sched = straight.scheduler();
+  bool some_on_device = false;
+  for (std::uint32_t c = 0; c < sched.layout().chunks(); ++c) {
+    CHECK(sched.extra_list(0)[c].tier() == sched.list(tide::chunk::chunk_role::exp_avg)[c].tier());
+    some_on_device = some_on_device || sched.os_on_device(c);
+  }
+  CHECK(some_on_device);
+
+  // Two steps, a checkpoint, two more in a new trainer: the same bits as four straight.
+  fs::path const dir = fs::temp_directory_path() / ("tide-slots-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    auto first = tide::train::make_trainer(spec, policy, opt, feedback_comm{{&calls}});
+    run(0, 2, first);
+    first.save(dir / "half.tide");
+  }
+  auto resumed = tide::train::make_trainer(spec, policy, opt, feedback_comm{{&calls}});
+  resumed.load(dir / "half.tide");
+  run(2, 4, resumed);
+  auto forgetful = tide::train::make_trainer(spec, policy, opt, feedback_comm{{&calls}});
+  forgetful.load(dir / "half.tide");
+  for (std::uint32_t i = 0; i < forgetful.model().parameters().size(); ++i) {
+    auto b = forgetful.scheduler().extra_bytes(0, i);
+    std::memset(b.data(), 0, b.size());  // what a checkpoint without the residual would give
+  }
+  run(2, 4, forgetful);
+  bool forgot = false;
+  for (std::uint32_t i = 0; i < residual.size(); ++i) {
+    CHECK_MESSAGE(same_bits(resumed.scheduler().read_param(i), straight.scheduler().read_param(i)), "parameter ", i);
+    CHECK(same_bits(residuals_of(resumed)[i], residual[i]));
+    forgot = forgot || !same_bits(forgetful.scheduler().read_param(i), straight.scheduler().read_param(i));
+  }
+  CHECK(forgot);  // the residual matters: without it the run goes elsewhere
+
+  // A step that fails after the sink ran: parameters and residual as before the step.
+  auto t = tide::train::make_trainer(spec, policy, opt, feedback_comm{{&calls}});
+  run(0, 2, t);
+  std::size_t const copies_before = t.scheduler().transfers().stats().copies;
+  run(2, 3, t);
+  std::size_t const per_step = t.scheduler().transfers().stats().copies - copies_before;
+  REQUIRE(per_step > 4);
+  std::vector<std::vector<float>> params_before;
+  for (std::uint32_t i = 0; i < residual.size(); ++i) params_before.push_back(t.scheduler().read_param(i));
+  auto const residual_before = residuals_of(t);
+  auto const d = tide::test::token_runs(3, batch, seq, 64);
+  int const before_calls = calls;
+  t.scheduler().transfers().fail_copy(per_step - 2);  // late in backward, after the sink saw some chunks
+  CHECK_THROWS_AS(t.step(view_of<decltype(t)>(d)), tide::error);
+  CHECK(calls > before_calls);
+  for (std::uint32_t i = 0; i < residual.size(); ++i) {
+    CHECK(same_bits(t.scheduler().read_param(i), params_before[i]));
+    CHECK(same_bits(residuals_of(t)[i], residual_before[i]));
+  }
+  t.step(view_of<decltype(t)>(d));  // and the step runs again
+  fs::remove_all(dir);
+}
+
+}  // namespace
