@@ -25,7 +25,6 @@
 #include <tide/kernels/gelu/gelu.hpp>
 #include <tide/kernels/matmul/matmul.hpp>
 #include <tide/memory/device_arena.hpp>
-#include <tide/nn/gpt.hpp>  // tide::block_uses
 #include <tide/core/parameters.hpp>
 #include <tide/offload/schedulers.hpp>
 #include <tide/optim/adamw.hpp>

@@ -549,8 +549,9 @@ TEST_CASE("close() reports a failure in flight; destruction frees every block al
 
 namespace {
 
-// Six steps of the model through the scheduler (tracing off), steps 3..5 counted: the model's
-// kernels keep their scratch per thread, the scheduler sized every list it fills up front.
+// Six steps of the model through the scheduler (tracing off), steps 3..5 counted (0-based: the
+// 4th to 6th, well past the warm-up): the model's kernels keep their scratch per thread, the
+// scheduler sized every list it fills up front.
 template <class Config>
 long allocations_in_steady_steps(Config const& cfg, bool deferred) {
   tide::thread_pool pool{2};

@@ -12,6 +12,8 @@
 
 #include <array>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <filesystem>
 #include <span>
 #include <thread>
@@ -286,6 +288,95 @@ TEST_CASE_TEMPLATE("a sink that finishes late and scales the gradients equals sc
     differs = differs || !same_bits(unscaled[i], scaled_loss[i]);
   }
   CHECK(differs);
+}
+
+// A sink whose reductions wait on a latch that the test opens only after backward returned: if
+// the engine waited for a sink's event on the compute thread, each reduction would sit out its
+// deadline and say so. The deadline only turns that bug into a failure instead of a hang.
+struct held_sink {
+  struct latch {
+    std::mutex m;
+    std::condition_variable cv;
+    bool open = false;
+    int finished = 0;   // reductions done
+    int timed_out = 0;  // reductions that gave up waiting
+    void release() {
+      {
+        std::lock_guard lock(m);
+        open = true;
+      }
+      cv.notify_all();
+    }
+  };
+  struct job {
+    latch* l = nullptr;
+    void operator()() const {
+      std::unique_lock lock(l->m);
+      if (!l->cv.wait_for(lock, std::chrono::seconds(5), [this] { return l->open; })) ++l->timed_out;
+      ++l->finished;
+    }
+  };
+  tide::memory::stream<host>* lane = nullptr;
+  latch* const* current = nullptr;  // this step's latch
+  std::vector<job>* jobs = nullptr;
+  template <tide::Backend B, class T>
+  bool reduce(off::ready_chunk<B, T> const& r) {
+    if (r.valid_after != nullptr) lane->wait(*r.valid_after);
+    (*jobs)[r.chunk] = {*current};
+    tide::memory::launch(*lane, (*jobs)[r.chunk]);
+    r.done->record(*lane);
+    return true;
+  }
+};
+
+// Parameters pinned on the device, optimizer state on the host: every chunk's step is a host step
+// on the optimizer worker and its gradients are copied out while the sink works, yet backward
+// fetches nothing, so nothing it needs queues behind a gradient's copy out.
+struct state_on_host : off::resident {
+  static constexpr bool moves_data = true;
+  static std::string name() { return "state_on_host"; }
+  template <class Engine>
+  void place(Engine& e) {
+    e.pin_parameters();
+  }
+};
+static_assert(off::check_scheduler_policy<state_on_host>());
+
+TEST_CASE("backward does not wait for the sink: a chunk's host step and its copy out wait on its event") {
+  state_on_host policy{};
+  policy.chunk_bytes = 20_KiB;
+  policy.device_budget = 64_MiB;
+  tide::thread_pool pool{2};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = policy.device_budget}};
+  using sched_t = off::scheduler<host, float, state_on_host, tide::optim::sgd, held_sink>;
+  tide::memory::stream<host> lane;
+  std::vector<held_sink::job> jobs(64);
+  tide::optim::sgd const o{.lr = 0.02f, .momentum = 0.9f};
+  std::array<held_sink::latch, 3> latches;  // one per step: the warm-up, then steady steps
+  held_sink::latch* current = nullptr;
+  sched_t sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config),
+                policy, {}, o, held_sink{&lane, &current, &jobs}};
+  tide::nn::gpt<host, float, off::hooks<sched_t>> model{config, arena, {.seed = 3}, {&sched}};
+  for (int s = 0; s < 3; ++s) {
+    held_sink::latch& l = latches[static_cast<std::size_t>(s)];
+    current = &l;
+    auto const d = tide::test::token_runs(s, batch, seq, 64);
+    model.forward(ex, tide::tensor_view<std::int32_t const, host>(d.data(), {batch, seq}),
+                  tide::tensor_view<std::int32_t const, host>(d.data() + batch * seq, {batch, seq}));
+    model.backward(ex);
+    {
+      std::lock_guard lock(l.m);
+      CHECK_MESSAGE(l.finished == 0, "step ", s, ": backward waited for ", l.finished, " reductions");
+    }
+    l.release();
+    sched.step();
+    CHECK(sched.last_step().device_optimizer_chunks == 0);
+    CHECK(sched.last_step().host_optimizer_chunks > 0);
+    CHECK(sched.last_step().bytes_moved() > 0);
+    CHECK(l.timed_out == 0);
+    CHECK(l.finished > 0);
+  }
 }
 
 // ---- the chunk source ----------------------------------------------------------------------------

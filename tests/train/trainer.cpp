@@ -17,6 +17,8 @@
 
 #include "tide/nn/gpt.hpp"
 #include "tide/train/trainer.hpp"
+#include "tide/optim/adam.hpp"
+#include "tide/optim/sgd.hpp"
 #include "support/files.hpp"
 #include "support/gpt_steps.hpp"
 
@@ -228,6 +230,56 @@ TEST_CASE("a resumed run gives the losses of an uninterrupted one, under any sch
     CHECK(std::string(e.what()).find("model.shape") != std::string::npos);
   }
   std::filesystem::remove_all(dir);
+}
+
+// Resumes after 3 of 6 steps with optimizer O: its state lists ("momentum/" for SGD, "m/" and "v/"
+// for Adam) go through the checkpoint, so the rest of the run matches bit for bit.
+template <class O>
+void check_resume(O const& opt, char const* tag) {
+  tide::test::scratch_dir const dir(tag);
+  std::vector<std::vector<float>> whole;
+  {
+    auto t = tide::train::make_trainer(spec, tight_belady, opt);
+    for (int s = 0; s < 6; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
+    whole = params_of(t);
+  }
+  {
+    auto t = tide::train::make_trainer(spec, tight_belady, opt);
+    for (int s = 0; s < 3; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
+    t.save(dir.path / "ckpt");
+  }
+  auto resumed = [&](bool zero_state) {
+    auto t = tide::train::make_trainer(spec, tight_belady, opt);
+    t.load(dir.path / "ckpt");
+    if (zero_state)  // what a checkpoint without the optimizer's state would resume to
+      for (std::uint32_t c = 0; c < t.scheduler().layout().chunks(); ++c)
+        for (std::size_t k = 0; k < O::state_lists; ++k) {
+          auto const& list = t.scheduler().list(k == 0 ? tide::chunk::chunk_role::exp_avg : tide::chunk::chunk_role::exp_avg_sq);
+          REQUIRE(list[c].payload() != nullptr);
+          std::memset(list[c].payload(), 0, list[c].capacity());
+        }
+    for (int s = 3; s < 6; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
+    return params_of(t);
+  };
+  CHECK_MESSAGE(same(resumed(false), whole), O::name);
+  CHECK_MESSAGE(!same(resumed(true), whole), O::name, ": the state matters, so the test could fail");
+}
+
+TEST_CASE("SGD's momentum and Adam's moments are checkpointed: a resumed run equals a straight one") {
+  check_resume(tide::optim::sgd{.lr = 0.05f, .momentum = 0.9f, .nesterov = true}, "trainer_sgd");
+  check_resume(tide::optim::adam{.lr = 3e-3f, .weight_decay = 0.01f}, "trainer_adam");
+  // An SGD checkpoint has no "m/" or "v/" sections: an Adam trainer refuses it and loads nothing.
+  tide::test::scratch_dir const dir("trainer_sgd_to_adam");
+  {
+    auto t = tide::train::make_trainer(spec, tight_belady, tide::optim::sgd{.lr = 0.05f, .momentum = 0.9f});
+    (void)t.step(view_of<decltype(t)>(data_of(0)));
+    t.save(dir.path / "ckpt");
+  }
+  auto t = tide::train::make_trainer(spec, tight_belady, tide::optim::adam{});
+  auto const before = params_of(t);
+  CHECK_THROWS_AS(t.load(dir.path / "ckpt"), tide::error);
+  CHECK(same(params_of(t), before));
+  CHECK(t.steps() == 0);
 }
 
 TEST_CASE("bf16 parameters with fp32 masters: offloaded equals resident, bit for bit") {

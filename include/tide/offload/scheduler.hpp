@@ -145,23 +145,24 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   [[nodiscard]] parameter_list const& parameters() const noexcept { return this->params_; }
   [[nodiscard]] std::size_t chunk_bytes() const noexcept { return this->param_.chunk_bytes(); }
   [[nodiscard]] chunk::memory_tracer const& tracer() const noexcept { return this->tracer_; }
-  [[nodiscard]] chunk::chunk_list const& list(chunk::chunk_role r) const noexcept {
+  // The chunk list of role r; exp_avg and exp_avg_sq are the optimizer's state lists 0 and 1.
+  [[nodiscard]] chunk::chunk_list const& list(chunk::chunk_role r) const {
     switch (r) {
       case chunk::chunk_role::grad: return this->grad_;
       case chunk::chunk_role::master: return this->master_;
-      case chunk::chunk_role::exp_avg: return this->state_.at(0);
-      case chunk::chunk_role::exp_avg_sq: return this->state_.at(1);
+      case chunk::chunk_role::exp_avg:
+      case chunk::chunk_role::exp_avg_sq: {
+        std::size_t const k = r == chunk::chunk_role::exp_avg ? 0 : 1;
+        TIDE_REQUIRE(k < this->state_lists, "offload::scheduler::list: ", Optimizer::name, " keeps ",
+                     this->state_lists, " state list(s); ask for exp_avg (list 0) only when it keeps one");
+        return this->state_[k];
+      }
       default: return this->param_;
     }
   }
   [[nodiscard]] offload_stats const& last_step() const noexcept { return this->last_; }
   // Device bytes per moment of the last completed step (the memory tide).
   [[nodiscard]] std::span<tide_sample const> memory_tide() const noexcept { return this->last_tide_; }
-  // The layer window in use (a policy with a `chosen` window; 0 before the first moment).
-  [[nodiscard]] int window() const noexcept {
-    if constexpr (requires { this->policy_.chosen; }) return this->policy_.chosen;
-    else return 0;
-  }
   [[nodiscard]] policy_type const& policy() const noexcept { return this->policy_; }
   [[nodiscard]] Optimizer const& optimizer() const noexcept { return this->optimizer_; }
   [[nodiscard]] Sink& sink() noexcept { return this->sink_; }

@@ -19,7 +19,7 @@
 // place, after_warm_up and after_step receive the engine and may call its placement members
 // (placement_engine below): pin_parameters(), place_state_on_device(count, required) and
 // keep_spare_blocks(count). A policy is a value stored in the engine; the calls are resolved at
-// compile time. tests/offload/policies.cpp writes a fifth policy and trains with it.
+// compile time. tests/offload/slots.cpp writes a fifth policy and trains with it.
 
 #include <concepts>
 #include <cstddef>

@@ -8,8 +8,8 @@
 //     static constexpr std::size_t state_lists = 1;      // fp32 values per parameter it keeps (0..2)
 //     static constexpr std::string_view state_name(std::size_t k) { return "buf"; }  // checkpoint sections
 //     float lr = 1e-3f;                                  // the base learning rate (the trainer's schedule scales it)
-//     template <Backend B, class T>
-//     void update(exec<B> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const;
+//     template <class T>
+//     void update(exec<host> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const;
 //   };
 //   static_assert(tide::optim::check_optimizer<my_optimizer>());   // names a missing member
 //
@@ -20,6 +20,10 @@
 // and the optional bf16/f16 working copy to round the new value into. Padding between tensors is
 // zero and must stay zero. An optimizer is elementwise, so the engine may split or join runs
 // freely; a result must not depend on how the elements are grouped.
+//
+// The offload engine runs on tide::host, so the slot takes exec<host> and host pointers. The
+// optimizers' CUDA kernels (tide::kernels::adamw, adam, sgd in their cuda.cuh) are compiled by
+// the nvcc test and called directly; the slot reaches them when the engine runs on tide::cuda.
 
 #include <array>
 #include <concepts>
@@ -83,7 +87,7 @@ consteval bool check_optimizer() {
                 "Optimizer: O needs a member `float lr`, the base learning rate");
   static_assert(requires(O const& o, exec<host> const& ex, update_args const& a,
                          std::span<update_tensor<float> const> ts) { o.update(ex, a, ts); },
-                "Optimizer: O needs `template <Backend B, class T> void update(exec<B> const&, update_args const&, "
+                "Optimizer: O needs `template <class T> void update(exec<host> const&, update_args const&, "
                 "std::span<update_tensor<T> const>) const`, the in-place update of a chunk's runs of elements");
   return Optimizer<O>;
 }

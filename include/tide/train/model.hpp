@@ -27,7 +27,7 @@
 #include "tide/core/dtype.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/memory/device_arena.hpp"
-#include "tide/nn/gpt.hpp"  // tide::block_uses, nn::no_hooks
+#include "tide/nn/gpt.hpp"  // nn::no_hooks
 #include "tide/core/parameters.hpp"
 #include "tide/offload/scheduler.hpp"
 #include "tide/offload/schedulers.hpp"

@@ -253,6 +253,7 @@ class chunk_store {
   std::byte* copy_out(std::uint32_t id) {
     chunk::chunk& ch = chunk_of(id);
     settle(id);
+    self().before_copy_out(id);
     if (id < n_ && shadow_[id] != nullptr) {  // clean: the host copy is current, nothing to copy
       std::byte* dev = ch.detach();
       ch.attach(std::exchange(shadow_[id], nullptr), chunk::tier::host);

@@ -2,7 +2,8 @@
 // The step of the offload engine: the gradient sink, the optimizer, the chunk source, the undo
 // journal and draining, over the residency layer (moments, budget, prefetch) and chunk_store
 // (the byte moves). Decisions come from the scheduler policy P, the update from the optimizer
-// O, the gradient reduction from the sink S, parameter bytes at fetch from the source Src. scheduler<B, T, P, O, S> (offload/scheduler.hpp) is the public face.
+// O, the gradient reduction from the sink S, parameter bytes at fetch from the source Src.
+// scheduler<B, T, P, O, S> (offload/scheduler.hpp) is the public face.
 
 #include <algorithm>
 #include <atomic>
@@ -174,6 +175,12 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
                                  &this->ready_[c]});
   }
   void released(std::uint32_t c) noexcept { source_.released(c); }
+  // A gradient chunk the sink still works on leaves the device after the sink finished: the copy
+  // stream waits for the sink's event, the calling thread does not.
+  void before_copy_out(std::uint32_t id) {
+    if (id >= this->n_ && id < 2 * this->n_ && reduce_pending_[id - this->n_])
+      this->copy_stream_.wait(reduced_[id - this->n_]);
+  }
   // Parameter chunk c's host update is still running (prefetch leaves it alone).
   [[nodiscard]] bool stepping(std::uint32_t c) { return optimizer_pending_[c] && !busy_[c].query(); }
   void require_intact() const {
@@ -320,10 +327,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   };
 
   void optimizer_step(std::uint32_t c, bool apply) {
-    wait_reduced(c);  // the sink finished with the gradients
     index_t const n = step_elements(c);
     optim::update_args const args{t_, lr_, options_.grad_scale, true};
     if (os_on_device_[c]) {
+      wait_reduced(c);  // the update runs here: the sink must have finished with the gradients
       if (!this->on_device(c) || !this->on_device(this->n_ + c)) {  // deferred: they may have been evicted since
         ids_pair_ = {c, this->n_ + c};
         this->make_resident(ids_pair_, this->current_);
@@ -356,6 +363,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     }
     ++this->cur_.host_optimizer_chunks;
     if (!apply) {  // the moves happened; nothing to compute
+      wait_reduced(c);  // the gradients are freed below
       this->param_.transition_chunk(c, chunk::tensor_state::hold);
       release_grad(c);
       return;
@@ -365,6 +373,9 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     this->param_.transition_chunk(c, chunk::tensor_state::hold);
     this->grad_.transition_chunk(c, chunk::tensor_state::free);
     if (options_.overlap_optimizer) {
+      // The worker waits for the copies and for the sink; backward goes on (the gradients' copy
+      // out, if any, already waits for the sink on the copy stream).
+      if (reduce_pending_[c]) optimizer_stream_.wait(reduced_[c]);
       optimizer_stream_.wait(this->ready_[c]);
       optimizer_stream_.wait(this->ready_[this->n_ + c]);
       memory::launch(optimizer_stream_, job);
@@ -373,6 +384,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       // The gradient's host block is freed once the step read it (drain / the next use).
       pending_grad_frees_.push_back({c, this->grad_[c].detach()});
     } else {
+      wait_reduced(c);
       this->settle(c);
       this->settle(this->n_ + c);
       job();
