@@ -45,6 +45,9 @@
 #include "tide/chunk/memory_tracer.hpp"
 #include "tide/chunk/tensor_state.hpp"
 
+#include "tide/comm/communicator.hpp"
+#include "tide/comm/self.hpp"
+
 #include "tide/offload/gradient_sink.hpp"
 #include "tide/offload/hooks.hpp"
 #include "tide/offload/policy.hpp"

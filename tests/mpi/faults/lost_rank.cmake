@@ -1,0 +1,32 @@
+# Runs lost_rank under mpiexec with 3 ranks and checks that the job ends, and how.
+#   cmake -DMPIEXEC=... -DPROGRAM=... -DHOW=stop|kill -DDEADLINE_MS=... -P lost_rank.cmake
+# stop: the two live ranks print the error naming the all-reduce, rank 2 and the deadline, and
+#       the job exits non-zero; kill: mpiexec ends the job, non-zero. Never a hang: the job gets
+#       120 s, far more than the deadline and the roll call need.
+execute_process(
+  COMMAND ${MPIEXEC} -n 3 --oversubscribe --allow-run-as-root --bind-to none ${PROGRAM} ${HOW} ${DEADLINE_MS}
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+set(all "${out}\n${err}")
+message(STATUS "mpiexec exit: ${rc}\n${all}")
+if(rc MATCHES "timeout" OR rc MATCHES "Process terminated")
+  message(FATAL_ERROR "the job hung: mpiexec did not end within 120 s")
+endif()
+if(rc EQUAL 0)
+  message(FATAL_ERROR "the job exited 0 although rank 2 was lost")
+endif()
+string(REGEX MATCHALL "rank [0-9]: step 2 done" before "${all}")
+list(LENGTH before ranks_before)
+if(NOT ranks_before EQUAL 3)
+  message(FATAL_ERROR "expected all 3 ranks to finish step 2 before the loss, saw ${ranks_before}")
+endif()
+if(all MATCHES "step 3 done")
+  message(FATAL_ERROR "a step completed without rank 2")
+endif()
+if(HOW STREQUAL "stop")
+  foreach(r 0 1)
+    if(NOT all MATCHES "lost_rank: rank ${r}: comm::mpi: all_reduce #4 \\(1.00 MiB of f32, sum\\) on rank ${r} of 3 did not complete within its deadline of ${DEADLINE_MS} ms; not heard from: rank 2 \\(died, stopped or hangs\\)")
+      message(FATAL_ERROR "rank ${r} did not report the stopped rank as expected")
+    endif()
+  endforeach()
+endif()
+message(STATUS "lost_rank ${HOW}: the job ended (exit ${rc}) as expected")
