@@ -14,6 +14,10 @@
 //     }
 //   };
 //
+// A sink that holds a chunk back to send it with later ones (a bucket) must not wait past
+// `ends_block`: the engine may copy that chunk's gradients out, which waits for `done`, before
+// backward completes any other chunk.
+//
 // The span is the chunk's whole gradient payload (padding included: zero, and it must stay
 // zero), on `tier`, valid after `valid_after` (null: valid now; the host backend computes on the
 // calling thread). It stays valid and unmoved until `done` completes. Gradients are in the
@@ -59,6 +63,9 @@ struct ready_chunk {
   memory::event<B> const* valid_after = nullptr;    // grads are complete once this completes (null: now)
   memory::event<B>* done = nullptr;                 // record here when finishing later (and return true)
   std::int64_t step = 1;                            // the optimizer step (1-based) these gradients are for
+  bool ends_block = false;                          // the last chunk this block's backward completes: backward
+                                                    // goes on (and may evict gradients) after it
+  bool last = false;                                // no other chunk reaches the sink in this step
   std::array<std::span<std::byte>, max_extra_lists> lists{};  // this chunk of each declared list, on `tier`'s side
 };
 

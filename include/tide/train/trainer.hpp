@@ -169,7 +169,9 @@ class trainer {
     st.lr = optimizer_.schedule(optimizer_.lr, step_);
     st.loss_scale = scaler_.scale();
     scheduler_.set_learning_rate(st.lr);
-    float const inv = 1.f / (st.loss_scale * static_cast<float>(m));  // exact for powers of two
+    // The gradient is the sum over micro-batches and, with data parallelism, over ranks (the sink
+    // sums): the mean is the sum times inv, exact for powers of two.
+    float const inv = 1.f / (st.loss_scale * static_cast<float>(m) * static_cast<float>(comm_.world_size()));
     if (!needs_all_gradients(optimizer_)) scheduler_.set_grad_scale(inv);
     double const loss = pipeline_.run(ex_, model_, micro_batches, st.loss_scale);
     for (batch_type const& b : micro_batches) st.tokens += model_type::tokens_in(b);

@@ -101,6 +101,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       plain_[c].reserve(this->layout_.first_param[c + 1] - this->layout_.first_param[c] - matrices);
     }
     this->ctx_.state_lists = fp32_lists;
+    for (int b = this->uses_.first_block; b <= this->uses_.last_block(); ++b) sink_chunks_ += this->completes_at(b).size();
   }
 
   // ---- the placement members policies call ----------------------------------------------------
@@ -204,6 +205,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     if (step_open_) return;
     require_intact();
     step_open_ = true;
+    handed_ = 0;
     this->tracer_.begin_step();
     this->ctx_.recording = this->tracer_.recording();
     this->arena_->reset_peak();
@@ -219,11 +221,12 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // ---- the gradient sink and the optimizer ----------------------------------------------------
   // After the pass that completes them: chunk c's gradients go to READY_FOR_REDUCE and to the sink.
   void hand_to_sink(int block) {
-    for (std::uint32_t c : this->completes_at(block)) {
+    auto const complete = this->completes_at(block);
+    for (std::uint32_t c : complete) {
       this->grad_.transition_chunk(c, chunk::tensor_state::ready_for_reduce);
       chunk::chunk& g = this->grad_[c];
       ready_chunk<B, T> r{c, {reinterpret_cast<T*>(g.payload()), g.capacity() / sizeof(T)}, g.tier(), nullptr,
-                          &reduced_[c], t_};
+                          &reduced_[c], t_, c == complete.back(), ++handed_ == sink_chunks_};
       if constexpr (extra_count > 0) {
         if (options_.undo_on_error) extra_undo_.save(c, this->extra_);  // the sink may change them
         for (std::size_t k = 0; k < extra_count; ++k)
@@ -473,6 +476,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   std::vector<memory::event<B>> reduced_;  // by chunk: the sink finished with its gradients
   std::vector<memory::event<B>> block_free_;  // by chunk: a handed-over block may be written (other sources)
   std::vector<bool> optimizer_pending_, reduce_pending_, os_on_device_;  // by chunk
+  std::size_t sink_chunks_ = 0;  // chunks handed to the sink per step (those whose gradients complete)
+  std::size_t handed_ = 0;       // of them, handed in this step
   std::vector<host_job> jobs_;
   std::vector<std::vector<optim::update_tensor<T>>> decayed_, plain_;  // by chunk (decay_matrices_only)
   std::vector<std::pair<std::uint32_t, std::byte*>> pending_grad_frees_;

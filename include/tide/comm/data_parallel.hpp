@@ -1,0 +1,265 @@
+#pragma once
+// Data parallelism through the offload engine's gradient sink: every rank trains the same model on
+// its own shard of the data, and each gradient chunk is summed over the ranks as soon as backward
+// completes it, in buckets, while backward goes on.
+//
+//   tide::comm::mpi world{session};
+//   auto trainer = tide::train::make_trainer(spec, tide::offload::chunked<>{...}, tide::optim::adamw{...},
+//                                            tide::comm::data_parallel{.comm = &world, .bucket_bytes = 8_MiB});
+//
+// Buckets. Chunks reach the sink in the order backward completes them, the same order on every
+// rank. Consecutive chunks of one block's backward fill a bucket of bucket_bytes (at least one
+// chunk); when it is full, or the block handed its last chunk, the bucket's all-reduce starts (a
+// bucket never waits for a later block: under a tight budget backward may have to copy those
+// gradients out before it can go on, and that copy waits for the sum). One call over a
+// staging buffer the chunks are packed into (as Horovod's fusion buffer), or over the chunk itself
+// when a bucket is one chunk. The work runs on the sink's own stream, calling the communicator,
+// whose lane polls MPI, so compute never waits for it. A chunk's `done` event is recorded on a
+// second stream behind a wait for its bucket, so the engine's optimizer step for that chunk (an
+// event wait on the optimizer worker) runs once its bucket was summed, and not before.
+//
+// The sink sums; the trainer divides by the world size with the rest of its gradient scale (the
+// mean over micro-batches and ranks), so data parallelism on W ranks is gradient accumulation over
+// W micro-batches, as far as the order of the sum allows (docs/comm.md).
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "tide/comm/communicator.hpp"
+#include "tide/core/error.hpp"
+#include "tide/memory/stream.hpp"
+#include "tide/offload/chunk_source.hpp"
+#include "tide/offload/gradient_sink.hpp"
+
+namespace tide::comm {
+
+// What a data-parallel sink did, for reports and tests.
+struct bucket_stats {
+  std::uint64_t buckets = 0;        // all-reduces started
+  std::uint64_t chunks = 0;         // chunks summed
+  std::uint64_t bytes = 0;          // bytes all-reduced (each rank's contribution)
+  std::uint64_t packed_buckets = 0; // buckets of more than one chunk (packed into the staging buffer)
+};
+
+template <Communicator C>
+class bucket_sink {
+ public:
+  bucket_sink(C* comm, std::size_t bucket_bytes) : st_(std::make_shared<state>(comm, bucket_bytes)) {
+    TIDE_REQUIRE(comm != nullptr, "data_parallel: .comm is null; pass the address of a communicator that outlives "
+                 "the trainer (tide::comm::mpi world{session}; .comm = &world)");
+  }
+
+  template <Backend B, class T>
+  bool reduce(offload::ready_chunk<B, T> const& r) {
+    static_assert(std::is_same_v<B, host>, "data_parallel: the sink runs on tide::host (comm::nccl is the CUDA path)");
+    return st_->take(r.chunk, std::as_writable_bytes(r.grads), detail_elem<T>(), r.valid_after, r.done,
+                     r.ends_block || r.last);
+  }
+
+  [[nodiscard]] bucket_stats stats() const {
+    std::lock_guard lock(st_->m);
+    return st_->totals;
+  }
+
+ private:
+  template <class T>
+  static constexpr int detail_elem() {
+    return std::is_same_v<T, float> ? 0 : std::is_same_v<T, bf16> ? 1 : 2;
+  }
+
+  struct state {
+    static constexpr std::size_t ring = 256;  // chunk waits and bucket jobs in flight before reuse waits
+
+    // The all-reduce of one bucket, on `work`.
+    struct flush_job {
+      state* st = nullptr;
+      std::uint64_t bucket = 0;
+      std::vector<std::span<std::byte>> chunks;  // reserved once; cleared per use
+      int type = 0;
+      memory::event<host> ran;
+      void operator()() {
+        try {
+          st->sum(chunks, type);
+        } catch (tide::error const& e) {
+          st->mark(bucket, &e);
+          throw;
+        }
+        st->mark(bucket, nullptr);
+      }
+    };
+    // A chunk's wait for its bucket, on `hold`; the chunk's done event is recorded after it.
+    struct hold_job {
+      state* st = nullptr;
+      std::uint64_t bucket = 0;
+      memory::event<host> ran;
+      void operator()() const { st->wait_for(bucket); }
+    };
+
+    C* comm;
+    std::size_t bucket_bytes;
+    mutable std::mutex m;
+    std::condition_variable cv;
+    std::uint64_t summed = 0;  // buckets summed so far, in order
+    bool failed = false;
+    std::string why;  // the all-reduce's error, if one failed
+    bucket_stats totals;
+    std::uint64_t opened = 0;  // buckets started (the open one is opened - 1)
+    std::size_t open_bytes = 0;
+    std::vector<std::byte> staging;
+    std::vector<std::span<std::byte>> open;  // the open bucket's chunks
+    std::vector<flush_job> flushes;
+    std::vector<hold_job> holds;
+    std::size_t next_flush = 0, next_hold = 0;
+    memory::stream<host> work;  // after the jobs: destroyed (drained) first
+    memory::stream<host> hold;
+
+    state(C* c, std::size_t bytes) : comm(c), bucket_bytes(bytes), flushes(ring), holds(ring) {
+      TIDE_REQUIRE(bytes > 0, "data_parallel: bucket_bytes = 0; pass the bytes one all-reduce should carry (25 MiB "
+                   "is PyTorch DDP's default)");
+      for (auto& f : flushes) f.st = this;
+      for (auto& h : holds) h.st = this;
+    }
+    state(state const&) = delete;
+    state& operator=(state const&) = delete;
+    ~state() {
+      {  // nothing waits for a bucket that will not come
+        std::lock_guard lock(m);
+        failed = true;
+      }
+      cv.notify_all();
+    }
+
+    bool take(std::uint32_t, std::span<std::byte> grads, int type, memory::event<host> const* valid_after,
+              memory::event<host>* done, bool close) {
+      if (open.empty()) {
+        ++opened;
+        open_bytes = 0;
+      }
+      if (valid_after != nullptr) work.wait(*valid_after);
+      open.push_back(grads);
+      open_bytes += grads.size();
+      std::uint64_t const bucket = opened - 1;
+      if (open_bytes >= bucket_bytes || close) flush(bucket, type);
+      hold_job& h = holds[next_hold++ % ring];
+      h.ran.synchronize();
+      h.bucket = bucket;
+      memory::launch(hold, h);
+      h.ran.record(hold);
+      done->record(hold);
+      return true;
+    }
+
+    void flush(std::uint64_t bucket, int type) {
+      flush_job& f = flushes[next_flush++ % ring];
+      f.ran.synchronize();  // its previous use ran
+      if (f.chunks.capacity() < open.size()) f.chunks.reserve(std::max<std::size_t>(open.size(), 8));
+      f.chunks.assign(open.begin(), open.end());
+      f.bucket = bucket;
+      f.type = type;
+      if (open.size() > 1 && staging.size() < open_bytes) staging.resize(open_bytes);  // the first step only
+      memory::launch(work, f);
+      f.ran.record(work);
+      open.clear();
+    }
+
+    // On `work`: sum the chunks over the ranks.
+    void sum(std::vector<std::span<std::byte>> const& chunks, int type) {
+      std::size_t bytes = 0;
+      for (auto const& c : chunks) bytes += c.size();
+      if (chunks.size() == 1) {
+        all_reduce(chunks[0], type);
+      } else {
+        std::size_t at = 0;
+        for (auto const& c : chunks) {
+          std::memcpy(staging.data() + at, c.data(), c.size());
+          at += c.size();
+        }
+        all_reduce(std::span<std::byte>(staging.data(), bytes), type);
+        at = 0;
+        for (auto const& c : chunks) {
+          std::memcpy(c.data(), staging.data() + at, c.size());
+          at += c.size();
+        }
+      }
+      std::lock_guard lock(m);
+      ++totals.buckets;
+      totals.chunks += chunks.size();
+      totals.bytes += bytes;
+      totals.packed_buckets += chunks.size() > 1 ? 1 : 0;
+    }
+    void all_reduce(std::span<std::byte> b, int type) {
+      auto as = [&](auto* tag) {
+        using E = std::remove_pointer_t<decltype(tag)>;
+        return std::span<E>(reinterpret_cast<E*>(b.data()), b.size() / sizeof(E));
+      };
+      if (type == 0) comm->all_reduce(as(static_cast<float*>(nullptr)), reduce_op::sum);
+      else if (type == 1) comm->all_reduce(as(static_cast<bf16*>(nullptr)), reduce_op::sum);
+      else comm->all_reduce(as(static_cast<f16*>(nullptr)), reduce_op::sum);
+    }
+    void mark(std::uint64_t bucket, tide::error const* failure) {
+      {
+        std::lock_guard lock(m);
+        if (failure == nullptr) {
+          summed = std::max(summed, bucket + 1);
+        } else if (!failed) {
+          failed = true;
+          why = failure->message();
+        }
+      }
+      cv.notify_all();
+    }
+    // On `hold`: until `bucket` was summed. The communicator's deadline bounds the wait: a lost
+    // rank fails the all-reduce, which fails this wait too.
+    void wait_for(std::uint64_t bucket) {
+      std::unique_lock lock(m);
+      cv.wait(lock, [&] { return summed > bucket || failed; });
+      TIDE_CHECK(summed > bucket, mpi, "data_parallel: bucket ", bucket, " was not summed: ",
+                 why.empty() ? std::string("the trainer is being destroyed") : why);
+    }
+  };
+
+  std::shared_ptr<state> st_;
+};
+
+// make_trainer's communication policy for data parallelism: the ranks of `comm` each train on
+// their own data; gradients are summed over them by a bucket_sink. ZeRO sharding of optimizer
+// state, gradients and parameters over chunk groups is not in tide yet: zero must be 0.
+template <Communicator C>
+struct data_parallel {
+  static constexpr std::string_view name = "data_parallel";
+  C* comm = nullptr;                       // the ranks; outlives the trainer
+  std::size_t bucket_bytes = 25u << 20;    // bytes per all-reduce (PyTorch DDP's bucket_cap_mb = 25)
+  int zero = 0;                            // ZeRO stage: 0 only (replicated optimizer state)
+
+  using sink_type = bucket_sink<C>;
+  using source_type = offload::host_source;
+
+  [[nodiscard]] int rank() const { return checked().rank(); }
+  [[nodiscard]] int world_size() const { return checked().size(); }
+  [[nodiscard]] sink_type sink() const {
+    TIDE_REQUIRE(zero == 0, "data_parallel: zero = ", zero, "; tide does not shard over ranks yet (ZeRO stages 1-3): "
+                 "pass zero = 0, every rank keeping the whole optimizer state");
+    return sink_type{comm, bucket_bytes};
+  }
+  [[nodiscard]] source_type source() const { return {}; }
+
+ private:
+  C& checked() const {
+    TIDE_REQUIRE(comm != nullptr, "data_parallel: .comm is null; pass the address of a communicator that outlives "
+                 "the trainer (.comm = &world)");
+    return *comm;
+  }
+};
+
+}  // namespace tide::comm
