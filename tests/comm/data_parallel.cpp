@@ -6,11 +6,14 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tide/comm/data_parallel.hpp"
 #include "tide/comm/self.hpp"
 #include "tide/optim/adamw.hpp"
+#include "tide/train/report.hpp"
 #include "tide/train/trainer.hpp"
 #include "support/gpt_steps.hpp"
 
@@ -29,7 +32,14 @@ template <class Trainer>
 std::vector<float> run(Trainer& t) {
   for (int s = 0; s < 4; ++s) {
     auto const d = tide::test::token_runs(s, batch, seq, 64);
-    (void)t.step({{d.data(), {batch, seq}}, {d.data() + batch * seq, {batch, seq}}});
+    auto const st = t.step({{d.data(), {batch, seq}}, {d.data() + batch * seq, {batch, seq}}});
+    if constexpr (!std::is_same_v<typename Trainer::comm_type, tide::train::no_comm>) {
+      // Every gradient chunk, once per step, and the progress line says so.
+      CHECK(st.bytes_reduced == t.scheduler().layout().chunks() * t.scheduler().chunk_bytes());
+      CHECK(tide::train::progress_text(st, 4, 0).find("all-reduced") != std::string::npos);
+    } else {
+      CHECK(st.bytes_reduced == 0);
+    }
   }
   std::vector<float> out;
   for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
@@ -69,10 +79,10 @@ TEST_CASE("data_parallel on one rank gives the bits of training without it") {
 
 TEST_CASE("data_parallel refuses what it cannot do, naming what to pass") {
   tide::comm::self one;
-  CHECK_THROWS_WITH_AS((tide::comm::data_parallel<tide::comm::self>{.comm = &one, .zero = 2}.sink()),
+  CHECK_THROWS_WITH_AS((void)(tide::comm::data_parallel<tide::comm::self>{.comm = &one, .zero = 2}.sink()),
                        doctest::Contains("zero = 2"), tide::error);
-  CHECK_THROWS_WITH_AS((tide::comm::data_parallel<tide::comm::self>{.comm = nullptr}.rank()),
+  CHECK_THROWS_WITH_AS((void)(tide::comm::data_parallel<tide::comm::self>{.comm = nullptr}.rank()),
                        doctest::Contains(".comm is null"), tide::error);
-  CHECK_THROWS_WITH_AS((tide::comm::data_parallel<tide::comm::self>{.comm = &one, .bucket_bytes = 0}.sink()),
+  CHECK_THROWS_WITH_AS((void)(tide::comm::data_parallel<tide::comm::self>{.comm = &one, .bucket_bytes = 0}.sink()),
                        doctest::Contains("bucket_bytes = 0"), tide::error);
 }

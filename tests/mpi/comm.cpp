@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "tide/comm/hierarchical.hpp"
 #include "tide/comm/mpi.hpp"
 #include "tide/memory/stream.hpp"
 #include "support/mpi_world.hpp"
@@ -197,4 +198,30 @@ TEST_CASE("sizes that cannot work are refused on the caller's thread, before any
   std::vector<std::int32_t> one{1};
   c.all_reduce(std::span<std::int32_t>(one), reduce_op::sum);
   CHECK(one[0] == c.size());
+}
+
+TEST_CASE("reduce lands at the root; hierarchical all-reduce (reduce, leaders, broadcast) equals the flat one") {
+  auto& c = world();
+  int const w = c.size(), r = c.rank();
+  std::vector<std::int64_t> v(6, r + 1);
+  c.reduce(std::span<std::int64_t>(v), w - 1, reduce_op::sum);
+  for (auto x : v) CHECK(x == (r == w - 1 ? w * (w + 1) / 2 : r + 1));  // only the root's changed
+
+  CHECK(tide::comm::node_size(c) == w);  // one machine: every rank on one node
+  for (int per_node : {1, 2}) {
+    CAPTURE(per_node);
+    tide::comm::hierarchical<tide::comm::mpi> h{c, per_node};
+    CHECK(h.nodes() == w / per_node);
+    CHECK(h.node().size() == per_node);
+    // Integers in float: exact in any order, so hierarchical and flat agree bit for bit.
+    std::vector<float> a(1000), b(1000);
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = b[i] = static_cast<float>((r * 31 + static_cast<int>(i)) % 97);
+    h.all_reduce(std::span<float>(a), reduce_op::sum);
+    c.all_reduce(std::span<float>(b), reduce_op::sum);
+    CHECK(a == b);
+    std::vector<tide::bf16> m(64, tide::bf16(static_cast<float>(r)));
+    h.all_reduce(std::span<tide::bf16>(m), reduce_op::max);
+    for (auto x : m) CHECK(static_cast<float>(x) == static_cast<float>(w - 1));
+  }
+  CHECK_THROWS_AS((tide::comm::hierarchical<tide::comm::mpi>{c, w + 1}), tide::error);
 }

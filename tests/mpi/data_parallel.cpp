@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tide/comm/data_parallel.hpp"
+#include "tide/comm/hierarchical.hpp"
 #include "tide/comm/mpi.hpp"
 #include "tide/optim/sgd.hpp"
 #include "tide/train/trainer.hpp"
@@ -125,4 +126,18 @@ TEST_CASE("data parallel over W ranks equals accumulating W micro-batches, with 
     }
     CHECK(stats.bytes == chunks * steps * t.scheduler().chunk_bytes());
   }
+}
+
+TEST_CASE("data parallel over a hierarchical all-reduce (nodes of 2 ranks) equals accumulation too") {
+  auto& world = tide::test::world();
+  int const w = world.size(), r = world.rank();
+  tide::comm::hierarchical<tide::comm::mpi> h{world, 2};
+  auto t = tide::train::make_trainer(spec, tight(), sgd(1), tide::comm::data_parallel{.comm = &h, .bucket_bytes = 60_KiB});
+  for (int s = 0; s < steps; ++s) (void)t.step(view_of<decltype(t)>(data_of(s * w + r)));
+  auto const dp = flat_params(t);
+  CHECK(max_difference(dp, accumulated(w)) <= 1e-6f);  // the bound and its reason: the test above
+  std::vector<float> lo = dp, hi = dp;
+  world.all_reduce(std::span<float>(lo), tide::comm::reduce_op::min);
+  world.all_reduce(std::span<float>(hi), tide::comm::reduce_op::max);
+  CHECK(std::memcmp(lo.data(), hi.data(), lo.size() * sizeof(float)) == 0);
 }

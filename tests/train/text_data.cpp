@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <vector>
@@ -50,6 +51,31 @@ TEST_CASE("window_loader: deterministic from the seed, resumable from its positi
   tt::window_loader resumed{corpus, tt::split::train, B, T, 42};
   resumed.seek(a.position());
   CHECK(draw(resumed) == draw(a));
+}
+
+TEST_CASE("window_loader: W ranks of batch B draw together exactly one process's batch W B, by rows") {
+  std::string text;
+  for (int i = 0; i < 5000; ++i) text += static_cast<char>(i * 7919 % 251);
+  tt::byte_corpus corpus{text};
+  int const B = 2, T = 8;
+  for (int w : {2, 3, 4}) {
+    CAPTURE(w);
+    tt::window_loader whole{corpus, tt::split::train, w * B, T, 42};
+    std::vector<tt::window_loader> ranks;
+    for (int r = 0; r < w; ++r) ranks.emplace_back(corpus, tt::split::train, B, T, 42, tt::shard{r, w});
+    for (int step = 0; step < 4; ++step) {
+      std::vector<std::int32_t> in(static_cast<std::size_t>(w * B * T)), tg(in.size());
+      whole.next({in.data(), {w * B, T}}, {tg.data(), {w * B, T}});
+      for (int r = 0; r < w; ++r) {
+        std::vector<std::int32_t> rin(static_cast<std::size_t>(B * T)), rtg(rin.size());
+        ranks[static_cast<std::size_t>(r)].next({rin.data(), {B, T}}, {rtg.data(), {B, T}});
+        auto const at = in.begin() + r * B * T;
+        CHECK(std::equal(rin.begin(), rin.end(), at));  // rows [r B, (r + 1) B)
+        CHECK(std::equal(rtg.begin(), rtg.end(), tg.begin() + r * B * T));
+      }
+    }
+  }
+  CHECK_THROWS_AS((tt::window_loader{corpus, tt::split::train, B, T, 42, tt::shard{2, 2}}), tide::error);
 }
 
 TEST_CASE("bad input is refused with a clear error") {

@@ -62,7 +62,15 @@ struct comm_options {
   std::chrono::milliseconds deadline{std::chrono::minutes(5)};
 };
 
-// The operations, as a concept over float (every Element type works the same way).
+// What data parallelism needs: ranks and a blocking all-reduce (comm::hierarchical is one).
+template <class C>
+concept Reducer = requires(C& c, C const& cc, std::span<float> f) {
+  { cc.rank() } -> std::same_as<int>;
+  { cc.size() } -> std::same_as<int>;
+  c.all_reduce(f, reduce_op::sum);
+};
+
+// The operations, as a concept over float (every Transferable type works the same way).
 template <class C>
 concept Communicator =
     std::movable<C> &&

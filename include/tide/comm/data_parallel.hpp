@@ -52,7 +52,7 @@ struct bucket_stats {
   std::uint64_t packed_buckets = 0; // buckets of more than one chunk (packed into the staging buffer)
 };
 
-template <Communicator C>
+template <Reducer C>
 class bucket_sink {
  public:
   bucket_sink(C* comm, std::size_t bucket_bytes) : st_(std::make_shared<state>(comm, bucket_bytes)) {
@@ -235,7 +235,7 @@ class bucket_sink {
 // make_trainer's communication policy for data parallelism: the ranks of `comm` each train on
 // their own data; gradients are summed over them by a bucket_sink. ZeRO sharding of optimizer
 // state, gradients and parameters over chunk groups is not in tide yet: zero must be 0.
-template <Communicator C>
+template <Reducer C>
 struct data_parallel {
   static constexpr std::string_view name = "data_parallel";
   C* comm = nullptr;                       // the ranks; outlives the trainer

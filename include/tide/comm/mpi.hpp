@@ -257,6 +257,10 @@ class mpi : public detail::front<mpi> {
           break;
         }
         case detail::op_kind::broadcast: rc = MPI_Ibcast(o.out, m, dt, o.peer, comm, &req); break;
+        case detail::op_kind::reduce:
+          rc = MPI_Ireduce(rank == o.peer ? MPI_IN_PLACE : o.in, rank == o.peer ? o.out : nullptr, n, dt,
+                           detail::op_of(o.type, o.op), o.peer, comm, &req);
+          break;
         case detail::op_kind::send: rc = MPI_Isend(o.in, n, dt, o.peer, o.tag, comm, &req); break;
         case detail::op_kind::recv: rc = MPI_Irecv(o.out, m, dt, o.peer, o.tag, comm, &req); break;
         case detail::op_kind::barrier: rc = MPI_Ibarrier(comm, &req); break;
@@ -348,5 +352,22 @@ class mpi : public detail::front<mpi> {
 };
 
 static_assert(Communicator<mpi>);
+
+// The ranks on this rank's node (MPI_COMM_TYPE_SHARED), for comm::hierarchical. Collective. Every
+// node must have as many, and mpiexec's default mapping places consecutive ranks on a node.
+inline int node_size(mpi& world) {
+  MPI_Comm node = MPI_COMM_NULL;
+  detail::mpi_check(MPI_Comm_split_type(world.native(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node),
+                    "MPI_Comm_split_type");
+  int n = 0;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  std::vector<std::int32_t> lo{n}, hi{n};
+  world.all_reduce(std::span<std::int32_t>(lo), reduce_op::min);
+  world.all_reduce(std::span<std::int32_t>(hi), reduce_op::max);
+  TIDE_CHECK(lo[0] == hi[0], usage, "comm::node_size: nodes hold ", lo[0], " to ", hi[0], " ranks; hierarchical "
+             "reduction needs as many ranks on every node");
+  return n;
+}
 
 }  // namespace tide::comm

@@ -72,7 +72,7 @@ class self : public detail::front<self> {
           tags.erase(tags.begin() + static_cast<std::ptrdiff_t>(k));
           break;
         }
-        default: break;  // all_reduce, broadcast, barrier: one rank's data is the result
+        default: break;  // all_reduce, reduce, broadcast, barrier: one rank's data is the result
       }
     }
   };

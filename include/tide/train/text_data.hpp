@@ -86,11 +86,22 @@ constexpr std::uint64_t splitmix64(std::uint64_t seed, std::uint64_t counter) no
   return z ^ (z >> 31);
 }
 
+// Which part of each global batch this process draws: with data parallelism, rank r of W draws
+// rows [r B, (r + 1) B) of the W B windows that one process with batch W B would draw at the same
+// position. So the ranks together see exactly one process's batches, nothing twice, and a resumed
+// run (position and shard) draws what the uninterrupted one would have.
+struct shard {
+  int rank = 0;
+  int ranks = 1;
+};
+
 class window_loader {
  public:
-  window_loader(byte_corpus const& corpus, split which, int batch, int seq, std::uint64_t seed)
-      : text_(corpus.part(which)), batch_(batch), seq_(seq), seed_(seed) {
+  window_loader(byte_corpus const& corpus, split which, int batch, int seq, std::uint64_t seed, shard part = {})
+      : text_(corpus.part(which)), batch_(batch), seq_(seq), seed_(seed), shard_(part) {
     TIDE_REQUIRE(batch >= 1 && seq >= 1, "window_loader needs B >= 1 and T >= 1, got B=", batch, " T=", seq);
+    TIDE_REQUIRE(part.ranks >= 1 && part.rank >= 0 && part.rank < part.ranks, "window_loader: shard rank ",
+                 part.rank, " of ", part.ranks, " ranks; pass 0 <= rank < ranks (the communicator's rank() and size())");
     TIDE_REQUIRE(text_.size() > static_cast<std::size_t>(seq) + 1, "the ",
                  which == split::train ? "training" : "validation", " text has ", text_.size(),
                  " bytes, fewer than a window of T+1 = ", seq + 1);
@@ -98,6 +109,7 @@ class window_loader {
 
   [[nodiscard]] int batch() const noexcept { return batch_; }
   [[nodiscard]] int seq() const noexcept { return seq_; }
+  [[nodiscard]] shard part() const noexcept { return shard_; }
 
   // inputs, targets: (B, T) int32, contiguous.
   void next(tensor_view<std::int32_t> inputs, tensor_view<std::int32_t> targets) {
@@ -107,7 +119,10 @@ class window_loader {
                  "window_loader::next wants contiguous (B, T) = (", batch_, ", ", seq_, ") views");
     std::uint64_t const windows = text_.size() - static_cast<std::size_t>(seq_);  // start positions
     for (int b = 0; b < batch_; ++b) {
-      std::uint64_t const draw = position_ * static_cast<std::uint64_t>(batch_) + static_cast<std::uint64_t>(b);
+      auto const global = static_cast<std::uint64_t>(batch_) * static_cast<std::uint64_t>(shard_.ranks);
+      std::uint64_t const draw = position_ * global +
+                                 static_cast<std::uint64_t>(shard_.rank) * static_cast<std::uint64_t>(batch_) +
+                                 static_cast<std::uint64_t>(b);
       std::size_t const start = static_cast<std::size_t>(splitmix64(seed_, draw) % windows);
       for (int t = 0; t < seq_; ++t) {
         auto const at = start + static_cast<std::size_t>(t);
@@ -126,6 +141,7 @@ class window_loader {
   std::string_view text_;
   int batch_, seq_;
   std::uint64_t seed_;
+  shard shard_;
   std::uint64_t position_ = 0;
 };
 

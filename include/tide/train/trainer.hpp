@@ -66,6 +66,7 @@ struct step_stats {
   std::size_t host_bytes = 0;   // model data on the host at the end of the step
   std::size_t bytes_moved = 0;  // host <-> device
   double stall_ms = 0;
+  std::size_t bytes_reduced = 0; // gradient bytes this rank all-reduced in the step (data parallelism)
   offload::offload_stats offload{};
 };
 
@@ -93,6 +94,7 @@ class trainer {
  public:
   using backend = spec_backend_t<Spec>;
   using element_type = spec_element_t<Spec>;
+  using comm_type = Comm;
   using scheduler_type = offload::scheduler<backend, element_type, Offload, Optimizer, typename Comm::sink_type,
                                             typename Comm::source_type>;
   using hooks_type = offload::hooks<scheduler_type>;
@@ -161,6 +163,13 @@ class trainer {
   step_stats step(batch_type const& b) { return step(std::span<batch_type const>(&b, 1)); }
 
  private:
+  // Bytes the gradient sink summed so far, when it counts them (comm::data_parallel's does).
+  std::size_t bytes_reduced() {
+    if constexpr (requires { scheduler_.sink().stats().bytes; })
+      return static_cast<std::size_t>(scheduler_.sink().stats().bytes);
+    else
+      return 0;
+  }
   step_stats run_step(std::span<batch_type const> micro_batches) {
     auto const m = static_cast<std::size_t>(optimizer_.micro_steps);
     auto const t0 = std::chrono::steady_clock::now();
@@ -173,6 +182,7 @@ class trainer {
     // sums): the mean is the sum times inv, exact for powers of two.
     float const inv = 1.f / (st.loss_scale * static_cast<float>(m) * static_cast<float>(comm_.world_size()));
     if (!needs_all_gradients(optimizer_)) scheduler_.set_grad_scale(inv);
+    std::size_t const reduced_before = bytes_reduced();
     double const loss = pipeline_.run(ex_, model_, micro_batches, st.loss_scale);
     for (batch_type const& b : micro_batches) st.tokens += model_type::tokens_in(b);
     st.loss = static_cast<float>(loss / static_cast<double>(m));
@@ -199,6 +209,7 @@ class trainer {
     st.host_bytes = st.offload.host_model_bytes;
     st.bytes_moved = st.offload.bytes_moved();
     st.stall_ms = st.offload.stall_ms;
+    st.bytes_reduced = bytes_reduced() - reduced_before;  // the step drained its sink
     return st;
   }
 

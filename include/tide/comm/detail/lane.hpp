@@ -20,7 +20,7 @@
 
 namespace tide::comm::detail {
 
-enum class op_kind : std::uint8_t { all_reduce, reduce_scatter, all_gather, all_gatherv, broadcast, send, recv, barrier };
+enum class op_kind : std::uint8_t { all_reduce, reduce_scatter, all_gather, all_gatherv, broadcast, send, recv, barrier, reduce };
 enum class elem : std::uint8_t { f32, f64, i32, i64, u8, bf16, f16 };
 
 template <Transferable T>
@@ -47,8 +47,8 @@ constexpr std::string_view to_string(elem e) noexcept {
   return names[static_cast<int>(e)];
 }
 constexpr std::string_view to_string(op_kind k) noexcept {
-  constexpr std::string_view names[] = {"all_reduce", "reduce_scatter", "all_gather", "all_gatherv",
-                                        "broadcast",  "send",           "recv",       "barrier"};
+  constexpr std::string_view names[] = {"all_reduce", "reduce_scatter", "all_gather", "all_gatherv", "broadcast",
+                                        "send",       "recv",           "barrier",    "reduce"};
   return names[static_cast<int>(k)];
 }
 
@@ -74,8 +74,9 @@ inline std::string describe(operation const& o) {
   index_t const elems = o.kind == op_kind::recv || o.kind == op_kind::broadcast ? o.out_n : o.n;
   what += tide::detail::concat(" (", bytes_of{static_cast<std::size_t>(elems) * bytes_of_elem(o.type)}, " of ",
                                to_string(o.type));
-  if (o.kind == op_kind::all_reduce || o.kind == op_kind::reduce_scatter) what += tide::detail::concat(", ", to_string(o.op));
-  if (o.kind == op_kind::broadcast) what += tide::detail::concat(", root ", o.peer);
+  if (o.kind == op_kind::all_reduce || o.kind == op_kind::reduce_scatter || o.kind == op_kind::reduce)
+    what += tide::detail::concat(", ", to_string(o.op));
+  if (o.kind == op_kind::broadcast || o.kind == op_kind::reduce) what += tide::detail::concat(", root ", o.peer);
   if (o.kind == op_kind::send) what += tide::detail::concat(" to rank ", o.peer, ", tag ", o.tag);
   if (o.kind == op_kind::recv) what += tide::detail::concat(" from rank ", o.peer, ", tag ", o.tag);
   return what + ")";
@@ -213,6 +214,12 @@ class front {
     return submit({op_kind::broadcast, elem_of<T>, reduce_op::sum, data.data(), data.data(), len(data), len(data),
                    nullptr, root});
   }
+  // The reduction over the ranks lands in `root`'s data (in place); the others' data is unchanged.
+  template <Transferable T>
+  request reduce_async(std::span<T> data, int root, reduce_op op) {
+    check_rank(root, "reduce root");
+    return submit({op_kind::reduce, elem_of<T>, op, data.data(), data.data(), len(data), len(data), nullptr, root});
+  }
   template <Transferable T>
   request send_async(std::span<T const> data, int to, int tag) {
     check_rank(to, "send destination");
@@ -244,6 +251,10 @@ class front {
   template <Transferable T>
   void broadcast(std::span<T> data, int root) {
     wait(broadcast_async(data, root));
+  }
+  template <Transferable T>
+  void reduce(std::span<T> data, int root, reduce_op op) {
+    wait(reduce_async(data, root, op));
   }
   template <Transferable T>
   void send(std::span<T const> data, int to, int tag) {
