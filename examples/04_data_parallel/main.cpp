@@ -1,0 +1,149 @@
+// examples/04_data_parallel: the byte-level GPT of the demo, trained data-parallel on the fortunes
+// text. Every rank builds the same model, draws its own rows of each batch (train::shard), trains
+// with chunked<belady> offload under a device budget below the model data, and the gradient chunks
+// are summed over the ranks in buckets while backward runs (comm::data_parallel over comm::mpi).
+//
+//   mpiexec -n 2 ./example_04_data_parallel [--steps N] [--batch B] [--seq T] [--bucket-kib K]
+//                                           [--check-falls X]
+//   ./tide demo --ranks 2 [flags]            (builds it and runs it under mpiexec)
+//
+// Rank 0 prints the progress line (with the bytes all-reduced per step). At the end every rank
+// checks that all ranks hold the same parameters, bit for bit; --check-falls X also fails the run
+// unless the loss fell by X.
+
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <tide/comm/data_parallel.hpp>
+#include <tide/comm/mpi.hpp>
+#include <tide/offload/schedulers.hpp>
+#include <tide/optim/adamw.hpp>
+#include <tide/train/report.hpp>
+#include <tide/train/text_data.hpp>
+#include <tide/train/trainer.hpp>
+
+namespace {
+
+using namespace tide::literals;
+
+struct options {
+  int steps = 60, batch = 4, seq = 64;
+  std::size_t bucket_kib = 256;
+  double check_falls = 0;
+};
+
+// --flag value pairs; a bad one is a tide::error(usage) that main prints on one line.
+options parse(int argc, char** argv) {
+  options o;
+  auto number = [](std::string_view flag, char const* text, auto& out) {
+    std::string_view const v = text;
+    auto const [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+    TIDE_REQUIRE(ec == std::errc{} && end == v.data() + v.size() && out > 0, flag, " wants a positive number, got '", v, "'");
+  };
+  for (int i = 1; i < argc; i += 2) {
+    std::string_view const flag = argv[i];
+    TIDE_REQUIRE(i + 1 < argc, flag, " needs a value");
+    if (flag == "--steps") number(flag, argv[i + 1], o.steps);
+    else if (flag == "--batch") number(flag, argv[i + 1], o.batch);
+    else if (flag == "--seq") number(flag, argv[i + 1], o.seq);
+    else if (flag == "--bucket-kib") number(flag, argv[i + 1], o.bucket_kib);
+    else if (flag == "--check-falls") number(flag, argv[i + 1], o.check_falls);
+    else TIDE_FAIL(usage, "unknown flag ", flag, " (flags: --steps --batch --seq --bucket-kib --check-falls)");
+  }
+  TIDE_REQUIRE(o.seq >= 2 && o.seq <= 256, "--seq must be 2 to 256");
+  return o;
+}
+
+// The device budget: half the model data, or the scheduler's minimum for this batch plus two
+// chunks if that is more (the scheduler measures its minimum from the activations).
+template <class Offload>
+std::size_t budget_for(tide::nn::gpt_config const& config, Offload const& off, int B, int T) {
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 256_MiB}};
+  std::size_t activations = 0;
+  {
+    tide::nn::gpt<tide::host> model{config, arena, {}};
+    std::vector<std::int32_t> zeros(std::size_t(B) * std::size_t(T), 0);
+    model.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {B, T}));
+    activations = tide::round_up(model.activations().footprint, 256);
+  }
+  tide::offload::scheduler<tide::host, float, Offload> const probe{
+      ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config), off};
+  std::size_t const model_data = 16 * static_cast<std::size_t>(tide::nn::gpt_parameters(config, tide::dtype::f32).count());
+  return std::max(activations + model_data / 2, probe.minimum_device_bytes(activations) + 2 * probe.chunk_bytes());
+}
+
+int run(options const& opt, tide::comm::mpi& world) {
+  int const rank = world.rank(), ranks = world.size();
+  auto const corpus = tide::train::byte_corpus::from_path(tide::train::fortunes_path());
+  tide::train::window_loader loader{corpus, tide::train::split::train, opt.batch, opt.seq, 1, {rank, ranks}};
+  tide::nn::gpt_config const config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = opt.seq};
+  tide::offload::chunked<tide::offload::belady> off{.chunk_bytes = 256_KiB};
+  off.device_budget = budget_for(config, off, opt.batch, opt.seq);
+  auto trainer = tide::train::make_trainer(
+      tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = 1}}, off,
+      tide::optim::adamw{.lr = 2e-3f, .decay_matrices_only = true, .schedule = {.warmup_steps = 10, .total_steps = opt.steps}},
+      tide::comm::data_parallel{.comm = &world, .bucket_bytes = opt.bucket_kib << 10});
+  if (rank == 0)
+    std::printf("data parallel on %d ranks, %s, device budget %s per rank, global batch %d x %d tokens\n", ranks,
+                decltype(trainer)::scheduler_type::name().c_str(), tide::detail::concat(tide::bytes_of{off.device_budget}).c_str(),
+                ranks * opt.batch, opt.seq);
+  std::vector<std::int32_t> in(std::size_t(opt.batch) * std::size_t(opt.seq)), tg(in.size());
+  tide::train::progress progress{stdout};
+  float first = 0, last = 0;
+  for (int s = 0; s < opt.steps; ++s) {
+    loader.next({in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}});
+    auto const st = trainer.step({{in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}}});
+    // The loss of the global batch: the mean of the ranks' losses.
+    std::vector<float> loss{st.loss / static_cast<float>(ranks)};
+    world.all_reduce(std::span<float>(loss), tide::comm::reduce_op::sum);
+    auto shown = st;
+    shown.loss = loss[0];
+    if (s == 0) first = loss[0];
+    last = loss[0];
+    if (rank != 0) continue;
+    progress.update(shown, opt.steps);  // counts the bytes moved
+    if (s % 10 == 9 || s + 1 == opt.steps) progress.line(shown, opt.steps);
+  }
+  // The same parameters on every rank, bit for bit.
+  std::vector<float> p;
+  for (std::uint32_t i = 0; i < trainer.model().parameters().size(); ++i) {
+    auto const v = trainer.scheduler().read_param(i);
+    p.insert(p.end(), v.begin(), v.end());
+  }
+  std::vector<float> lo = p, hi = p;
+  world.all_reduce(std::span<float>(lo), tide::comm::reduce_op::min);
+  world.all_reduce(std::span<float>(hi), tide::comm::reduce_op::max);
+  bool const same = std::memcmp(lo.data(), hi.data(), lo.size() * sizeof(float)) == 0;
+  if (rank == 0)
+    std::printf("loss %.4f -> %.4f; parameters %s on all %d ranks\n", static_cast<double>(first),
+                static_cast<double>(last), same ? "identical" : "DIFFERENT", ranks);
+  if (!same) return 1;
+  if (opt.check_falls > 0 && static_cast<double>(first - last) < opt.check_falls) {
+    if (rank == 0) std::fprintf(stderr, "example_04_data_parallel: the loss fell by %.4f, less than --check-falls %.4f\n",
+                                static_cast<double>(first - last), opt.check_falls);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tide::comm::mpi_session session{&argc, &argv};
+  tide::comm::mpi world{session, {.deadline = std::chrono::seconds(120)}};
+  try {
+    return run(parse(argc, argv), world);
+  } catch (tide::error const& e) {
+    std::fprintf(stderr, "example_04_data_parallel: rank %d: %s\n", world.rank(), e.message().c_str());
+    return 2;
+  }
+}
