@@ -23,16 +23,15 @@ using namespace tide::literals;
 using tide::host;
 namespace off = tide::offload;
 
-constexpr tide::nn::gpt_config config{.layers = 2, .heads = 2, .channels = 32, .vocab = 64, .max_seq = 16};
-constexpr tide::index_t batch = 2, seq = 16;
-tide::nn::gpt_spec<host> const spec{.config = config, .options = {.seed = 3}};
+constexpr auto config = tide::test::tiny_gpt;
+constexpr auto batch = tide::test::tiny_batch, seq = tide::test::tiny_seq;
+auto const spec = tide::test::tiny_spec();
 tide::optim::adamw const opt{.lr = 3e-3f};
 
 template <class Trainer>
 std::vector<float> run(Trainer& t) {
   for (int s = 0; s < 4; ++s) {
-    auto const d = tide::test::token_runs(s, batch, seq, 64);
-    auto const st = t.step({{d.data(), {batch, seq}}, {d.data() + batch * seq, {batch, seq}}});
+    auto const st = t.step(tide::test::tiny_view<Trainer>(tide::test::token_runs(s, batch, seq, 64)));
     if constexpr (!std::is_same_v<typename Trainer::comm_type, tide::train::no_comm>) {
       // Every gradient chunk, once per step, and the progress line says so.
       CHECK(st.bytes_reduced == t.scheduler().layout().chunks() * t.scheduler().chunk_bytes());
@@ -41,12 +40,7 @@ std::vector<float> run(Trainer& t) {
       CHECK(st.bytes_reduced == 0);
     }
   }
-  std::vector<float> out;
-  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
-    auto const p = t.scheduler().read_param(i);
-    out.insert(out.end(), p.begin(), p.end());
-  }
-  return out;
+  return tide::test::flat_params(t);
 }
 
 template <class Offload>

@@ -26,24 +26,16 @@ using namespace tide::literals;
 using tide::host;
 namespace off = tide::offload;
 
-constexpr tide::nn::gpt_config config{.layers = 2, .heads = 2, .channels = 32, .vocab = 64, .max_seq = 16};
-constexpr tide::index_t batch = 2, seq = 16;
+constexpr auto config = tide::test::tiny_gpt;
+constexpr auto batch = tide::test::tiny_batch, seq = tide::test::tiny_seq;
 constexpr int steps = 4;
-tide::nn::gpt_spec<host> const spec{.config = config, .options = {.seed = 3}};
+auto const spec = tide::test::tiny_spec();
+using tide::test::flat_params;
 
 std::vector<std::int32_t> data_of(int s) { return tide::test::token_runs(s, batch, seq, 64); }
 template <class Trainer>
 typename Trainer::batch_type view_of(std::vector<std::int32_t> const& d) {
-  return {{d.data(), {batch, seq}}, {d.data() + batch * seq, {batch, seq}}};
-}
-template <class Trainer>
-std::vector<float> flat_params(Trainer& t) {
-  std::vector<float> out;
-  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
-    auto const p = t.scheduler().read_param(i);
-    out.insert(out.end(), p.begin(), p.end());
-  }
-  return out;
+  return tide::test::tiny_view<Trainer>(d);
 }
 
 off::chunked<off::belady> tight() {

@@ -15,6 +15,29 @@
 
 namespace tide::test {
 
+// The tiny GPT the trainer-level tests train (L 2, C 32, V 64), its step (B, T) = (2, 16), and the
+// spec make_trainer builds it from (seed 3).
+inline constexpr nn::gpt_config tiny_gpt{.layers = 2, .heads = 2, .channels = 32, .vocab = 64, .max_seq = 16};
+inline constexpr index_t tiny_batch = 2, tiny_seq = 16;
+inline nn::gpt_spec<host> tiny_spec() { return {.config = tiny_gpt, .options = {.seed = 3}}; }
+
+// A trainer's batch over the tokens and targets of token_runs (tiny_batch, tiny_seq).
+template <class Trainer>
+typename Trainer::batch_type tiny_view(std::vector<std::int32_t> const& d) {
+  return {{d.data(), {tiny_batch, tiny_seq}}, {d.data() + tiny_batch * tiny_seq, {tiny_batch, tiny_seq}}};
+}
+
+// Every parameter of a trainer's model, in order, in one vector.
+template <class Trainer>
+std::vector<float> flat_params(Trainer& t) {
+  std::vector<float> out;
+  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
+    auto const p = t.scheduler().read_param(i);
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
 // Tokens then targets of batch s, (B, T) each: runs of a cycle with a stride of 3 starting at
 // 5 s + 11 b, each target the next element of the run (so the loss can fall).
 inline std::vector<std::int32_t> token_runs(int s, index_t batch, index_t seq, int vocab) {
