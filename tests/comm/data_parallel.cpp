@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "tide/comm/data_parallel.hpp"
 #include "tide/comm/self.hpp"
+#include "tide/offload/trace_events.hpp"
 #include "tide/optim/adamw.hpp"
 #include "tide/train/report.hpp"
 #include "tide/train/trainer.hpp"
@@ -69,6 +71,39 @@ void check_same(Offload off) {
 TEST_CASE("data_parallel on one rank gives the bits of training without it") {
   check_same(off::chunked<off::belady>{.chunk_bytes = 20_KiB});
   check_same(off::resident{.chunk_bytes = 20_KiB});
+}
+
+TEST_CASE("a traced data-parallel step shows each bucket's all-reduce on the comm lane of the timeline") {
+  auto off = off::chunked<off::belady>{.chunk_bytes = 20_KiB};
+  off.device_budget = tide::test::scheduler_minimum<decltype(off), float>(config, off, batch, seq) + 16_KiB;
+  tide::comm::self one;
+  auto t = tide::train::make_trainer(spec, off, opt, tide::comm::data_parallel{.comm = &one, .bucket_bytes = 40_KiB});
+  (void)t.step(tide::test::tiny_view<decltype(t)>(tide::test::token_runs(0, batch, seq, 64)));
+  tide::offload::trace_recorder timeline;
+  t.scheduler().set_trace(&timeline);
+  auto const before = t.scheduler().sink().stats();
+  (void)t.step(tide::test::tiny_view<decltype(t)>(tide::test::token_runs(1, batch, seq, 64)));
+  t.scheduler().set_trace(nullptr);
+  auto const after = t.scheduler().sink().stats();
+  std::uint64_t buckets = 0, bytes = 0;
+  double comm_us = 0, overlapped_us = 0;
+  auto const events = timeline.events();
+  for (auto const& e : events) {
+    if (e.where != tide::offload::lane::comm) continue;
+    ++buckets;
+    bytes += e.bytes;
+    CHECK(e.name.rfind("all_reduce bucket ", 0) == 0);
+    comm_us += e.duration_us;
+    for (auto const& c : events)  // the part of it that ran while a block computed
+      if (c.where == tide::offload::lane::compute)
+        overlapped_us += std::max(0.0, std::min(e.start_us + e.duration_us, c.start_us + c.duration_us) -
+                                           std::max(e.start_us, c.start_us));
+  }
+  CHECK(buckets == after.buckets - before.buckets);  // every bucket of the step, on the comm lane
+  CHECK(bytes == after.bytes - before.bytes);
+  CHECK(timeline.to_json("tide").find("comm (gradient sink)") != std::string::npos);
+  // How much of it ran beside backward depends on the machine's load: shown, not asserted.
+  MESSAGE(buckets, " buckets on the comm lane, ", comm_us, " us, ", overlapped_us, " us of it beside compute");
 }
 
 TEST_CASE("data_parallel refuses what it cannot do, naming what to pass") {

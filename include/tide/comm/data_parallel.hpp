@@ -41,6 +41,7 @@
 #include "tide/memory/stream.hpp"
 #include "tide/offload/chunk_source.hpp"
 #include "tide/offload/gradient_sink.hpp"
+#include "tide/offload/trace_events.hpp"
 
 namespace tide::comm {
 
@@ -64,7 +65,7 @@ class bucket_sink {
   bool reduce(offload::ready_chunk<B, T> const& r) {
     static_assert(std::is_same_v<B, host>, "data_parallel: the sink runs on tide::host (comm::nccl is the CUDA path)");
     return st_->take(r.chunk, std::as_writable_bytes(r.grads), detail_elem<T>(), r.valid_after, r.done,
-                     r.ends_block || r.last);
+                     r.ends_block || r.last, r.trace);
   }
 
   [[nodiscard]] bucket_stats stats() const {
@@ -87,14 +88,21 @@ class bucket_sink {
       std::uint64_t bucket = 0;
       std::vector<std::span<std::byte>> chunks;  // reserved once; cleared per use
       int type = 0;
+      offload::trace_recorder* trace = nullptr;  // the step's timeline, or null
       memory::event<host> ran;
       void operator()() {
+        double const start = trace != nullptr ? offload::trace_recorder::now_us() : 0;
+        std::size_t bytes = 0;
         try {
-          st->sum(chunks, type);
+          bytes = st->sum(chunks, type);
         } catch (tide::error const& e) {
           st->mark(bucket, &e);
           throw;
         }
+        if (trace != nullptr)
+          trace->complete(tide::detail::concat("all_reduce bucket ", bucket, " (", chunks.size(), " chunk",
+                                               chunks.size() == 1 ? ")" : "s)"),
+                          "comm", offload::lane::comm, start, offload::trace_recorder::now_us(), bytes);
         st->mark(bucket, nullptr);
       }
     };
@@ -141,7 +149,7 @@ class bucket_sink {
     }
 
     bool take(std::uint32_t, std::span<std::byte> grads, int type, memory::event<host> const* valid_after,
-              memory::event<host>* done, bool close) {
+              memory::event<host>* done, bool close, offload::trace_recorder* trace) {
       if (open.empty()) {
         ++opened;
         open_bytes = 0;
@@ -150,7 +158,7 @@ class bucket_sink {
       open.push_back(grads);
       open_bytes += grads.size();
       std::uint64_t const bucket = opened - 1;
-      if (open_bytes >= bucket_bytes || close) flush(bucket, type);
+      if (open_bytes >= bucket_bytes || close) flush(bucket, type, trace);
       hold_job& h = holds[next_hold++ % ring];
       h.ran.synchronize();
       h.bucket = bucket;
@@ -160,13 +168,14 @@ class bucket_sink {
       return true;
     }
 
-    void flush(std::uint64_t bucket, int type) {
+    void flush(std::uint64_t bucket, int type, offload::trace_recorder* trace) {
       flush_job& f = flushes[next_flush++ % ring];
       f.ran.synchronize();  // its previous use ran
       if (f.chunks.capacity() < open.size()) f.chunks.reserve(std::max<std::size_t>(open.size(), 8));
       f.chunks.assign(open.begin(), open.end());
       f.bucket = bucket;
       f.type = type;
+      f.trace = trace;
       if (open.size() > 1 && staging.size() < open_bytes) staging.resize(open_bytes);  // the first step only
       memory::launch(work, f);
       f.ran.record(work);
@@ -174,7 +183,7 @@ class bucket_sink {
     }
 
     // On `work`: sum the chunks over the ranks.
-    void sum(std::vector<std::span<std::byte>> const& chunks, int type) {
+    std::size_t sum(std::vector<std::span<std::byte>> const& chunks, int type) {
       std::size_t bytes = 0;
       for (auto const& c : chunks) bytes += c.size();
       if (chunks.size() == 1) {
@@ -197,6 +206,7 @@ class bucket_sink {
       totals.chunks += chunks.size();
       totals.bytes += bytes;
       totals.packed_buckets += chunks.size() > 1 ? 1 : 0;
+      return bytes;
     }
     void all_reduce(std::span<std::byte> b, int type) {
       auto as = [&](auto* tag) {

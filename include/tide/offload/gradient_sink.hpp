@@ -35,6 +35,7 @@
 #include "tide/core/backend.hpp"
 #include "tide/core/dtype.hpp"
 #include "tide/memory/stream.hpp"
+#include "tide/offload/trace_events.hpp"
 
 namespace tide::offload {
 
@@ -67,6 +68,7 @@ struct ready_chunk {
                                                     // goes on (and may evict gradients) after it
   bool last = false;                                // no other chunk reaches the sink in this step
   std::array<std::span<std::byte>, max_extra_lists> lists{};  // this chunk of each declared list, on `tier`'s side
+  trace_recorder* trace = nullptr;                  // the step's timeline when tracing (lane::comm is the sink's)
 };
 
 template <class S, class B, class T>

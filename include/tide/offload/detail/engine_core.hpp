@@ -232,6 +232,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         for (std::size_t k = 0; k < extra_count; ++k)
           r.lists[k] = {this->extra_[k][c].payload(), this->extra_[k][c].capacity()};
       }
+      r.trace = this->tracing() ? this->trace_ : nullptr;
       reduce_pending_[c] = sink_.reduce(r);
     }
   }
