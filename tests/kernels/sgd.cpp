@@ -303,7 +303,10 @@ TEST_CASE("sgd: bad input throws tide::error(usage) and changes nothing") {
   } catch (tide::error const& e) {
     CHECK(e.message().find("nesterov needs momentum > 0 and dampening == 0") != std::string::npos);
   }
-  // A null buf is fine without momentum (nothing reads it).
-  list[1] = {s.p.data(), s.g.data(), nullptr, nullptr, 4};
+  // A null buf is fine without momentum (nothing reads it). The second record has its own
+  // elements: records that overlap would be stepped by two threads at once.
+  std::vector<float> p2(4, 1.f), g2(4, 0.5f);
+  list[1] = {p2.data(), g2.data(), nullptr, nullptr, 4};
   CHECK_NOTHROW(k::sgd(ex, plain, 2, list));
+  CHECK(p2[0] != 1.f);  // it was stepped
 }
