@@ -14,7 +14,7 @@
 // Without <experimental/simd> (or when nvcc compiles this header) a fixed-width loop g++ can
 // auto-vectorise takes its place; it then needs -fno-math-errno to vectorise a sqrt.
 //
-// A step policy Step (a type with static members only; no objects, no virtual calls):
+// A step policy Step (a type with static members only, every call resolved at compile time):
 //   static constexpr char const* name          "adamw": the kernel's name in error messages
 //   static constexpr char const* nullable      what a null-pointer message adds, e.g.
 //                                              "only `working` may be null"
