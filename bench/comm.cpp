@@ -1,43 +1,64 @@
-// bench_comm: data-parallel communication on 2 ranks of this machine. Started without mpiexec, it
-// starts itself under `mpiexec -n 2`; rank 0 prints the figures.
+// bench_comm: data parallelism on ranks of this machine. Started without mpiexec, it runs itself
+// under `mpiexec -n 2`, then `-n 4`; rank 0 prints the figures.
 //
-//   bucketed_allreduce_vs_mpi  a GPT-2 124M gradient set (124,439,808 fp32 values, 498 MB) summed
-//                              over the ranks in 25 MiB buckets, each an asynchronous all_reduce
-//                              queued on comm::mpi's lane, which runs them in order while the
-//                              caller waits (as the data-parallel sink's buckets run while backward
-//                              goes on), against one MPI_Allreduce of the same bytes in the same
-//                              run. Bandwidth = bytes / seconds, median of 3 interleaved runs.
+//   bucketed_allreduce_vs_mpi  (2 ranks) a GPT-2 124M gradient set (124,439,808 fp32 values,
+//                              498 MB) summed over the ranks in 25 MiB buckets, each an
+//                              asynchronous all_reduce queued on comm::mpi's lane, which runs them
+//                              in order while the caller waits (as the data-parallel sink's buckets
+//                              run while backward goes on), against one MPI_Allreduce of the same
+//                              bytes in the same run. Bandwidth = bytes / seconds, median of 3
+//                              interleaved runs.
+//   dp_2x1_vs_1x2              (2 ranks) GPT training tokens/s of 2 ranks x 1 thread, data
+//                              parallel (ZeRO-0, buckets of 25 MiB), against 1 rank x 2 threads
+//                              with the same global batch in the same run (the other rank waits).
+//                              Median step time of interleaved rounds.
+//   zero_bytes_per_param       (2 and 4 ranks, ZeRO stages 0, 1, 2) the model bytes each rank keeps
+//                              between steps (device + host, fp32 Adam, chunked offload), per
+//                              parameter, on the fullest rank, against the formula 4 + 8 / W
+//                              (sharded m and v; 4 + 8 at stage 0).
 
 #include <mpi.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "harness.hpp"
+#include "tide/comm/data_parallel.hpp"
 #include "tide/comm/mpi.hpp"
+#include "tide/optim/adamw.hpp"
+#include "tide/train/trainer.hpp"
+
+extern char** environ;
 
 namespace {
 
-// Not under mpiexec (Open MPI sets OMPI_COMM_WORLD_SIZE in its ranks): run this program on 2 ranks.
-void relaunch_under_mpiexec(char** argv) {
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr) return;
-  char const* args[] = {TIDE_MPIEXEC, "-n", "2", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
-                        argv[0], nullptr};
-  execvp(args[0], const_cast<char* const*>(args));
-  std::perror("bench_comm: could not start " TIDE_MPIEXEC);
-  std::exit(2);
+using namespace tide::literals;
+
+bool under_mpiexec() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr; }
+
+// This program on `ranks` ranks; its exit status.
+int run_on(char const* self, char const* ranks) {
+  char const* args[] = {TIDE_MPIEXEC, "-n", ranks, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                        self, nullptr};
+  pid_t pid = 0;
+  if (posix_spawnp(&pid, args[0], nullptr, nullptr, const_cast<char* const*>(args), environ) != 0) {
+    std::perror("bench_comm: could not start " TIDE_MPIEXEC);
+    return 2;
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  relaunch_under_mpiexec(argv);
-  tide::comm::mpi_session session{&argc, &argv};
-  tide::comm::mpi world{session};
+void bucketed_allreduce_vs_mpi(tide::comm::mpi& world) {
   std::size_t const n = tide::bench::quick() ? (std::size_t{1} << 20) : std::size_t{124'439'808};  // GPT-2 124M
   std::size_t const bucket = (std::size_t{25} << 20) / sizeof(float);                              // 25 MiB
   std::vector<float> grads(n, 1.f);
@@ -86,5 +107,154 @@ int main(int argc, char** argv) {
                                    {"mpi_seconds", mpi_s}}}
         .print();
   }
+}
+
+// The GPT both figures train: 4 layers, C 128, byte vocabulary, T 64.
+constexpr tide::nn::gpt_config config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = 64};
+constexpr int seq = 64;
+
+struct batch_data {
+  std::vector<std::int32_t> tokens;  // (B, T + 1): targets are the next token
+  int batch;
+  explicit batch_data(int b, int seed) : tokens(static_cast<std::size_t>(b) * (seq + 1)), batch(b) {
+    std::uint32_t x = 2463534242u + static_cast<std::uint32_t>(seed);
+    for (auto& t : tokens) {
+      x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+      t = static_cast<std::int32_t>(x % 256u);
+    }
+  }
+  template <class Trainer>
+  typename Trainer::batch_type view() const {
+    return {{tokens.data(), {batch, seq}}, {tokens.data() + 1, {batch, seq}}};  // rows overlap by design: any tokens do
+  }
+};
+
+template <class Comm>
+auto gpt_trainer(Comm const& comm, int threads) {
+  using spec_t = tide::nn::gpt_spec<tide::host>;
+  using trainer_t = tide::train::trainer<spec_t, tide::offload::resident, tide::optim::adamw, Comm>;
+  return std::make_unique<trainer_t>(spec_t{.config = config, .options = {.seed = 1}},
+                                     tide::offload::resident{.device_budget = 256_MiB}, tide::optim::adamw{.lr = 1e-3f},
+                                     comm, tide::train::no_compress{}, tide::train::no_pipeline{}, threads);
+}
+
+// Seconds per step, median over `steps` after one warm-up step.
+template <class Trainer>
+double seconds_per_step(Trainer& t, batch_data const& d, int steps) {
+  auto const b = d.view<Trainer>();
+  (void)t.step(b);
+  std::vector<double> s;
+  for (int i = 0; i < steps; ++i) s.push_back(t.step(b).seconds);
+  std::ranges::sort(s);
+  return s[s.size() / 2];
+}
+
+void dp_2x1_vs_1x2(tide::comm::mpi& world) {
+  int const per_rank = 8, steps = tide::bench::quick() ? 2 : 8, rounds = tide::bench::quick() ? 1 : 3;
+  batch_data const mine(per_rank, world.rank()), both(2 * per_rank, 7);
+  auto dp = gpt_trainer(tide::comm::data_parallel{.comm = &world}, 1);
+  auto alone = world.rank() == 0 ? gpt_trainer(tide::train::no_comm{}, 2) : nullptr;
+  std::vector<double> t_dp, t_one;
+  for (int r = 0; r < rounds; ++r) {
+    world.barrier();
+    t_dp.push_back(seconds_per_step(*dp, mine, steps));
+    world.barrier();
+    if (alone) t_one.push_back(seconds_per_step(*alone, both, steps));
+    world.barrier();  // rank 1 waits here, polling with backoff: it leaves rank 0 both cores
+  }
+  if (world.rank() != 0) return;
+  std::ranges::sort(t_dp);
+  std::ranges::sort(t_one);
+  double const tokens = 2.0 * per_rank * seq;
+  double const dp_s = t_dp[t_dp.size() / 2], one_s = t_one[t_one.size() / 2];
+  tide::bench::figure{.bench = "comm",
+                      .name = "dp_2x1_vs_1x2",
+                      .value = tokens / dp_s,
+                      .unit = "tokens/s",
+                      .anchor = "1 rank x 2 threads, same global batch, same run",
+                      .anchor_value = tokens / one_s,
+                      .goal = 0.85,
+                      .detail = {{"global_batch", 2.0 * per_rank},
+                                 {"seq", seq},
+                                 {"parameters", static_cast<double>(tide::nn::gpt_parameters(config, tide::dtype::f32).count())},
+                                 {"bytes_all_reduced_per_step", static_cast<double>(dp->scheduler().sink().stats().bytes) /
+                                                                    static_cast<double>(rounds * (steps + 1))},
+                                 {"dp_step_ms", dp_s * 1e3},
+                                 {"one_rank_step_ms", one_s * 1e3}}}
+      .print();
+}
+
+// A device budget for `off` that holds the activations of a (B, T) step and half the model data
+// (parameters and Adam's m and v), at least the scheduler's minimum: chunks and state move.
+template <class Offload>
+std::size_t half_the_model(Offload const& off, int B) {
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 256_MiB}};
+  std::size_t activations = 0;
+  {
+    tide::nn::gpt<tide::host> model{config, arena, {}};
+    std::vector<std::int32_t> zeros(static_cast<std::size_t>(B) * seq, 0);
+    model.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {B, seq}));
+    activations = tide::round_up(model.activations().footprint, 256);
+  }
+  auto const params = tide::nn::gpt_parameters(config, tide::dtype::f32);
+  tide::offload::scheduler<tide::host, float, Offload> const probe{ex, arena, params, tide::nn::gpt_block_uses(config), off};
+  return std::max(activations + 6 * static_cast<std::size_t>(params.count()),
+                  probe.minimum_device_bytes(activations) + 2 * probe.chunk_bytes());
+}
+
+void zero_bytes_per_param(tide::comm::mpi& world) {
+  int const w = world.size();
+  tide::offload::chunked<tide::offload::belady> off{.chunk_bytes = 0};  // 0: the layout search picks it
+  off.device_budget = half_the_model(off, 4);
+  batch_data const d(4, world.rank());
+  double const params = static_cast<double>(tide::nn::gpt_parameters(config, tide::dtype::f32).count());
+  for (int zero : {0, 1, 2}) {
+    auto t = tide::train::make_trainer(tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = 1}}, off,
+                                       tide::optim::adamw{.lr = 1e-3f},
+                                       tide::comm::data_parallel{.comm = &world, .zero = zero});
+    for (int s = 0; s < 2; ++s) (void)t.step(d.view<decltype(t)>());
+    auto const st = t.scheduler().last_step();
+    // Summed over the ranks (the formula is the mean), and the fullest rank: rank 0 owns one
+    // chunk more than others when the chunks do not divide evenly.
+    std::vector<double> sum{static_cast<double>(st.device_model_bytes), static_cast<double>(st.host_model_bytes)};
+    std::vector<double> most{sum[0] + sum[1]};
+    world.all_reduce(std::span<double>(sum), tide::comm::reduce_op::sum);
+    world.all_reduce(std::span<double>(most), tide::comm::reduce_op::max);
+    if (world.rank() != 0) continue;
+    double const formula = 4.0 + 8.0 / (zero == 0 ? 1.0 : w);
+    double const device = sum[0] / w / params, host = sum[1] / w / params;
+    tide::bench::figure{.bench = "comm",
+                        .name = "zero_bytes_per_param",
+                        .value = device + host,
+                        .unit = "B/param",
+                        .anchor = "formula 4 + 8/W (fp32 parameters; Adam's m and v sharded from stage 1; stage 0: 4 + 8)",
+                        .anchor_value = formula,
+                        .goal = 1.0,
+                        .detail = {{"ranks", w},
+                                   {"zero", zero},
+                                   {"device_bytes_per_param", device},
+                                   {"host_bytes_per_param", host},
+                                   {"fullest_rank_bytes_per_param", most[0] / params},
+                                   {"chunk_utilisation", st.chunk_utilisation},
+                                   {"chunks", static_cast<double>(t.scheduler().layout().chunks())},
+                                   {"device_budget", static_cast<double>(off.device_budget)},
+                                   {"formula_with_gradients", formula + 4.0 / (zero == 2 ? w : 1.0)}}}
+        .print();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!under_mpiexec()) return std::max(run_on(argv[0], "2"), run_on(argv[0], "4"));
+  tide::comm::mpi_session session{&argc, &argv};
+  tide::comm::mpi world{session};
+  if (world.size() == 2) {
+    bucketed_allreduce_vs_mpi(world);
+    dp_2x1_vs_1x2(world);
+  }
+  zero_bytes_per_param(world);
   return 0;
 }

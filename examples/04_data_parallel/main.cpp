@@ -2,9 +2,11 @@
 // text. Every rank builds the same model, draws its own rows of each batch (train::shard), trains
 // with chunked<belady> offload under a device budget below the model data, and the gradient chunks
 // are summed over the ranks in buckets while backward runs (comm::data_parallel over comm::mpi).
+// ZeRO-2 by default: each rank keeps Adam's state of its own chunks only, and each chunk's
+// gradients are reduced to that rank; the new parameters are all-gathered after the step.
 //
 //   mpiexec -n 2 ./example_04_data_parallel [--steps N] [--batch B] [--seq T] [--bucket-kib K]
-//                                           [--check-falls X]
+//                                           [--zero 0|1|2] [--check-falls X]
 //   ./tide demo --ranks 2 [flags]            (builds it and runs it under mpiexec)
 //
 // Rank 0 prints the progress line (with the bytes all-reduced per step). At the end every rank
@@ -36,6 +38,7 @@ using namespace tide::literals;
 struct options {
   int steps = 60, batch = 4, seq = 64;
   std::size_t bucket_kib = 256;
+  int zero = 2;
   double check_falls = 0;
 };
 
@@ -45,7 +48,8 @@ options parse(int argc, char** argv) {
   auto number = [](std::string_view flag, char const* text, auto& out) {
     std::string_view const v = text;
     auto const [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-    TIDE_REQUIRE(ec == std::errc{} && end == v.data() + v.size() && out > 0, flag, " wants a positive number, got '", v, "'");
+    TIDE_REQUIRE(ec == std::errc{} && end == v.data() + v.size() && (out > 0 || flag == "--zero"), flag,
+                 " wants a positive number, got '", v, "'");
   };
   for (int i = 1; i < argc; i += 2) {
     std::string_view const flag = argv[i];
@@ -54,10 +58,12 @@ options parse(int argc, char** argv) {
     else if (flag == "--batch") number(flag, argv[i + 1], o.batch);
     else if (flag == "--seq") number(flag, argv[i + 1], o.seq);
     else if (flag == "--bucket-kib") number(flag, argv[i + 1], o.bucket_kib);
+    else if (flag == "--zero") number(flag, argv[i + 1], o.zero);
     else if (flag == "--check-falls") number(flag, argv[i + 1], o.check_falls);
-    else TIDE_FAIL(usage, "unknown flag ", flag, " (flags: --steps --batch --seq --bucket-kib --check-falls)");
+    else TIDE_FAIL(usage, "unknown flag ", flag, " (flags: --steps --batch --seq --bucket-kib --zero --check-falls)");
   }
   TIDE_REQUIRE(o.seq >= 2 && o.seq <= 256, "--seq must be 2 to 256");
+  TIDE_REQUIRE(o.zero >= 0 && o.zero <= 2, "--zero must be 0, 1 or 2 (ZeRO-3 is not in tide yet)");
   return o;
 }
 
@@ -91,11 +97,11 @@ int run(options const& opt, tide::comm::mpi& world) {
   auto trainer = tide::train::make_trainer(
       tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = 1}}, off,
       tide::optim::adamw{.lr = 2e-3f, .decay_matrices_only = true, .schedule = {.warmup_steps = 10, .total_steps = opt.steps}},
-      tide::comm::data_parallel{.comm = &world, .bucket_bytes = opt.bucket_kib << 10});
+      tide::comm::data_parallel{.comm = &world, .bucket_bytes = opt.bucket_kib << 10, .zero = opt.zero});
   if (rank == 0)
-    std::printf("data parallel on %d ranks, %s, device budget %s per rank, global batch %d x %d tokens\n", ranks,
-                decltype(trainer)::scheduler_type::name().c_str(), tide::detail::concat(tide::bytes_of{off.device_budget}).c_str(),
-                ranks * opt.batch, opt.seq);
+    std::printf("data parallel on %d ranks, ZeRO-%d, %s, device budget %s per rank, global batch %d x %d tokens\n",
+                ranks, opt.zero, decltype(trainer)::scheduler_type::name().c_str(),
+                tide::detail::concat(tide::bytes_of{off.device_budget}).c_str(), ranks * opt.batch, opt.seq);
   std::vector<std::int32_t> in(std::size_t(opt.batch) * std::size_t(opt.seq)), tg(in.size());
   tide::train::progress progress{stdout};
   float first = 0, last = 0;

@@ -108,8 +108,10 @@ TEST_CASE("a traced data-parallel step shows each bucket's all-reduce on the com
 
 TEST_CASE("data_parallel refuses what it cannot do, naming what to pass") {
   tide::comm::self one;
-  CHECK_THROWS_WITH_AS((void)(tide::comm::data_parallel<tide::comm::self>{.comm = &one, .zero = 2}.sink()),
-                       doctest::Contains("zero = 2"), tide::error);
+  CHECK_THROWS_WITH_AS((void)(tide::comm::data_parallel<tide::comm::self>{.comm = &one, .zero = 3}.sink()),
+                       doctest::Contains("parameter sharding (ZeRO-3) is not in tide yet"), tide::error);
+  CHECK_THROWS_WITH_AS((void)(tide::comm::data_parallel<tide::comm::self>{.comm = &one, .zero = -1}.sink()),
+                       doctest::Contains("zero = -1"), tide::error);
   CHECK_THROWS_WITH_AS((void)(tide::comm::data_parallel<tide::comm::self>{.comm = nullptr}.rank()),
                        doctest::Contains(".comm is null"), tide::error);
   CHECK_THROWS_WITH_AS((void)(tide::comm::data_parallel<tide::comm::self>{.comm = &one, .bucket_bytes = 0}.sink()),

@@ -93,7 +93,7 @@ TEST_CASE("data parallel over W ranks equals accumulating W micro-batches, with 
     // token in the embedding and row by row in the matrices, where the ranks each sum their own
     // and MPI adds the totals. Each such difference is a rounding of the gradient (2^-24 relative);
     // SGD carries them into the parameters scaled by lr, with momentum over 4 steps. Measured:
-    // 7.5e-9 on 2 ranks and 9.3e-9 on 4 (parameters of order 0.1); the bound is 100 times that.
+    // 7.5e-9 on 2 ranks and on 4 (parameters of order 0.1); the bound is 100 times that.
     float const diff = max_difference(dp, reference);
     if (r == 0) MESSAGE(w, " ranks, bucket ", bucket, " B: max |data parallel - accumulated| = ", diff);
     CHECK(diff <= 1e-6f);

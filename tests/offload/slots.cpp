@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <barrier>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -603,3 +604,97 @@ TEST_CASE("a sink's extra list is kept, placed with the optimizer state, undone 
 }
 
 }  // namespace
+
+// ---- a sink that shards the optimizer state (ZeRO) ------------------------------------------------
+
+// Two ranks in one process, each a thread with its own trainer, training on the same data (so
+// their gradients are equal and nothing needs summing): each keeps and steps the state of its
+// own chunks, c % 2 == rank, and takes the other's chunks from it after the step.
+struct pair_exchange {
+  std::barrier<> sync{2};
+  std::array<std::span<std::span<float> const>, 2> chunks{};
+  int fail_at = 0;  // the share (counted per rank) after which both ranks throw, having copied
+};
+struct pair_sink {
+  pair_exchange* x = nullptr;
+  int r = 0;
+  int* shares = nullptr;
+  [[nodiscard]] off::chunk_shard shard() const noexcept { return {r, 2}; }
+  template <tide::Backend B, class T>
+  bool reduce(off::ready_chunk<B, T> const&) {
+    return false;
+  }
+  template <class T>
+  void share_parameters(std::span<std::span<T> const> chunks) {
+    if constexpr (std::is_same_v<T, float>) {
+      x->chunks[static_cast<std::size_t>(r)] = chunks;
+      x->sync.arrive_and_wait();
+      auto const& other = x->chunks[static_cast<std::size_t>(1 - r)];
+      for (std::size_t c = 0; c < chunks.size(); ++c)
+        if (static_cast<int>(c % 2) != r) std::memcpy(chunks[c].data(), other[c].data(), chunks[c].size_bytes());
+      x->sync.arrive_and_wait();
+      if (++*shares == x->fail_at) throw tide::error(tide::errc::mpi, "test: the exchange failed");
+    }
+  }
+};
+static_assert(off::check_gradient_sink<pair_sink>() && off::ShardingSink<pair_sink>);
+struct pair_comm {
+  static constexpr std::string_view name = "pair";
+  using sink_type = pair_sink;
+  using source_type = off::host_source;
+  pair_sink s;
+  [[nodiscard]] int rank() const noexcept { return s.r; }
+  [[nodiscard]] int world_size() const noexcept { return 1; }  // nothing is summed: no mean over ranks
+  [[nodiscard]] sink_type sink() const noexcept { return s; }
+  [[nodiscard]] source_type source() const noexcept { return {}; }
+};
+
+template <class Policy>
+void check_sharded(Policy policy, std::vector<std::vector<float>> const& reference, int fail_at) {
+  policy.chunk_bytes = 20_KiB;
+  if constexpr (Policy::moves_data)
+    policy.device_budget = tide::test::scheduler_minimum<Policy, float>(config, policy, batch, seq) + 16_KiB;
+  pair_exchange x;
+  x.fail_at = fail_at;
+  auto rank = [&](int r) {
+    int shares = 0, failures = 0;
+    auto t = tide::train::make_trainer(spec, policy, opt, pair_comm{{&x, r, &shares}});
+    for (int s = 0; s < 4; ++s) {
+      auto const d = tide::test::token_runs(s, batch, seq, 64);
+      std::vector<std::vector<float>> before;
+      for (std::uint32_t i = 0; i < reference.size(); ++i) before.push_back(t.scheduler().read_param(i));
+      try {
+        (void)t.step(view_of<decltype(t)>(d));
+      } catch (tide::error const& e) {
+        ++failures;
+        CHECK(std::string(e.what()).find("the exchange failed") != std::string::npos);
+        for (std::uint32_t i = 0; i < reference.size(); ++i)  // stepped chunks and received ones put back
+          CHECK_MESSAGE(same_bits(t.scheduler().read_param(i), before[i]), "rank ", r, ": parameter ", i);
+        (void)t.step(view_of<decltype(t)>(d));
+      }
+    }
+    CHECK(failures == (fail_at > 0 ? 1 : 0));
+    auto& sched = t.scheduler();
+    for (std::uint32_t i = 0; i < reference.size(); ++i) {
+      CHECK_MESSAGE(same_bits(sched.read_param(i), reference[i]), Policy::name(), ", rank ", r, ": parameter ", i);
+      CHECK(sched.keeps_state(i) == (static_cast<int>(sched.layout().chunk_of[i] % 2) == r));
+      if (!sched.keeps_state(i)) CHECK_THROWS_AS((void)sched.state_bytes(0, i), tide::error);
+    }
+    // Between steps a rank keeps every parameter chunk and Adam's m and v of its own chunks only.
+    std::size_t const n = sched.layout().chunks(), own = (n + 1 - static_cast<std::size_t>(r)) / 2;
+    auto const last = sched.last_step();
+    CHECK(last.device_model_bytes + last.host_model_bytes == (n + 2 * own) * sched.chunk_bytes());
+  };
+  std::thread other(rank, 1);
+  rank(0);
+  other.join();
+}
+
+TEST_CASE("a sharding sink: each rank steps its own chunks, keeps only their state, and a failed exchange is undone") {
+  auto const reference = train(off::resident{}, 4);
+  for (int fail_at : {0, 2}) {
+    CAPTURE(fail_at);
+    check_sharded(off::resident{}, reference, fail_at);
+    check_sharded(off::chunked<off::belady>{}, reference, fail_at);
+  }
+}

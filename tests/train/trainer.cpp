@@ -15,6 +15,8 @@
 #include <cstring>
 #include <vector>
 
+#include "tide/comm/data_parallel.hpp"
+#include "tide/comm/self.hpp"
 #include "tide/nn/gpt.hpp"
 #include "tide/train/trainer.hpp"
 #include "tide/optim/adam.hpp"
@@ -413,4 +415,103 @@ TEST_CASE("device budgets that cannot work are refused with a tide::error naming
   }
   CHECK(same(params_of(t), before));
   CHECK(t.steps() == 0);
+}
+
+// ---- checkpoint sets (ZeRO) -------------------------------------------------------------------
+
+namespace {
+tide::optim::adamw const plain_adamw{.lr = 3e-3f};
+template <class Trainer>
+void steps(Trainer& t, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    auto const d = data_of(s);
+    (void)t.step(view_of<Trainer>(d));
+  }
+}
+}  // namespace
+
+TEST_CASE("a checkpoint set (ZeRO on one rank) resumes bit-identically; an uncommitted save is never taken") {
+  tide::test::scratch_dir const dir("ckpt_set");
+  auto const set = dir.path / "run";
+  tide::comm::self one;
+  tide::comm::data_parallel const zero1{.comm = &one, .zero = 1};
+  auto straight = tide::train::make_trainer(spec, tight_belady, plain_adamw, zero1);
+  steps(straight, 0, 3);
+  straight.save(set);
+  auto const m = tide::train::checkpoint_set::read_manifest(set);
+  CHECK(m.ranks == 1);
+  CHECK(m.step == 3);
+  steps(straight, 3, 5);
+  auto const after = params_of(straight);
+
+  // A later save that never committed (its shard written, the job killed before the manifest):
+  // the manifest still names the set above, which loads whole.
+  auto const stray = tide::train::checkpoint_set::shard_path(set, "set-000004-abc", 0, 1);
+  std::filesystem::create_directories(stray.parent_path());
+  { std::FILE* f = std::fopen(stray.c_str(), "wb"); std::fputs("half a shard", f); std::fclose(f); }
+  {
+    auto resumed = tide::train::make_trainer(spec, tight_belady, plain_adamw, zero1);
+    resumed.load(set);
+    CHECK(resumed.steps() == 3);
+    steps(resumed, 3, 5);
+    CHECK(same(params_of(resumed), after));
+  }
+  {  // a set loads into a trainer without data parallelism, and a single file into a ZeRO one
+    auto plain = tide::train::make_trainer(spec, tight_belady, plain_adamw);
+    plain.load(set);
+    steps(plain, 3, 5);
+    CHECK(same(params_of(plain), after));
+    plain.save(dir.path / "single.tide");
+    auto sharded = tide::train::make_trainer(spec, tight_belady, plain_adamw, zero1);
+    sharded.load(dir.path / "single.tide");
+    CHECK(sharded.steps() == 5);
+    CHECK(same(params_of(sharded), after));
+  }
+  // The next committed save removes the stray folder and the set it replaced.
+  straight.save(set);
+  auto const m2 = tide::train::checkpoint_set::read_manifest(set);
+  CHECK(m2.step == 5);
+  CHECK(!std::filesystem::exists(stray.parent_path()));
+  CHECK(!std::filesystem::exists(set / m.set));
+  CHECK(std::filesystem::exists(tide::train::checkpoint_set::shard_path(set, m2.set, 0, 1)));
+}
+
+TEST_CASE("a damaged or missing checkpoint set is refused and loads nothing; a failed save keeps the last set") {
+  tide::test::scratch_dir const dir("ckpt_set_bad");
+  auto const set = dir.path / "run";
+  tide::comm::self one;
+  tide::comm::data_parallel const zero2{.comm = &one, .zero = 2};
+  auto t = tide::train::make_trainer(spec, tight_belady, plain_adamw, zero2);
+  steps(t, 0, 2);
+  t.save(set);
+  auto const m = tide::train::checkpoint_set::read_manifest(set);
+  auto fresh = tide::train::make_trainer(spec, tight_belady, plain_adamw, zero2);
+  auto const before = params_of(fresh);
+  CHECK_THROWS_WITH_AS(fresh.load(dir.path / "nowhere"), doctest::Contains("cannot open checkpoint"), tide::error);
+  // A truncated shard: every checksum is verified before anything is written.
+  auto const shard = tide::train::checkpoint_set::shard_path(set, m.set, 0, 1);
+  std::string const good = tide::test::file_text(shard);
+  std::filesystem::resize_file(shard, good.size() - 9);
+  CHECK_THROWS_AS(fresh.load(set), tide::error);
+  CHECK(fresh.steps() == 0);
+  CHECK(same(params_of(fresh), before));
+  // A damaged manifest names itself.
+  { std::FILE* f = std::fopen(shard.c_str(), "wb"); std::fwrite(good.data(), 1, good.size(), f); std::fclose(f); }
+  auto const manifest = tide::train::checkpoint_set::manifest_path(set);
+  std::string const text = tide::test::file_text(manifest);
+  std::string broken = text;
+  broken[broken.size() / 2] = static_cast<char>(broken[broken.size() / 2] ^ 0x40);
+  { std::FILE* f = std::fopen(manifest.c_str(), "wb"); std::fwrite(broken.data(), 1, broken.size(), f); std::fclose(f); }
+  CHECK_THROWS_WITH_AS(fresh.load(set), doctest::Contains("manifest.tide"), tide::error);
+  CHECK(same(params_of(fresh), before));
+  { std::FILE* f = std::fopen(manifest.c_str(), "wb"); std::fwrite(text.data(), 1, text.size(), f); std::fclose(f); }
+  // A save whose shard cannot be written (the caller's extra sections throw) throws on every
+  // rank, and the committed set stays the checkpoint.
+  steps(t, 2, 3);
+  auto const saved_manifest = tide::test::file_text(manifest);
+  CHECK_THROWS_WITH_AS(t.save(set, [](tide::train::checkpoint_writer&) { throw tide::error(tide::errc::io, "disk full"); }),
+                       doctest::Contains("rank 0 could not write its shard (disk full)"), tide::error);
+  CHECK(tide::test::file_text(manifest) == saved_manifest);
+  fresh.load(set);
+  CHECK(fresh.steps() == 2);
 }

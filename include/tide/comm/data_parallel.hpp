@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -51,12 +52,16 @@ struct bucket_stats {
   std::uint64_t chunks = 0;         // chunks summed
   std::uint64_t bytes = 0;          // bytes all-reduced (each rank's contribution)
   std::uint64_t packed_buckets = 0; // buckets of more than one chunk (packed into the staging buffer)
+  std::uint64_t bytes_gathered = 0; // ZeRO: parameter bytes all-gathered after the steps (this rank's share)
 };
 
 template <Reducer C>
 class bucket_sink {
  public:
-  bucket_sink(C* comm, std::size_t bucket_bytes) : st_(std::make_shared<state>(comm, bucket_bytes)) {
+  // zero: the ZeRO stage (0: replicated optimizer state; 1: sharded over the ranks by chunk;
+  // 2: also each chunk's gradients reduced to its owner only, not to every rank).
+  bucket_sink(C* comm, std::size_t bucket_bytes, int zero = 0)
+      : st_(std::make_shared<state>(comm, bucket_bytes, zero)) {
     TIDE_REQUIRE(comm != nullptr, "data_parallel: .comm is null; pass the address of a communicator that outlives "
                  "the trainer (tide::comm::mpi world{session}; .comm = &world)");
   }
@@ -73,6 +78,23 @@ class bucket_sink {
     return st_->totals;
   }
 
+  // ZeRO: chunk c's optimizer state lives on rank c % size (PatrickStar's chunk groups).
+  [[nodiscard]] offload::chunk_shard shard() const noexcept { return st_->shard; }
+  [[nodiscard]] int zero_stage() const noexcept { return st_->zero; }
+
+  // ZeRO, after the step's updates: each group of `size` consecutive chunks is all-gathered, every
+  // rank giving the chunk it stepped; a last group of fewer chunks is broadcast from each owner.
+  template <class T>
+  void share_parameters(std::span<std::span<T> const> chunks) {
+    if (st_->zero == 0 || st_->shard.ranks == 1) return;
+    if constexpr (requires(C& c, std::span<T const> in, std::span<T> out) { c.all_gather(in, out); }) {
+      st_->gather(chunks);
+    } else {
+      TIDE_FAIL(usage, "data_parallel: zero = ", st_->zero, " needs a communicator with all_gather and reduce "
+                "(tide::comm::mpi or self), not ", C::name);
+    }
+  }
+
  private:
   template <class T>
   static constexpr int detail_elem() {
@@ -87,6 +109,7 @@ class bucket_sink {
       state* st = nullptr;
       std::uint64_t bucket = 0;
       std::vector<std::span<std::byte>> chunks;  // reserved once; cleared per use
+      std::vector<std::uint32_t> ids;            // their chunk indices (ZeRO-2: the owner of each)
       int type = 0;
       offload::trace_recorder* trace = nullptr;  // the step's timeline, or null
       memory::event<host> ran;
@@ -94,7 +117,7 @@ class bucket_sink {
         double const start = trace != nullptr ? offload::trace_recorder::now_us() : 0;
         std::size_t bytes = 0;
         try {
-          bytes = st->sum(chunks, type);
+          bytes = st->sum(chunks, ids, type);
         } catch (tide::error const& e) {
           st->mark(bucket, &e);
           throw;
@@ -116,6 +139,8 @@ class bucket_sink {
 
     C* comm;
     std::size_t bucket_bytes;
+    int zero = 0;
+    offload::chunk_shard shard;
     mutable std::mutex m;
     std::condition_variable cv;
     std::uint64_t summed = 0;  // buckets summed so far, in order
@@ -126,15 +151,20 @@ class bucket_sink {
     std::size_t open_bytes = 0;
     std::vector<std::byte> staging;
     std::vector<std::span<std::byte>> open;  // the open bucket's chunks
+    std::vector<std::uint32_t> open_ids;
     std::vector<flush_job> flushes;
     std::vector<hold_job> holds;
     std::size_t next_flush = 0, next_hold = 0;
     memory::stream<host> work;  // after the jobs: destroyed (drained) first
     memory::stream<host> hold;
 
-    state(C* c, std::size_t bytes) : comm(c), bucket_bytes(bytes), flushes(ring), holds(ring) {
+    state(C* c, std::size_t bytes, int stage) : comm(c), bucket_bytes(bytes), zero(stage), flushes(ring), holds(ring) {
       TIDE_REQUIRE(bytes > 0, "data_parallel: bucket_bytes = 0; pass the bytes one all-reduce should carry (25 MiB "
                    "is PyTorch DDP's default)");
+      TIDE_REQUIRE(stage >= 0 && stage <= 2, "data_parallel: zero = ", stage, "; tide shards optimizer state "
+                   "(zero = 1) and gradients (zero = 2) over chunk groups; parameter sharding (ZeRO-3) is not in tide "
+                   "yet: pass zero = 0, 1 or 2");
+      if (stage > 0 && c != nullptr) shard = {c->rank(), c->size()};
       for (auto& f : flushes) f.st = this;
       for (auto& h : holds) h.st = this;
     }
@@ -148,7 +178,7 @@ class bucket_sink {
       cv.notify_all();
     }
 
-    bool take(std::uint32_t, std::span<std::byte> grads, int type, memory::event<host> const* valid_after,
+    bool take(std::uint32_t id, std::span<std::byte> grads, int type, memory::event<host> const* valid_after,
               memory::event<host>* done, bool close, offload::trace_recorder* trace) {
       if (open.empty()) {
         ++opened;
@@ -156,6 +186,7 @@ class bucket_sink {
       }
       if (valid_after != nullptr) work.wait(*valid_after);
       open.push_back(grads);
+      open_ids.push_back(id);
       open_bytes += grads.size();
       std::uint64_t const bucket = opened - 1;
       if (open_bytes >= bucket_bytes || close) flush(bucket, type, trace);
@@ -173,6 +204,7 @@ class bucket_sink {
       f.ran.synchronize();  // its previous use ran
       if (f.chunks.capacity() < open.size()) f.chunks.reserve(std::max<std::size_t>(open.size(), 8));
       f.chunks.assign(open.begin(), open.end());
+      f.ids.assign(open_ids.begin(), open_ids.end());
       f.bucket = bucket;
       f.type = type;
       f.trace = trace;
@@ -180,13 +212,16 @@ class bucket_sink {
       memory::launch(work, f);
       f.ran.record(work);
       open.clear();
+      open_ids.clear();
     }
 
     // On `work`: sum the chunks over the ranks.
-    std::size_t sum(std::vector<std::span<std::byte>> const& chunks, int type) {
+    std::size_t sum(std::vector<std::span<std::byte>> const& chunks, std::vector<std::uint32_t> const& ids, int type) {
       std::size_t bytes = 0;
       for (auto const& c : chunks) bytes += c.size();
-      if (chunks.size() == 1) {
+      if (zero == 2 && shard.ranks > 1) {  // each chunk to its owner only: half an all-reduce's traffic
+        for (std::size_t k = 0; k < chunks.size(); ++k) reduce_to(chunks[k], shard.owner(ids[k]), type);
+      } else if (chunks.size() == 1) {
         all_reduce(chunks[0], type);
       } else {
         std::size_t at = 0;
@@ -217,6 +252,44 @@ class bucket_sink {
       else if (type == 1) comm->all_reduce(as(static_cast<bf16*>(nullptr)), reduce_op::sum);
       else comm->all_reduce(as(static_cast<f16*>(nullptr)), reduce_op::sum);
     }
+    void reduce_to(std::span<std::byte> b, int root, int type) {
+      if constexpr (requires(C& c, std::span<float> d) { c.reduce(d, 0, reduce_op::sum); }) {
+        auto as = [&](auto* tag) {
+          using E = std::remove_pointer_t<decltype(tag)>;
+          return std::span<E>(reinterpret_cast<E*>(b.data()), b.size() / sizeof(E));
+        };
+        if (type == 0) comm->reduce(as(static_cast<float*>(nullptr)), root, reduce_op::sum);
+        else if (type == 1) comm->reduce(as(static_cast<bf16*>(nullptr)), root, reduce_op::sum);
+        else comm->reduce(as(static_cast<f16*>(nullptr)), root, reduce_op::sum);
+      } else {
+        TIDE_FAIL(usage, "data_parallel: zero = 2 needs a communicator with reduce (tide::comm::mpi or self), not ",
+                  C::name);
+      }
+    }
+    // On the calling thread, after the step drained the sink (the staging buffer is free).
+    template <class T>
+    void gather(std::span<std::span<T> const> chunks) {
+      auto const w = static_cast<std::size_t>(shard.ranks);
+      auto const r = static_cast<std::size_t>(shard.rank);
+      std::size_t const n = chunks.size();
+      std::size_t const len = n == 0 ? 0 : chunks[0].size();
+      if (staging.size() < w * len * sizeof(T)) staging.resize(w * len * sizeof(T));
+      std::span<T> const all(reinterpret_cast<T*>(staging.data()), w * len);
+      std::size_t bytes = 0;
+      std::size_t g = 0;
+      for (; g + w <= n; g += w) {  // full groups: one all-gather each
+        comm->all_gather(std::span<T const>(chunks[g + r]), all);
+        for (std::size_t k = 0; k < w; ++k)
+          if (k != r) std::copy_n(all.data() + k * len, len, chunks[g + k].data());
+        bytes += len * sizeof(T);
+      }
+      for (std::size_t c = g; c < n; ++c) {  // the last, partial group
+        comm->broadcast(chunks[c], shard.owner(static_cast<std::uint32_t>(c)));
+        if (shard.owns(static_cast<std::uint32_t>(c))) bytes += len * sizeof(T);
+      }
+      std::lock_guard lock(m);
+      totals.bytes_gathered += bytes;
+    }
     void mark(std::uint64_t bucket, tide::error const* failure) {
       {
         std::lock_guard lock(m);
@@ -243,14 +316,17 @@ class bucket_sink {
 };
 
 // make_trainer's communication policy for data parallelism: the ranks of `comm` each train on
-// their own data; gradients are summed over them by a bucket_sink. ZeRO sharding of optimizer
-// state, gradients and parameters over chunk groups is not in tide yet: zero must be 0.
+// their own data; gradients are summed over them by a bucket_sink. ZeRO over chunk groups:
+// zero = 1 keeps each chunk's fp32 master and optimizer state on one rank only (chunk c on rank
+// c % size), which steps it and all-gathers the new parameters to the others after the step;
+// zero = 2 also reduces each chunk's gradients to that rank only. Parameter sharding (zero = 3)
+// is not in tide yet and is refused.
 template <Reducer C>
 struct data_parallel {
   static constexpr std::string_view name = "data_parallel";
   C* comm = nullptr;                       // the ranks; outlives the trainer
   std::size_t bucket_bytes = 25u << 20;    // bytes per all-reduce (PyTorch DDP's bucket_cap_mb = 25)
-  int zero = 0;                            // ZeRO stage: 0 only (replicated optimizer state)
+  int zero = 0;                            // ZeRO stage: 0 (replicated), 1 (optimizer state), 2 (+ gradients)
 
   using sink_type = bucket_sink<C>;
   using source_type = offload::host_source;
@@ -258,11 +334,26 @@ struct data_parallel {
   [[nodiscard]] int rank() const { return checked().rank(); }
   [[nodiscard]] int world_size() const { return checked().size(); }
   [[nodiscard]] sink_type sink() const {
-    TIDE_REQUIRE(zero == 0, "data_parallel: zero = ", zero, "; tide does not shard over ranks yet (ZeRO stages 1-3): "
-                 "pass zero = 0, every rank keeping the whole optimizer state");
-    return sink_type{comm, bucket_bytes};
+    return sink_type{comm, bucket_bytes, zero};
   }
   [[nodiscard]] source_type source() const { return {}; }
+
+  // What the trainer asks of the ranks besides gradients (checkpoint sets, ZeRO-2's norm):
+  // whether `ok` holds on every rank; rank 0's `value`, on every rank; the sum of `x` over ranks.
+  [[nodiscard]] bool all_ranks(bool ok) const {
+    std::int32_t v = ok ? 1 : 0;
+    checked().all_reduce(std::span<std::int32_t>(&v, 1), reduce_op::min);
+    return v == 1;
+  }
+  [[nodiscard]] std::int64_t of_rank0(std::int64_t value) const {
+    std::int64_t v = checked().rank() == 0 ? value : std::numeric_limits<std::int64_t>::min();
+    checked().all_reduce(std::span<std::int64_t>(&v, 1), reduce_op::max);
+    return v;
+  }
+  [[nodiscard]] double sum_over_ranks(double x) const {
+    checked().all_reduce(std::span<double>(&x, 1), reduce_op::sum);
+    return x;
+  }
 
  private:
   C& checked() const {

@@ -93,6 +93,43 @@ consteval bool check_gradient_sink() {
   return GradientSink<S>;
 }
 
+// Which chunks this rank keeps optimizer state for and steps, under ZeRO: PatrickStar's chunk
+// groups, `ranks` consecutive chunks to a group, chunk g * ranks + r on rank r.
+struct chunk_shard {
+  int rank = 0;
+  int ranks = 1;
+  [[nodiscard]] constexpr bool owns(std::uint32_t c) const noexcept {
+    return static_cast<int>(c % static_cast<std::uint32_t>(ranks)) == rank;
+  }
+  [[nodiscard]] constexpr int owner(std::uint32_t c) const noexcept {
+    return static_cast<int>(c % static_cast<std::uint32_t>(ranks));
+  }
+};
+
+// A sink that shards the optimizer state over ranks (ZeRO stages 1 and 2) says so with shard(),
+// and brings every chunk's parameters from the rank that stepped them once the step's updates are
+// done:
+//
+//   tide::offload::chunk_shard shard() const noexcept;
+//   template <class T> void share_parameters(std::span<std::span<T> const> chunks);  // every chunk, in order
+//
+// The engine then keeps no master and no optimizer state for the chunks it does not step (its
+// host bytes per parameter fall as the ranks grow), frees their gradients once the sink is done
+// with them, and calls share_parameters after the last update of every applied step with each
+// parameter chunk's whole payload (host-writable on tide::host). A failure there fails the step:
+// the engine puts back what it overwrote.
+template <class S>
+concept ShardingSink = requires(S const& s) {
+  { s.shard() } noexcept -> std::same_as<chunk_shard>;
+};
+
+// This rank's shard: everything, for a sink that does not shard.
+template <class S>
+constexpr chunk_shard shard_of(S const& s) noexcept {
+  if constexpr (ShardingSink<S>) return s.shard();
+  else return {};
+}
+
 // The default: gradients stay as backward left them.
 struct no_sink {
   template <Backend B, class T>

@@ -244,6 +244,10 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
                  "offload::scheduler::tensor_bytes: the ", chunk::to_string(role), " list is not kept between steps "
                  "by this scheduler (", Optimizer::name, " keeps ", Optimizer::state_lists, " state lists; T = float "
                  "has no master); ask for param, master with bf16/f16 parameters, or state_bytes(k, i)");
+    TIDE_REQUIRE(role == chunk::chunk_role::param || keeps_state(i), "offload::scheduler::tensor_bytes: parameter \"",
+                 this->params_[i].name(), "\" lies in chunk ", this->layout_.chunk_of[i], ", whose ",
+                 chunk::to_string(role), " rank ", this->shard_.owner(this->layout_.chunk_of[i]), " of ",
+                 this->shard_.ranks, " keeps (ZeRO); read it there, or ask keeps_state(i) first");
     if (role == chunk::chunk_role::master) {
       this->init_master();  // a caller reading it sees the current master; one writing it replaces it
       this->master_written_ = true;
@@ -251,6 +255,13 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     if (role == chunk::chunk_role::param) this->drop_shadow(this->layout_.chunk_of[i]);  // the caller may write
     return {list(role).data(i), tensor_size(role, i)};
   }
+  // Under ZeRO (a sharding gradient sink): whether this rank keeps parameter i's master and
+  // optimizer state, i.e. owns the chunk it lies in. Always true without sharding.
+  [[nodiscard]] bool keeps_state(std::uint32_t i) const {
+    this->check_index(i, "keeps_state");
+    return this->shard_.owns(this->layout_.chunk_of[i]);
+  }
+  [[nodiscard]] chunk_shard shard() const noexcept { return this->shard_; }
   // The bytes of parameter i in the optimizer's state list k (Optimizer::state_name(k)).
   [[nodiscard]] std::span<std::byte> state_bytes(std::size_t k, std::uint32_t i) {
     TIDE_REQUIRE(k < Optimizer::state_lists, "offload::scheduler::state_bytes(", k, ", ", i, "): ", Optimizer::name,
@@ -422,6 +433,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     if (!this->step_open_) return;  // an evaluation: no step to undo
     this->undo_.discard();
     this->extra_undo_.discard();
+    this->unowned_grads_.clear();  // released with the step's other gradients above
     this->tracer_.abort_step();
     this->backward_passes_ = 0;
     this->next_backward_ = this->uses_.last_block();
@@ -493,6 +505,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     auto const t0 = std::chrono::steady_clock::now();
     this->drain();
     this->cur_.stall_ms += detail::ms_since(t0);
+    if (apply) this->share_parameters();  // ZeRO: the parameters other ranks stepped
     this->policy_.after_step(*this);
     this->undo_.discard();  // the step is complete: nothing left to undo
     this->extra_undo_.discard();

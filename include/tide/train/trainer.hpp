@@ -27,12 +27,16 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "tide/core/backend.hpp"
 #include "tide/core/bytes.hpp"
@@ -46,6 +50,7 @@
 #include "tide/offload/schedulers.hpp"
 #include "tide/optim/adamw.hpp"
 #include "tide/train/checkpoint.hpp"
+#include "tide/train/checkpoint_set.hpp"
 #include "tide/train/model.hpp"
 #include "tide/train/slots.hpp"
 
@@ -170,6 +175,22 @@ class trainer {
     else
       return 0;
   }
+  // The global gradient norm (the norm of the mean gradient times loss_scale m W).
+  double gradient_norm() {
+    auto const g = scheduler_.gradients();
+    if constexpr (requires { comm_.zero; comm_.sum_over_ranks(0.0); }) {
+      if (comm_.zero >= 2 && comm_.world_size() > 1) {
+        // ZeRO-2: a rank holds the summed gradients of its own chunks only; the norm is the root
+        // of their squares summed over the ranks (a non-finite one poisons the sum on every rank).
+        owned_grads_.clear();
+        for (std::uint32_t i = 0; i < g.size(); ++i)
+          if (scheduler_.keeps_state(i)) owned_grads_.push_back(g[i]);
+        double const local = kernels::global_grad_norm(ex_, owned_grads_);
+        return std::sqrt(comm_.sum_over_ranks(local * local));
+      }
+    }
+    return kernels::global_grad_norm(ex_, g);
+  }
   step_stats run_step(std::span<batch_type const> micro_batches) {
     auto const m = static_cast<std::size_t>(optimizer_.micro_steps);
     auto const t0 = std::chrono::steady_clock::now();
@@ -187,7 +208,7 @@ class trainer {
     for (batch_type const& b : micro_batches) st.tokens += model_type::tokens_in(b);
     st.loss = static_cast<float>(loss / static_cast<double>(m));
     if (needs_all_gradients(optimizer_)) {
-      double const norm = kernels::global_grad_norm(ex_, scheduler_.gradients());
+      double const norm = gradient_norm();
       st.skipped = !std::isfinite(norm);
       if (st.skipped) {
         scheduler_.skip_step();
@@ -221,15 +242,77 @@ class trainer {
   // loss scale, plus whatever extra(writer) adds (data position, RNG), to `path` atomically: the
   // previous file stays until the new one is complete; missing parent folders are created.
   // Between steps.
+  //
+  // Under ZeRO (data_parallel with zero > 0) `path` is a checkpoint set's folder and every rank
+  // calls save: each writes the tensors of its own chunks, and extra(writer), to its shard; rank 0
+  // commits the set with its manifest once every shard is on disk (train/checkpoint_set.hpp). A
+  // rank that fails makes every rank throw, and the previous set stays the checkpoint.
   template <class Extra>
   void save(std::filesystem::path const& path, Extra&& extra) {
+    if constexpr (requires { comm_.of_rank0(0); }) {
+      if (sharded()) {
+        save_set(path, extra);
+        return;
+      }
+    }
     checkpoint_writer w;
-    std::string const shape = shape_text();
-    w.add("model.shape", std::as_bytes(std::span(shape)));
+    add_sections(w);
+    extra(w);
+    w.commit(path);
+  }
+  void save(std::filesystem::path const& path) {
+    save(path, [](checkpoint_writer&) {});
+  }
+
+  // Reads a checkpoint written by save(), a file or a checkpoint set's folder: every checksum
+  // is verified before anything is written, so a corrupt, truncated, wrong-version or wrong-model
+  // checkpoint throws tide::error (corrupt or usage, naming the section) and the trainer is left
+  // as it was. Then extra(reader) reads the caller's sections. With data parallelism every rank
+  // calls load, and a rank that cannot load makes every rank throw before any writes.
+  //
+  // A set loads on any number of ranks and any ZeRO stage: each rank reads every shard and takes
+  // all parameters and the state of the chunks it owns now (re-sharding). extra(reader) then gets
+  // the shard this rank wrote when the rank count is the same, else the shard of rank r mod the
+  // set's ranks.
+  template <class Extra>
+  void load(std::filesystem::path const& path, Extra&& extra) {
+    if (checkpoint_set::is_set(path)) {
+      load_set(path, extra);
+      return;
+    }
+    std::vector<checkpoint_reader> files;
+    std::exception_ptr failure;
+    try {
+      files.emplace_back(path);
+      files.back().verify();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    load_from(files, path.string(), failure, extra, 0);
+  }
+  void load(std::filesystem::path const& path) {
+    load(path, [](checkpoint_reader const&) {});
+  }
+
+ private:
+  [[nodiscard]] bool sharded() const {
+    if constexpr (requires { comm_.zero; }) return comm_.zero > 0;
+    else return false;
+  }
+  // Whether `ok` holds on every rank.
+  [[nodiscard]] bool agree(bool ok) const {
+    if constexpr (requires { comm_.all_ranks(ok); }) return comm_.all_ranks(ok);
+    else return ok;
+  }
+  // The sections of this trainer: all tensors, or under ZeRO those of this rank's chunks.
+  void add_sections(checkpoint_writer& w) {
+    shape_ = shape_text();
+    w.add("model.shape", std::as_bytes(std::span(shape_)));
     state const st{step_, scheduler_.optimizer_steps(), scaler_.scale(), scaler_.good_steps(), scaler_.skipped()};
     w.add_value("trainer.state", st);
     auto const& list = model_.parameters();
     for (std::uint32_t i = 0; i < list.size(); ++i) {
+      if (!scheduler_.keeps_state(i)) continue;  // ZeRO: the rank that owns its chunk writes it
       w.add(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
       for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
         w.add(state_section(k, list[i].name()), scheduler_.state_bytes(k, i));
@@ -238,58 +321,90 @@ class trainer {
       if constexpr (scheduler_type::has_master)
         w.add(section("w/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::master, i));
     }
-    extra(w);
-    w.commit(path);
-  }
-  void save(std::filesystem::path const& path) {
-    save(path, [](checkpoint_writer&) {});
   }
 
-  // Reads a checkpoint written by save(): every checksum is verified before anything is
-  // written, so a corrupt, truncated, wrong-version or wrong-model file throws tide::error
-  // (corrupt or usage, naming the section) and the trainer is left as it was. Then
-  // extra(reader) reads the caller's sections.
   template <class Extra>
-  void load(std::filesystem::path const& path, Extra&& extra) {
-    checkpoint_reader const r(path);
-    r.verify();
-    std::string const shape = shape_text();
-    TIDE_CHECK(r.contains("model.shape") && r.size_of("model.shape") == shape.size(), usage,
-               "checkpoint ", path.string(), ": section \"model.shape\" does not describe this model (",
-               r.contains("model.shape") ? r.size_of("model.shape") : 0, " bytes, this model's is ", shape.size(),
-               "); it was saved from another model configuration");
-    std::string stored(shape.size(), '\0');
-    r.read("model.shape", std::as_writable_bytes(std::span(stored)));
-    TIDE_CHECK(stored == shape, usage, "checkpoint ", path.string(),
-               ": section \"model.shape\" differs from this model (shape mismatch); saved:\n", stored,
-               "this model:\n", shape);
-    auto const& list = model_.parameters();
-    // Every section is checked (present, its size that of this model's tensor) before anything
-    // is written: a mismatch anywhere leaves the trainer as it was.
-    TIDE_CHECK(r.contains("trainer.state") && r.size_of("trainer.state") == sizeof(state), usage, "checkpoint ",
-               path.string(), ": section \"trainer.state\" is missing or has another size (",
-               r.contains("trainer.state") ? r.size_of("trainer.state") : 0, " bytes, this trainer's is ",
-               sizeof(state), ")");
-    auto expect = [&](std::string const& name, std::size_t want) {
-      TIDE_CHECK(r.contains(name), usage, "checkpoint ", path.string(), ": no section \"", name, "\"",
-                 name.starts_with("p/") ? "" : tide::detail::concat(" (was it saved with another optimizer than ",
-                                                                   Optimizer::name, " or another gradient sink?)"));
-      TIDE_CHECK(r.size_of(name) == want, usage, "checkpoint ", path.string(), ": section \"", name, "\" holds ",
-                 r.size_of(name), " bytes, this model's tensor has ", want,
-                 " (saved from a model of another shape or dtype); nothing was loaded");
-    };
-    for (std::uint32_t i = 0; i < list.size(); ++i) {
-      expect(section("p/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::param, i));
-      for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
-        expect(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, i));
-      for (std::size_t k = 0; k < extra_lists.size(); ++k)
-        expect(extra_section(k, list[i].name()), scheduler_.extra_size(k, i));
-      if constexpr (scheduler_type::has_master)
-        expect(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, i));
+  void save_set(std::filesystem::path const& dir, Extra& extra) {
+    int const rank = comm_.rank(), ranks = comm_.world_size();
+    auto const nonce = static_cast<std::uint64_t>(
+        comm_.of_rank0(std::chrono::steady_clock::now().time_since_epoch().count()));
+    std::string const set = checkpoint_set::set_name(step_, nonce);
+    std::string why;
+    try {
+      checkpoint_writer w;
+      add_sections(w);
+      extra(w);
+      w.commit(checkpoint_set::shard_path(dir, set, rank, ranks));
+    } catch (tide::error const& e) {
+      why = e.message();
+    } catch (std::exception const& e) {
+      why = e.what();
     }
-    auto const st = r.read_value<state>("trainer.state");
+    bool const written = agree(why.empty());
+    TIDE_CHECK(written, io, "checkpoint set ", dir.string(), ": ", why.empty() ? "another rank" : "rank " +
+               std::to_string(rank), " could not write its shard", why.empty() ? "" : " (" + why + ")",
+               "; the previous checkpoint set stays the checkpoint");
+    if (rank == 0) {
+      try {
+        checkpoint_set::write_manifest(dir, {set, ranks, step_});
+      } catch (tide::error const& e) {
+        why = e.message();
+      } catch (std::exception const& e) {
+        why = e.what();
+      }
+    }
+    bool const committed = agree(why.empty());
+    TIDE_CHECK(committed, io, "checkpoint set ", dir.string(), ": the manifest was not written",
+               why.empty() ? "" : " (" + why + ")", "; the previous checkpoint set stays the checkpoint");
+    if (rank == 0) checkpoint_set::remove_other_sets(dir, set);
+  }
+
+  template <class Extra>
+  void load_set(std::filesystem::path const& dir, Extra& extra) {
+    std::vector<checkpoint_reader> files;
+    std::exception_ptr failure;
+    std::string where = dir.string();
+    try {
+      auto const m = checkpoint_set::read_manifest(dir);
+      where += " (" + m.set + ", " + std::to_string(m.ranks) + " shards)";
+      for (int r = 0; r < m.ranks; ++r) {
+        files.emplace_back(checkpoint_set::shard_path(dir, m.set, r, m.ranks));
+        files.back().verify();
+      }
+      TIDE_CHECK(files[0].contains("trainer.state") && files[0].size_of("trainer.state") == sizeof(state) &&
+                     files[0].read_value<state>("trainer.state").step == m.step,
+                 corrupt, "checkpoint set ", where, ": shard 0 is not of step ", m.step, " as the manifest says");
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    int const n = static_cast<int>(files.size());
+    load_from(files, where, failure, extra, n > 0 ? static_cast<std::size_t>(comm_.rank() % n) : 0);
+  }
+
+  // Checks every file against this model (and the set's files against each other), agrees with
+  // the other ranks that all could, then reads: every parameter, and the state of this rank's
+  // chunks, each from the file that holds its "p/<name>" section.
+  template <class Extra>
+  void load_from(std::span<checkpoint_reader const> files, std::string const& where, std::exception_ptr failure,
+                 Extra& extra, std::size_t extra_file) {
+    auto const& list = model_.parameters();
+    std::vector<std::size_t> from(list.size(), files.size());
+    if (!failure) {
+      try {
+        check_files(files, where, from);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    bool const everyone = agree(!failure);
+    if (failure) std::rethrow_exception(failure);
+    TIDE_CHECK(everyone, usage, "checkpoint ", where, ": another rank could not load it (its error says why); "
+               "nothing was loaded");
+    auto const st = files[0].read_value<state>("trainer.state");
     for (std::uint32_t i = 0; i < list.size(); ++i) {
+      checkpoint_reader const& r = files[from[i]];
       r.read(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
+      if (!scheduler_.keeps_state(i)) continue;  // ZeRO: the rank that owns its chunk keeps it
       for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
         r.read(state_section(k, list[i].name()), scheduler_.state_bytes(k, i));
       for (std::size_t k = 0; k < extra_lists.size(); ++k)
@@ -300,12 +415,63 @@ class trainer {
     step_ = st.step;
     scheduler_.set_optimizer_steps(st.adam_steps);
     scaler_.restore(st.scale, st.good, st.skipped);
-    extra(r);
-  }
-  void load(std::filesystem::path const& path) {
-    load(path, [](checkpoint_reader const&) {});
+    extra(files[extra_file]);
   }
 
+  void check_files(std::span<checkpoint_reader const> files, std::string const& where, std::vector<std::size_t>& from) {
+    std::string const shape = shape_text();
+    state first{};
+    for (std::size_t f = 0; f < files.size(); ++f) {
+      checkpoint_reader const& r = files[f];
+      TIDE_CHECK(r.contains("model.shape") && r.size_of("model.shape") == shape.size(), usage,
+                 "checkpoint ", where, ": section \"model.shape\" does not describe this model (",
+                 r.contains("model.shape") ? r.size_of("model.shape") : 0, " bytes, this model's is ", shape.size(),
+                 "); it was saved from another model configuration");
+      std::string stored(shape.size(), '\0');
+      r.read("model.shape", std::as_writable_bytes(std::span(stored)));
+      TIDE_CHECK(stored == shape, usage, "checkpoint ", where,
+                 ": section \"model.shape\" differs from this model (shape mismatch); saved:\n", stored,
+                 "this model:\n", shape);
+      TIDE_CHECK(r.contains("trainer.state") && r.size_of("trainer.state") == sizeof(state), usage, "checkpoint ",
+                 where, ": section \"trainer.state\" is missing or has another size (",
+                 r.contains("trainer.state") ? r.size_of("trainer.state") : 0, " bytes, this trainer's is ",
+                 sizeof(state), ")");
+      auto const st = r.read_value<state>("trainer.state");
+      if (f == 0) first = st;
+      TIDE_CHECK(std::memcmp(&st, &first, sizeof(state)) == 0, corrupt, "checkpoint set ", where, ": shard ", f,
+                 " is of step ", st.step, ", shard 0 of step ", first.step, "; the set is mixed from two saves");
+    }
+    auto const& list = model_.parameters();
+    for (std::uint32_t i = 0; i < list.size(); ++i)
+      for (std::size_t f = 0; f < files.size() && from[i] == files.size(); ++f)
+        if (files[f].contains(section("p/", list[i].name()))) from[i] = f;
+    // Every section is checked (present, its size that of this model's tensor) before anything
+    // is written: a mismatch anywhere leaves the trainer as it was.
+    for (std::uint32_t i = 0; i < list.size(); ++i) {
+      std::string const p = section("p/", list[i].name());
+      TIDE_CHECK(from[i] < files.size(), usage, "checkpoint ", where, ": no section \"", p, "\"",
+                 files.size() > 1 ? " in any shard" : "");
+      checkpoint_reader const& r = files[from[i]];
+      auto expect = [&](std::string const& name, std::size_t want) {
+        TIDE_CHECK(r.contains(name), usage, "checkpoint ", where, ": no section \"", name, "\"",
+                   tide::detail::concat(" (was it saved with another optimizer than ", Optimizer::name,
+                                        " or another gradient sink?)"));
+        TIDE_CHECK(r.size_of(name) == want, usage, "checkpoint ", where, ": section \"", name, "\" holds ",
+                   r.size_of(name), " bytes, this model's tensor has ", want,
+                   " (saved from a model of another shape or dtype); nothing was loaded");
+      };
+      expect(p, scheduler_.tensor_size(chunk::chunk_role::param, i));
+      if (!scheduler_.keeps_state(i)) continue;
+      for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
+        expect(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, i));
+      for (std::size_t k = 0; k < extra_lists.size(); ++k)
+        expect(extra_section(k, list[i].name()), scheduler_.extra_size(k, i));
+      if constexpr (scheduler_type::has_master)
+        expect(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, i));
+    }
+  }
+
+ public:
   // ---- parts ----------------------------------------------------------------------------------
   [[nodiscard]] model_type& model() noexcept { return model_; }
   [[nodiscard]] scheduler_type& scheduler() noexcept { return scheduler_; }
@@ -382,6 +548,8 @@ class trainer {
   model_type model_;
   optim::loss_scaler scaler_;
   std::int64_t step_ = 0;
+  std::string shape_;  // what a checkpoint's "model.shape" section points to until its commit
+  std::vector<kernels::grad_tensor<element_type>> owned_grads_;  // ZeRO-2: this rank's part of the norm
 };
 
 template <class Spec, class Offload, class Optimizer, class Comm = no_comm, class Compress = no_compress,

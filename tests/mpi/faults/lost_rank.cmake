@@ -1,10 +1,16 @@
 # Runs lost_rank under mpiexec with 3 ranks and checks that the job ends, and how.
-#   cmake -DMPIEXEC=... -DPROGRAM=... -DHOW=stop|kill -DDEADLINE_MS=... -P lost_rank.cmake
+#   cmake -DMPIEXEC=... -DPROGRAM=... -DHOW=stop|kill -DDEADLINE_MS=... [-DDIR=...] -P lost_rank.cmake
 # stop: the two live ranks print the error naming the all-reduce, rank 2 and the deadline, and
-#       the job exits non-zero; kill: mpiexec ends the job, non-zero. Never a hang: the job gets
-#       120 s, far more than the deadline and the roll call need.
+#       the job exits non-zero; kill: mpiexec ends the job, non-zero, and the checkpoint set in DIR
+#       still is the one saved after step 2 (3 steps), whole: it loads on one rank. Never a hang:
+#       the job gets 120 s, far more than the deadline and the roll call need.
+set(args ${HOW} ${DEADLINE_MS})
+if(HOW STREQUAL "kill")
+  file(REMOVE_RECURSE ${DIR})
+  list(APPEND args ${DIR})
+endif()
 execute_process(
-  COMMAND ${MPIEXEC} -n 3 --oversubscribe --allow-run-as-root --bind-to none ${PROGRAM} ${HOW} ${DEADLINE_MS}
+  COMMAND ${MPIEXEC} -n 3 --oversubscribe --allow-run-as-root --bind-to none ${PROGRAM} ${args}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
 set(all "${out}\n${err}")
 message(STATUS "mpiexec exit: ${rc}\n${all}")
@@ -28,5 +34,15 @@ if(HOW STREQUAL "stop")
       message(FATAL_ERROR "rank ${r} did not report the stopped rank as expected")
     endif()
   endforeach()
+endif()
+if(HOW STREQUAL "kill")
+  execute_process(
+    COMMAND ${MPIEXEC} -n 1 --oversubscribe --allow-run-as-root --bind-to none ${PROGRAM} verify ${DIR}
+    RESULT_VARIABLE vrc OUTPUT_VARIABLE vout ERROR_VARIABLE verr TIMEOUT 120)
+  message(STATUS "verify exit: ${vrc}\n${vout}\n${verr}")
+  if(NOT vrc EQUAL 0 OR NOT vout MATCHES "checkpoint set intact: step 3, 3 shards")
+    message(FATAL_ERROR "the last checkpoint set (step 3) did not load after the kill")
+  endif()
+  file(REMOVE_RECURSE ${DIR})
 endif()
 message(STATUS "lost_rank ${HOW}: the job ended (exit ${rc}) as expected")

@@ -1,39 +1,102 @@
-// A rank lost in the middle of training, for tests/mpi/faults/lost_rank.cmake: every rank
-// all-reduces a 1 MiB gradient once per step; at step 3 the last rank either stops (SIGSTOP: it
-// hangs without dying, which mpiexec does not notice) or is killed (SIGKILL). The others must not
-// hang: on a stop they raise tide::error within the deadline, print it and exit with status 3.
+// A rank lost in the middle of training, for tests/mpi/faults/lost_rank.cmake.
 //
-//   mpiexec -n 3 lost_rank stop|kill DEADLINE_MS
+//   mpiexec -n 3 lost_rank stop DEADLINE_MS       every rank all-reduces a 1 MiB gradient once per
+//                                                 step; at step 3 the last rank stops (SIGSTOP: it
+//                                                 hangs without dying, which mpiexec does not
+//                                                 notice). The others must not hang: they raise
+//                                                 tide::error within the deadline, print it and
+//                                                 exit with status 3.
+//   mpiexec -n 3 lost_rank kill DEADLINE_MS DIR   the tiny GPT trains with ZeRO-1, saving a
+//                                                 checkpoint set to DIR after every step; in the
+//                                                 save of step 3 the last rank is killed (SIGKILL)
+//                                                 before its shard is complete. The job must end.
+//   mpiexec -n 1 lost_rank verify DIR             loads DIR's set on one rank (re-sharding 3 -> 1)
+//                                                 and prints the step it holds: the last complete
+//                                                 set, step 3, must be intact.
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <span>
 #include <string_view>
 #include <vector>
 
+#include "tide/comm/data_parallel.hpp"
 #include "tide/comm/mpi.hpp"
+#include "tide/comm/self.hpp"
+#include "tide/optim/adamw.hpp"
+#include "tide/train/trainer.hpp"
+#include "support/gpt_steps.hpp"
+
+namespace {
+
+using namespace tide::literals;
+
+int stop(tide::comm::mpi& world) {
+  std::vector<float> grads(1 << 18, 1.f);
+  for (int step = 0; step < 6; ++step) {
+    if (step == 3 && world.rank() == world.size() - 1) std::raise(SIGSTOP);
+    world.all_reduce(std::span<float>(grads), tide::comm::reduce_op::sum);
+    std::printf("rank %d: step %d done\n", world.rank(), step);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+template <class Comm>
+auto trainer_over(Comm* comm) {
+  return tide::train::make_trainer(tide::test::tiny_spec(), tide::offload::resident{.device_budget = 64_MiB, .chunk_bytes = 20_KiB},
+                                   tide::optim::adamw{.lr = 3e-3f},
+                                   tide::comm::data_parallel{.comm = comm, .zero = 1});
+}
+
+int kill(tide::comm::mpi& world, std::filesystem::path const& dir) {
+  auto t = trainer_over(&world);
+  for (int step = 0; step < 6; ++step) {
+    auto const d = tide::test::token_runs(step * world.size() + world.rank(), tide::test::tiny_batch,
+                                          tide::test::tiny_seq, 64);
+    (void)t.step(tide::test::tiny_view<decltype(t)>(d));
+    t.save(dir, [&](tide::train::checkpoint_writer&) {
+      if (step == 3 && world.rank() == world.size() - 1) std::raise(SIGKILL);  // mid-save
+    });
+    std::printf("rank %d: step %d done\n", world.rank(), step);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+int verify(std::filesystem::path const& dir) {
+  tide::comm::self one;
+  auto t = trainer_over(&one);
+  t.load(dir);
+  auto const m = tide::train::checkpoint_set::read_manifest(dir);
+  std::printf("checkpoint set intact: step %lld, %d shards\n", static_cast<long long>(t.steps()), m.ranks);
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   tide::comm::mpi_session session{&argc, &argv};
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: lost_rank stop|kill DEADLINE_MS\n");
+  std::string_view const how = argc > 1 ? argv[1] : "";
+  if (!((how == "stop" && argc == 3) || (how == "kill" && argc == 4) || (how == "verify" && argc == 3))) {
+    std::fprintf(stderr, "usage: lost_rank stop DEADLINE_MS | kill DEADLINE_MS DIR | verify DIR\n");
     return 2;
   }
-  std::string_view const how = argv[1];
-  tide::comm::mpi world{session, {.deadline = std::chrono::milliseconds(std::atol(argv[2]))}};
-  std::vector<float> grads(1 << 18, 1.f);
   try {
-    for (int step = 0; step < 6; ++step) {
-      if (step == 3 && world.rank() == world.size() - 1) std::raise(how == "stop" ? SIGSTOP : SIGKILL);
-      world.all_reduce(std::span<float>(grads), tide::comm::reduce_op::sum);
-      std::printf("rank %d: step %d done\n", world.rank(), step);
-      std::fflush(stdout);
+    if (how == "verify") return verify(argv[2]);
+    tide::comm::mpi world{session, {.deadline = std::chrono::milliseconds(std::atol(argv[2]))}};
+    try {
+      if (how == "stop") return stop(world);
+      return kill(world, argv[3]);
+    } catch (tide::error const& e) {
+      std::fprintf(stderr, "lost_rank: rank %d: %s\n", world.rank(), e.message().c_str());
+      return 3;
     }
   } catch (tide::error const& e) {
-    std::fprintf(stderr, "lost_rank: rank %d: %s\n", world.rank(), e.message().c_str());
-    return 3;
+    std::fprintf(stderr, "lost_rank: %s\n", e.message().c_str());
+    return 4;
   }
-  std::printf("rank %d: all steps done\n", world.rank());
-  return 0;
 }

@@ -53,7 +53,7 @@ class chunk_store {
 
   chunk_store(exec<B> const& ex, memory::device_arena<B>& arena, parameter_list params, block_uses uses,
               chunk::chunk_layout layout, std::size_t state_lists, std::span<extra_list const> extras,
-              bool lock_pages)
+              bool lock_pages, chunk_shard shard = {})
       : ex_(ex),
         arena_(&arena),
         params_(std::move(params)),
@@ -63,7 +63,10 @@ class chunk_store {
         grad_(chunk::chunk_role::grad, dtype_of<T>, layout_, params_),
         master_(chunk::chunk_role::master, dtype::f32, layout_, params_),
         host_(memory::pinned_pool_options{.lock_pages = lock_pages}),
-        engine_(copy_stream_, {.max_in_flight = 8}) {
+        engine_(copy_stream_, {.max_in_flight = 8}),
+        shard_(shard) {
+    TIDE_REQUIRE(shard.ranks >= 1 && shard.rank >= 0 && shard.rank < shard.ranks, "offload::scheduler: the sink's "
+                 "shard is rank ", shard.rank, " of ", shard.ranks, "; needs 0 <= rank < ranks");
     for (std::size_t k = 0; k < state_lists; ++k)
       state_.emplace_back(k == 0 ? chunk::chunk_role::exp_avg : chunk::chunk_role::exp_avg_sq, dtype::f32, layout_,
                           params_);
@@ -76,10 +79,12 @@ class chunk_store {
     shadow_.assign(n_, nullptr);
     in_flight_.assign(ids_, false);
     // Parameters and optimizer state start on the host, zeroed: the model initialises them there.
+    // Under ZeRO a rank keeps the master and optimizer state of its own chunks only.
     for (std::uint32_t c = 0; c < n_; ++c) {
       attach_host_zeroed(param_[c]);
-      for (auto& l : state_) attach_host_zeroed(l[c]);
       for (auto& l : extra_) attach_host_zeroed(l[c]);
+      if (!shard_.owns(c)) continue;
+      for (auto& l : state_) attach_host_zeroed(l[c]);
       if constexpr (has_master) attach_host_zeroed(master_[c]);
     }
     for (std::uint32_t i = 0; i < params_.size(); ++i) param_.transition(i, chunk::tensor_state::hold);
@@ -312,14 +317,18 @@ class chunk_store {
     host_.deallocate(std::exchange(shadow_[c], nullptr), param_[c].capacity(), 256);
   }
 
-  // Chunk c's master, optimizer state and extra lists to the device. All or nothing: every device
+  // Chunk c's master, optimizer state and extra lists to the device (those it keeps: under ZeRO
+  // another rank keeps the state of chunks this one does not own). All or nothing: every device
   // block is acquired before any list lets go of its host block.
   void move_state_to_device(std::uint32_t c) {
     std::array<chunk::chunk*, 1 + optim::max_state_lists + max_extra_lists> lists{};
     std::size_t k = 0;
-    for (auto& l : state_) lists[k++] = &l[c];
-    for (auto& l : extra_) lists[k++] = &l[c];
-    if constexpr (has_master) lists[k++] = &master_[c];
+    auto add = [&](chunk::chunk& ch) {
+      if (ch.payload() != nullptr) lists[k++] = &ch;
+    };
+    for (auto& l : state_) add(l[c]);
+    for (auto& l : extra_) add(l[c]);
+    if constexpr (has_master) add(master_[c]);
     std::array<std::byte*, lists.size()> dev{};
     try {
       for (std::size_t i = 0; i < k; ++i) dev[i] = static_cast<std::byte*>(arena_->allocate(lists[i]->capacity(), 256));
@@ -384,6 +393,7 @@ class chunk_store {
   memory::pinned_pool<B> host_;
   memory::stream<B> copy_stream_;
   memory::transfer_engine<B> engine_;
+  chunk_shard shard_;      // the chunks whose master and optimizer state this rank keeps
   std::uint32_t n_ = 0;    // chunks per list
   std::uint32_t ids_ = 0;  // trace ids: 2 n
 

@@ -70,7 +70,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
               P const& policy, scheduler_options const& options, O const& optimizer, S const& sink,
               Src const& source)
       : base(ex, arena, std::move(params), std::move(uses), policy, state_lists, extra_lists_of<S>(),
-             options.lock_host_pages),
+             options.lock_host_pages, shard_of(sink)),
         optimizer_(optimizer),
         sink_(sink),
         source_(source),
@@ -91,6 +91,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     next_backward_ = this->uses_.last_block();
     // Everything the steady state appends to is sized here: a step allocates nothing on the heap.
     pending_grad_frees_.reserve(n);
+    unowned_grads_.reserve(n);
+    shared_.reserve(n);
     decayed_.resize(n);
     plain_.resize(n);
     for (std::uint32_t c = 0; c < n; ++c) {
@@ -123,7 +125,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     init_master();
     std::uint32_t placed = 0;
     for (std::uint32_t c = 0; c < this->n_ && c < count; ++c, ++placed) {
-      if (os_on_device_[c]) continue;
+      if (os_on_device_[c] || !this->shard_.owns(c)) continue;  // another rank keeps (and steps) its state
       try {
         this->move_state_to_device(c);
       } catch (tide::error const& e) {
@@ -149,10 +151,11 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     on_host.clear();
     released.clear();
     for (std::uint32_t c : this->completes_at(block)) {
+      released.push_back(this->n_ + c);
+      if (!this->shard_.owns(c)) continue;  // another rank steps it: nothing moves here
       auto& list = os_on_device_[c] ? touched : on_host;
       list.push_back(c);
       list.push_back(this->n_ + c);
-      released.push_back(this->n_ + c);
     }
     std::ranges::sort(touched);
   }
@@ -257,7 +260,34 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     optimizer_moment(block, touched_, on_host_, released_);
     if (released_.empty()) return;
     this->current_ = this->tracer_.at({block, chunk::phase::optimizer}, touched_, on_host_, released_);
+    free_reduced_unowned(false);
     for (std::uint32_t c : this->completes_at(block)) optimizer_step(c, apply);
+  }
+  // The gradients of chunks another rank steps, once the sink finished with them (wait: all).
+  void free_reduced_unowned(bool wait) {
+    std::erase_if(unowned_grads_, [&](std::uint32_t c) {
+      if (!wait && !reduced_[c].query()) return false;
+      wait_reduced(c);
+      release_grad(c);
+      return true;
+    });
+  }
+
+  // ZeRO: after the step's updates, every chunk's parameters from the rank that stepped it. The
+  // chunks this rank did not step are journalled first, so a failed exchange is undone.
+  void share_parameters() {
+    if constexpr (ShardingSink<S>) {
+      shared_.clear();
+      for (std::uint32_t c = 0; c < this->n_; ++c) {
+        if (!this->shard_.owns(c)) {
+          if (undo_record* u = begin_undo(c, step_elements(c))) undo_.save(*u, targets_of(c));
+          this->drop_shadow(c);  // its device copy changes: the host one would be stale
+        }
+        chunk::chunk& p = this->param_[c];
+        shared_.push_back({reinterpret_cast<T*>(p.payload()), p.capacity() / sizeof(T)});
+      }
+      sink_.share_parameters(std::span<std::span<T> const>(shared_));
+    }
   }
 
   [[nodiscard]] update_targets<T> targets_of(std::uint32_t c) {
@@ -331,6 +361,16 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   };
 
   void optimizer_step(std::uint32_t c, bool apply) {
+    if (!this->shard_.owns(c)) {  // ZeRO: another rank steps it; its parameters come in share_parameters
+      this->param_.transition_chunk(c, chunk::tensor_state::hold);
+      if (reduce_pending_[c] && !reduced_[c].query()) {
+        unowned_grads_.push_back(c);  // freed once the sink is done with it, without waiting here
+        return;
+      }
+      wait_reduced(c);
+      release_grad(c);
+      return;
+    }
     index_t const n = step_elements(c);
     optim::update_args const args{t_, lr_, options_.grad_scale, true};
     if (os_on_device_[c]) {
@@ -406,6 +446,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       if (master_written_) return;
       drain();
       for (std::uint32_t i = 0; i < this->params_.size(); ++i) {
+        if (!this->shard_.owns(this->layout_.chunk_of[i])) continue;  // another rank keeps its master
         auto const* src = reinterpret_cast<T const*>(this->param_.data(i));
         auto* dst = reinterpret_cast<float*>(this->master_.data(i));
         for (index_t k = 0; k < this->params_[i].numel(); ++k) dst[k] = to_float(src[k]);
@@ -444,6 +485,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       std::rethrow_exception(failure);
     }
     this->spans_.clear();
+    free_reduced_unowned(true);
     for (std::uint32_t c = 0; c < this->n_; ++c) optimizer_pending_[c] = false;
     for (auto const& [c, p] : pending_grad_frees_) this->host_.deallocate(p, this->grad_[c].capacity(), 256);
     pending_grad_frees_.clear();
@@ -483,6 +525,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   std::vector<std::vector<optim::update_tensor<T>>> decayed_, plain_;  // by chunk (decay_matrices_only)
   std::vector<std::pair<std::uint32_t, std::byte*>> pending_grad_frees_;
   std::vector<std::uint32_t> touched_, on_host_, released_;
+  std::vector<std::uint32_t> unowned_grads_;  // ZeRO: gradients of chunks another rank steps, freed once reduced
+  std::vector<std::span<T>> shared_;          // ZeRO: every parameter chunk, for share_parameters
   std::vector<std::uint32_t> ids_pair_ = std::vector<std::uint32_t>(2);
 
   std::int64_t t_ = 1;  // the optimizer step number of the step in progress

@@ -66,14 +66,15 @@ class undo_journal {
   }
   void save(undo_record& r, update_targets<T> const& x) const noexcept {
     for (std::size_t k = 0; k < slots(); ++k)
-      if (used(k)) std::memcpy(r.copy[k], address(x, k), bytes(k, r.elements));
+      if (used(k) && address(x, k) != nullptr) std::memcpy(r.copy[k], address(x, k), bytes(k, r.elements));
     r.saved = true;
   }
   // Puts the values back wherever the chunks are now (host-readable on tide::host).
   void restore(undo_record const& r, update_targets<T> const& x) const noexcept {
     if (!r.saved) return;  // the update never ran
     for (std::size_t k = 0; k < slots(); ++k)
-      if (used(k)) std::memcpy(const_cast<void*>(address(x, k)), r.copy[k], bytes(k, r.elements));
+      if (used(k) && address(x, k) != nullptr)  // null: a list this rank does not keep (ZeRO)
+        std::memcpy(const_cast<void*>(address(x, k)), r.copy[k], bytes(k, r.elements));
   }
   [[nodiscard]] std::span<undo_record const> records() const noexcept { return records_; }
   void discard() noexcept {

@@ -1,0 +1,233 @@
+// ZeRO over chunk groups on real ranks (mpiexec -n 2 and -n 4): stages 1 and 2 train the GPT
+// through make_trainer exactly as replicated data parallelism does, with the optimizer state of
+// each chunk on one rank only, resident and under chunked offload; their checkpoint sets resume
+// bit-identically on the same ranks and re-shard onto fewer.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "tide/comm/data_parallel.hpp"
+#include "tide/comm/mpi.hpp"
+#include "tide/comm/self.hpp"
+#include "tide/optim/adamw.hpp"
+#include "tide/train/trainer.hpp"
+#include "support/gpt_steps.hpp"
+#include "support/mpi_world.hpp"
+
+namespace {
+
+using namespace tide::literals;
+namespace off = tide::offload;
+
+constexpr auto config = tide::test::tiny_gpt;
+constexpr auto batch = tide::test::tiny_batch, seq = tide::test::tiny_seq;
+constexpr int steps = 3;
+auto const spec = tide::test::tiny_spec();
+using tide::test::flat_params;
+
+std::vector<std::int32_t> data_of(int s) { return tide::test::token_runs(s, batch, seq, 64); }
+
+off::chunked<off::belady> tight() {
+  off::chunked<off::belady> c{.chunk_bytes = 20_KiB};
+  c.device_budget = tide::test::scheduler_minimum<decltype(c), float>(config, c, batch, seq) + 16_KiB;
+  return c;
+}
+off::resident roomy() { return {.device_budget = 64_MiB, .chunk_bytes = 20_KiB}; }
+tide::optim::adamw adamw(float clip = 0.f) { return {.lr = 3e-3f, .weight_decay = 0.01f, .clip_norm = clip}; }
+
+template <class Trainer>
+void train(Trainer& t, int from, int to, int w, int r) {
+  for (int s = from; s < to; ++s) {
+    auto const d = data_of(s * w + r);
+    (void)t.step(tide::test::tiny_view<Trainer>(d));
+  }
+}
+
+// Every optimizer-state byte of the tensors this rank keeps, in order, with each tensor's
+// parameters: what ZeRO must leave equal to replicated training.
+template <class Trainer>
+std::vector<float> own_state(Trainer& t) {
+  std::vector<float> out;
+  auto& sched = t.scheduler();
+  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
+    if (!sched.keeps_state(i)) continue;
+    for (std::size_t k = 0; k < 2; ++k) {
+      auto const b = sched.state_bytes(k, i);
+      auto const* f = reinterpret_cast<float const*>(b.data());
+      out.insert(out.end(), f, f + b.size() / sizeof(float));
+    }
+  }
+  return out;
+}
+// The state of the tensors a sharded trainer of shard `sh` keeps, read from a replicated one.
+template <class Trainer>
+std::vector<float> state_of_shard(Trainer& t, off::chunk_shard sh) {
+  std::vector<float> out;
+  auto& sched = t.scheduler();
+  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
+    if (!sh.owns(sched.layout().chunk_of[i])) continue;
+    for (std::size_t k = 0; k < 2; ++k) {
+      auto const b = sched.state_bytes(k, i);
+      auto const* f = reinterpret_cast<float const*>(b.data());
+      out.insert(out.end(), f, f + b.size() / sizeof(float));
+    }
+  }
+  return out;
+}
+
+float max_difference(std::vector<float> const& a, std::vector<float> const& b) {
+  REQUIRE(a.size() == b.size());
+  float d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+  return d;
+}
+
+bool same_on_every_rank(std::vector<float> const& v) {
+  std::vector<float> lo = v, hi = v;
+  tide::test::world().all_reduce(std::span<float>(lo), tide::comm::reduce_op::min);
+  tide::test::world().all_reduce(std::span<float>(hi), tide::comm::reduce_op::max);
+  return std::memcmp(lo.data(), hi.data(), lo.size() * sizeof(float)) == 0;
+}
+
+// ZeRO-1 all-reduces as replicated training does, and the owner's step is the same step: the same
+// bits on any number of ranks. ZeRO-2 reduces each chunk to its owner, and on 2 ranks a sum of two
+// is the same in any order: the same bits again. On 4 ranks Open MPI orders the reduce and the
+// all-reduce differently (its ring all-reduce adds the ranks in an order rotated per segment), so
+// a gradient differs by a rounding (2^-24 of the largest contribution). Adam divides by sqrt(v):
+// where the ranks' contributions nearly cancel, that rounding is large against the sum, and the
+// update of that element may move by up to lr per step. So the bound on any element is steps·lr,
+// and the mean difference must stay at the scale of the roundings: below 1e-7 (measured: see the
+// message).
+float mean_difference(std::vector<float> const& a, std::vector<float> const& b) {
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d += std::fabs(a[i] - b[i]);
+  return static_cast<float>(d / static_cast<double>(a.size()));
+}
+float tolerance(int w, int zero) { return w == 2 || zero == 1 ? 0.f : steps * 3e-3f; }
+float mean_tolerance(int w, int zero) { return w == 2 || zero == 1 ? 0.f : 1e-7f; }
+
+template <class Offload>
+void zero_equals_replicated(Offload const& offload, char const* what, float clip) {
+  auto& world = tide::test::world();
+  int const w = world.size(), r = world.rank();
+  auto replicated = tide::train::make_trainer(spec, offload, adamw(clip), tide::comm::data_parallel{.comm = &world});
+  train(replicated, 0, steps, w, r);
+  auto const reference = flat_params(replicated);
+  for (int zero : {1, 2}) {
+    CAPTURE(zero);
+    auto t = tide::train::make_trainer(spec, offload, adamw(clip),
+                                       tide::comm::data_parallel{.comm = &world, .bucket_bytes = 60_KiB, .zero = zero});
+    train(t, 0, steps, w, r);
+    auto const params = flat_params(t);
+    float const diff = max_difference(params, reference), mean = mean_difference(params, reference);
+    if (r == 0)
+      MESSAGE(std::string(what), ", ", w, " ranks, ZeRO-", zero, ": |zero - replicated| max ", diff, ", mean ", mean);
+    CHECK(diff <= tolerance(w, zero));
+    CHECK(mean <= mean_tolerance(w, zero));
+    CHECK(same_on_every_rank(params));
+    // Adam's state of this rank's chunks equals the replicated run's, and only those are kept.
+    auto& sched = t.scheduler();
+    std::uint32_t const chunks = static_cast<std::uint32_t>(sched.layout().chunks());
+    REQUIRE(chunks >= static_cast<std::uint32_t>(w));  // every rank owns a chunk
+    CHECK(max_difference(own_state(t), state_of_shard(replicated, sched.shard())) <= (zero == 1 || w == 2 ? 0.f : 1e-3f));
+    for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i)
+      CHECK(sched.keeps_state(i) == (static_cast<int>(sched.layout().chunk_of[i] % static_cast<std::uint32_t>(w)) == r));
+    // Host plus device model bytes: every parameter chunk, and Adam's m and v of the owned ones.
+    auto const last = sched.last_step();
+    std::size_t const owned = (chunks - static_cast<std::uint32_t>(r) + static_cast<std::uint32_t>(w) - 1) /
+                              static_cast<std::uint32_t>(w);
+    std::size_t const chunk = sched.chunk_bytes();
+    CHECK(last.host_model_bytes + last.device_model_bytes == chunks * chunk + 2 * owned * chunk);
+    auto const st = sched.sink().stats();
+    CHECK(st.bytes_gathered == owned * chunk * steps);  // each rank sent its own chunks' new parameters
+    CHECK(st.bytes == chunks * chunk * steps);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-1 and ZeRO-2 equal replicated data parallelism, resident and under chunked offload") {
+  zero_equals_replicated(roomy(), "resident", 0.f);
+  zero_equals_replicated(tight(), "chunked", 0.f);
+}
+
+TEST_CASE("ZeRO-2 clips by the global norm: each rank's squares of its own chunks, summed over the ranks") {
+  zero_equals_replicated(tight(), "chunked, clip 0.5", 0.5f);
+}
+
+TEST_CASE("a ZeRO checkpoint set resumes bit-identically on the same ranks and re-shards onto one") {
+  auto& world = tide::test::world();
+  int const w = world.size(), r = world.rank();
+  std::int64_t pid = r == 0 ? static_cast<std::int64_t>(::getpid()) : 0;  // one folder for the job
+  world.all_reduce(std::span<std::int64_t>(&pid, 1), tide::comm::reduce_op::max);
+  std::filesystem::path const dir = std::filesystem::temp_directory_path() / ("tide_zero_set_" + std::to_string(pid));
+  if (r == 0) std::filesystem::remove_all(dir);
+  world.barrier();
+  tide::comm::data_parallel const dp{.comm = &world, .bucket_bytes = 60_KiB, .zero = 2};
+  auto straight = tide::train::make_trainer(spec, tight(), adamw(), dp);
+  train(straight, 0, 2, w, r);
+  straight.save(dir);
+  // The set: a manifest and one shard per rank, and only this one.
+  auto const m = tide::train::checkpoint_set::read_manifest(dir);
+  CHECK(m.ranks == w);
+  CHECK(m.step == 2);
+  for (int k = 0; k < w; ++k) CHECK(std::filesystem::exists(tide::train::checkpoint_set::shard_path(dir, m.set, k, w)));
+  train(straight, 2, 4, w, r);
+  straight.save(dir);  // a second save replaces the set; the first one's folder goes
+  world.barrier();
+  auto const m2 = tide::train::checkpoint_set::read_manifest(dir);
+  CHECK(m2.set != m.set);
+  CHECK(m2.step == 4);
+  CHECK(!std::filesystem::exists(dir / m.set));
+  train(straight, 4, 5, w, r);
+  auto const after = flat_params(straight);
+
+  {  // resumed on the same ranks: the same bits as going straight on
+    auto resumed = tide::train::make_trainer(spec, tight(), adamw(), dp);
+    resumed.load(dir);
+    CHECK(resumed.steps() == 4);
+    train(resumed, 4, 5, w, r);
+    CHECK(max_difference(flat_params(resumed), after) == 0.f);
+  }
+  {  // the state really came from the set: a fresh trainer that skips the load differs
+    auto fresh = tide::train::make_trainer(spec, tight(), adamw(), dp);
+    train(fresh, 4, 5, w, r);
+    CHECK(max_difference(flat_params(fresh), after) > 1e-4f);
+  }
+  {  // re-sharded onto one rank (each rank alone): every tensor and all of Adam's state
+    tide::comm::self one;
+    auto alone = tide::train::make_trainer(spec, roomy(), adamw(),
+                                           tide::comm::data_parallel{.comm = &one, .zero = 1});
+    alone.load(dir);
+    CHECK(alone.steps() == 4);
+    auto replicated = tide::train::make_trainer(spec, tight(), adamw(), tide::comm::data_parallel{.comm = &world});
+    train(replicated, 0, 4, w, r);
+    CHECK(max_difference(flat_params(alone), flat_params(replicated)) <= tolerance(w, 2));
+    CHECK(mean_difference(flat_params(alone), flat_params(replicated)) <= mean_tolerance(w, 2));
+  }
+  // A damaged shard is refused on every rank, and loads nothing.
+  world.barrier();
+  if (r == 0) {
+    auto const shard = tide::train::checkpoint_set::shard_path(dir, m2.set, w - 1, w);
+    auto const size = std::filesystem::file_size(shard);
+    std::filesystem::resize_file(shard, size - 7);
+  }
+  world.barrier();
+  auto victim = tide::train::make_trainer(spec, tight(), adamw(), dp);
+  auto const before = flat_params(victim);
+  CHECK_THROWS_AS(victim.load(dir), tide::error);
+  CHECK(victim.steps() == 0);
+  CHECK(max_difference(flat_params(victim), before) == 0.f);
+  world.barrier();
+  if (r == 0) std::filesystem::remove_all(dir);
+}
