@@ -2,6 +2,9 @@
 // Everything in tide that needs nvcc. Every .cuh under include/tide is listed here: the test
 // cuda/umbrella fails when one is missing, and tests/cuda/instantiate_all.cu compiles this file.
 
+#if defined(TIDE_HAS_NCCL) && defined(TIDE_HAS_MPI)
+#include "tide/comm/nccl.cuh"  // needs tide::nccl and tide::mpi
+#endif
 #include "tide/core/cuda.cuh"
 #include "tide/core/exec.cuh"
 #include "tide/kernels/adam/cuda.cuh"

@@ -7,7 +7,9 @@
 // never run (the views are empty): a call names no parameter types, so it keeps compiling when a
 // signature gains a defaulted parameter, and it instantiates exactly what a caller would.
 
+#include <array>
 #include <cstdint>
+#include <span>
 
 #include <tide/cuda.cuh>
 #include <tide/nn/gpt.hpp>
@@ -157,6 +159,39 @@ void offload_of(tide::exec<tide::host> const& hx) {
   (void)tide::offload::simulate(trace, 2, tide::offload::fifo{});
 }
 
+#if defined(TIDE_HAS_NCCL) && defined(TIDE_HAS_MPI)
+// ---- comm/nccl: every operation, blocking and asynchronous, for every element type -------------
+template <class T>
+void nccl_ops(tide::comm::nccl& c) {
+  std::span<T> d;
+  std::span<T const> cd;
+  std::array<tide::index_t, 1> counts{};
+  c.all_reduce(d, tide::comm::reduce_op::sum);
+  c.reduce(d, 0, tide::comm::reduce_op::max);
+  c.reduce_scatter(cd, d, tide::comm::reduce_op::min);
+  c.all_gather(cd, d);
+  c.all_gatherv(cd, d, std::span<tide::index_t const>(counts));
+  c.broadcast(d, 0);
+  c.send(cd, 0, 0);
+  c.recv(d, 0, 0);
+  c.wait(c.all_reduce_async(d, tide::comm::reduce_op::sum));
+  (void)c.test(c.broadcast_async(d, 0));
+}
+void nccl_of(tide::comm::mpi& world) {
+  tide::comm::nccl c{world, 0};
+  nccl_ops<float>(c);
+  nccl_ops<double>(c);
+  nccl_ops<std::int32_t>(c);
+  nccl_ops<std::int64_t>(c);
+  nccl_ops<std::uint8_t>(c);
+  nccl_ops<bf16>(c);
+  nccl_ops<f16>(c);
+  c.barrier();
+  tide::comm::nccl half = c.split(0, c.rank());
+  half.barrier();
+}
+#endif
+
 }  // namespace
 
 template class tide::memory::device_arena<tide::cuda>;
@@ -189,5 +224,10 @@ int main(int argc, char**) {
   activations_of<bf16>(ex);
   memory_of();
   offload_of(hx);
+#if defined(TIDE_HAS_NCCL) && defined(TIDE_HAS_MPI)
+  tide::comm::mpi_session session;
+  tide::comm::mpi world{session};
+  nccl_of(world);
+#endif
   return 0;
 }

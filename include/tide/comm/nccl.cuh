@@ -1,0 +1,364 @@
+#pragma once
+// comm::nccl: a Communicator over NCCL, for GPU ranks: device memory, every operation enqueued on
+// a CUDA stream of the communicator's own (its lane). Needs tide::nccl and a comm::mpi to
+// bootstrap: rank 0's ncclUniqueId is broadcast over it.
+//
+//   tide::comm::mpi world{session};
+//   tide::comm::nccl gpus{world, world.rank() % devices};        // one device per rank
+//   gpus.all_reduce(std::span<float>(device_grads, n), tide::comm::reduce_op::sum);
+//   auto r = gpus.all_reduce_async(std::span<float>(device_grads, n), tide::comm::reduce_op::sum);
+//   gpus.lane().wait(backward_done);                             // or order it after an event
+//
+// Spans are device (or managed) memory. Operations run in call order on lane(); an asynchronous one
+// returns a request (an event recorded after it) that wait() and test() look at, and an event
+// recorded on lane() orders other streams after it. NCCL matches send and receive by call order,
+// not by tag: the tag of send / recv must be 0.
+//
+// No wait without a deadline. The communicator is created non-blocking (ncclConfig_t::blocking =
+// 0): initialisation and every call that NCCL leaves in progress are polled with
+// ncclCommGetAsyncError, and a request's event with cudaEventQuery, each until the deadline. Past
+// it, or when NCCL reports an error, the communicator is aborted (ncclCommAbort, which also ends
+// the kernels of the other ranks' side that wait for this one) and every later call throws the
+// same tide::error(errc::nccl), which names the operation and the deadline. NCCL does not say
+// which rank it did not hear from; the bootstrap communicator's roll call (comm::mpi) does.
+//
+// No test runs this here: the project's machine has no GPU. tests/cuda/instantiate_all.cu
+// compiles every operation for every element type with nvcc, and tests/gpu/nccl.cu (label gpu)
+// checks them on 2 ranks where devices exist, skipping itself where none does.
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+#include "tide/comm/communicator.hpp"
+#include "tide/comm/detail/lane.hpp"
+#include "tide/comm/mpi.hpp"
+#include "tide/core/cuda.cuh"
+#include "tide/core/error.hpp"
+#include "tide/memory/stream.cuh"
+
+namespace tide::comm {
+namespace detail {
+
+template <Transferable T>
+constexpr ncclDataType_t nccl_type() noexcept {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return ncclUint8;
+  else if constexpr (std::is_same_v<T, bf16>) return ncclBfloat16;
+  else return ncclFloat16;
+}
+constexpr ncclRedOp_t nccl_op(reduce_op op) noexcept {
+  return op == reduce_op::sum ? ncclSum : op == reduce_op::max ? ncclMax : ncclMin;
+}
+
+}  // namespace detail
+
+class nccl {
+ public:
+  static constexpr std::string_view name = "nccl";
+  struct request {
+    std::uint64_t seq = 0;  // the operation's number; 0: nothing to wait for
+  };
+
+  // Every rank of `bootstrap` calls this with its own device; the ranks of the new communicator
+  // are those of bootstrap.
+  nccl(mpi& bootstrap, int device, comm_options options = {}) : st_(std::make_unique<state>(options, device)) {
+    ncclUniqueId id{};
+    if (bootstrap.rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    bootstrap.broadcast(std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(&id), sizeof(id)), 0);
+    st_->rank = bootstrap.rank();
+    st_->size = bootstrap.size();
+    TIDE_CUDA_CHECK(cudaSetDevice(device));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // initialisation and calls return at once; settle() polls them
+    st_->start("ncclCommInitRankConfig");
+    check(ncclCommInitRankConfig(&st_->comm, st_->size, id, st_->rank, &config), "ncclCommInitRankConfig");
+    settle("ncclCommInitRankConfig");
+    st_->make_events();
+  }
+  nccl(nccl&&) noexcept = default;
+  nccl& operator=(nccl&&) noexcept = default;
+
+  [[nodiscard]] int rank() const noexcept { return st_->rank; }
+  [[nodiscard]] int size() const noexcept { return st_->size; }
+  [[nodiscard]] int device() const noexcept { return st_->device; }
+  [[nodiscard]] ncclComm_t native() const noexcept { return st_->comm; }
+  // The stream every operation is enqueued on.
+  [[nodiscard]] memory::stream<cuda>& lane() noexcept { return st_->stream; }
+
+  // ---- asynchronous ------------------------------------------------------------------------
+  template <Transferable T>
+  request all_reduce_async(std::span<T> data, reduce_op op) {
+    return run(detail::op_kind::all_reduce, detail::elem_of<T>, op, len(data), [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllReduce(data.data(), data.data(), data.size(), detail::nccl_type<T>(), detail::nccl_op(op), c, s);
+    });
+  }
+  template <Transferable T>
+  request reduce_async(std::span<T> data, int root, reduce_op op) {
+    check_rank(root, "reduce");
+    return run(detail::op_kind::reduce, detail::elem_of<T>, op, len(data), [&](ncclComm_t c, cudaStream_t s) {
+      return ncclReduce(data.data(), data.data(), data.size(), detail::nccl_type<T>(), detail::nccl_op(op), root, c, s);
+    });
+  }
+  template <Transferable T>
+  request reduce_scatter_async(std::span<T const> in, std::span<T> out, reduce_op op) {
+    TIDE_REQUIRE(in.size() == out.size() * static_cast<std::size_t>(size()), "comm::nccl reduce_scatter: ", in.size(),
+                 " elements in, ", out.size(), " out on ", size(), " ranks; in must be size() * out");
+    return run(detail::op_kind::reduce_scatter, detail::elem_of<T>, op, len(in), [&](ncclComm_t c, cudaStream_t s) {
+      return ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl_type<T>(), detail::nccl_op(op), c, s);
+    });
+  }
+  template <Transferable T>
+  request all_gather_async(std::span<T const> in, std::span<T> out) {
+    TIDE_REQUIRE(out.size() == in.size() * static_cast<std::size_t>(size()), "comm::nccl all_gather: ", in.size(),
+                 " elements in, ", out.size(), " out on ", size(), " ranks; out must be size() * in");
+    return run(detail::op_kind::all_gather, detail::elem_of<T>, reduce_op::sum, len(in),
+               [&](ncclComm_t c, cudaStream_t s) {
+                 return ncclAllGather(in.data(), out.data(), in.size(), detail::nccl_type<T>(), c, s);
+               });
+  }
+  // NCCL has no all-gather of uneven parts: one broadcast from each rank into its place, grouped.
+  template <Transferable T>
+  request all_gatherv_async(std::span<T const> in, std::span<T> out, std::span<index_t const> counts) {
+    TIDE_REQUIRE(counts.size() == static_cast<std::size_t>(size()) &&
+                     static_cast<index_t>(in.size()) == counts[static_cast<std::size_t>(rank())] &&
+                     static_cast<index_t>(out.size()) == detail::total_of(counts),
+                 "comm::nccl all_gatherv: needs one count per rank, in.size() == counts[rank] and out.size() == the "
+                 "sum of counts (", in.size(), " in, ", out.size(), " out, ", counts.size(), " counts)");
+    return run(detail::op_kind::all_gatherv, detail::elem_of<T>, reduce_op::sum, len(in),
+               [&](ncclComm_t c, cudaStream_t s) {
+                 ncclResult_t r = ncclGroupStart();
+                 std::size_t at = 0;
+                 for (int root = 0; root < size() && (r == ncclSuccess || r == ncclInProgress); ++root) {
+                   auto const n = static_cast<std::size_t>(counts[static_cast<std::size_t>(root)]);
+                   r = ncclBroadcast(root == rank() ? static_cast<void const*>(in.data()) : nullptr, out.data() + at,
+                                     n, detail::nccl_type<T>(), root, c, s);
+                   at += n;
+                 }
+                 ncclResult_t const end = ncclGroupEnd();
+                 return r == ncclSuccess || r == ncclInProgress ? end : r;
+               });
+  }
+  template <Transferable T>
+  request broadcast_async(std::span<T> data, int root) {
+    check_rank(root, "broadcast");
+    return run(detail::op_kind::broadcast, detail::elem_of<T>, reduce_op::sum, len(data),
+               [&](ncclComm_t c, cudaStream_t s) {
+                 return ncclBroadcast(data.data(), data.data(), data.size(), detail::nccl_type<T>(), root, c, s);
+               });
+  }
+  template <Transferable T>
+  request send_async(std::span<T const> data, int to, int tag) {
+    check_peer(to, tag, "send");
+    return run(detail::op_kind::send, detail::elem_of<T>, reduce_op::sum, len(data), [&](ncclComm_t c, cudaStream_t s) {
+      return ncclSend(data.data(), data.size(), detail::nccl_type<T>(), to, c, s);
+    });
+  }
+  template <Transferable T>
+  request recv_async(std::span<T> data, int from, int tag) {
+    check_peer(from, tag, "recv");
+    return run(detail::op_kind::recv, detail::elem_of<T>, reduce_op::sum, len(data), [&](ncclComm_t c, cudaStream_t s) {
+      return ncclRecv(data.data(), data.size(), detail::nccl_type<T>(), from, c, s);
+    });
+  }
+  // An all-reduce of one int on the device.
+  request barrier_async() {
+    return run(detail::op_kind::barrier, detail::elem::i32, reduce_op::sum, 1, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllReduce(st_->scratch, st_->scratch, 1, ncclInt32, ncclSum, c, s);
+    });
+  }
+
+  // ---- blocking ---------------------------------------------------------------------------------
+  template <Transferable T>
+  void all_reduce(std::span<T> data, reduce_op op) { wait(all_reduce_async(data, op)); }
+  template <Transferable T>
+  void reduce(std::span<T> data, int root, reduce_op op) { wait(reduce_async(data, root, op)); }
+  template <Transferable T>
+  void reduce_scatter(std::span<T const> in, std::span<T> out, reduce_op op) { wait(reduce_scatter_async(in, out, op)); }
+  template <Transferable T>
+  void all_gather(std::span<T const> in, std::span<T> out) { wait(all_gather_async(in, out)); }
+  template <Transferable T>
+  void all_gatherv(std::span<T const> in, std::span<T> out, std::span<index_t const> counts) {
+    wait(all_gatherv_async(in, out, counts));
+  }
+  template <Transferable T>
+  void broadcast(std::span<T> data, int root) { wait(broadcast_async(data, root)); }
+  template <Transferable T>
+  void send(std::span<T const> data, int to, int tag) { wait(send_async(data, to, tag)); }
+  template <Transferable T>
+  void recv(std::span<T> data, int from, int tag) { wait(recv_async(data, from, tag)); }
+  void barrier() { wait(barrier_async()); }
+
+  // Until the operation completed, or the deadline passed (then the communicator is aborted).
+  void wait(request const& r) {
+    if (r.seq == 0) return;
+    st_->require_intact();
+    auto const until = std::chrono::steady_clock::now() + st_->options.deadline;
+    auto pause = std::chrono::microseconds(1);
+    while (!test(r)) {
+      if (std::chrono::steady_clock::now() >= until) fail(r.seq, "did not complete within its deadline");
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(200));
+    }
+  }
+  // Whether the operation completed; an error NCCL reported meanwhile fails the communicator.
+  bool test(request const& r) {
+    if (r.seq == 0) return true;
+    st_->require_intact();
+    if (r.seq + ring <= st_->next) return true;  // its event was reused: the reuse waited for it
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(st_->comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress) fail(r.seq, ncclGetErrorString(async));
+    cudaError_t const e = cudaEventQuery(st_->events[r.seq % ring]);
+    if (e == cudaErrorNotReady) return false;
+    TIDE_CUDA_CHECK(e);
+    return true;
+  }
+
+  // The ranks with the same color (>= 0), ordered by key: ncclCommSplit, on the same device.
+  [[nodiscard]] nccl split(int color, int key) {
+    TIDE_REQUIRE(color >= 0, "comm::nccl split: color ", color, " must be >= 0 (key ", key, ")");
+    st_->require_intact();
+    nccl part{st_->options, st_->device};
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    part.st_->start("ncclCommSplit");
+    check(ncclCommSplit(st_->comm, color, key, &part.st_->comm, &config), "ncclCommSplit");
+    settle("ncclCommSplit");
+    part.settle("ncclCommSplit");
+    check(ncclCommUserRank(part.st_->comm, &part.st_->rank), "ncclCommUserRank");
+    check(ncclCommCount(part.st_->comm, &part.st_->size), "ncclCommCount");
+    part.st_->make_events();
+    return part;
+  }
+
+ private:
+  static constexpr std::uint64_t ring = 64;  // requests in flight before an event is reused
+
+  struct state {
+    comm_options options;
+    int device = 0;
+    int rank = 0, size = 1;
+    ncclComm_t comm = nullptr;
+    memory::stream<cuda> stream;
+    std::array<cudaEvent_t, ring> events{};
+    int* scratch = nullptr;   // the barrier's int, on the device
+    std::uint64_t next = 1;   // the next operation's number
+    std::string what;         // the call in progress, for errors
+    std::string failure;      // set once: every later call throws it
+    state(comm_options o, int dev) : options(o), device(dev), stream(memory::stream_options{.device = dev}) {}
+    state(state const&) = delete;
+    state& operator=(state const&) = delete;
+    ~state() {
+      for (cudaEvent_t e : events)
+        if (e != nullptr) cudaEventDestroy(e);
+      if (scratch != nullptr) cudaFree(scratch);
+      if (comm == nullptr) return;
+      if (failure.empty()) ncclCommDestroy(comm);
+      else ncclCommAbort(comm);
+    }
+    void start(std::string_view call) { what = std::string(call); }
+    void make_events() {
+      TIDE_CUDA_CHECK(cudaSetDevice(device));
+      for (cudaEvent_t& e : events) TIDE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      TIDE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(int)));
+      TIDE_CUDA_CHECK(cudaMemset(scratch, 0, sizeof(int)));
+    }
+    void require_intact() const {
+      TIDE_CHECK(failure.empty(), nccl, failure, " (the communicator failed earlier; restart from the last checkpoint)");
+    }
+  };
+
+  nccl(comm_options options, int device) : st_(std::make_unique<state>(options, device)) {}
+
+  template <class T>
+  static index_t len(std::span<T> s) noexcept {
+    return static_cast<index_t>(s.size());
+  }
+  void check_rank(int r, char const* what) const {
+    TIDE_REQUIRE(r >= 0 && r < size(), "comm::nccl ", what, ": rank ", r, " is not one of 0..", size() - 1);
+  }
+  void check_peer(int peer, int tag, char const* what) const {
+    check_rank(peer, what);
+    TIDE_REQUIRE(tag == 0, "comm::nccl ", what, ": tag ", tag, "; NCCL matches sends and receives by call order, "
+                 "not by tag: pass tag 0 and call them in the same order on both ranks");
+  }
+
+  // Enqueues one operation (its event slot free first), settles the call, records its event.
+  template <class Enqueue>
+  request run(detail::op_kind kind, detail::elem type, reduce_op op, index_t n, Enqueue&& enqueue) {
+    st_->require_intact();
+    std::uint64_t const seq = st_->next;
+    if (seq > ring) wait(request{seq - ring});  // the slot's previous operation
+    detail::operation o;
+    o.kind = kind;
+    o.type = type;
+    o.op = op;
+    o.n = n;
+    o.out_n = n;
+    o.seq = seq;
+    st_->what = detail::describe(o);
+    TIDE_CUDA_CHECK(cudaSetDevice(st_->device));
+    check(enqueue(st_->comm, st_->stream.native()), st_->what);
+    settle(st_->what);
+    TIDE_CUDA_CHECK(cudaEventRecord(st_->events[seq % ring], st_->stream.native()));
+    ++st_->next;
+    return {seq};
+  }
+  void check(ncclResult_t r, std::string_view call) {
+    if (r == ncclSuccess || r == ncclInProgress) return;
+    fail_with(tide::detail::concat("comm::nccl: ", call, " on rank ", rank(), " of ", size(), ": ",
+                                   ncclGetErrorString(r), " (", ncclGetLastError(st_->comm), ")"));
+  }
+  // A non-blocking communicator's call returns before NCCL finished taking it: poll its state.
+  void settle(std::string_view call) {
+    auto const until = std::chrono::steady_clock::now() + st_->options.deadline;
+    for (;;) {
+      ncclResult_t progress = ncclInProgress;
+      check(ncclCommGetAsyncError(st_->comm, &progress), call);
+      if (progress == ncclSuccess) return;
+      if (progress != ncclInProgress) check(progress, call);
+      if (std::chrono::steady_clock::now() >= until)
+        fail_with(tide::detail::concat("comm::nccl: ", call, " on rank ", rank(), " of ", size(),
+                                       " did not complete within its deadline of ", st_->options.deadline.count(),
+                                       " ms; NCCL does not say which rank it waits for (comm::mpi's roll call on the "
+                                       "bootstrap communicator does)"));
+      std::this_thread::yield();
+    }
+  }
+  [[noreturn]] void fail(std::uint64_t seq, std::string_view why) {
+    fail_with(tide::detail::concat("comm::nccl: operation #", seq, " on rank ", rank(), " of ", size(), " ", why,
+                                   why.starts_with("did not") ? tide::detail::concat(" of ", st_->options.deadline.count(), " ms") : "",
+                                   "; NCCL does not say which rank it waits for (comm::mpi's roll call on the bootstrap "
+                                   "communicator does)"));
+  }
+  [[noreturn]] void fail_with(std::string message) {
+    if (st_->failure.empty()) {
+      st_->failure = message;
+      if (st_->comm != nullptr) ncclCommAbort(std::exchange(st_->comm, nullptr));  // ends the kernels waiting
+    }
+    TIDE_FAIL(nccl, message);
+  }
+
+  std::unique_ptr<state> st_;
+};
+
+static_assert(Communicator<nccl>);
+
+}  // namespace tide::comm

@@ -1,0 +1,152 @@
+// comm::nccl on 2 ranks with a device each (mpiexec -n 2; ranks share a device when there is one):
+// every operation against values each rank computes itself (small integers: every sum is exact),
+// asynchronous ones through their requests, bf16 sums, a split, and the errors that are checked
+// before anything is enqueued. Exit 77 (ctest: skipped) on every rank without a usable device.
+
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <tide/comm/nccl.cuh>
+
+namespace {
+
+int failures = 0;
+void expect(bool ok, char const* what, int rank) {
+  if (!ok) {
+    ++failures;
+    std::printf("FAILED on rank %d: %s\n", rank, what);
+  }
+}
+
+// A device buffer with host copies in and out.
+template <class T>
+struct device_buffer {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit device_buffer(std::size_t count) : n(count) { TIDE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T))); }
+  ~device_buffer() { cudaFree(p); }
+  void put(std::vector<T> const& v) { TIDE_CUDA_CHECK(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    TIDE_CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  std::span<T> span() { return {p, n}; }
+  std::span<T const> cspan() const { return {p, n}; }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tide::comm::mpi_session session{&argc, &argv};
+  tide::comm::mpi world{session};
+  if (!tide::has_cuda_device()) {
+    if (world.rank() == 0) std::printf("skipped: no CUDA device\n");
+    return 77;
+  }
+  int devices = 0;
+  TIDE_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  tide::comm::nccl c{world, world.rank() % devices, {.deadline = std::chrono::seconds(60)}};
+  int const r = c.rank(), w = c.size();
+  std::size_t const n = 1000;
+
+  {  // all_reduce: sum, max, min
+    device_buffer<float> b(n);
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(r + 1) * static_cast<float>(i % 7);
+    b.put(v);
+    c.all_reduce(b.span(), tide::comm::reduce_op::sum);
+    auto const got = b.get();
+    bool ok = true;
+    for (std::size_t i = 0; i < n; ++i) ok = ok && got[i] == static_cast<float>(w * (w + 1) / 2) * static_cast<float>(i % 7);
+    expect(ok, "all_reduce sum", r);
+    b.put(v);
+    c.wait(c.all_reduce_async(b.span(), tide::comm::reduce_op::max));
+    ok = true;
+    for (std::size_t i = 0; i < n; ++i) ok = ok && b.get()[i] == static_cast<float>(w) * static_cast<float>(i % 7);
+    expect(ok, "all_reduce max (async)", r);
+  }
+  {  // bf16 sums of small integers are exact
+    device_buffer<tide::bf16> b(n);
+    std::vector<tide::bf16> v(n, tide::from_float<tide::bf16>(static_cast<float>(r + 1)));
+    b.put(v);
+    c.all_reduce(b.span(), tide::comm::reduce_op::sum);
+    bool ok = true;
+    for (auto x : b.get()) ok = ok && tide::to_float(x) == static_cast<float>(w * (w + 1) / 2);
+    expect(ok, "all_reduce bf16", r);
+  }
+  {  // reduce_scatter and all_gather
+    device_buffer<std::int32_t> in(n * static_cast<std::size_t>(w)), out(n);
+    std::vector<std::int32_t> v(in.n);
+    std::iota(v.begin(), v.end(), r);
+    in.put(v);
+    c.reduce_scatter(in.cspan(), out.span(), tide::comm::reduce_op::sum);
+    bool ok = true;
+    auto const got = out.get();
+    for (std::size_t i = 0; i < n; ++i) {
+      auto const at = static_cast<std::int32_t>(static_cast<std::size_t>(r) * n + i);
+      ok = ok && got[i] == w * at + w * (w - 1) / 2;
+    }
+    expect(ok, "reduce_scatter", r);
+    device_buffer<std::int32_t> all(n * static_cast<std::size_t>(w));
+    out.put(std::vector<std::int32_t>(n, r));
+    c.all_gather(out.cspan(), all.span());
+    ok = true;
+    auto const g = all.get();
+    for (std::size_t i = 0; i < g.size(); ++i) ok = ok && g[i] == static_cast<std::int32_t>(i / n);
+    expect(ok, "all_gather", r);
+  }
+  {  // all_gatherv: rank k gives k + 1 elements of value k
+    std::vector<tide::index_t> counts(static_cast<std::size_t>(w));
+    for (int k = 0; k < w; ++k) counts[static_cast<std::size_t>(k)] = k + 1;
+    device_buffer<float> in(static_cast<std::size_t>(r + 1)), out(static_cast<std::size_t>(w * (w + 1) / 2));
+    in.put(std::vector<float>(in.n, static_cast<float>(r)));
+    c.all_gatherv(in.cspan(), out.span(), std::span<tide::index_t const>(counts));
+    auto const g = out.get();
+    bool ok = true;
+    std::size_t at = 0;
+    for (int k = 0; k < w; ++k)
+      for (int j = 0; j <= k; ++j) ok = ok && g[at++] == static_cast<float>(k);
+    expect(ok, "all_gatherv", r);
+  }
+  {  // broadcast, reduce, a send/recv ring, barrier
+    device_buffer<double> b(n);
+    b.put(std::vector<double>(n, r == 1 ? 3.5 : 0.0));
+    c.broadcast(b.span(), 1 % w);
+    expect(b.get()[n - 1] == 3.5, "broadcast", r);
+    b.put(std::vector<double>(n, 1.0));
+    c.reduce(b.span(), 0, tide::comm::reduce_op::sum);
+    if (r == 0) expect(b.get()[0] == static_cast<double>(w), "reduce to root 0", r);
+    device_buffer<std::int64_t> s(n), q(n);
+    s.put(std::vector<std::int64_t>(n, r));
+    if (r % 2 == 0) {
+      c.send(s.cspan(), (r + 1) % w, 0);
+      c.recv(q.span(), (r + w - 1) % w, 0);
+    } else {
+      c.recv(q.span(), (r + w - 1) % w, 0);
+      c.send(s.cspan(), (r + 1) % w, 0);
+    }
+    expect(q.get()[0] == (r + w - 1) % w, "send/recv ring", r);
+    c.barrier();
+  }
+  {  // split into one communicator per rank parity
+    tide::comm::nccl part = c.split(r % 2, r);
+    expect(part.size() == (w + 1 - r % 2) / 2, "split size", r);
+    part.barrier();
+  }
+  // Errors checked before anything is enqueued.
+  try {
+    device_buffer<float> b(4);
+    c.send(b.cspan(), 0, 7);
+    expect(false, "a send with tag 7 is refused", r);
+  } catch (tide::error const& e) {
+    expect(std::string(e.what()).find("by call order") != std::string::npos, "the tag error names the reason", r);
+  }
+  c.barrier();
+  std::printf("rank %d: %s\n", r, failures == 0 ? "all passed" : "FAILED");
+  return failures == 0 ? 0 : 1;
+}
