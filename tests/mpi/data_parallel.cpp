@@ -18,6 +18,7 @@
 #include "tide/optim/sgd.hpp"
 #include "tide/train/trainer.hpp"
 #include "support/gpt_steps.hpp"
+#include "support/dp_steps.hpp"
 #include "support/mpi_world.hpp"
 
 namespace {
@@ -38,16 +39,11 @@ typename Trainer::batch_type view_of(std::vector<std::int32_t> const& d) {
   return tide::test::tiny_view<Trainer>(d);
 }
 
-off::chunked<off::belady> tight() {
-  off::chunked<off::belady> c{.chunk_bytes = 20_KiB};
-  c.device_budget = tide::test::scheduler_minimum<decltype(c), float>(config, c, batch, seq) + 16_KiB;
-  return c;
-}
 tide::optim::sgd sgd(int micro_steps) { return {.lr = 0.05f, .momentum = 0.9f, .micro_steps = micro_steps}; }
 
 // One process, micro-batches s W .. s W + W - 1 accumulated in step s.
 std::vector<float> accumulated(int w) {
-  auto t = tide::train::make_trainer(spec, tight(), sgd(w));
+  auto t = tide::train::make_trainer(spec, tide::test::tiny_tight(), sgd(w));
   for (int s = 0; s < steps; ++s) {
     std::vector<std::vector<std::int32_t>> data;
     std::vector<typename decltype(t)::batch_type> micro;
@@ -56,13 +52,6 @@ std::vector<float> accumulated(int w) {
     (void)t.step(std::span<typename decltype(t)::batch_type const>(micro));
   }
   return flat_params(t);
-}
-
-float max_difference(std::vector<float> const& a, std::vector<float> const& b) {
-  REQUIRE(a.size() == b.size());
-  float d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-  return d;
 }
 
 }  // namespace
@@ -74,15 +63,15 @@ TEST_CASE("data parallel over W ranks equals accumulating W micro-batches, with 
   // Alone on its own micro-batches, a rank drifts away from the reference: the test can fail.
   std::vector<float> alone;
   {
-    auto t = tide::train::make_trainer(spec, tight(), sgd(1));
+    auto t = tide::train::make_trainer(spec, tide::test::tiny_tight(), sgd(1));
     for (int s = 0; s < steps; ++s) (void)t.step(view_of<decltype(t)>(data_of(s * w + r)));
     alone = flat_params(t);
   }
-  CHECK(max_difference(alone, reference) > 1e-3f);
+  CHECK(tide::test::max_difference(alone, reference) > 1e-3f);
 
   for (std::size_t bucket : {std::size_t{1}, std::size_t{60_KiB}, std::size_t{1_GiB}}) {
     CAPTURE(bucket);
-    auto t = tide::train::make_trainer(spec, tight(), sgd(1),
+    auto t = tide::train::make_trainer(spec, tide::test::tiny_tight(), sgd(1),
                                        tide::comm::data_parallel{.comm = &world, .bucket_bytes = bucket});
     std::size_t moved = 0;
     for (int s = 0; s < steps; ++s) moved += t.step(view_of<decltype(t)>(data_of(s * w + r))).bytes_moved;
@@ -94,14 +83,11 @@ TEST_CASE("data parallel over W ranks equals accumulating W micro-batches, with 
     // and MPI adds the totals. Each such difference is a rounding of the gradient (2^-24 relative);
     // SGD carries them into the parameters scaled by lr, with momentum over 4 steps. Measured:
     // 7.5e-9 on 2 ranks and on 4 (parameters of order 0.1); the bound is 100 times that.
-    float const diff = max_difference(dp, reference);
+    float const diff = tide::test::max_difference(dp, reference);
     if (r == 0) MESSAGE(w, " ranks, bucket ", bucket, " B: max |data parallel - accumulated| = ", diff);
     CHECK(diff <= 1e-6f);
     // Every rank holds the same parameters, bit for bit.
-    std::vector<float> lo = dp, hi = dp;
-    world.all_reduce(std::span<float>(lo), tide::comm::reduce_op::min);
-    world.all_reduce(std::span<float>(hi), tide::comm::reduce_op::max);
-    CHECK(std::memcmp(lo.data(), hi.data(), lo.size() * sizeof(float)) == 0);
+    CHECK(tide::test::same_on_every_rank(dp));
     // The buckets: one chunk each, or several packed together up to the bucket size or the end
     // of a block's backward (4 blocks: the embeddings, 2 layers, the head).
     auto const stats = t.scheduler().sink().stats();
@@ -124,12 +110,9 @@ TEST_CASE("data parallel over a hierarchical all-reduce (nodes of 2 ranks) equal
   auto& world = tide::test::world();
   int const w = world.size(), r = world.rank();
   tide::comm::hierarchical<tide::comm::mpi> h{world, 2};
-  auto t = tide::train::make_trainer(spec, tight(), sgd(1), tide::comm::data_parallel{.comm = &h, .bucket_bytes = 60_KiB});
+  auto t = tide::train::make_trainer(spec, tide::test::tiny_tight(), sgd(1), tide::comm::data_parallel{.comm = &h, .bucket_bytes = 60_KiB});
   for (int s = 0; s < steps; ++s) (void)t.step(view_of<decltype(t)>(data_of(s * w + r)));
   auto const dp = flat_params(t);
-  CHECK(max_difference(dp, accumulated(w)) <= 1e-6f);  // the bound and its reason: the test above
-  std::vector<float> lo = dp, hi = dp;
-  world.all_reduce(std::span<float>(lo), tide::comm::reduce_op::min);
-  world.all_reduce(std::span<float>(hi), tide::comm::reduce_op::max);
-  CHECK(std::memcmp(lo.data(), hi.data(), lo.size() * sizeof(float)) == 0);
+  CHECK(tide::test::max_difference(dp, accumulated(w)) <= 1e-6f);  // the bound and its reason: the test above
+  CHECK(tide::test::same_on_every_rank(dp));
 }

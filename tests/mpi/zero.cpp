@@ -22,6 +22,7 @@
 #include "tide/optim/adamw.hpp"
 #include "tide/train/trainer.hpp"
 #include "support/gpt_steps.hpp"
+#include "support/dp_steps.hpp"
 #include "support/mpi_world.hpp"
 
 namespace {
@@ -37,11 +38,6 @@ using tide::test::flat_params;
 
 std::vector<std::int32_t> data_of(int s) { return tide::test::token_runs(s, batch, seq, 64); }
 
-off::chunked<off::belady> tight() {
-  off::chunked<off::belady> c{.chunk_bytes = 20_KiB};
-  c.device_budget = tide::test::scheduler_minimum<decltype(c), float>(config, c, batch, seq) + 16_KiB;
-  return c;
-}
 off::resident roomy() { return {.device_budget = 64_MiB, .chunk_bytes = 20_KiB}; }
 tide::optim::adamw adamw(float clip = 0.f) { return {.lr = 3e-3f, .weight_decay = 0.01f, .clip_norm = clip}; }
 
@@ -85,20 +81,6 @@ std::vector<float> state_of_shard(Trainer& t, off::chunk_shard sh) {
   return out;
 }
 
-float max_difference(std::vector<float> const& a, std::vector<float> const& b) {
-  REQUIRE(a.size() == b.size());
-  float d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-  return d;
-}
-
-bool same_on_every_rank(std::vector<float> const& v) {
-  std::vector<float> lo = v, hi = v;
-  tide::test::world().all_reduce(std::span<float>(lo), tide::comm::reduce_op::min);
-  tide::test::world().all_reduce(std::span<float>(hi), tide::comm::reduce_op::max);
-  return std::memcmp(lo.data(), hi.data(), lo.size() * sizeof(float)) == 0;
-}
-
 // ZeRO-1 all-reduces as replicated training does, and the owner's step is the same step: the same
 // bits on any number of ranks. ZeRO-2 reduces each chunk to its owner, and on 2 ranks a sum of two
 // is the same in any order: the same bits again. On 4 ranks Open MPI orders the reduce and the
@@ -129,17 +111,17 @@ void zero_equals_replicated(Offload const& offload, char const* what, float clip
                                        tide::comm::data_parallel{.comm = &world, .bucket_bytes = 60_KiB, .zero = zero});
     train(t, 0, steps, w, r);
     auto const params = flat_params(t);
-    float const diff = max_difference(params, reference), mean = mean_difference(params, reference);
+    float const diff = tide::test::max_difference(params, reference), mean = mean_difference(params, reference);
     if (r == 0)
       MESSAGE(std::string(what), ", ", w, " ranks, ZeRO-", zero, ": |zero - replicated| max ", diff, ", mean ", mean);
     CHECK(diff <= tolerance(w, zero));
     CHECK(mean <= mean_tolerance(w, zero));
-    CHECK(same_on_every_rank(params));
+    CHECK(tide::test::same_on_every_rank(params));
     // Adam's state of this rank's chunks equals the replicated run's, and only those are kept.
     auto& sched = t.scheduler();
     std::uint32_t const chunks = static_cast<std::uint32_t>(sched.layout().chunks());
     REQUIRE(chunks >= static_cast<std::uint32_t>(w));  // every rank owns a chunk
-    CHECK(max_difference(own_state(t), state_of_shard(replicated, sched.shard())) <= (zero == 1 || w == 2 ? 0.f : 1e-3f));
+    CHECK(tide::test::max_difference(own_state(t), state_of_shard(replicated, sched.shard())) <= (zero == 1 || w == 2 ? 0.f : 1e-3f));
     for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i)
       CHECK(sched.keeps_state(i) == (static_cast<int>(sched.layout().chunk_of[i] % static_cast<std::uint32_t>(w)) == r));
     // Host plus device model bytes: every parameter chunk, and Adam's m and v of the owned ones.
@@ -158,11 +140,11 @@ void zero_equals_replicated(Offload const& offload, char const* what, float clip
 
 TEST_CASE("ZeRO-1 and ZeRO-2 equal replicated data parallelism, resident and under chunked offload") {
   zero_equals_replicated(roomy(), "resident", 0.f);
-  zero_equals_replicated(tight(), "chunked", 0.f);
+  zero_equals_replicated(tide::test::tiny_tight(), "chunked", 0.f);
 }
 
 TEST_CASE("ZeRO-2 clips by the global norm: each rank's squares of its own chunks, summed over the ranks") {
-  zero_equals_replicated(tight(), "chunked, clip 0.5", 0.5f);
+  zero_equals_replicated(tide::test::tiny_tight(), "chunked, clip 0.5", 0.5f);
 }
 
 TEST_CASE("a ZeRO checkpoint set resumes bit-identically on the same ranks and re-shards onto one") {
@@ -174,7 +156,7 @@ TEST_CASE("a ZeRO checkpoint set resumes bit-identically on the same ranks and r
   if (r == 0) std::filesystem::remove_all(dir);
   world.barrier();
   tide::comm::data_parallel const dp{.comm = &world, .bucket_bytes = 60_KiB, .zero = 2};
-  auto straight = tide::train::make_trainer(spec, tight(), adamw(), dp);
+  auto straight = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), dp);
   train(straight, 0, 2, w, r);
   straight.save(dir);
   // The set: a manifest and one shard per rank, and only this one.
@@ -193,16 +175,16 @@ TEST_CASE("a ZeRO checkpoint set resumes bit-identically on the same ranks and r
   auto const after = flat_params(straight);
 
   {  // resumed on the same ranks: the same bits as going straight on
-    auto resumed = tide::train::make_trainer(spec, tight(), adamw(), dp);
+    auto resumed = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), dp);
     resumed.load(dir);
     CHECK(resumed.steps() == 4);
     train(resumed, 4, 5, w, r);
-    CHECK(max_difference(flat_params(resumed), after) == 0.f);
+    CHECK(tide::test::max_difference(flat_params(resumed), after) == 0.f);
   }
   {  // the state really came from the set: a fresh trainer that skips the load differs
-    auto fresh = tide::train::make_trainer(spec, tight(), adamw(), dp);
+    auto fresh = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), dp);
     train(fresh, 4, 5, w, r);
-    CHECK(max_difference(flat_params(fresh), after) > 1e-4f);
+    CHECK(tide::test::max_difference(flat_params(fresh), after) > 1e-4f);
   }
   {  // re-sharded onto one rank (each rank alone): every tensor and all of Adam's state
     tide::comm::self one;
@@ -210,9 +192,9 @@ TEST_CASE("a ZeRO checkpoint set resumes bit-identically on the same ranks and r
                                            tide::comm::data_parallel{.comm = &one, .zero = 1});
     alone.load(dir);
     CHECK(alone.steps() == 4);
-    auto replicated = tide::train::make_trainer(spec, tight(), adamw(), tide::comm::data_parallel{.comm = &world});
+    auto replicated = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), tide::comm::data_parallel{.comm = &world});
     train(replicated, 0, 4, w, r);
-    CHECK(max_difference(flat_params(alone), flat_params(replicated)) <= tolerance(w, 2));
+    CHECK(tide::test::max_difference(flat_params(alone), flat_params(replicated)) <= tolerance(w, 2));
     CHECK(mean_difference(flat_params(alone), flat_params(replicated)) <= mean_tolerance(w, 2));
   }
   // A damaged shard is refused on every rank, and loads nothing.
@@ -223,11 +205,11 @@ TEST_CASE("a ZeRO checkpoint set resumes bit-identically on the same ranks and r
     std::filesystem::resize_file(shard, size - 7);
   }
   world.barrier();
-  auto victim = tide::train::make_trainer(spec, tight(), adamw(), dp);
+  auto victim = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), dp);
   auto const before = flat_params(victim);
   CHECK_THROWS_AS(victim.load(dir), tide::error);
   CHECK(victim.steps() == 0);
-  CHECK(max_difference(flat_params(victim), before) == 0.f);
+  CHECK(tide::test::max_difference(flat_params(victim), before) == 0.f);
   world.barrier();
   if (r == 0) std::filesystem::remove_all(dir);
 }
@@ -250,7 +232,7 @@ TEST_CASE("ZeRO with bf16 parameters: the fp32 masters are sharded too, and the 
     auto t = tide::train::make_trainer(spec16, roomy(), adamw(), tide::comm::data_parallel{.comm = &world, .zero = zero});
     train(t, 0, steps, w, r);
     auto const params = params_of(t);
-    float const diff = max_difference(params, reference), mean = mean_difference(params, reference);
+    float const diff = tide::test::max_difference(params, reference), mean = mean_difference(params, reference);
     if (r == 0) MESSAGE("bf16, ", w, " ranks, ZeRO-", zero, ": |zero - replicated| max ", diff, ", mean ", mean);
     // Adam's steps (above), plus the parameter's own rounding to bf16 (spacing up to 1e-3 below
     // 0.25). Measured on 4 ranks: 7.0e-3.
@@ -259,7 +241,7 @@ TEST_CASE("ZeRO with bf16 parameters: the fp32 masters are sharded too, and the 
     // relative), and a parameter may then round to the neighbouring bf16 value (a spacing of 1e-4
     // to 5e-4 for weights of order 0.02 to 0.1). Measured: mean 2.0e-5. Bound: 1e-4.
     CHECK(mean <= (w == 2 || zero == 1 ? 0.f : 1e-4f));
-    CHECK(same_on_every_rank(params));
+    CHECK(tide::test::same_on_every_rank(params));
     // Masters only for the owned chunks: host plus device bytes are the bf16 chunks, and the fp32
     // master, m and v (3 fp32 lists, twice the bf16 chunk's bytes each) of the owned ones.
     auto& sched = t.scheduler();
