@@ -208,7 +208,10 @@ class bucket_sink {
       f.bucket = bucket;
       f.type = type;
       f.trace = trace;
-      if (open.size() > 1 && staging.size() < open_bytes) staging.resize(open_bytes);  // the first step only
+      if (open.size() > 1 && staging.size() < open_bytes) {  // the first steps only
+        work.synchronize();  // an earlier bucket's job may still be packing into the old buffer
+        staging.resize(open_bytes);
+      }
       memory::launch(work, f);
       f.ran.record(work);
       open.clear();
@@ -334,6 +337,13 @@ struct data_parallel {
   [[nodiscard]] int rank() const { return checked().rank(); }
   [[nodiscard]] int world_size() const { return checked().size(); }
   [[nodiscard]] sink_type sink() const {
+    if constexpr (!requires(C& c, std::span<float const> in, std::span<float> out) {
+                    c.all_gather(in, out);
+                    c.reduce(out, 0, reduce_op::sum);
+                  }) {
+      TIDE_REQUIRE(zero == 0, "data_parallel: zero = ", zero, " needs a communicator with all_gather and reduce "
+                   "(tide::comm::mpi or self); ", C::name, " only all-reduces: pass zero = 0");
+    }
     return sink_type{comm, bucket_bytes, zero};
   }
   [[nodiscard]] source_type source() const { return {}; }

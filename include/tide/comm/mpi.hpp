@@ -133,7 +133,8 @@ class mpi_session {
       // the blocking MPI_Allreduce 2.4-3 GB/s for the whole 498 MB). Its default for MPI_Ireduce
       // (ZeRO-2's reduce of a chunk to its owner) took twice as long as its binomial tree for
       // 256 KiB chunks, and the GPT demo with ZeRO-2 ran at 2,300-5,100 tokens/s against 14,400
-      // with the tree. A value the user set stays.
+      // with the tree. A value set in the environment stays (one set in an MCA parameter file
+      // does not: the environment takes precedence there; set it in the environment instead).
       ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
       ::setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2", 0);
       detail::mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");

@@ -17,10 +17,16 @@
 // No wait without a deadline. The communicator is created non-blocking (ncclConfig_t::blocking =
 // 0): initialisation and every call that NCCL leaves in progress are polled with
 // ncclCommGetAsyncError, and a request's event with cudaEventQuery, each until the deadline. Past
-// it, or when NCCL reports an error, the communicator is aborted (ncclCommAbort, which also ends
-// the kernels of the other ranks' side that wait for this one) and every later call throws the
-// same tide::error(errc::nccl), which names the operation and the deadline. NCCL does not say
-// which rank it did not hear from; the bootstrap communicator's roll call (comm::mpi) does.
+// it, or when NCCL reports an error, the communicator is aborted (ncclCommAbort: this rank's
+// kernels and resources end; the other ranks reach their own deadlines) and every later call
+// throws the same tide::error(errc::nccl), which names the operation and the deadline. NCCL does
+// not say which rank it did not hear from; the bootstrap communicator's roll call (comm::mpi)
+// does. Destruction finalises the communicator under the deadline too (ncclCommFinalize, polled),
+// and aborts it past the deadline.
+//
+// A request stays valid for the next 63 operations: its event is then recorded again for a newer
+// one (the communicator waits for the old operation before it reuses the event), and waiting on
+// it asks whether that newer operation completed, which implies the old one did (one stream).
 //
 // No test runs this here: the project's machine has no GPU. tests/cuda/instantiate_all.cu
 // compiles every operation for every element type with nvcc, and tests/gpu/nccl.cu (label gpu)
@@ -221,7 +227,6 @@ class nccl {
   bool test(request const& r) {
     if (r.seq == 0) return true;
     st_->require_intact();
-    if (r.seq + ring <= st_->next) return true;  // its event was reused: the reuse waited for it
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(st_->comm, &async);
     if (async != ncclSuccess && async != ncclInProgress) fail(r.seq, ncclGetErrorString(async));
@@ -265,13 +270,25 @@ class nccl {
     state(comm_options o, int dev) : options(o), device(dev), stream(memory::stream_options{.device = dev}) {}
     state(state const&) = delete;
     state& operator=(state const&) = delete;
+    // The communicator first, under the deadline (a peer that is gone would make a blocking
+    // destroy wait forever), then what its operations used.
     ~state() {
+      if (comm != nullptr) {
+        bool finished = false;
+        if (failure.empty() && ncclCommFinalize(comm) == ncclSuccess) {
+          auto const until = std::chrono::steady_clock::now() + options.deadline;
+          ncclResult_t progress = ncclInProgress;
+          while (ncclCommGetAsyncError(comm, &progress) == ncclSuccess && progress == ncclInProgress &&
+                 std::chrono::steady_clock::now() < until)
+            std::this_thread::yield();
+          finished = progress == ncclSuccess;
+        }
+        if (finished) ncclCommDestroy(comm);
+        else ncclCommAbort(comm);
+      }
       for (cudaEvent_t e : events)
         if (e != nullptr) cudaEventDestroy(e);
       if (scratch != nullptr) cudaFree(scratch);
-      if (comm == nullptr) return;
-      if (failure.empty()) ncclCommDestroy(comm);
-      else ncclCommAbort(comm);
     }
     void start(std::string_view call) { what = std::string(call); }
     void make_events() {
@@ -305,7 +322,7 @@ class nccl {
   request run(detail::op_kind kind, detail::elem type, reduce_op op, index_t n, Enqueue&& enqueue) {
     st_->require_intact();
     std::uint64_t const seq = st_->next;
-    if (seq > ring) wait(request{seq - ring});  // the slot's previous operation
+    if (seq > ring) wait(request{seq - ring});  // the slot's previous operation, before its event is reused
     detail::operation o;
     o.kind = kind;
     o.type = type;

@@ -79,7 +79,7 @@ inline checkpoint_manifest read_manifest(std::filesystem::path const& dir) {
   r.read("manifest.set", std::as_writable_bytes(std::span(m.set)));
   m.ranks = r.read_value<std::int32_t>("manifest.ranks");
   m.step = r.read_value<std::int64_t>("manifest.step");
-  TIDE_CHECK(m.ranks >= 1 && !m.set.empty() && m.set.find('/') == std::string::npos, corrupt, path.string(),
+  TIDE_CHECK(m.ranks >= 1 && m.set.starts_with("set-") && m.set.find('/') == std::string::npos, corrupt, path.string(),
              ": the manifest names ", m.ranks, " shards in folder \"", m.set, "\"; it is damaged");
   return m;
 }

@@ -339,6 +339,8 @@ class trainer {
       why = e.message();
     } catch (std::exception const& e) {
       why = e.what();
+    } catch (...) {
+      why = "an exception that is not a std::exception";
     }
     bool const written = agree(why.empty());
     TIDE_CHECK(written, io, "checkpoint set ", dir.string(), ": ", why.empty() ? "another rank" : "rank " +

@@ -436,7 +436,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     }
   }
   undo_record* begin_undo(std::uint32_t c, index_t n) {
-    return options_.undo_on_error ? undo_.begin(c, static_cast<std::size_t>(n)) : nullptr;
+    return options_.undo_on_error ? undo_.begin(c, static_cast<std::size_t>(n), targets_of(c)) : nullptr;
   }
 
   // The masters start as the parameters the model initialised (or a checkpoint wrote): once,

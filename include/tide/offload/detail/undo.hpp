@@ -50,12 +50,14 @@ class undo_journal {
   undo_journal& operator=(undo_journal const&) = delete;
   ~undo_journal() { discard(); }
 
-  // Host blocks for chunk c's copies, acquired before its update.
-  undo_record* begin(std::uint32_t c, std::size_t elements) {
+  // Host blocks for chunk c's copies, acquired before its update: one per list the chunk has in
+  // `x` (under ZeRO a chunk another rank steps has no master and no state here).
+  undo_record* begin(std::uint32_t c, std::size_t elements, update_targets<T> const& x) {
     undo_record r{c, elements, {}, false};
     try {
       for (std::size_t k = 0; k < slots(); ++k)
-        if (used(k)) r.copy[k] = static_cast<std::byte*>(host_->allocate(bytes(k, elements), 256));
+        if (used(k) && address(x, k) != nullptr)
+          r.copy[k] = static_cast<std::byte*>(host_->allocate(bytes(k, elements), 256));
     } catch (...) {
       release(r);
       throw;
@@ -66,15 +68,14 @@ class undo_journal {
   }
   void save(undo_record& r, update_targets<T> const& x) const noexcept {
     for (std::size_t k = 0; k < slots(); ++k)
-      if (used(k) && address(x, k) != nullptr) std::memcpy(r.copy[k], address(x, k), bytes(k, r.elements));
+      if (r.copy[k] != nullptr) std::memcpy(r.copy[k], address(x, k), bytes(k, r.elements));
     r.saved = true;
   }
   // Puts the values back wherever the chunks are now (host-readable on tide::host).
   void restore(undo_record const& r, update_targets<T> const& x) const noexcept {
     if (!r.saved) return;  // the update never ran
     for (std::size_t k = 0; k < slots(); ++k)
-      if (used(k) && address(x, k) != nullptr)  // null: a list this rank does not keep (ZeRO)
-        std::memcpy(const_cast<void*>(address(x, k)), r.copy[k], bytes(k, r.elements));
+      if (r.copy[k] != nullptr) std::memcpy(const_cast<void*>(address(x, k)), r.copy[k], bytes(k, r.elements));
   }
   [[nodiscard]] std::span<undo_record const> records() const noexcept { return records_; }
   void discard() noexcept {
