@@ -9,7 +9,7 @@
 //                                           [--zero 0|1|2] [--check-falls X]
 //   ./tide demo --ranks 2 [flags]            (builds it and runs it under mpiexec)
 //
-// Rank 0 prints the progress line (with the bytes all-reduced per step). At the end every rank
+// Rank 0 prints the progress line (with the gradient bytes reduced per step). At the end every rank
 // checks that all ranks hold the same parameters, bit for bit; --check-falls X also fails the run
 // unless the loss fell by X.
 

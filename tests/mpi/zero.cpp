@@ -49,23 +49,9 @@ void train(Trainer& t, int from, int to, int w, int r) {
   }
 }
 
-// Every optimizer-state byte of the tensors this rank keeps, in order, with each tensor's
-// parameters: what ZeRO must leave equal to replicated training.
-template <class Trainer>
-std::vector<float> own_state(Trainer& t) {
-  std::vector<float> out;
-  auto& sched = t.scheduler();
-  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
-    if (!sched.keeps_state(i)) continue;
-    for (std::size_t k = 0; k < 2; ++k) {
-      auto const b = sched.state_bytes(k, i);
-      auto const* f = reinterpret_cast<float const*>(b.data());
-      out.insert(out.end(), f, f + b.size() / sizeof(float));
-    }
-  }
-  return out;
-}
-// The state of the tensors a sharded trainer of shard `sh` keeps, read from a replicated one.
+// Adam's m and v of the tensors in the chunks shard `sh` owns, in order: from a replicated
+// trainer, what a sharded one of that shard must hold; state_of_shard(t, t.scheduler().shard())
+// is what a sharded trainer holds.
 template <class Trainer>
 std::vector<float> state_of_shard(Trainer& t, off::chunk_shard sh) {
   std::vector<float> out;
@@ -121,7 +107,7 @@ void zero_equals_replicated(Offload const& offload, char const* what, float clip
     auto& sched = t.scheduler();
     std::uint32_t const chunks = static_cast<std::uint32_t>(sched.layout().chunks());
     REQUIRE(chunks >= static_cast<std::uint32_t>(w));  // every rank owns a chunk
-    CHECK(tide::test::max_difference(own_state(t), state_of_shard(replicated, sched.shard())) <= (zero == 1 || w == 2 ? 0.f : 1e-3f));
+    CHECK(tide::test::max_difference(state_of_shard(t, t.scheduler().shard()), state_of_shard(replicated, sched.shard())) <= (zero == 1 || w == 2 ? 0.f : 1e-3f));
     for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i)
       CHECK(sched.keeps_state(i) == (static_cast<int>(sched.layout().chunk_of[i] % static_cast<std::uint32_t>(w)) == r));
     // Host plus device model bytes: every parameter chunk, and Adam's m and v of the owned ones.

@@ -50,7 +50,8 @@ namespace tide::comm {
 struct bucket_stats {
   std::uint64_t buckets = 0;        // all-reduces started
   std::uint64_t chunks = 0;         // chunks summed
-  std::uint64_t bytes = 0;          // bytes all-reduced (each rank's contribution)
+  std::uint64_t bytes = 0;          // gradient bytes summed over the ranks: all-reduced, or (ZeRO-2)
+                                    // reduced to their owner; each rank's contribution
   std::uint64_t packed_buckets = 0; // buckets of more than one chunk (packed into the staging buffer)
   std::uint64_t bytes_gathered = 0; // ZeRO: parameter bytes all-gathered after the steps (this rank's share)
 };
@@ -246,28 +247,26 @@ class bucket_sink {
       totals.packed_buckets += chunks.size() > 1 ? 1 : 0;
       return bytes;
     }
-    void all_reduce(std::span<std::byte> b, int type) {
+    // f(the bytes as a span of the gradients' element type: 0 f32, 1 bf16, 2 f16).
+    template <class F>
+    static void typed(std::span<std::byte> b, int type, F&& f) {
       auto as = [&](auto* tag) {
         using E = std::remove_pointer_t<decltype(tag)>;
         return std::span<E>(reinterpret_cast<E*>(b.data()), b.size() / sizeof(E));
       };
-      if (type == 0) comm->all_reduce(as(static_cast<float*>(nullptr)), reduce_op::sum);
-      else if (type == 1) comm->all_reduce(as(static_cast<bf16*>(nullptr)), reduce_op::sum);
-      else comm->all_reduce(as(static_cast<f16*>(nullptr)), reduce_op::sum);
+      if (type == 0) f(as(static_cast<float*>(nullptr)));
+      else if (type == 1) f(as(static_cast<bf16*>(nullptr)));
+      else f(as(static_cast<f16*>(nullptr)));
+    }
+    void all_reduce(std::span<std::byte> b, int type) {
+      typed(b, type, [&](auto s) { comm->all_reduce(s, reduce_op::sum); });
     }
     void reduce_to(std::span<std::byte> b, int root, int type) {
-      if constexpr (requires(C& c, std::span<float> d) { c.reduce(d, 0, reduce_op::sum); }) {
-        auto as = [&](auto* tag) {
-          using E = std::remove_pointer_t<decltype(tag)>;
-          return std::span<E>(reinterpret_cast<E*>(b.data()), b.size() / sizeof(E));
-        };
-        if (type == 0) comm->reduce(as(static_cast<float*>(nullptr)), root, reduce_op::sum);
-        else if (type == 1) comm->reduce(as(static_cast<bf16*>(nullptr)), root, reduce_op::sum);
-        else comm->reduce(as(static_cast<f16*>(nullptr)), root, reduce_op::sum);
-      } else {
+      if constexpr (requires(C& c, std::span<float> d) { c.reduce(d, 0, reduce_op::sum); })
+        typed(b, type, [&](auto s) { comm->reduce(s, root, reduce_op::sum); });
+      else  // data_parallel::sink() refuses zero = 2 over such a communicator before it gets here
         TIDE_FAIL(usage, "data_parallel: zero = 2 needs a communicator with reduce (tide::comm::mpi or self), not ",
                   C::name);
-      }
     }
     // On the calling thread, after the step drained the sink (the staging buffer is free).
     template <class T>

@@ -27,7 +27,7 @@ namespace tide::train {
 
 // "step   120/500  loss 2.4512  5230 tok/s  device 46.1 MiB  host 39.0 MiB  moved 1.92 GiB"; the
 // bytes moved host <-> device so far in bytes_of's binary units; with data parallelism,
-// "  all-reduced 474.6 MiB/step" after it.
+// "  reduced 474.6 MiB/step" after it.
 inline std::string progress_text(step_stats const& s, std::int64_t total, std::size_t moved_bytes) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "step %5lld/%lld  loss %.4f  %6.0f tok/s  device %.1f MiB  host %.1f MiB  moved %s%s",
@@ -36,7 +36,7 @@ inline std::string progress_text(step_stats const& s, std::int64_t total, std::s
                 static_cast<double>(s.host_bytes) / (1 << 20), tide::detail::concat(bytes_of{moved_bytes}).c_str(),
                 s.skipped ? "  (skipped: overflow)" : "");
   if (s.bytes_reduced == 0) return buf;
-  return tide::detail::concat(buf, "  all-reduced ", bytes_of{s.bytes_reduced}, "/step");
+  return tide::detail::concat(buf, "  reduced ", bytes_of{s.bytes_reduced}, "/step");
 }
 
 class progress {

@@ -71,7 +71,7 @@ struct step_stats {
   std::size_t host_bytes = 0;   // model data on the host at the end of the step
   std::size_t bytes_moved = 0;  // host <-> device
   double stall_ms = 0;
-  std::size_t bytes_reduced = 0; // gradient bytes this rank all-reduced in the step (data parallelism)
+  std::size_t bytes_reduced = 0; // gradient bytes this rank summed over the ranks in the step (data parallelism)
   offload::offload_stats offload{};
 };
 
