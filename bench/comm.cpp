@@ -12,10 +12,15 @@
 //                              parallel (ZeRO-0, buckets of 25 MiB), against 1 rank x 2 threads
 //                              with the same global batch in the same run (the other rank waits).
 //                              Median step time of interleaved rounds.
-//   zero_bytes_per_param       (2 and 4 ranks, ZeRO stages 0, 1, 2) the model bytes each rank keeps
+//   zero_bytes_per_param       (2 and 4 ranks, ZeRO stages 0 to 3) the model bytes each rank keeps
 //                              between steps (device + host, fp32 Adam, chunked offload), per
-//                              parameter, on the fullest rank, against the formula 4 + 8 / W
-//                              (sharded m and v; 4 + 8 at stage 0).
+//                              parameter, the mean over ranks, against the formula 4 + 8 / W
+//                              (sharded m and v; 4 + 8 at stage 0; 12 / W at stage 3, the
+//                              parameters sharded too).
+//   zero3_vs_zero2             (2 ranks) tokens/s of ZeRO-3 against ZeRO-2 under chunked offload,
+//                              same run, interleaved: what gathering other ranks' parameter chunks
+//                              around their blocks costs (each chunk twice per step, once for
+//                              forward and once for backward, ahead by one block).
 
 #include <mpi.h>
 #include <spawn.h>
@@ -210,7 +215,7 @@ void zero_bytes_per_param(tide::comm::mpi& world) {
   off.device_budget = half_the_model(off, 4);
   batch_data const d(4, world.rank());
   double const params = static_cast<double>(tide::nn::gpt_parameters(config, tide::dtype::f32).count());
-  for (int zero : {0, 1, 2}) {
+  for (int zero : {0, 1, 2, 3}) {
     auto t = tide::train::make_trainer(tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = 1}}, off,
                                        tide::optim::adamw{.lr = 1e-3f},
                                        tide::comm::data_parallel{.comm = &world, .zero = zero});
@@ -223,13 +228,14 @@ void zero_bytes_per_param(tide::comm::mpi& world) {
     world.all_reduce(std::span<double>(sum), tide::comm::reduce_op::sum);
     world.all_reduce(std::span<double>(most), tide::comm::reduce_op::max);
     if (world.rank() != 0) continue;
-    double const formula = 4.0 + 8.0 / (zero == 0 ? 1.0 : w);
+    double const formula = zero == 3 ? 12.0 / w : 4.0 + 8.0 / (zero == 0 ? 1.0 : w);
     double const device = sum[0] / w / params, host = sum[1] / w / params;
     tide::bench::figure{.bench = "comm",
                         .name = "zero_bytes_per_param",
                         .value = device + host,
                         .unit = "B/param",
-                        .anchor = "formula 4 + 8/W (fp32 parameters; Adam's m and v sharded from stage 1; stage 0: 4 + 8)",
+                        .anchor = "formula 4 + 8/W (fp32 parameters; Adam's m and v sharded from stage 1; stage 0: "
+                                  "4 + 8; stage 3: 12/W, the parameters sharded too)",
                         .anchor_value = formula,
                         .goal = 1.0,
                         .detail = {{"ranks", w},
@@ -240,9 +246,52 @@ void zero_bytes_per_param(tide::comm::mpi& world) {
                                    {"chunk_utilisation", st.chunk_utilisation},
                                    {"chunks", static_cast<double>(t.scheduler().layout().chunks())},
                                    {"device_budget", static_cast<double>(off.device_budget)},
-                                   {"formula_with_gradients", formula + 4.0 / (zero == 2 ? w : 1.0)}}}
+                                   {"formula_with_gradients", formula + 4.0 / (zero >= 2 ? w : 1.0)},
+                                   {"parameter_bytes_sent_per_step",
+                                    static_cast<double>(t.scheduler().sink().stats().bytes_gathered) / 2}}}
         .print();
   }
+}
+
+void zero3_vs_zero2(tide::comm::mpi& world) {
+  int const steps = tide::bench::quick() ? 2 : 6, rounds = tide::bench::quick() ? 1 : 3, B = 4;
+  tide::offload::chunked<tide::offload::belady> off{.chunk_bytes = 0};
+  off.device_budget = half_the_model(off, B);
+  batch_data const d(B, world.rank());
+  auto make = [&](int zero) {
+    return tide::train::make_trainer(tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = 1}}, off,
+                                     tide::optim::adamw{.lr = 1e-3f},
+                                     tide::comm::data_parallel{.comm = &world, .zero = zero});
+  };
+  auto two = make(2);
+  auto three = make(3);
+  std::vector<double> t2, t3;
+  for (int r = 0; r < rounds; ++r) {
+    world.barrier();
+    t2.push_back(seconds_per_step(two, d, steps));
+    world.barrier();
+    t3.push_back(seconds_per_step(three, d, steps));
+  }
+  if (world.rank() != 0) return;
+  std::ranges::sort(t2);
+  std::ranges::sort(t3);
+  double const s2 = t2[t2.size() / 2], s3 = t3[t3.size() / 2];
+  double const tokens = 2.0 * B * seq;  // the global batch
+  auto const sent = three.scheduler().sink().stats().bytes_gathered;
+  tide::bench::figure{.bench = "comm",
+                      .name = "zero3_vs_zero2",
+                      .value = tokens / s3,
+                      .unit = "tokens/s",
+                      .anchor = "ZeRO-2, same offload and budget, same run",
+                      .anchor_value = tokens / s2,
+                      .goal = 0.8,
+                      .detail = {{"ranks", world.size()},
+                                 {"zero3_step_ms", s3 * 1e3},
+                                 {"zero2_step_ms", s2 * 1e3},
+                                 {"parameter_bytes_sent_per_step",
+                                  static_cast<double>(sent) / static_cast<double>(rounds * (steps + 1))},
+                                 {"device_budget", static_cast<double>(off.device_budget)}}}
+      .print();
 }
 
 }  // namespace
@@ -254,6 +303,7 @@ int main(int argc, char** argv) {
   if (world.size() == 2) {
     bucketed_allreduce_vs_mpi(world);
     dp_2x1_vs_1x2(world);
+    zero3_vs_zero2(world);
   }
   zero_bytes_per_param(world);
   return 0;

@@ -3,10 +3,12 @@
 // with chunked<belady> offload under a device budget below the model data, and the gradient chunks
 // are summed over the ranks in buckets while backward runs (comm::data_parallel over comm::mpi).
 // ZeRO-2 by default: each rank keeps Adam's state of its own chunks only, and each chunk's
-// gradients are reduced to that rank; the new parameters are all-gathered after the step.
+// gradients are reduced to that rank; the new parameters are all-gathered after the step. With
+// --zero 3 a rank also keeps its own chunks' parameters only and receives the others' from their
+// owners around the blocks that use them.
 //
 //   mpiexec -n 2 ./example_04_data_parallel [--steps N] [--batch B] [--seq T] [--bucket-kib K]
-//                                           [--zero 0|1|2] [--check-falls X]
+//                                           [--zero 0|1|2|3] [--check-falls X]
 //   ./tide demo --ranks 2 [flags]            (builds it and runs it under mpiexec)
 //
 // Rank 0 prints the progress line (with the gradient bytes reduced per step). At the end every rank
@@ -63,7 +65,7 @@ options parse(int argc, char** argv) {
     else TIDE_FAIL(usage, "unknown flag ", flag, " (flags: --steps --batch --seq --bucket-kib --zero --check-falls)");
   }
   TIDE_REQUIRE(o.seq >= 2 && o.seq <= 256, "--seq must be 2 to 256");
-  TIDE_REQUIRE(o.zero >= 0 && o.zero <= 2, "--zero must be 0, 1 or 2 (ZeRO-3 is not in tide yet)");
+  TIDE_REQUIRE(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3");
   return o;
 }
 
@@ -119,7 +121,8 @@ int run(options const& opt, tide::comm::mpi& world) {
     progress.update(shown, opt.steps);  // counts the bytes moved
     if (s % 10 == 9 || s + 1 == opt.steps) progress.line(shown, opt.steps);
   }
-  // The same parameters on every rank, bit for bit.
+  // The same parameters on every rank, bit for bit (ZeRO-3: gathered from their owners first).
+  trainer.scheduler().gather_parameters();
   std::vector<float> p;
   for (std::uint32_t i = 0; i < trainer.model().parameters().size(); ++i) {
     auto const v = trainer.scheduler().read_param(i);

@@ -1,7 +1,7 @@
-// ZeRO over chunk groups on real ranks (mpiexec -n 2 and -n 4): stages 1 and 2 train the GPT
-// through make_trainer exactly as replicated data parallelism does, with the optimizer state of
-// each chunk on one rank only, resident and under chunked offload; their checkpoint sets resume
-// bit-identically on the same ranks and re-shard onto fewer.
+// ZeRO over chunk groups on real ranks (mpiexec -n 2 and -n 4): stages 1, 2 and 3 train the GPT
+// through make_trainer exactly as replicated data parallelism does, with the optimizer state (and
+// under ZeRO-3 the parameters) of each chunk on one rank only, resident and under chunked
+// offload; their checkpoint sets resume bit-identically on the same ranks and re-shard onto fewer.
 
 #include <doctest/doctest.h>
 
@@ -19,6 +19,7 @@
 #include "tide/comm/data_parallel.hpp"
 #include "tide/comm/mpi.hpp"
 #include "tide/comm/self.hpp"
+#include "tide/core/parallel.hpp"
 #include "tide/optim/adamw.hpp"
 #include "tide/train/trainer.hpp"
 #include "support/gpt_steps.hpp"
@@ -34,7 +35,13 @@ constexpr auto config = tide::test::tiny_gpt;
 constexpr auto batch = tide::test::tiny_batch, seq = tide::test::tiny_seq;
 constexpr int steps = 3;
 auto const spec = tide::test::tiny_spec();
-using tide::test::flat_params;
+
+// Every parameter; under ZeRO-3 gathered from their owners first (a collective: every rank).
+template <class Trainer>
+std::vector<float> flat_params(Trainer& t) {
+  t.scheduler().gather_parameters();
+  return tide::test::flat_params(t);
+}
 
 std::vector<std::int32_t> data_of(int s) { return tide::test::token_runs(s, batch, seq, 64); }
 
@@ -81,8 +88,30 @@ float mean_difference(std::vector<float> const& a, std::vector<float> const& b) 
   for (std::size_t i = 0; i < a.size(); ++i) d += std::fabs(a[i] - b[i]);
   return static_cast<float>(d / static_cast<double>(a.size()));
 }
+// ZeRO-3 computes with the owner's bytes of every parameter, so it is ZeRO-2's arithmetic.
 float tolerance(int w, int zero) { return w == 2 || zero == 1 ? 0.f : steps * 3e-3f; }
 float mean_tolerance(int w, int zero) { return w == 2 || zero == 1 ? 0.f : 1e-7f; }
+
+// ZeRO-3's gathers, replayed from the block uses: before each moment (forward 0 .. L, backward
+// L .. 0) the chunks it does not use are freed and those it uses that nobody holds are broadcast
+// by their owners. The parameter bytes rank r sends in one step.
+template <class Sched>
+std::size_t zero3_bytes_sent(Sched const& sched, tide::block_uses const& uses, int r, int w) {
+  std::size_t const n = sched.layout().chunks();
+  std::vector<bool> held(n, false);
+  std::size_t sent = 0;
+  auto moment = [&](int b) {
+    std::vector<bool> used(n, false);
+    for (std::uint32_t i : uses.of(b)) used[sched.layout().chunk_of[i]] = true;
+    for (std::size_t c = 0; c < n; ++c) {
+      if (used[c] && !held[c] && static_cast<int>(c % static_cast<std::size_t>(w)) == r) sent += sched.chunk_bytes();
+      held[c] = used[c];
+    }
+  };
+  for (int b = uses.first_block; b <= uses.last_block(); ++b) moment(b);
+  for (int b = uses.last_block(); b >= uses.first_block; --b) moment(b);
+  return sent;
+}
 
 template <class Offload>
 void zero_equals_replicated(Offload const& offload, char const* what, float clip) {
@@ -91,11 +120,20 @@ void zero_equals_replicated(Offload const& offload, char const* what, float clip
   auto replicated = tide::train::make_trainer(spec, offload, adamw(clip), tide::comm::data_parallel{.comm = &world});
   train(replicated, 0, steps, w, r);
   auto const reference = flat_params(replicated);
-  for (int zero : {1, 2}) {
+  std::vector<float> zero2;
+  for (int zero : {1, 2, 3}) {
     CAPTURE(zero);
     auto t = tide::train::make_trainer(spec, offload, adamw(clip),
                                        tide::comm::data_parallel{.comm = &world, .bucket_bytes = 60_KiB, .zero = zero});
     train(t, 0, steps, w, r);
+    // ZeRO-3: between steps a rank holds its own chunks' parameters only, and says so.
+    auto& sched = t.scheduler();
+    CHECK(sched.shards_parameters() == (zero == 3));
+    for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
+      CHECK(sched.holds_parameter(i) == (zero < 3 || sched.keeps_state(i)));
+      if (!sched.holds_parameter(i)) CHECK_THROWS_AS((void)sched.read_param(i), tide::error);
+    }
+    auto const last = sched.last_step();
     auto const params = flat_params(t);
     float const diff = tide::test::max_difference(params, reference), mean = mean_difference(params, reference);
     if (r == 0)
@@ -103,28 +141,32 @@ void zero_equals_replicated(Offload const& offload, char const* what, float clip
     CHECK(diff <= tolerance(w, zero));
     CHECK(mean <= mean_tolerance(w, zero));
     CHECK(tide::test::same_on_every_rank(params));
+    if (zero == 2) zero2 = params;
+    if (zero == 3) CHECK(tide::test::max_difference(params, zero2) == 0.f);  // the owner's bytes, ZeRO-2's sums
     // Adam's state of this rank's chunks equals the replicated run's, and only those are kept.
-    auto& sched = t.scheduler();
     std::uint32_t const chunks = static_cast<std::uint32_t>(sched.layout().chunks());
     REQUIRE(chunks >= static_cast<std::uint32_t>(w));  // every rank owns a chunk
     CHECK(tide::test::max_difference(state_of_shard(t, t.scheduler().shard()), state_of_shard(replicated, sched.shard())) <= (zero == 1 || w == 2 ? 0.f : 1e-3f));
     for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i)
       CHECK(sched.keeps_state(i) == (static_cast<int>(sched.layout().chunk_of[i] % static_cast<std::uint32_t>(w)) == r));
-    // Host plus device model bytes: every parameter chunk, and Adam's m and v of the owned ones.
-    auto const last = sched.last_step();
+    // Host plus device model bytes between steps: every parameter chunk (ZeRO-3: the owned ones),
+    // and Adam's m and v of the owned ones.
     std::size_t const owned = (chunks - static_cast<std::uint32_t>(r) + static_cast<std::uint32_t>(w) - 1) /
                               static_cast<std::uint32_t>(w);
     std::size_t const chunk = sched.chunk_bytes();
-    CHECK(last.host_model_bytes + last.device_model_bytes == chunks * chunk + 2 * owned * chunk);
+    CHECK(last.host_model_bytes + last.device_model_bytes == (zero == 3 ? owned : chunks) * chunk + 2 * owned * chunk);
     auto const st = sched.sink().stats();
-    CHECK(st.bytes_gathered == owned * chunk * steps);  // each rank sent its own chunks' new parameters
+    // Parameter bytes this rank sent: its chunks' new parameters after each step (ZeRO-1/2), or
+    // (ZeRO-3) its chunks as the blocks' gathers asked for them, plus gather_parameters' above.
+    if (zero < 3) CHECK(st.bytes_gathered == owned * chunk * steps);
+    else CHECK(st.bytes_gathered == zero3_bytes_sent(sched, spec.uses(), r, w) * steps + owned * chunk);
     CHECK(st.bytes == chunks * chunk * steps);
   }
 }
 
 }  // namespace
 
-TEST_CASE("ZeRO-1 and ZeRO-2 equal replicated data parallelism, resident and under chunked offload") {
+TEST_CASE("ZeRO-1, 2 and 3 equal replicated data parallelism, resident and under chunked offload") {
   zero_equals_replicated(roomy(), "resident", 0.f);
   zero_equals_replicated(tide::test::tiny_tight(), "chunked", 0.f);
 }
@@ -133,7 +175,9 @@ TEST_CASE("ZeRO-2 clips by the global norm: each rank's squares of its own chunk
   zero_equals_replicated(tide::test::tiny_tight(), "chunked, clip 0.5", 0.5f);
 }
 
-TEST_CASE("a ZeRO checkpoint set resumes bit-identically on the same ranks and re-shards onto one") {
+namespace {
+void checkpoint_set_round_trip(int zero) {
+  CAPTURE(zero);
   auto& world = tide::test::world();
   int const w = world.size(), r = world.rank();
   std::int64_t pid = r == 0 ? static_cast<std::int64_t>(::getpid()) : 0;  // one folder for the job
@@ -141,7 +185,7 @@ TEST_CASE("a ZeRO checkpoint set resumes bit-identically on the same ranks and r
   std::filesystem::path const dir = std::filesystem::temp_directory_path() / ("tide_zero_set_" + std::to_string(pid));
   if (r == 0) std::filesystem::remove_all(dir);
   world.barrier();
-  tide::comm::data_parallel const dp{.comm = &world, .bucket_bytes = 60_KiB, .zero = 2};
+  tide::comm::data_parallel const dp{.comm = &world, .bucket_bytes = 60_KiB, .zero = zero};
   auto straight = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), dp);
   train(straight, 0, 2, w, r);
   straight.save(dir);
@@ -199,6 +243,56 @@ TEST_CASE("a ZeRO checkpoint set resumes bit-identically on the same ranks and r
   world.barrier();
   if (r == 0) std::filesystem::remove_all(dir);
 }
+}  // namespace
+
+TEST_CASE("a ZeRO checkpoint set resumes bit-identically on the same ranks and re-shards onto one") {
+  checkpoint_set_round_trip(2);
+  checkpoint_set_round_trip(3);
+}
+
+TEST_CASE("ZeRO-3: a step abandoned after the owners stepped puts everything back; evaluation gathers as training does") {
+  auto& world = tide::test::world();
+  int const w = world.size(), r = world.rank();
+  tide::comm::data_parallel const dp{.comm = &world, .bucket_bytes = 60_KiB, .zero = 3};
+  tide::thread_pool pool(1);
+  tide::exec<tide::host> const ex{pool};
+  auto straight = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), dp);
+  auto t = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), dp);
+  train(straight, 0, 3, w, r);
+  train(t, 0, 2, w, r);
+  auto const before = flat_params(t);
+  auto const adam_before = state_of_shard(t, t.scheduler().shard());
+  {  // step 3's forward and backward: every owner stepped its chunks beside backward; then it throws
+    auto const d = data_of(2 * w + r);
+    (void)t.model().forward(ex, tide::test::tiny_view<decltype(t)>(d));
+    t.model().backward(ex, 1.f);
+    CHECK(t.scheduler().in_step());
+    t.scheduler().abort_step();
+  }
+  CHECK(t.scheduler().optimizer_steps() == 2);
+  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i)
+    CHECK(t.scheduler().holds_parameter(i) == t.scheduler().keeps_state(i));  // the gathered chunks were freed
+  CHECK(tide::test::max_difference(flat_params(t), before) == 0.f);
+  CHECK(tide::test::max_difference(state_of_shard(t, t.scheduler().shard()), adam_before) == 0.f);
+  train(t, 2, 3, w, r);  // and it trains on as if the step had never started
+  CHECK(tide::test::max_difference(flat_params(t), flat_params(straight)) == 0.f);
+
+  // Evaluation forwards gather block by block too, and free the chunks when it ends: the loss of
+  // ZeRO-2's parameters (the same bits), which hold everything.
+  auto zero2 = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(),
+                                         tide::comm::data_parallel{.comm = &world, .bucket_bytes = 60_KiB, .zero = 2});
+  train(zero2, 0, 3, w, r);
+  auto const d = data_of(100 + r);
+  t.scheduler().begin_evaluation();
+  float const loss = t.model().forward(ex, tide::test::tiny_view<decltype(t)>(d));
+  t.scheduler().end_evaluation();
+  zero2.scheduler().begin_evaluation();
+  float const expected = zero2.model().forward(ex, tide::test::tiny_view<decltype(zero2)>(d));
+  zero2.scheduler().end_evaluation();
+  CHECK(loss == expected);
+  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i)
+    CHECK(t.scheduler().holds_parameter(i) == t.scheduler().keeps_state(i));
+}
 
 TEST_CASE("ZeRO with bf16 parameters: the fp32 masters are sharded too, and the ranks end with the same bits") {
   auto& world = tide::test::world();
@@ -213,11 +307,16 @@ TEST_CASE("ZeRO with bf16 parameters: the fp32 masters are sharded too, and the 
   auto replicated = tide::train::make_trainer(spec16, roomy(), adamw(), tide::comm::data_parallel{.comm = &world});
   train(replicated, 0, steps, w, r);
   auto const reference = params_of(replicated);
-  for (int zero : {1, 2}) {
+  std::vector<float> zero2;
+  for (int zero : {1, 2, 3}) {
     CAPTURE(zero);
     auto t = tide::train::make_trainer(spec16, roomy(), adamw(), tide::comm::data_parallel{.comm = &world, .zero = zero});
     train(t, 0, steps, w, r);
+    auto const last = t.scheduler().last_step();
+    t.scheduler().gather_parameters();
     auto const params = params_of(t);
+    if (zero == 2) zero2 = params;
+    if (zero == 3) CHECK(tide::test::max_difference(params, zero2) == 0.f);
     float const diff = tide::test::max_difference(params, reference), mean = mean_difference(params, reference);
     if (r == 0) MESSAGE("bf16, ", w, " ranks, ZeRO-", zero, ": |zero - replicated| max ", diff, ", mean ", mean);
     // Adam's steps (above), plus the parameter's own rounding to bf16 (spacing up to 1e-3 below
@@ -228,13 +327,13 @@ TEST_CASE("ZeRO with bf16 parameters: the fp32 masters are sharded too, and the 
     // to 5e-4 for weights of order 0.02 to 0.1). Measured: mean 2.0e-5. Bound: 1e-4.
     CHECK(mean <= (w == 2 || zero == 1 ? 0.f : 1e-4f));
     CHECK(tide::test::same_on_every_rank(params));
-    // Masters only for the owned chunks: host plus device bytes are the bf16 chunks, and the fp32
-    // master, m and v (3 fp32 lists, twice the bf16 chunk's bytes each) of the owned ones.
+    // Masters only for the owned chunks: host plus device bytes are the bf16 chunks (ZeRO-3: the
+    // owned ones), and the fp32 master, m and v (3 fp32 lists, twice the bf16 chunk's bytes each)
+    // of the owned ones.
     auto& sched = t.scheduler();
     std::size_t const chunks = sched.layout().chunks(), chunk = sched.chunk_bytes();
     std::size_t const owned = (chunks - static_cast<std::size_t>(r) + static_cast<std::size_t>(w) - 1) /
                               static_cast<std::size_t>(w);
-    auto const last = sched.last_step();
-    CHECK(last.host_model_bytes + last.device_model_bytes == chunks * chunk + 3 * 2 * owned * chunk);
+    CHECK(last.host_model_bytes + last.device_model_bytes == (zero == 3 ? owned : chunks) * chunk + 3 * 2 * owned * chunk);
   }
 }

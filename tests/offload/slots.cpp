@@ -10,6 +10,7 @@
 #include <cstring>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <barrier>
 #include <chrono>
@@ -19,6 +20,7 @@
 #include <span>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -609,17 +611,41 @@ TEST_CASE("a sink's extra list is kept, placed with the optimizer state, undone 
 
 // Two ranks in one process, each a thread with its own trainer, training on the same data (so
 // their gradients are equal and nothing needs summing): each keeps and steps the state of its
-// own chunks, c % 2 == rank, and takes the other's chunks from it after the step.
+// own chunks, c % 2 == rank, and takes the other's chunks from it after the step; or (ZeRO-3)
+// keeps only its own chunks' parameters and takes the other's around the blocks that use them.
 struct pair_exchange {
   std::barrier<> sync{2};
   std::array<std::span<std::span<float> const>, 2> chunks{};
-  int fail_at = 0;  // the share (counted per rank) after which both ranks throw, having copied
+  std::array<std::vector<std::pair<std::uint32_t, std::span<float>>>, 2> gathers{};  // ZeRO-3, by rank
+  int fail_at = 0;  // the share or gather wait (counted per rank) after which both ranks throw, having copied
+  std::array<bool, 2> in_step{};  // by rank: gather waits inside a step count
 };
 struct pair_sink {
   pair_exchange* x = nullptr;
   int r = 0;
   int* shares = nullptr;
+  bool zero3 = false;
   [[nodiscard]] off::chunk_shard shard() const noexcept { return {r, 2}; }
+  [[nodiscard]] bool shards_parameters() const noexcept { return zero3; }
+  template <class T>
+  void gather_async(std::uint32_t c, std::span<T> bytes) {
+    if constexpr (std::is_same_v<T, float>) x->gathers[static_cast<std::size_t>(r)].emplace_back(c, bytes);
+  }
+  // Both ranks started the same gathers: each takes the other's chunks from it.
+  void wait_gathered() {
+    auto& mine = x->gathers[static_cast<std::size_t>(r)];
+    x->sync.arrive_and_wait();
+    auto const& other = x->gathers[static_cast<std::size_t>(1 - r)];
+    REQUIRE(mine.size() == other.size());
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      REQUIRE(mine[k].first == other[k].first);  // the same chunks in the same order on both ranks
+      if (static_cast<int>(mine[k].first % 2) != r) std::ranges::copy(other[k].second, mine[k].second.begin());
+    }
+    x->sync.arrive_and_wait();
+    mine.clear();
+    if (!x->in_step[static_cast<std::size_t>(r)]) return;  // gather_parameters between steps: not counted
+    if (++*shares == x->fail_at) throw tide::error(tide::errc::mpi, "test: the exchange failed");
+  }
   template <tide::Backend B, class T>
   bool reduce(off::ready_chunk<B, T> const&) {
     return false;
@@ -637,7 +663,7 @@ struct pair_sink {
     }
   }
 };
-static_assert(off::check_gradient_sink<pair_sink>() && off::ShardingSink<pair_sink>);
+static_assert(off::check_gradient_sink<pair_sink>() && off::ParameterShardingSink<pair_sink>);
 struct pair_comm {
   static constexpr std::string_view name = "pair";
   using sink_type = pair_sink;
@@ -650,40 +676,63 @@ struct pair_comm {
 };
 
 template <class Policy>
-void check_sharded(Policy policy, std::vector<std::vector<float>> const& reference, int fail_at) {
-  policy.chunk_bytes = 20_KiB;
+void check_sharded(Policy policy, std::vector<std::vector<float>> const& reference, int fail_at, bool zero3) {
+  if constexpr (requires { policy.chunk_bytes; }) policy.chunk_bytes = 20_KiB;  // layer_window: a layer per chunk
   if constexpr (Policy::moves_data)
     policy.device_budget = tide::test::scheduler_minimum<Policy, float>(config, policy, batch, seq) + 16_KiB;
   pair_exchange x;
   x.fail_at = fail_at;
   auto rank = [&](int r) {
     int shares = 0, failures = 0;
-    auto t = tide::train::make_trainer(spec, policy, opt, pair_comm{{&x, r, &shares}});
+    auto t = tide::train::make_trainer(spec, policy, opt, pair_comm{{&x, r, &shares, zero3}});
+    auto& sched = t.scheduler();
+    CHECK(sched.shards_parameters() == zero3);
     for (int s = 0; s < 4; ++s) {
       auto const d = tide::test::token_runs(s, batch, seq, 64);
       std::vector<std::vector<float>> before;
-      for (std::uint32_t i = 0; i < reference.size(); ++i) before.push_back(t.scheduler().read_param(i));
+      if (s > 0 && zero3) {  // between steps a rank holds its own chunks only, until it gathers
+        for (std::uint32_t i = 0; i < reference.size(); ++i) {
+          CHECK(sched.holds_parameter(i) == sched.keeps_state(i));
+          if (!sched.keeps_state(i)) CHECK_THROWS_AS((void)sched.read_param(i), tide::error);
+        }
+        // What the last step left: the rank's own parameter chunks and Adam's m and v of them
+        // (static_partition pins the parameters on the device after each step and keeps their
+        // host copy, so that evicting them needs no copy).
+        std::size_t const n = sched.layout().chunks(), own = (n + 1 - static_cast<std::size_t>(r)) / 2;
+        std::size_t const copies = std::is_same_v<Policy, off::static_partition> ? own : 0;
+        auto const last = sched.last_step();
+        CHECK(last.device_model_bytes + last.host_model_bytes == (3 * own + copies) * sched.chunk_bytes());
+      }
+      sched.gather_parameters();
+      for (std::uint32_t i = 0; i < reference.size(); ++i) before.push_back(sched.read_param(i));
       try {
+        x.in_step[static_cast<std::size_t>(r)] = true;
         (void)t.step(view_of<decltype(t)>(d));
+        x.in_step[static_cast<std::size_t>(r)] = false;
       } catch (tide::error const& e) {
+        x.in_step[static_cast<std::size_t>(r)] = false;
         ++failures;
         CHECK(std::string(e.what()).find("the exchange failed") != std::string::npos);
+        sched.gather_parameters();
         for (std::uint32_t i = 0; i < reference.size(); ++i)  // stepped chunks and received ones put back
-          CHECK_MESSAGE(same_bits(t.scheduler().read_param(i), before[i]), "rank ", r, ": parameter ", i);
+          CHECK_MESSAGE(same_bits(sched.read_param(i), before[i]), "rank ", r, ": parameter ", i);
         (void)t.step(view_of<decltype(t)>(d));
       }
     }
     CHECK(failures == (fail_at > 0 ? 1 : 0));
-    auto& sched = t.scheduler();
+    auto const last = sched.last_step();
+    sched.gather_parameters();
     for (std::uint32_t i = 0; i < reference.size(); ++i) {
       CHECK_MESSAGE(same_bits(sched.read_param(i), reference[i]), Policy::name(), ", rank ", r, ": parameter ", i);
       CHECK(sched.keeps_state(i) == (static_cast<int>(sched.layout().chunk_of[i] % 2) == r));
       if (!sched.keeps_state(i)) CHECK_THROWS_AS((void)sched.state_bytes(0, i), tide::error);
     }
-    // Between steps a rank keeps every parameter chunk and Adam's m and v of its own chunks only.
+    // Between steps a rank keeps every parameter chunk (ZeRO-3: its own) and Adam's m and v of its
+    // own chunks only.
     std::size_t const n = sched.layout().chunks(), own = (n + 1 - static_cast<std::size_t>(r)) / 2;
-    auto const last = sched.last_step();
-    CHECK(last.device_model_bytes + last.host_model_bytes == (n + 2 * own) * sched.chunk_bytes());
+    std::size_t const copies = std::is_same_v<Policy, off::static_partition> ? (zero3 ? own : n) : 0;
+    CHECK(last.device_model_bytes + last.host_model_bytes ==
+          ((zero3 ? own : n) + 2 * own + copies) * sched.chunk_bytes());
   };
   std::thread other(rank, 1);
   rank(0);
@@ -694,7 +743,21 @@ TEST_CASE("a sharding sink: each rank steps its own chunks, keeps only their sta
   auto const reference = train(off::resident{}, 4);
   for (int fail_at : {0, 2}) {
     CAPTURE(fail_at);
-    check_sharded(off::resident{}, reference, fail_at);
-    check_sharded(off::chunked<off::belady>{}, reference, fail_at);
+    check_sharded(off::resident{}, reference, fail_at, false);
+    check_sharded(off::chunked<off::belady>{}, reference, fail_at, false);
+  }
+}
+
+TEST_CASE("a parameter-sharding sink (ZeRO-3): each rank holds its own chunks' parameters between steps, gathers "
+          "the others' around their blocks, and a failed gather is undone") {
+  auto const reference = train(off::resident{}, 4);
+  // fail_at: the k-th gather wait of each rank inside a step throws on both, for every wait of
+  // the first two steps (5 to 6 each: in forward, and in backward after some chunks were stepped).
+  for (int fail_at = 0; fail_at <= 12; ++fail_at) {
+    CAPTURE(fail_at);
+    check_sharded(off::resident{}, reference, fail_at, true);
+    check_sharded(off::chunked<off::belady>{}, reference, fail_at, true);
+    check_sharded(off::layer_window<2>{}, reference, fail_at, true);
+    check_sharded(off::static_partition{}, reference, fail_at, true);
   }
 }

@@ -31,10 +31,12 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tide/comm/communicator.hpp"
@@ -56,11 +58,21 @@ struct bucket_stats {
   std::uint64_t bytes_gathered = 0; // ZeRO: parameter bytes all-gathered after the steps (this rank's share)
 };
 
+template <class C>
+struct request_of {
+  struct type {};
+};
+template <Communicator C>
+struct request_of<C> {
+  using type = typename C::request;
+};
+
 template <Reducer C>
 class bucket_sink {
  public:
   // zero: the ZeRO stage (0: replicated optimizer state; 1: sharded over the ranks by chunk;
-  // 2: also each chunk's gradients reduced to its owner only, not to every rank).
+  // 2: also each chunk's gradients reduced to its owner only, not to every rank; 3: also the
+  // parameters, each rank keeping its own chunks' only and receiving the others around their use).
   bucket_sink(C* comm, std::size_t bucket_bytes, int zero = 0)
       : st_(std::make_shared<state>(comm, bucket_bytes, zero)) {
     TIDE_REQUIRE(comm != nullptr, "data_parallel: .comm is null; pass the address of a communicator that outlives "
@@ -83,11 +95,36 @@ class bucket_sink {
   [[nodiscard]] offload::chunk_shard shard() const noexcept { return st_->shard; }
   [[nodiscard]] int zero_stage() const noexcept { return st_->zero; }
 
+  // ZeRO-3: the engine gathers other ranks' parameter chunks around the blocks that use them,
+  // each broadcast from its owner on a communicator split off for parameters (every rank calls in
+  // hook order; the gradient reductions run on the other one from the sink's own thread).
+  [[nodiscard]] bool shards_parameters() const noexcept { return st_->zero == 3; }
+  template <class T>
+  void gather_async(std::uint32_t chunk, std::span<T> bytes) {
+    if constexpr (requires(C& c) { c.broadcast_async(bytes, 0); }) {
+      if (!st_->params) return;  // one rank: it owns every chunk
+      int const root = st_->shard.owner(chunk);
+      st_->last_gather = st_->params->broadcast_async(bytes, root);
+      if (root == st_->shard.rank) {
+        std::lock_guard lock(st_->m);
+        st_->totals.bytes_gathered += bytes.size_bytes();
+      }
+    }
+  }
+  void wait_gathered() {
+    if constexpr (requires(C& c, typename C::request& r) { c.wait(r); }) {
+      if (!st_->params) return;
+      // The parameter communicator runs its operations in call order: the last one done, all are.
+      auto const r = std::exchange(st_->last_gather, typename C::request{});
+      st_->params->wait(r);
+    }
+  }
+
   // ZeRO, after the step's updates: each group of `size` consecutive chunks is all-gathered, every
   // rank giving the chunk it stepped; a last group of fewer chunks is broadcast from each owner.
   template <class T>
   void share_parameters(std::span<std::span<T> const> chunks) {
-    if (st_->zero == 0 || st_->shard.ranks == 1) return;
+    if (st_->zero == 0 || st_->zero == 3 || st_->shard.ranks == 1) return;  // ZeRO-3 gathers at use
     if constexpr (requires(C& c, std::span<T const> in, std::span<T> out) { c.all_gather(in, out); }) {
       st_->gather(chunks);
     } else {
@@ -162,10 +199,13 @@ class bucket_sink {
     state(C* c, std::size_t bytes, int stage) : comm(c), bucket_bytes(bytes), zero(stage), flushes(ring), holds(ring) {
       TIDE_REQUIRE(bytes > 0, "data_parallel: bucket_bytes = 0; pass the bytes one all-reduce should carry (25 MiB "
                    "is PyTorch DDP's default)");
-      TIDE_REQUIRE(stage >= 0 && stage <= 2, "data_parallel: zero = ", stage, "; tide shards optimizer state "
-                   "(zero = 1) and gradients (zero = 2) over chunk groups; parameter sharding (ZeRO-3) is not in tide "
-                   "yet: pass zero = 0, 1 or 2");
+      TIDE_REQUIRE(stage >= 0 && stage <= 3, "data_parallel: zero = ", stage, "; tide shards optimizer state "
+                   "(zero = 1), gradients (zero = 2) and parameters (zero = 3) over chunk groups: pass 0 to 3");
       if (stage > 0 && c != nullptr) shard = {c->rank(), c->size()};
+      if constexpr (Communicator<C>) {
+        // Every rank makes its sink at the same point (the trainer's constructor): a collective.
+        if (stage == 3 && c != nullptr && c->size() > 1) params.emplace(c->split(0, c->rank()));
+      }
       for (auto& f : flushes) f.st = this;
       for (auto& h : holds) h.st = this;
     }
@@ -223,7 +263,7 @@ class bucket_sink {
     std::size_t sum(std::vector<std::span<std::byte>> const& chunks, std::vector<std::uint32_t> const& ids, int type) {
       std::size_t bytes = 0;
       for (auto const& c : chunks) bytes += c.size();
-      if (zero == 2 && shard.ranks > 1) {  // each chunk to its owner only: half an all-reduce's traffic
+      if (zero >= 2 && shard.ranks > 1) {  // each chunk to its owner only: half an all-reduce's traffic
         for (std::size_t k = 0; k < chunks.size(); ++k) reduce_to(chunks[k], shard.owner(ids[k]), type);
       } else if (chunks.size() == 1) {
         all_reduce(chunks[0], type);
@@ -268,6 +308,10 @@ class bucket_sink {
         TIDE_FAIL(usage, "data_parallel: zero = 2 needs a communicator with reduce (tide::comm::mpi or self), not ",
                   C::name);
     }
+    // ZeRO-3: parameter chunks, broadcast from their owners in hook order (see gather_async).
+    std::optional<C> params;
+    typename request_of<C>::type last_gather{};
+
     // On the calling thread, after the step drained the sink (the staging buffer is free).
     template <class T>
     void gather(std::span<std::span<T> const> chunks) {
@@ -321,14 +365,15 @@ class bucket_sink {
 // their own data; gradients are summed over them by a bucket_sink. ZeRO over chunk groups:
 // zero = 1 keeps each chunk's fp32 master and optimizer state on one rank only (chunk c on rank
 // c % size), which steps it and all-gathers the new parameters to the others after the step;
-// zero = 2 also reduces each chunk's gradients to that rank only. Parameter sharding (zero = 3)
-// is not in tide yet and is refused.
+// zero = 2 also reduces each chunk's gradients to that rank only; zero = 3 also keeps each
+// chunk's parameters on that rank only: the others receive them before a block that uses them
+// and free them when a block that does not begins (docs/comm.md).
 template <Reducer C>
 struct data_parallel {
   static constexpr std::string_view name = "data_parallel";
   C* comm = nullptr;                       // the ranks; outlives the trainer
   std::size_t bucket_bytes = 25u << 20;    // bytes per all-reduce (PyTorch DDP's bucket_cap_mb = 25)
-  int zero = 0;                            // ZeRO stage: 0 (replicated), 1 (optimizer state), 2 (+ gradients)
+  int zero = 0;  // ZeRO stage: 0 (replicated), 1 (optimizer state), 2 (+ gradients), 3 (+ parameters)
 
   using sink_type = bucket_sink<C>;
   using source_type = offload::host_source;
@@ -342,6 +387,10 @@ struct data_parallel {
                   }) {
       TIDE_REQUIRE(zero == 0, "data_parallel: zero = ", zero, " needs a communicator with all_gather and reduce "
                    "(tide::comm::mpi or self); ", C::name, " only all-reduces: pass zero = 0");
+    }
+    if constexpr (!Communicator<C>) {
+      TIDE_REQUIRE(zero < 3, "data_parallel: zero = 3 needs a full Communicator (split, broadcast_async, wait: "
+                   "tide::comm::mpi or self); ", C::name, " is not one: pass zero = 2 or less");
     }
     return sink_type{comm, bucket_bytes, zero};
   }

@@ -130,6 +130,35 @@ constexpr chunk_shard shard_of(S const& s) noexcept {
   else return {};
 }
 
+// ZeRO-3: a sharding sink that also shards the parameters. A rank then keeps its own chunks'
+// parameters only; the engine brings another rank's chunk in, from its owner, before the block
+// that uses it (at the block hooks, which every rank runs in the same order), and frees it once a
+// block that does not use it begins:
+//
+//   bool shards_parameters() const noexcept;
+//   template <class T> void gather_async(std::uint32_t chunk, std::span<T> bytes);  // from owner(chunk)
+//   void wait_gathered();   // every gather started has landed (tide::error if one failed)
+//
+// gather_async returns at once: on the owner `bytes` is what it sends, elsewhere where the chunk
+// lands; both stay untouched until wait_gathered returned. Every rank starts the same gathers in
+// the same order, so a sink runs them in call order on a communicator of their own (not the one
+// its gradient reductions use from another thread).
+template <class S>
+concept ParameterShardingSink =
+    ShardingSink<S> && requires(S& s, S const& cs, std::span<float> f, std::span<bf16> h, std::span<f16> q) {
+      { cs.shards_parameters() } noexcept -> std::same_as<bool>;
+      s.gather_async(std::uint32_t{0}, f);
+      s.gather_async(std::uint32_t{0}, h);
+      s.gather_async(std::uint32_t{0}, q);
+      s.wait_gathered();
+    };
+
+template <class S>
+constexpr bool shards_parameters_of(S const& s) noexcept {
+  if constexpr (ParameterShardingSink<S>) return s.shards_parameters();
+  else return false;
+}
+
 // The default: gradients stay as backward left them.
 struct no_sink {
   template <Backend B, class T>

@@ -124,7 +124,8 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
                              "thrown): %s\n", e.what());
       }
     }
-    this->wait_idle();  // no worker reads or writes a block freed below
+    this->release_params();  // ZeRO-3: no gather writes a block freed below
+    this->wait_idle();       // no worker reads or writes a block freed below
     for (auto const& [c, p] : this->pending_grad_frees_) this->host_.deallocate(p, this->grad_[c].capacity(), 256);
     this->pending_grad_frees_.clear();
     this->undo_.discard();
@@ -210,6 +211,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
       this->fail_access(i, "parameter");
     } else {
       this->drain();
+      require_held(i, "param_data");
       this->drop_shadow(this->layout_.chunk_of[i]);
     }
     return reinterpret_cast<T*>(this->param_.data(i));
@@ -226,6 +228,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   [[nodiscard]] std::vector<T> read_param(std::uint32_t i) {
     this->check_index(i, "read_param");
     this->drain();
+    require_held(i, "read_param");
     std::vector<T> out(static_cast<std::size_t>(this->params_[i].numel()));
     std::memcpy(out.data(), this->param_.data(i), this->params_[i].bytes);
     return out;
@@ -252,7 +255,10 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
       this->init_master();  // a caller reading it sees the current master; one writing it replaces it
       this->master_written_ = true;
     }
-    if (role == chunk::chunk_role::param) this->drop_shadow(this->layout_.chunk_of[i]);  // the caller may write
+    if (role == chunk::chunk_role::param) {
+      require_held(i, "tensor_bytes");
+      this->drop_shadow(this->layout_.chunk_of[i]);  // the caller may write
+    }
     return {list(role).data(i), tensor_size(role, i)};
   }
   // Under ZeRO (a sharding gradient sink): whether this rank keeps parameter i's master and
@@ -262,6 +268,24 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     return this->shard_.owns(this->layout_.chunk_of[i]);
   }
   [[nodiscard]] chunk_shard shard() const noexcept { return this->shard_; }
+  // Under ZeRO-3 (a sink that shards parameters, on more than one rank): whether this rank holds
+  // parameter i's bytes now. Between steps it holds its own chunks only, unless
+  // gather_parameters() brought the others. Always true otherwise.
+  [[nodiscard]] bool holds_parameter(std::uint32_t i) const {
+    this->check_index(i, "holds_parameter");
+    return this->has_param(this->layout_.chunk_of[i]);
+  }
+  [[nodiscard]] bool shards_parameters() const noexcept { return this->params_sharded_; }
+  // ZeRO-3, between steps: every rank calls it, and then holds every parameter (read_param,
+  // tensor_bytes, param_data work for all of them) until the next step or evaluation frees the
+  // chunks of other ranks again. What a rank writes into another rank's chunk is not kept: the
+  // owner's bytes are the parameters. Does nothing without parameter sharding.
+  void gather_parameters() {
+    TIDE_REQUIRE(!this->step_open_ && !this->evaluating_, "offload::scheduler::gather_parameters inside a step or "
+                 "an evaluation; call it between steps, on every rank");
+    this->drain();
+    this->gather_all();
+  }
   // The bytes of parameter i in the optimizer's state list k (Optimizer::state_name(k)).
   [[nodiscard]] std::span<std::byte> state_bytes(std::size_t k, std::uint32_t i) {
     TIDE_REQUIRE(k < Optimizer::state_lists, "offload::scheduler::state_bytes(", k, ", ", i, "): ", Optimizer::name,
@@ -314,8 +338,12 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   void begin_evaluation() {
     TIDE_REQUIRE(!this->step_open_, "offload::scheduler::begin_evaluation inside a training step; call it after step()");
     this->evaluating_ = true;
+    this->release_params();  // ZeRO-3: every block takes its parameters from their owners
   }
-  void end_evaluation() { this->evaluating_ = false; }
+  void end_evaluation() {
+    this->evaluating_ = false;
+    this->release_params();  // ZeRO-3: other ranks' chunks are gathered again when next used
+  }
 
   // Records the timeline into `r` (nullptr: stop): each block's compute on the compute lane, each
   // chunk copy on the copy lane (stamped by the copy stream itself), each host update on the
@@ -430,6 +458,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
         this->aborted_ = true;  // the policy restores its placement at the next step
       }
     }
+    this->release_params();  // ZeRO-3: gathered again when next used
     if (!this->step_open_) return;  // an evaluation: no step to undo
     this->undo_.discard();
     this->extra_undo_.discard();
@@ -456,6 +485,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
       if (!this->placed_) this->first_placement();
       ++this->tick_;
       this->reclaim_stale(false);
+      this->gather_for(block, ph);
       this->make_resident(this->ids_of(block, ph), core::untraced);
       for (std::uint32_t i : this->uses_.of(block)) this->param_.transition(i, chunk::tensor_state::compute);
       this->open_block(block, ph);
@@ -468,6 +498,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     std::size_t const t = this->tracer_.at({block, ph}, ids);
     this->current_ = t;
     if (ph == chunk::phase::forward && this->tracer_.recording()) block_start_ = std::chrono::steady_clock::now();
+    this->gather_for(block, ph);
     this->make_resident(ids, t);
     for (std::uint32_t i : this->uses_.of(block)) {
       this->param_.transition(i, chunk::tensor_state::compute);
@@ -490,6 +521,14 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     if (!this->evaluating_) this->tracer_.non_model(this->current_, this->non_model_now());
   }
 
+  void require_held(std::uint32_t i, char const* what) const {
+    std::uint32_t const c = this->layout_.chunk_of[i];
+    TIDE_CHECK(this->has_param(c), usage, "offload::scheduler::", what, "(", i, "): under ZeRO-3 rank ",
+               this->shard_.rank, " keeps only its own chunks' parameters between steps, and \"", this->params_[i].name(),
+               "\" lies in chunk ", c, " of rank ", this->shard_.owner(c), "; call gather_parameters() on every rank "
+               "first, or ask holds_parameter(i)");
+  }
+
   void finish(bool apply) {
     this->require_intact();
     TIDE_REQUIRE(this->step_open_, "offload::scheduler::step() without a forward since the last step");
@@ -505,7 +544,8 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     auto const t0 = std::chrono::steady_clock::now();
     this->drain();
     this->cur_.stall_ms += detail::ms_since(t0);
-    if (apply) this->share_parameters();  // ZeRO: the parameters other ranks stepped
+    if (this->params_sharded_) this->release_params();  // ZeRO-3: gathered again when next used
+    else if (apply) this->share_parameters();         // ZeRO-1/2: the parameters other ranks stepped
     this->policy_.after_step(*this);
     this->undo_.discard();  // the step is complete: nothing left to undo
     this->extra_undo_.discard();

@@ -405,7 +405,9 @@ class trainer {
     auto const st = files[0].read_value<state>("trainer.state");
     for (std::uint32_t i = 0; i < list.size(); ++i) {
       checkpoint_reader const& r = files[from[i]];
-      r.read(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
+      // ZeRO-3: a chunk this rank does not hold now is gathered from its owner when next used.
+      if (scheduler_.holds_parameter(i))
+        r.read(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
       if (!scheduler_.keeps_state(i)) continue;  // ZeRO: the rank that owns its chunk keeps it
       for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
         r.read(state_section(k, list[i].name()), scheduler_.state_bytes(k, i));

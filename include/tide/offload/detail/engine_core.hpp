@@ -77,7 +77,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         options_(options),
         undo_(this->host_, this->layout_.chunks(), state_lists),
         extra_undo_(this->host_, extra_count > 0 ? this->layout_.chunks() : 0),
-        lr_(optimizer.lr) {
+        lr_(optimizer.lr),
+        params_sharded_(shards_parameters_of(sink) && this->shard_.ranks > 1) {
     TIDE_REQUIRE(options_.micro_steps >= 1, "offload::scheduler: micro_steps = ", options_.micro_steps,
                  "; pass the number of backward passes per optimizer step, >= 1");
     std::uint32_t const n = this->n_;
@@ -93,6 +94,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     pending_grad_frees_.reserve(n);
     unowned_grads_.reserve(n);
     shared_.reserve(n);
+    held_.assign(n, true);  // the model initialises every parameter; the first block frees the others'
+    gather_pending_.assign(n, false);
+    gathering_.reserve(n);
+    for (std::uint32_t c = 0; c < n; ++c) all_params_.push_back(c);
     decayed_.resize(n);
     plain_.resize(n);
     for (std::uint32_t c = 0; c < n; ++c) {
@@ -109,11 +114,14 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // ---- the placement members policies call ----------------------------------------------------
   // Every parameter chunk on the device and pinned there. Idempotent: a chunk fetched stays
   // fetched if a later one throws, and the next call completes the set.
+  // Under ZeRO-3 only the rank's own chunks: the others come and go around their blocks.
   void pin_parameters() {
     for (std::uint32_t c = 0; c < this->n_; ++c) {
+      if (params_sharded_ && !this->shard_.owns(c)) continue;
       if (!this->on_device(c)) this->fetch(c, 0, {});
+      if (this->param_[c].pinned()) continue;
       this->param_[c].set_pinned(true);
-      this->ctx_.pinned_bytes = static_cast<std::size_t>(c + 1) * this->block_bytes();
+      this->ctx_.pinned_bytes += this->block_bytes();
     }
     this->engine_.synchronize();
     for (std::uint32_t c = 0; c < this->n_; ++c) this->settle(c);
@@ -163,7 +171,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
  protected:
   // ---- what the store asks ------------------------------------------------------------------
   void before_fetch(std::uint32_t id) {
-    if (id < this->n_) wait_optimizer(id);  // the host step writes the chunk's host payload
+    if (id >= this->n_) return;
+    TIDE_CHECK(has_param(id), internal, "offload ", P::name(), ": parameter chunk ", id, " was to be fetched, but "
+               "under ZeRO-3 this rank does not hold it (it is gathered only for the blocks that use it)");
+    wait_optimizer(id);  // the host step writes the chunk's host payload
   }
   // The chunk source fills parameter chunk c's device block (a handed-over block is free once the
   // copy stream passed the victim's copy out; the default source copies on that stream, in order).
@@ -214,11 +225,125 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     this->arena_->reset_peak();
     this->tide_.clear();
     moves_mark_ = {this->cur_.h2d_bytes, this->evicted_bytes_};
+    release_params();  // ZeRO-3: every block takes its parameters from their owners
     if (!placed_) first_placement();
     if (aborted_) {  // the policy puts back what a failed step left out of place
       this->policy_.after_step(*this);
       aborted_ = false;
     }
+  }
+
+  // ---- ZeRO-3: other ranks' parameter chunks, held only around the blocks that use them -------
+  // held_[c]: the ranks that do not own chunk c hold its parameters now. It changes only at block
+  // hooks, which every rank runs in the same order, so it is the same on every rank, and so are
+  // the gathers it starts: that is what keeps the collectives matched (a fetch or prefetch, timed
+  // by the copies and the optimizer, never starts one).
+  [[nodiscard]] bool has_param(std::uint32_t c) const {
+    return !params_sharded_ || this->shard_.owns(c) || held_[c];
+  }
+  // Before a block's moment: the gathers started for it land, the chunks it does not use are
+  // freed, the rest of its chunks are gathered, and the next moment's gathers start (they run
+  // while this block computes).
+  void gather_for(int block, chunk::phase ph) {
+    if (!params_sharded_) return;
+    finish_gathers();
+    auto const& ids = this->ids_of(block, ph);  // sorted: parameter chunks first
+    for (std::uint32_t c = 0; c < this->n_; ++c)
+      if (held_[c] && !std::ranges::binary_search(ids, c)) release_param(c);
+    start_gathers(ids);
+    finish_gathers();
+    if (auto const next = next_moment(block, ph)) start_gathers(this->ids_of(next->first, next->second));
+  }
+  // The moment the hooks run next when the model goes on as usual (none after the last).
+  [[nodiscard]] std::optional<std::pair<int, chunk::phase>> next_moment(int block, chunk::phase ph) const {
+    int const first = this->uses_.first_block, last = this->uses_.last_block();
+    if (ph == chunk::phase::forward) {
+      if (block < last) return std::pair{block + 1, ph};
+      if (evaluating_) return std::nullopt;
+      return std::pair{last, chunk::phase::backward};
+    }
+    if (block > first) return std::pair{block - 1, ph};
+    return std::nullopt;
+  }
+  // Starts gathering the parameter chunks among `ids` that no other rank holds. The owner sends a
+  // copy (its chunk may move while the broadcast runs); the others receive into a new host block,
+  // attached once it landed.
+  void start_gathers(std::span<std::uint32_t const> ids) {
+    for (std::uint32_t c : ids) {
+      if (c >= this->n_) break;  // gradient ids follow
+      if (held_[c] || gather_pending_[c]) continue;
+      chunk::chunk& p = this->param_[c];
+      auto* buf = static_cast<std::byte*>(this->host_.allocate(p.capacity(), 256));
+      if (this->shard_.owns(c)) {
+        this->settle(c);
+        std::memcpy(buf, p.payload(), p.capacity());
+      }
+      gathering_.push_back({c, buf});
+      gather_pending_[c] = true;
+      if constexpr (ParameterShardingSink<S>)
+        sink_.gather_async(c, std::span<T>(reinterpret_cast<T*>(buf), p.capacity() / sizeof(T)));
+    }
+  }
+  // Waits for the gathers started; their chunks are held. If the wait fails, the blocks may still
+  // be written by the communicator: they are left allocated (the communicator is broken anyway).
+  void finish_gathers() {
+    if (gathering_.empty()) return;
+    auto const t0 = std::chrono::steady_clock::now();
+    try {
+      if constexpr (ParameterShardingSink<S>) sink_.wait_gathered();
+    } catch (...) {
+      for (auto const& g : gathering_) gather_pending_[g.first] = false;
+      gathering_.clear();
+      throw;
+    }
+    this->cur_.stall_ms += ms_since(t0);
+    for (auto const& [c, buf] : gathering_) {
+      gather_pending_[c] = false;
+      held_[c] = true;
+      chunk::chunk& p = this->param_[c];
+      if (this->shard_.owns(c)) {
+        this->host_.deallocate(buf, p.capacity(), 256);
+      } else {
+        TIDE_ASSERT(p.payload() == nullptr);
+        p.attach(buf, chunk::tier::host);
+      }
+    }
+    gathering_.clear();
+  }
+  // Chunk c is no longer held by the ranks that do not own it: they free it, wherever it is.
+  void release_param(std::uint32_t c) {
+    if (!this->shard_.owns(c)) {
+      chunk::chunk& p = this->param_[c];
+      this->settle(c);  // a copy in flight reads or writes it
+      this->drop_shadow(c);
+      if (p.pinned()) {
+        p.set_pinned(false);
+        this->ctx_.pinned_bytes -= this->block_bytes();
+      }
+      bool const was_on_device = this->on_device(c);
+      this->free_payload(p);
+      if (was_on_device) this->released(c);
+    }
+    held_[c] = false;
+  }
+  // Every other rank's chunk freed (the end of a step or an evaluation; after a failure: waits
+  // for the gathers in flight first, and never throws).
+  void release_params() noexcept {
+    if (!params_sharded_) return;
+    try {
+      finish_gathers();
+      for (std::uint32_t c = 0; c < this->n_; ++c)
+        if (held_[c]) release_param(c);
+    } catch (...) {  // a communicator or a copy failed: the next step or close() reports it
+    }
+  }
+  // Every chunk held on every rank, until the next block frees what it does not use (a
+  // collective: every rank calls it; for reading or writing all parameters between steps).
+  void gather_all() {
+    if (!params_sharded_) return;
+    finish_gathers();
+    start_gathers(all_params_);
+    finish_gathers();
   }
 
   // ---- the gradient sink and the optimizer ----------------------------------------------------
@@ -528,6 +653,11 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   std::vector<std::uint32_t> unowned_grads_;  // ZeRO: gradients of chunks another rank steps, freed once reduced
   std::vector<std::span<T>> shared_;          // ZeRO: every parameter chunk, for share_parameters
   std::vector<std::uint32_t> ids_pair_ = std::vector<std::uint32_t>(2);
+  bool params_sharded_ = false;        // ZeRO-3 on more than one rank
+  std::vector<bool> held_;             // ZeRO-3, by chunk: the ranks that do not own it hold it now
+  std::vector<bool> gather_pending_;   // ZeRO-3, by chunk: a gather of it is in flight
+  std::vector<std::pair<std::uint32_t, std::byte*>> gathering_;  // the gathers in flight and their blocks
+  std::vector<std::uint32_t> all_params_;  // 0 .. n - 1
 
   std::int64_t t_ = 1;  // the optimizer step number of the step in progress
   std::size_t backward_passes_ = 0;
