@@ -1,8 +1,10 @@
 #pragma once
 // The chunk-source slot of the offload engine: where a parameter chunk's bytes come from when it
 // is fetched to the device (FREE or host-resident -> HOLD on the device), and who is told when it
-// leaves again. The default copies from this process's host tier on the engine's copy stream; a
-// ZeRO-3 source would all-gather the chunk's shards from the ranks that own them instead.
+// leaves again. The default copies from this process's host tier on the engine's copy stream.
+// A fetch is timed by the copies in flight and the optimizer, so it differs from rank to rank: a
+// source must not start collectives (ZeRO-3 gathers at the block hooks, through the gradient sink:
+// offload/gradient_sink.hpp).
 //
 //   struct my_source {
 //     template <Backend B> void fill(fill_request<B> const& r) {

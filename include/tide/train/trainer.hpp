@@ -271,7 +271,8 @@ class trainer {
   // calls load, and a rank that cannot load makes every rank throw before any writes.
   //
   // A set loads on any number of ranks and any ZeRO stage: each rank reads every shard and takes
-  // all parameters and the state of the chunks it owns now (re-sharding). extra(reader) then gets
+  // the parameters it holds (all of them, except under ZeRO-3 between steps: its own chunks') and
+  // the state of the chunks it owns now (re-sharding). extra(reader) then gets
   // the shard this rank wrote when the rank count is the same, else the shard of rank r mod the
   // set's ranks.
   template <class Extra>
