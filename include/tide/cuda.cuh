@@ -5,6 +5,7 @@
 #if defined(TIDE_HAS_NCCL) && defined(TIDE_HAS_MPI)
 #include "tide/comm/nccl.cuh"  // needs tide::nccl and tide::mpi
 #endif
+#include "tide/compress/select.cuh"
 #include "tide/core/cuda.cuh"
 #include "tide/core/exec.cuh"
 #include "tide/kernels/adam/cuda.cuh"

@@ -192,6 +192,15 @@ void nccl_of(tide::comm::mpi& world) {
 }
 #endif
 
+// ---- compress/select: the device selectors ----------------------------------------------------
+void compress_of(cuda_exec const& ex) {
+  tide::compress::device_select_scratch scratch;
+  tide::compress::threshold_search_cuda t;
+  (void)t.select(ex, device_view<float const>{}, 1, device_view<std::uint32_t>{}, scratch);
+  (void)tide::compress::exact_topk_cuda{}.select(ex, device_view<float const>{}, 1, device_view<std::uint32_t>{},
+                                                 scratch);
+}
+
 }  // namespace
 
 template class tide::memory::device_arena<tide::cuda>;
@@ -224,6 +233,7 @@ int main(int argc, char**) {
   activations_of<bf16>(ex);
   memory_of();
   offload_of(hx);
+  compress_of(ex);
 #if defined(TIDE_HAS_NCCL) && defined(TIDE_HAS_MPI)
   tide::comm::mpi_session session;
   tide::comm::mpi world{session};

@@ -81,6 +81,7 @@ struct select_scratch {
   std::vector<std::uint32_t> candidates;  // indices above a threshold
   std::vector<std::uint32_t> picked;      // positions among the candidates
   std::vector<std::uint32_t> sample;      // sampled keys
+  std::vector<std::uint32_t> per_slice;   // (threads, cap) indices above a threshold, by slice
 };
 
 inline void check_out(std::size_t n, std::size_t k, std::size_t room, std::size_t need, std::string_view who) {
@@ -112,22 +113,39 @@ std::size_t collect(thread_pool& pool, std::size_t n, Pred pred, std::uint32_t* 
   return s.counts[static_cast<std::size_t>(t)];
 }
 
-// collect's second pass alone, after count_above(pool, n, key, above, s) left its per-slice
-// counts in s.counts: one pass over the data fewer.
+// One pass: how many of [0, n) have key(i) > above, each slice also keeping its first `cap` such
+// indices in s.per_slice. When the total is at most cap, every index was kept:
+// concat_slices(out) then writes them ascending.
 template <class Key>
-std::size_t write_counted(thread_pool& pool, std::size_t n, Key key, std::uint32_t above, std::uint32_t* out,
-                          select_scratch& s) {
+std::size_t count_keep(thread_pool& pool, std::size_t n, Key key, std::uint32_t above, std::size_t cap,
+                       select_scratch& s) {
   int const t = pool.threads();
-  std::size_t total = 0;
-  for (int k = 0; k < t; ++k) total += std::exchange(s.counts[static_cast<std::size_t>(k)], total);
+  s.counts.assign(static_cast<std::size_t>(t), 0);
+  s.per_slice.resize(static_cast<std::size_t>(t) * cap);
   pool.run(n, [&](std::size_t b, std::size_t e) {
-    std::size_t at = 0;
-    for (int k = 0; k < t; ++k)
-      if (thread_pool::slice(n, t, k).first == b) at = s.counts[static_cast<std::size_t>(k)];
+    std::size_t slot = 0;
+    for (int q = 0; q < t; ++q)
+      if (thread_pool::slice(n, t, q).first == b) slot = static_cast<std::size_t>(q);
+    std::uint32_t* kept = s.per_slice.data() + slot * cap;
+    std::size_t c = 0;
     for (std::size_t i = b; i < e; ++i)
-      if (key(i) > above) out[at++] = static_cast<std::uint32_t>(i);
+      if (key(i) > above) {
+        if (c < cap) kept[c] = static_cast<std::uint32_t>(i);
+        ++c;
+      }
+    s.counts[slot] = c;
   });
-  return total;
+  std::size_t c = 0;
+  for (std::size_t v : s.counts) c += v;
+  return c;
+}
+inline std::size_t concat_slices(std::size_t cap, std::uint32_t* out, select_scratch const& s) {
+  std::size_t at = 0;
+  for (std::size_t q = 0; q < s.counts.size(); ++q) {
+    std::copy_n(s.per_slice.data() + q * cap, s.counts[q], out + at);
+    at += s.counts[q];
+  }
+  return at;
 }
 
 // How many of [0, n) have key(i) > above (exact: integer counts; per slice in s.counts).
@@ -316,6 +334,7 @@ struct trimmed_topk {
 
 // RedSync's threshold binary search: every element above τ, with k <= count <= 2k, τ searched
 // from this selector's last one (reused step to step: keep one selector per tensor or chunk).
+// A probe counts and keeps what it counted, so a τ that still fits costs one pass over x.
 struct threshold_search {
   static constexpr std::string_view name = "threshold_search";
   static constexpr std::size_t capacity(std::size_t k) noexcept { return 2 * k; }
@@ -327,7 +346,8 @@ struct threshold_search {
     auto key = [&](std::size_t i) { return abs_key(x[i]); };
     if (2 * k >= n) return detail::topk_by_key(ex.pool, n, k, key, out.data(), scratch);
     // count(lo) > 2k and count(hi) < k bracket the τ searched for; an unknown hi doubles τ.
-    auto count = [&](float tau) { return detail::count_above(ex.pool, n, key, abs_key(tau), scratch); };
+    // Each probe keeps the indices it counted: the probe that lands in [k, 2k] has them all.
+    auto count = [&](float tau) { return detail::count_keep(ex.pool, n, key, abs_key(tau), 2 * k, scratch); };
     float lo = 0, hi = std::numeric_limits<float>::infinity(), tau = last_tau;
     if (!(last_tau > 0.f)) {
       auto const [sum, mx] = detail::abs_sum_max(ex.pool, x, scratch);
@@ -339,7 +359,7 @@ struct threshold_search {
       std::size_t const c = count(tau);
       if (c >= k && c <= 2 * k) {
         last_tau = tau;
-        return detail::write_counted(ex.pool, n, key, abs_key(tau), out.data(), scratch);
+        return detail::concat_slices(2 * k, out.data(), scratch);
       }
       (c < k ? hi : lo) = tau;
       float const next = std::isinf(hi) ? 2.f * tau : 0.5f * (lo + hi);
@@ -379,13 +399,13 @@ struct sampled_threshold {
                      std::greater<>());
     // "At or above τ" is "above the key just below it".
     std::uint32_t below = scratch.sample[want - 1] > 0 ? scratch.sample[want - 1] - 1 : 0;
-    std::size_t c = detail::count_above(ex.pool, n, key, below, scratch);
+    std::size_t c = detail::count_keep(ex.pool, n, key, below, 2 * k, scratch);
     for (int halvings = 0; c < k && below > 0 && halvings < 64; ++halvings) {  // the sample overestimated τ
       below = abs_key(std::bit_cast<float>(below) * 0.5f);
-      c = detail::count_above(ex.pool, n, key, below, scratch);
+      c = detail::count_keep(ex.pool, n, key, below, 2 * k, scratch);
     }
     if (c < k) return detail::topk_by_key(ex.pool, n, k, key, out.data(), scratch);
-    if (c <= 2 * k) return detail::write_counted(ex.pool, n, key, below, out.data(), scratch);
+    if (c <= 2 * k) return detail::concat_slices(2 * k, out.data(), scratch);
     return detail::topk_of_candidates(ex.pool, x, k, below, out.data(), scratch);
   }
 

@@ -1,0 +1,94 @@
+// The device selectors of compress/select.cuh against the host's: exact_topk_cuda chooses exactly
+// the host exact_topk's indices (ties to the lower index) on inputs with many equal magnitudes and
+// a NaN; threshold_search_cuda chooses k to 2k ascending indices that hold the top-k, and takes
+// one probe when called again on the same values. Exit 77 (ctest: skipped) without a device.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+#include <tide/compress/select.cuh>
+#include <tide/core/parallel.hpp>
+
+namespace {
+
+int failures = 0;
+
+void expect(bool ok, char const* what, long long detail = 0) {
+  if (!ok) {
+    ++failures;
+    std::printf("FAILED: %s (%lld)\n", what, detail);
+  }
+}
+
+std::vector<float> values(std::size_t n, std::uint32_t seed) {
+  std::vector<float> x(n);
+  std::uint32_t s = seed;
+  for (std::size_t i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    float const u = static_cast<float>(s >> 8) / 16777216.f;
+    float v = (s & 3u) == 0 ? std::floor(u * 64.f) / 64.f : u * u * u * 4.f;
+    x[i] = (s & 16u) != 0 ? -v : v;
+  }
+  return x;
+}
+
+}  // namespace
+
+int main() {
+  if (!tide::has_cuda_device()) {
+    std::puts("skipped: no CUDA device");
+    return 77;
+  }
+  cudaStream_t stream = nullptr;
+  TIDE_CUDA_CHECK(cudaStreamCreate(&stream));
+  tide::exec<tide::cuda> const ex{stream, nullptr};
+  tide::thread_pool pool(2);
+  tide::exec<tide::host> const hx{pool};
+  tide::compress::device_select_scratch scratch;
+  for (std::size_t n : {std::size_t{1000}, std::size_t{70001}, std::size_t{1} << 20}) {
+    auto x = values(n, static_cast<std::uint32_t>(n));
+    x[n / 3] = std::numeric_limits<float>::quiet_NaN();
+    float* dx = nullptr;
+    std::uint32_t* dout = nullptr;
+    TIDE_CUDA_CHECK(cudaMalloc(&dx, n * sizeof(float)));
+    TIDE_CUDA_CHECK(cudaMalloc(&dout, n * sizeof(std::uint32_t)));
+    TIDE_CUDA_CHECK(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    for (std::size_t k : {std::size_t{1}, std::size_t{10}, n / 100, n / 3}) {
+      tide::tensor_view<float const, tide::cuda> const xv(dx, {static_cast<tide::index_t>(n)});
+      std::vector<std::uint32_t> want(k), got(2 * k);
+      tide::compress::exact_topk host_sel;
+      want.resize(host_sel.select(hx, x, k, want));
+      tide::tensor_view<std::uint32_t, tide::cuda> ov(dout, {static_cast<tide::index_t>(k)});
+      std::size_t const m = tide::compress::exact_topk_cuda{}.select(ex, xv, k, ov, scratch);
+      got.resize(m);
+      TIDE_CUDA_CHECK(cudaMemcpy(got.data(), dout, m * sizeof(std::uint32_t), cudaMemcpyDeviceToHost));
+      expect(got == want, "exact_topk_cuda chooses the host's indices", static_cast<long long>(k));
+
+      tide::compress::threshold_search_cuda t;
+      tide::tensor_view<std::uint32_t, tide::cuda> ov2(dout, {static_cast<tide::index_t>(2 * k)});
+      std::size_t const c = t.select(ex, xv, k, ov2, scratch);
+      std::vector<std::uint32_t> sel(c);
+      TIDE_CUDA_CHECK(cudaMemcpy(sel.data(), dout, c * sizeof(std::uint32_t), cudaMemcpyDeviceToHost));
+      expect(c >= k && c <= 2 * k, "threshold_search_cuda sends k to 2k", static_cast<long long>(c));
+      bool ascending = true;
+      for (std::size_t i = 1; i < sel.size(); ++i) ascending = ascending && sel[i] > sel[i - 1];
+      expect(ascending, "threshold_search_cuda's indices ascend");
+      std::size_t held = 0;
+      for (std::uint32_t i : want) held += std::binary_search(sel.begin(), sel.end(), i) ? 1 : 0;
+      expect(held == want.size(), "threshold_search_cuda holds the top-k", static_cast<long long>(held));
+      if (2 * k < n) {
+        (void)t.select(ex, xv, k, ov2, scratch);
+        expect(t.probes == 1, "threshold_search_cuda reuses its last τ", t.probes);
+      }
+    }
+    TIDE_CUDA_CHECK(cudaFree(dx));
+    TIDE_CUDA_CHECK(cudaFree(dout));
+  }
+  TIDE_CUDA_CHECK(cudaStreamDestroy(stream));
+  if (failures == 0) std::puts("ok");
+  return failures == 0 ? 0 : 1;
+}
