@@ -2,6 +2,7 @@
 
 #include <linux/capability.h>
 #include <sys/resource.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -374,4 +375,26 @@ TEST_CASE("a refused mmap is an io error that says what to change") {
   CHECK(has(msg, "lock_host_pages = false"));
   CHECK(has(msg, "ulimit -l"));
   CHECK(p.stats().blocks == 0);
+}
+
+TEST_CASE("an abandoned block leaves the pool for good: forgotten, never reused, still mapped after the pool") {
+  auto* owner = new tide::memory::pinned_pool<tide::host>{};
+  std::size_t const bytes = 64 << 10;
+  auto* kept = static_cast<unsigned char*>(owner->allocate(bytes));
+  auto* gone = static_cast<unsigned char*>(owner->allocate(bytes));
+  auto const before = owner->stats();
+  owner->abandon(gone);
+  auto const after = owner->stats();
+  CHECK(after.blocks == before.blocks - 1);
+  CHECK(after.bytes_requested == before.bytes_requested - bytes);
+  CHECK(after.bytes_held < before.bytes_held);
+  CHECK_THROWS_AS(owner->deallocate(gone, bytes), tide::error);  // not the pool's any more
+  owner->abandon(gone);                                           // twice: nothing happens
+  CHECK(owner->stats().blocks == after.blocks);
+  owner->deallocate(kept, bytes);
+  CHECK(owner->allocate(bytes) == kept);  // the cached block comes back; the abandoned one never does
+  delete owner;  // releases every block it holds, which no longer includes `gone`
+  std::memset(gone, 0x5a, bytes);  // still mapped: a write here would fault if it had been unmapped
+  CHECK(gone[bytes - 1] == 0x5a);
+  CHECK(::munmap(gone, bytes) == 0);  // 16 whole pages: the block is exactly the request
 }

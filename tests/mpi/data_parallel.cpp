@@ -113,6 +113,9 @@ TEST_CASE("data parallel over a hierarchical all-reduce (nodes of 2 ranks) equal
   // ZeRO needs all_gather and reduce, which a hierarchical all-reduce does not offer: refused at once.
   CHECK_THROWS_WITH_AS((void)(tide::comm::data_parallel{.comm = &h, .zero = 1}.sink()),
                        doctest::Contains("hierarchical only all-reduces"), tide::error);
+  // Nor does it split or broadcast asynchronously, which ZeRO-3's sink needs even when made by hand.
+  CHECK_THROWS_WITH_AS((void)(tide::comm::bucket_sink<tide::comm::hierarchical<tide::comm::mpi>>{&h, 1024, 3}),
+                       doctest::Contains("zero = 3 needs a full Communicator"), tide::error);
   auto t = tide::train::make_trainer(spec, tide::test::tiny_tight(), sgd(1), tide::comm::data_parallel{.comm = &h, .bucket_bytes = 60_KiB});
   for (int s = 0; s < steps; ++s) (void)t.step(view_of<decltype(t)>(data_of(s * w + r)));
   auto const dp = flat_params(t);

@@ -619,6 +619,7 @@ struct pair_exchange {
   std::array<std::vector<std::pair<std::uint32_t, std::span<float>>>, 2> gathers{};  // ZeRO-3, by rank
   int fail_at = 0;  // the share or gather wait (counted per rank) after which both ranks throw, having copied
   std::array<bool, 2> in_step{};  // by rank: gather waits inside a step count
+  std::array<int, 2> starts{};     // by rank: gathers started inside a step (fail_at < 0: the -fail_at-th throws)
 };
 struct pair_sink {
   pair_exchange* x = nullptr;
@@ -629,7 +630,10 @@ struct pair_sink {
   [[nodiscard]] bool shards_parameters() const noexcept { return zero3; }
   template <class T>
   void gather_async(std::uint32_t c, std::span<T> bytes) {
-    if constexpr (std::is_same_v<T, float>) x->gathers[static_cast<std::size_t>(r)].emplace_back(c, bytes);
+    auto const me = static_cast<std::size_t>(r);
+    if (x->in_step[me] && ++x->starts[me] == -x->fail_at)  // before anything started, on both ranks
+      throw tide::error(tide::errc::mpi, "test: the exchange failed to start");
+    if constexpr (std::is_same_v<T, float>) x->gathers[me].emplace_back(c, bytes);
   }
   // Both ranks started the same gathers: each takes the other's chunks from it.
   void wait_gathered() {
@@ -719,7 +723,7 @@ void check_sharded(Policy policy, std::vector<std::vector<float>> const& referen
         (void)t.step(view_of<decltype(t)>(d));
       }
     }
-    CHECK(failures == (fail_at > 0 ? 1 : 0));
+    CHECK(failures == (fail_at != 0 ? 1 : 0));
     auto const last = sched.last_step();
     sched.gather_parameters();
     for (std::uint32_t i = 0; i < reference.size(); ++i) {
@@ -752,8 +756,10 @@ TEST_CASE("a parameter-sharding sink (ZeRO-3): each rank holds its own chunks' p
           "the others' around their blocks, and a failed gather is undone") {
   auto const reference = train(off::resident{}, 4);
   // fail_at: the k-th gather wait of each rank inside a step throws on both, for every wait of
-  // the first two steps (5 to 6 each: in forward, and in backward after some chunks were stepped).
-  for (int fail_at = 0; fail_at <= 12; ++fail_at) {
+  // the first two steps (5 to 6 each: in forward, and in backward after some chunks were stepped);
+  // negative: the -fail_at-th gather fails to start (the gathers started before it are waited for
+  // by the abandoned step), among the first steps' 20.
+  for (int fail_at = -20; fail_at <= 12; ++fail_at) {
     CAPTURE(fail_at);
     check_sharded(off::resident{}, reference, fail_at, true);
     check_sharded(off::chunked<off::belady>{}, reference, fail_at, true);

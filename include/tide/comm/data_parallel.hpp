@@ -205,6 +205,9 @@ class bucket_sink {
       if constexpr (Communicator<C>) {
         // Every rank makes its sink at the same point (the trainer's constructor): a collective.
         if (stage == 3 && c != nullptr && c->size() > 1) params.emplace(c->split(0, c->rank()));
+      } else {
+        TIDE_REQUIRE(stage < 3, "data_parallel: zero = 3 needs a full Communicator (split, broadcast_async, wait: "
+                     "tide::comm::mpi or self); ", C::name, " is not one: pass zero = 2 or less");
       }
       for (auto& f : flushes) f.st = this;
       for (auto& h : holds) h.st = this;

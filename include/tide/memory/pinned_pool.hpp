@@ -254,6 +254,25 @@ class pinned_pool {
     s.stats.bytes_cached += b.bytes;
   }
 
+  // Gives up a live block for good: the pool forgets it and never releases it, not even at
+  // destruction (for a buffer a failed asynchronous operation may still write: a communicator
+  // that gave up on a lost rank). Its bytes stay mapped until the process exits.
+  void abandon(void* p) noexcept {
+    state& s = *state_;
+    std::lock_guard lock(s.mutex);
+    auto const it = s.index.find(p);
+    if (it == s.index.end() || !s.blocks[it->second].live) return;
+    block& b = s.blocks[it->second];
+    s.stats.bytes_requested -= b.requested;
+    s.stats.bytes_held -= b.bytes;
+    --s.stats.blocks;
+    if (b.locked) --s.stats.locked;
+    b = block{};
+    b.next = s.spare;
+    s.spare = it->second;
+    s.index.erase(it);
+  }
+
   // Releases every cached block to the system; blocks handed out are untouched.
   void trim() {
     state& s = *state_;

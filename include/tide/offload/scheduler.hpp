@@ -124,8 +124,8 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
                              "thrown): %s\n", e.what());
       }
     }
-    this->release_params();  // ZeRO-3: no gather writes a block freed below
-    this->wait_idle();       // no worker reads or writes a block freed below
+    this->release_params_quietly();  // ZeRO-3: no gather writes a block freed below
+    this->wait_idle();               // no worker reads or writes a block freed below
     for (auto const& [c, p] : this->pending_grad_frees_) this->host_.deallocate(p, this->grad_[c].capacity(), 256);
     this->pending_grad_frees_.clear();
     this->undo_.discard();
@@ -269,8 +269,9 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   }
   [[nodiscard]] chunk_shard shard() const noexcept { return this->shard_; }
   // Under ZeRO-3 (a sink that shards parameters, on more than one rank): whether this rank holds
-  // parameter i's bytes now. Between steps it holds its own chunks only, unless
-  // gather_parameters() brought the others. Always true otherwise.
+  // parameter i's bytes now. After a step or an evaluation it holds its own chunks only, unless
+  // gather_parameters() brought the others; before the first, everything the model initialised
+  // (the first block frees the other ranks' chunks). Always true otherwise.
   [[nodiscard]] bool holds_parameter(std::uint32_t i) const {
     this->check_index(i, "holds_parameter");
     return this->has_param(this->layout_.chunk_of[i]);
@@ -278,8 +279,10 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   [[nodiscard]] bool shards_parameters() const noexcept { return this->params_sharded_; }
   // ZeRO-3, between steps: every rank calls it, and then holds every parameter (read_param,
   // tensor_bytes, param_data work for all of them) until the next step or evaluation frees the
-  // chunks of other ranks again. What a rank writes into another rank's chunk is not kept: the
-  // owner's bytes are the parameters. Does nothing without parameter sharding.
+  // chunks of other ranks again: for inspection and checks. What a rank writes into another
+  // rank's chunk is not kept: the owner's bytes are the parameters. Before the first step or
+  // evaluation a rank still holds what the model initialised, and this gathers nothing. Does
+  // nothing without parameter sharding.
   void gather_parameters() {
     TIDE_REQUIRE(!this->step_open_ && !this->evaluating_, "offload::scheduler::gather_parameters inside a step or "
                  "an evaluation; call it between steps, on every rank");
@@ -458,7 +461,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
         this->aborted_ = true;  // the policy restores its placement at the next step
       }
     }
-    this->release_params();  // ZeRO-3: gathered again when next used
+    this->release_params_quietly();  // ZeRO-3: gathered again when next used
     if (!this->step_open_) return;  // an evaluation: no step to undo
     this->undo_.discard();
     this->extra_undo_.discard();
@@ -497,8 +500,8 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     auto const& ids = this->ids_of(block, ph);
     std::size_t const t = this->tracer_.at({block, ph}, ids);
     this->current_ = t;
+    this->gather_for(block, ph);  // before the block's clock starts: the warm-up times compute only
     if (ph == chunk::phase::forward && this->tracer_.recording()) block_start_ = std::chrono::steady_clock::now();
-    this->gather_for(block, ph);
     this->make_resident(ids, t);
     for (std::uint32_t i : this->uses_.of(block)) {
       this->param_.transition(i, chunk::tensor_state::compute);

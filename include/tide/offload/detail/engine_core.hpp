@@ -263,6 +263,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       return std::pair{last, chunk::phase::backward};
     }
     if (block > first) return std::pair{block - 1, ph};
+    if (!evaluating_ && backward_passes_ % static_cast<std::size_t>(options_.micro_steps) != 0)
+      return std::pair{first, chunk::phase::forward};  // another micro-step's pass follows
     return std::nullopt;
   }
   // Starts gathering the parameter chunks among `ids` that no other rank holds. The owner sends a
@@ -274,25 +276,34 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       if (held_[c] || gather_pending_[c]) continue;
       chunk::chunk& p = this->param_[c];
       auto* buf = static_cast<std::byte*>(this->host_.allocate(p.capacity(), 256));
-      if (this->shard_.owns(c)) {
-        this->settle(c);
-        std::memcpy(buf, p.payload(), p.capacity());
+      try {  // recorded only once the gather started: a failure before leaves nothing to attach
+        if (this->shard_.owns(c)) {
+          this->settle(c);
+          std::memcpy(buf, p.payload(), p.capacity());  // tide::host: a device block is host memory
+        }
+        if constexpr (ParameterShardingSink<S>)
+          sink_.gather_async(c, std::span<T>(reinterpret_cast<T*>(buf), p.capacity() / sizeof(T)));
+      } catch (...) {
+        this->host_.deallocate(buf, p.capacity(), 256);
+        throw;
       }
       gathering_.push_back({c, buf});
       gather_pending_[c] = true;
-      if constexpr (ParameterShardingSink<S>)
-        sink_.gather_async(c, std::span<T>(reinterpret_cast<T*>(buf), p.capacity() / sizeof(T)));
     }
   }
   // Waits for the gathers started; their chunks are held. If the wait fails, the blocks may still
-  // be written by the communicator: they are left allocated (the communicator is broken anyway).
+  // be read or written by the communicator: the host tier abandons them (never unmapped, not even
+  // when the scheduler goes), and the communicator stays broken.
   void finish_gathers() {
     if (gathering_.empty()) return;
     auto const t0 = std::chrono::steady_clock::now();
     try {
       if constexpr (ParameterShardingSink<S>) sink_.wait_gathered();
     } catch (...) {
-      for (auto const& g : gathering_) gather_pending_[g.first] = false;
+      for (auto const& [c, buf] : gathering_) {
+        gather_pending_[c] = false;
+        this->host_.abandon(buf);
+      }
       gathering_.clear();
       throw;
     }
@@ -326,15 +337,20 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     }
     held_[c] = false;
   }
-  // Every other rank's chunk freed (the end of a step or an evaluation; after a failure: waits
-  // for the gathers in flight first, and never throws).
-  void release_params() noexcept {
+  // Every other rank's chunk freed, after the gathers in flight landed (the end of a step or an
+  // evaluation, the start of one). Throws what a gather's wait threw.
+  void release_params() {
     if (!params_sharded_) return;
+    finish_gathers();
+    for (std::uint32_t c = 0; c < this->n_; ++c)
+      if (held_[c]) release_param(c);
+  }
+  // The same after a failure (abort_step, the destructor): a failure here is not reported, as the
+  // communicator that failed stays failed and its next gather throws again.
+  void release_params_quietly() noexcept {
     try {
-      finish_gathers();
-      for (std::uint32_t c = 0; c < this->n_; ++c)
-        if (held_[c]) release_param(c);
-    } catch (...) {  // a communicator or a copy failed: the next step or close() reports it
+      release_params();
+    } catch (...) {
     }
   }
   // Every chunk held on every rank, until the next block frees what it does not use (a
