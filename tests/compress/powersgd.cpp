@@ -1,0 +1,105 @@
+// PowerSGD on one rank (comm::self): at full rank the product is the matrix, a rank-1 matrix
+// needs rank 1, the warm start makes repeated steps converge like power iteration, the error
+// feedback keeps exactly what the product missed, and the bits do not depend on the threads.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "tide/comm/self.hpp"
+#include "tide/compress/powersgd.hpp"
+
+namespace {
+
+namespace cx = tide::compress;
+
+std::vector<float> random_matrix(std::size_t rows, std::size_t cols, std::uint32_t seed) {
+  std::vector<float> m(rows * cols);
+  std::uint32_t s = seed;
+  for (float& v : m) {
+    s = s * 1664525u + 1013904223u;
+    v = static_cast<float>(s >> 8) / 8388608.f - 1.f;
+  }
+  return m;
+}
+
+double norm(std::vector<float> const& a) {
+  double s = 0;
+  for (float v : a) s += double(v) * v;
+  return std::sqrt(s);
+}
+double distance(std::vector<float> const& a, std::vector<float> const& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+  return std::sqrt(s);
+}
+
+}  // namespace
+
+TEST_CASE("PowerSGD on one rank: full rank is the matrix; a rank-1 matrix needs rank 1") {
+  tide::thread_pool pool(2);
+  tide::exec<tide::host> const ex{pool};
+  tide::comm::self one;
+  {  // r = cols: P spans M's columns, P Pᵀ M = M. fp32 products over 5 and 12 terms: 1e-5 relative.
+    auto const m = random_matrix(12, 5, 1);
+    auto g = m;
+    cx::powersgd_state s{12, 5, {.rank = 5}};
+    cx::powersgd_sum(ex, one, std::span(g), s);
+    CHECK(distance(g, m) <= 1e-5 * norm(m));
+    CHECK(norm(s.error) <= 1e-5 * norm(m));
+    CHECK(s.wire_floats() == 5 * (12 + 5));
+  }
+  {  // u vᵀ with r = 1
+    std::vector<float> m(30 * 8);
+    for (std::size_t i = 0; i < 30; ++i)
+      for (std::size_t j = 0; j < 8; ++j) m[i * 8 + j] = (0.1f * static_cast<float>(i) - 1.f) * (0.5f + static_cast<float>(j));
+    auto g = m;
+    cx::powersgd_state s{30, 8, {.rank = 1}};
+    cx::powersgd_sum(ex, one, std::span(g), s);
+    CHECK(distance(g, m) <= 1e-5 * norm(m));
+  }
+  CHECK_THROWS_AS((cx::powersgd_state{4, 3, {.rank = 4}}), tide::error);  // rank > min(rows, cols)
+}
+
+TEST_CASE("PowerSGD: the warm start converges, the error keeps what the product missed, threads change no bit") {
+  tide::comm::self one;
+  std::size_t const rows = 40, cols = 16;
+  auto const m = random_matrix(rows, cols, 3);
+  std::vector<double> miss;
+  std::vector<float> first;
+  for (int threads : {1, 3}) {
+    tide::thread_pool pool(threads);
+    tide::exec<tide::host> const ex{pool};
+    cx::powersgd_state s{rows, cols, {.rank = 2, .error_feedback = false}};
+    std::vector<float> g;
+    for (int step = 0; step < 6; ++step) {  // the same matrix each step: Q converges to its top-2 space
+      g = m;
+      cx::powersgd_sum(ex, one, std::span(g), s);
+      if (threads == 1) miss.push_back(distance(g, m));
+    }
+    if (threads == 1) first = g;
+    else CHECK(std::memcmp(first.data(), g.data(), g.size() * sizeof(float)) == 0);
+  }
+  CHECK(miss.back() < miss.front());         // the best rank-2 approximation, reached by iterating
+  CHECK(miss.back() <= miss[4] * (1 + 1e-3));  // converged: another step changes little
+  CHECK(miss.back() < norm(m));                // it contracts
+
+  {  // with error feedback: after a step, the product plus the error is the input, to rounding
+    tide::thread_pool pool(2);
+    tide::exec<tide::host> const ex{pool};
+    cx::powersgd_state s{rows, cols, {.rank = 2}};
+    auto g = m;
+    cx::powersgd_sum(ex, one, std::span(g), s);
+    std::vector<float> back(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) back[i] = g[i] + s.error[i];
+    CHECK(distance(back, m) <= 1e-6 * norm(m));
+    // The next step adds the error first: a zero gradient still sends what was missed.
+    std::vector<float> zero(g.size(), 0.f);
+    cx::powersgd_sum(ex, one, std::span(zero), s);
+    CHECK(norm(zero) > 0);
+  }
+}
