@@ -9,11 +9,11 @@
 // int32 index and the value's bits, 8 bytes), and a scatter-add into `sum`, rank after rank and
 // pair after pair, so the order of every addition is fixed.
 //
-// When is it worth it? A rank receives the pairs of all P ranks, 8 B each: about 8·P·k bytes
-// against 2·4·n for a ring all-reduce of the dense fp32 vector (each element sent and received
-// once per half). Sparse wins below the break-even density 2·s_v / (P·(s_i + s_v)) = 1/P with
-// 4-byte indices and values; `sparse_is_cheaper` adds the latency terms (α per message: 2 for the
-// two all-gathers against 2(P − 1) for the ring) for small chunks.
+// When is it worth it? A rank receives the pairs of the P − 1 others, 8 B each: 8·k·(P − 1)
+// bytes, against 8·n·(P − 1)/P for a ring all-reduce of the dense fp32 vector (each element sent
+// and received once per half). Sparse wins below the break-even density 2·s_v / (P·(s_i + s_v))
+// = 1/P with 4-byte indices and values. Both run as rings of P − 1 steps (Open MPI's all-gathers
+// and the ring all-reduce), so the latency terms are alike and the bytes decide.
 
 #include <algorithm>
 #include <bit>
@@ -45,10 +45,11 @@ struct wire_model {
     double const steps = 2.0 * (p - 1);
     return steps * alpha + steps * beta * 4.0 * static_cast<double>(n) / p;
   }
-  // Seconds to all-gather k pairs from each of p ranks (counts, then pairs: 8 bytes each).
+  // Seconds to all-gather the counts and then k pairs from each of p ranks (rings of p − 1 steps).
   [[nodiscard]] double sparse(std::size_t k, int p) const {
     if (p <= 1) return 0;
-    return 2 * alpha * std::bit_width(static_cast<unsigned>(p - 1)) + beta * 8.0 * static_cast<double>(k) * (p - 1);
+    double const steps = 2.0 * (p - 1);
+    return steps * alpha + beta * 8.0 * static_cast<double>(k) * (p - 1);
   }
 };
 // Whether sending k pairs per rank beats the dense all-reduce of n values on p ranks.

@@ -15,8 +15,9 @@
 //                      each completed chunk to (offload/gradient_sink.hpp) and the chunk source
 //                      that fills a fetched parameter chunk (offload/chunk_source.hpp); no_comm:
 //                      one process, no sink, chunks copied from the host
-//   CompressionPolicy  the slot for gradient compression (stored; only no_compress exists, and a
-//                      compressor is today written as a gradient sink with extra lists)
+//   CompressionPolicy  the slot for gradient compression (stored; only no_compress exists: a
+//                      compressor is a gradient sink with extra lists, given by the comm policy,
+//                      as compress::sparse_data_parallel does)
 //   PipelinePolicy     owns the step loop: runs forward and backward over the micro-batches of one
 //                      step; no_pipeline is the plain loop, micro-batch after micro-batch
 //

@@ -296,9 +296,13 @@ class trainer {
   }
 
  private:
+  // Whether save writes a checkpoint set, one shard per rank: under ZeRO, and when the gradient
+  // sink keeps lists of its own on several ranks (a compressor's residuals differ by rank).
   [[nodiscard]] bool sharded() const {
-    if constexpr (requires { comm_.zero; }) return comm_.zero > 0;
-    else return false;
+    if constexpr (requires { comm_.zero; })
+      if (comm_.zero > 0) return true;
+    if constexpr (!extra_lists.empty() && requires { comm_.of_rank0(0); }) return comm_.world_size() > 1;
+    return false;
   }
   // Whether `ok` holds on every rank.
   [[nodiscard]] bool agree(bool ok) const {
@@ -412,8 +416,13 @@ class trainer {
       if (!scheduler_.keeps_state(i)) continue;  // ZeRO: the rank that owns its chunk keeps it
       for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
         r.read(state_section(k, list[i].name()), scheduler_.state_bytes(k, i));
-      for (std::size_t k = 0; k < extra_lists.size(); ++k)
-        r.read(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, i));
+      for (std::size_t k = 0; k < extra_lists.size(); ++k) {
+        // A sink's lists are this rank's own (a residual): from this rank's shard when it has them.
+        std::string const x = extra_section(k, list[i].name());
+        bool const mine = files[extra_file].contains(x) && files[extra_file].size_of(x) == scheduler_.extra_size(k, i);
+        checkpoint_reader const& own = mine ? files[extra_file] : r;
+        own.read(x, scheduler_.extra_bytes(k, i));
+      }
       if constexpr (scheduler_type::has_master)
         r.read(section("w/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::master, i));
     }
