@@ -33,6 +33,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness.hpp"
@@ -61,6 +62,12 @@ int run_on(char const* self, char const* ranks) {
   int status = 0;
   waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+// The median of v.
+double median_of(std::vector<double> v) {
+  std::ranges::sort(v);
+  return v[v.size() / 2];
 }
 
 void bucketed_allreduce_vs_mpi(tide::comm::mpi& world) {
@@ -93,9 +100,7 @@ void bucketed_allreduce_vs_mpi(tide::comm::mpi& world) {
     MPI_Barrier(MPI_COMM_WORLD);
     t_tide.push_back(tide::bench::median_seconds(bucketed, 1, 0));
   }
-  std::ranges::sort(t_mpi);
-  std::ranges::sort(t_tide);
-  double const mpi_s = t_mpi[t_mpi.size() / 2], tide_s = t_tide[t_tide.size() / 2];
+  double const mpi_s = median_of(t_mpi), tide_s = median_of(t_tide);
   if (world.rank() == 0) {
     tide::bench::figure{.bench = "comm",
                         .name = "bucketed_allreduce_vs_mpi",
@@ -150,8 +155,7 @@ double seconds_per_step(Trainer& t, batch_data const& d, int steps) {
   (void)t.step(b);
   std::vector<double> s;
   for (int i = 0; i < steps; ++i) s.push_back(t.step(b).seconds);
-  std::ranges::sort(s);
-  return s[s.size() / 2];
+  return median_of(std::move(s));
 }
 
 void dp_2x1_vs_1x2(tide::comm::mpi& world) {
@@ -168,10 +172,8 @@ void dp_2x1_vs_1x2(tide::comm::mpi& world) {
     world.barrier();  // rank 1 waits here, polling with backoff: it leaves rank 0 both cores
   }
   if (world.rank() != 0) return;
-  std::ranges::sort(t_dp);
-  std::ranges::sort(t_one);
   double const tokens = 2.0 * per_rank * seq;
-  double const dp_s = t_dp[t_dp.size() / 2], one_s = t_one[t_one.size() / 2];
+  double const dp_s = median_of(t_dp), one_s = median_of(t_one);
   tide::bench::figure{.bench = "comm",
                       .name = "dp_2x1_vs_1x2",
                       .value = tokens / dp_s,
@@ -273,9 +275,7 @@ void zero3_vs_zero2(tide::comm::mpi& world) {
     t3.push_back(seconds_per_step(three, d, steps));
   }
   if (world.rank() != 0) return;
-  std::ranges::sort(t2);
-  std::ranges::sort(t3);
-  double const s2 = t2[t2.size() / 2], s3 = t3[t3.size() / 2];
+  double const s2 = median_of(t2), s3 = median_of(t3);
   double const tokens = 2.0 * B * seq;  // the global batch
   auto const sent = three.scheduler().sink().stats().bytes_gathered;
   tide::bench::figure{.bench = "comm",

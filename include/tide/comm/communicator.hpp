@@ -29,6 +29,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -100,6 +101,27 @@ concept Communicator =
       { c.test(r) } -> std::same_as<bool>;
       c.lane();
     };
+
+// What a trainer asks of the ranks besides gradients (checkpoint sets, a global norm), as
+// all-reduces of one value: whether `ok` holds on every rank; rank 0's `value`, on every rank;
+// the sum of `x` over the ranks.
+template <Reducer C>
+bool all_ranks(C& c, bool ok) {
+  std::int32_t v = ok ? 1 : 0;
+  c.all_reduce(std::span<std::int32_t>(&v, 1), reduce_op::min);
+  return v == 1;
+}
+template <Reducer C>
+std::int64_t of_rank0(C& c, std::int64_t value) {
+  std::int64_t v = c.rank() == 0 ? value : std::numeric_limits<std::int64_t>::min();
+  c.all_reduce(std::span<std::int64_t>(&v, 1), reduce_op::max);
+  return v;
+}
+template <Reducer C>
+double sum_over_ranks(C& c, double x) {
+  c.all_reduce(std::span<double>(&x, 1), reduce_op::sum);
+  return x;
+}
 
 namespace detail {
 // Elements that one rank's all_gatherv output must hold: the sum of counts.

@@ -401,20 +401,9 @@ struct data_parallel {
 
   // What the trainer asks of the ranks besides gradients (checkpoint sets, ZeRO-2's norm):
   // whether `ok` holds on every rank; rank 0's `value`, on every rank; the sum of `x` over ranks.
-  [[nodiscard]] bool all_ranks(bool ok) const {
-    std::int32_t v = ok ? 1 : 0;
-    checked().all_reduce(std::span<std::int32_t>(&v, 1), reduce_op::min);
-    return v == 1;
-  }
-  [[nodiscard]] std::int64_t of_rank0(std::int64_t value) const {
-    std::int64_t v = checked().rank() == 0 ? value : std::numeric_limits<std::int64_t>::min();
-    checked().all_reduce(std::span<std::int64_t>(&v, 1), reduce_op::max);
-    return v;
-  }
-  [[nodiscard]] double sum_over_ranks(double x) const {
-    checked().all_reduce(std::span<double>(&x, 1), reduce_op::sum);
-    return x;
-  }
+  [[nodiscard]] bool all_ranks(bool ok) const { return comm::all_ranks(checked(), ok); }
+  [[nodiscard]] std::int64_t of_rank0(std::int64_t value) const { return comm::of_rank0(checked(), value); }
+  [[nodiscard]] double sum_over_ranks(double x) const { return comm::sum_over_ranks(checked(), x); }
 
  private:
   C& checked() const {

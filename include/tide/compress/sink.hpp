@@ -185,20 +185,9 @@ struct sparse_data_parallel {
   [[nodiscard]] source_type source() const { return {}; }
 
   // What the trainer asks of the ranks for per-rank checkpoint sets (the residuals are per rank).
-  [[nodiscard]] bool all_ranks(bool ok) const {
-    std::int32_t v = ok ? 1 : 0;
-    checked().all_reduce(std::span<std::int32_t>(&v, 1), tide::comm::reduce_op::min);
-    return v == 1;
-  }
-  [[nodiscard]] std::int64_t of_rank0(std::int64_t value) const {
-    std::int64_t v = checked().rank() == 0 ? value : std::numeric_limits<std::int64_t>::min();
-    checked().all_reduce(std::span<std::int64_t>(&v, 1), tide::comm::reduce_op::max);
-    return v;
-  }
-  [[nodiscard]] double sum_over_ranks(double x) const {
-    checked().all_reduce(std::span<double>(&x, 1), tide::comm::reduce_op::sum);
-    return x;
-  }
+  [[nodiscard]] bool all_ranks(bool ok) const { return tide::comm::all_ranks(checked(), ok); }
+  [[nodiscard]] std::int64_t of_rank0(std::int64_t value) const { return tide::comm::of_rank0(checked(), value); }
+  [[nodiscard]] double sum_over_ranks(double x) const { return tide::comm::sum_over_ranks(checked(), x); }
 
  private:
   C& checked() const {
