@@ -18,6 +18,7 @@ TEST_CASE("thread_pool: slices cover [0, n) exactly once, contiguously, in order
         auto const [b, e] = tide::thread_pool::slice(n, threads, t);
         CHECK(b == expect);
         CHECK(e >= b);
+        if (e > b) CHECK(tide::thread_pool::slice_at(n, threads, b) == t);  // the inverse, for non-empty slices
         expect = e;
       }
       CHECK(expect == n);

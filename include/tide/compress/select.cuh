@@ -57,8 +57,10 @@ class device_select_scratch {
   // Room for n elements' keys and indices (twice each, for a sort), flags, CUB's temporary
   // storage of `temp` bytes, and the partials.
   void reserve(std::size_t n, std::size_t temp, cudaStream_t stream) {
+    if (n <= n_ && temp <= temp_) return;  // the current layout has room for both
+    n = std::max(n, n_);
+    temp = std::max(temp, temp_);
     std::size_t const need = layout(n, temp).total;
-    if (need <= bytes_) return;
     if (base_ != nullptr) {
       TIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
       TIDE_CUDA_CHECK(cudaFree(base_));

@@ -99,14 +99,11 @@ std::size_t collect(thread_pool& pool, std::size_t n, Pred pred, std::uint32_t* 
   pool.run(n, [&](std::size_t b, std::size_t e) {
     std::size_t c = 0;
     for (std::size_t i = b; i < e; ++i) c += pred(i) ? 1 : 0;
-    for (int k = 0; k < t; ++k)
-      if (thread_pool::slice(n, t, k).first == b) s.counts[static_cast<std::size_t>(k) + 1] = c;
+    s.counts[static_cast<std::size_t>(thread_pool::slice_at(n, t, b)) + 1] = c;
   });
   for (int k = 0; k < t; ++k) s.counts[static_cast<std::size_t>(k) + 1] += s.counts[static_cast<std::size_t>(k)];
   pool.run(n, [&](std::size_t b, std::size_t e) {
-    std::size_t at = 0;
-    for (int k = 0; k < t; ++k)
-      if (thread_pool::slice(n, t, k).first == b) at = s.counts[static_cast<std::size_t>(k)];
+    std::size_t at = s.counts[static_cast<std::size_t>(thread_pool::slice_at(n, t, b))];
     for (std::size_t i = b; i < e; ++i)
       if (pred(i)) out[at++] = static_cast<std::uint32_t>(i);
   });
@@ -123,9 +120,7 @@ std::size_t count_keep(thread_pool& pool, std::size_t n, Key key, std::uint32_t 
   s.counts.assign(static_cast<std::size_t>(t), 0);
   s.per_slice.resize(static_cast<std::size_t>(t) * cap);
   pool.run(n, [&](std::size_t b, std::size_t e) {
-    std::size_t slot = 0;
-    for (int q = 0; q < t; ++q)
-      if (thread_pool::slice(n, t, q).first == b) slot = static_cast<std::size_t>(q);
+    auto const slot = static_cast<std::size_t>(thread_pool::slice_at(n, t, b));
     std::uint32_t* kept = s.per_slice.data() + slot * cap;
     std::size_t c = 0;
     for (std::size_t i = b; i < e; ++i)
@@ -156,8 +151,7 @@ std::size_t count_above(thread_pool& pool, std::size_t n, Key key, std::uint32_t
   pool.run(n, [&](std::size_t b, std::size_t e) {
     std::size_t c = 0;
     for (std::size_t i = b; i < e; ++i) c += key(i) > above ? 1 : 0;
-    for (int k = 0; k < t; ++k)
-      if (thread_pool::slice(n, t, k).first == b) s.counts[static_cast<std::size_t>(k)] = c;
+    s.counts[static_cast<std::size_t>(thread_pool::slice_at(n, t, b))] = c;
   });
   std::size_t c = 0;
   for (std::size_t v : s.counts) c += v;
@@ -177,9 +171,7 @@ std::pair<std::uint32_t, std::size_t> kth_key(thread_pool& pool, std::size_t n, 
   for (int pass = 0; pass < 2; ++pass) {
     std::fill(s.hist.begin(), s.hist.end(), 0u);
     pool.run(n, [&](std::size_t b, std::size_t e) {
-      std::size_t slot = 0;
-      for (int q = 0; q < t; ++q)
-        if (thread_pool::slice(n, t, q).first == b) slot = static_cast<std::size_t>(q);
+      auto const slot = static_cast<std::size_t>(thread_pool::slice_at(n, t, b));
       std::uint32_t* h = s.hist.data() + slot * buckets;
       if (pass == 0) {
         for (std::size_t i = b; i < e; ++i) ++h[key(i) >> 16];
@@ -222,8 +214,7 @@ std::size_t topk_by_key(thread_pool& pool, std::size_t n, std::size_t k, Key key
   pool.run(n, [&](std::size_t b, std::size_t e) {
     std::size_t c = 0;
     for (std::size_t i = b; i < e; ++i) c += key(i) == kth ? 1 : 0;
-    for (int q = 0; q < t; ++q)
-      if (thread_pool::slice(n, t, q).first == b) eq[static_cast<std::size_t>(q) + 1] = c;
+    eq[static_cast<std::size_t>(thread_pool::slice_at(n, t, b)) + 1] = c;
   });
   for (int q = 0; q < t; ++q) eq[static_cast<std::size_t>(q) + 1] += eq[static_cast<std::size_t>(q)];
   // The last index whose tie is still taken.

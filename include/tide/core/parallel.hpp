@@ -53,6 +53,15 @@ class thread_pool {
     return {begin, begin + per + (ut < extra ? 1 : 0)};
   }
 
+  // The thread whose slice of [0, n) begins at `begin` (the inverse of slice, for a non-empty
+  // slice): what a callable of run() uses to index per-slice partials.
+  static constexpr int slice_at(std::size_t n, int threads, std::size_t begin) noexcept {
+    std::size_t const per = n / static_cast<std::size_t>(threads);
+    std::size_t const extra = n % static_cast<std::size_t>(threads);
+    std::size_t const long_end = extra * (per + 1);  // the first `extra` slices hold one more
+    return static_cast<int>(begin < long_end ? begin / (per + 1) : extra + (begin - long_end) / per);
+  }
+
   // f(begin, end) on every non-empty slice; returns when all are done. The first exception a
   // slice throws is rethrown here. Not reentrant: a slice must not call run() on the same pool.
   template <class F>

@@ -262,15 +262,8 @@ class pinned_pool {
     std::lock_guard lock(s.mutex);
     auto const it = s.index.find(p);
     if (it == s.index.end() || !s.blocks[it->second].live) return;
-    block& b = s.blocks[it->second];
-    s.stats.bytes_requested -= b.requested;
-    s.stats.bytes_held -= b.bytes;
-    --s.stats.blocks;
-    if (b.locked) --s.stats.locked;
-    b = block{};
-    b.next = s.spare;
-    s.spare = it->second;
-    s.index.erase(it);
+    s.stats.bytes_requested -= s.blocks[it->second].requested;
+    forget(s, it->second);
   }
 
   // Releases every cached block to the system; blocks handed out are untouched.
@@ -283,14 +276,8 @@ class pinned_pool {
         block& b = s.blocks[i];
         head = b.next;
         pages::release(b.ptr, b.bytes);
-        s.index.erase(b.ptr);
-        s.stats.bytes_held -= b.bytes;
         s.stats.bytes_cached -= b.bytes;
-        --s.stats.blocks;
-        if (b.locked) --s.stats.locked;
-        b = block{};
-        b.next = s.spare;
-        s.spare = i;
+        forget(s, i);
       }
     }
   }
@@ -337,6 +324,19 @@ class pinned_pool {
     pinned_pool_stats stats;
     mutable std::mutex mutex;
   };
+
+  // Block record i leaves the pool's books (its pages are released, or given up, by the caller);
+  // the record becomes a spare. Under s.mutex.
+  static void forget(state& s, std::uint32_t i) noexcept {
+    block& b = s.blocks[i];
+    s.index.erase(b.ptr);
+    s.stats.bytes_held -= b.bytes;
+    --s.stats.blocks;
+    if (b.locked) --s.stats.locked;
+    b = block{};
+    b.next = s.spare;
+    s.spare = i;
+  }
 
   std::unique_ptr<state> state_;
 };
