@@ -23,9 +23,6 @@
 //                              forward and once for backward, ahead by one block).
 
 #include <mpi.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -37,32 +34,15 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "mpi_launch.hpp"
 #include "tide/comm/data_parallel.hpp"
 #include "tide/comm/mpi.hpp"
 #include "tide/optim/adamw.hpp"
 #include "tide/train/trainer.hpp"
 
-extern char** environ;
-
 namespace {
 
 using namespace tide::literals;
-
-bool under_mpiexec() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr; }
-
-// This program on `ranks` ranks; its exit status.
-int run_on(char const* self, char const* ranks) {
-  char const* args[] = {TIDE_MPIEXEC, "-n", ranks, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
-                        self, nullptr};
-  pid_t pid = 0;
-  if (posix_spawnp(&pid, args[0], nullptr, nullptr, const_cast<char* const*>(args), environ) != 0) {
-    std::perror("bench_comm: could not start " TIDE_MPIEXEC);
-    return 2;
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-}
 
 // The median of v.
 double median_of(std::vector<double> v) {
@@ -297,7 +277,7 @@ void zero3_vs_zero2(tide::comm::mpi& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!under_mpiexec()) return std::max(run_on(argv[0], "2"), run_on(argv[0], "4"));
+  if (!tide::bench::under_mpiexec()) return std::max(tide::bench::run_on(argv[0], "2"), tide::bench::run_on(argv[0], "4"));
   tide::comm::mpi_session session{&argc, &argv};
   tide::comm::mpi world{session};
   if (world.size() == 2) {

@@ -5,10 +5,14 @@
 // ZeRO-2 by default: each rank keeps Adam's state of its own chunks only, and each chunk's
 // gradients are reduced to that rank; the new parameters are all-gathered after the step. With
 // --zero 3 a rank also keeps its own chunks' parameters only and receives the others' from their
-// owners around the blocks that use them.
+// owners around the blocks that use them. With --density D the gradients are compressed instead:
+// each rank sends the largest fraction D of every chunk's residual (compress::sparse_data_parallel,
+// error feedback); with --powersgd R each matrix is sent as a rank-R product
+// (compress::powersgd_data_parallel). Both take --zero 0, 1 or 2.
 //
 //   mpiexec -n 2 ./example_04_data_parallel [--steps N] [--batch B] [--seq T] [--bucket-kib K]
-//                                           [--zero 0|1|2|3] [--check-falls X]
+//                                           [--zero 0|1|2|3] [--density D | --powersgd R]
+//                                           [--check-falls X]
 //   ./tide demo --ranks 2 [flags]            (builds it and runs it under mpiexec)
 //
 // Rank 0 prints the progress line (with the gradient bytes reduced per step). At the end every rank
@@ -27,6 +31,7 @@
 
 #include <tide/comm/data_parallel.hpp>
 #include <tide/comm/mpi.hpp>
+#include <tide/compress/sink.hpp>
 #include <tide/offload/schedulers.hpp>
 #include <tide/optim/adamw.hpp>
 #include <tide/train/report.hpp>
@@ -41,6 +46,8 @@ struct options {
   int steps = 60, batch = 4, seq = 64;
   std::size_t bucket_kib = 256;
   int zero = 2;
+  double density = 0;  // > 0: sparse error feedback at this density
+  int powersgd = 0;    // > 0: PowerSGD at this rank
   double check_falls = 0;
 };
 
@@ -61,11 +68,18 @@ options parse(int argc, char** argv) {
     else if (flag == "--seq") number(flag, argv[i + 1], o.seq);
     else if (flag == "--bucket-kib") number(flag, argv[i + 1], o.bucket_kib);
     else if (flag == "--zero") number(flag, argv[i + 1], o.zero);
+    else if (flag == "--density") number(flag, argv[i + 1], o.density);
+    else if (flag == "--powersgd") number(flag, argv[i + 1], o.powersgd);
     else if (flag == "--check-falls") number(flag, argv[i + 1], o.check_falls);
-    else TIDE_FAIL(usage, "unknown flag ", flag, " (flags: --steps --batch --seq --bucket-kib --zero --check-falls)");
+    else TIDE_FAIL(usage, "unknown flag ", flag,
+                   " (flags: --steps --batch --seq --bucket-kib --zero --density --powersgd --check-falls)");
   }
   TIDE_REQUIRE(o.seq >= 2 && o.seq <= 256, "--seq must be 2 to 256");
   TIDE_REQUIRE(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3");
+  TIDE_REQUIRE(o.density <= 1, "--density must be in (0, 1]");
+  TIDE_REQUIRE(o.density == 0 || o.powersgd == 0, "--density and --powersgd are two compressions: pass one");
+  TIDE_REQUIRE((o.density == 0 && o.powersgd == 0) || o.zero <= 2,
+               "compressed data parallelism shards optimizer state and gradients, not parameters: --zero 0, 1 or 2");
   return o;
 }
 
@@ -89,7 +103,8 @@ std::size_t budget_for(tide::nn::gpt_config const& config, Offload const& off, i
   return std::max(activations + model_data / 2, probe.minimum_device_bytes(activations) + 2 * probe.chunk_bytes());
 }
 
-int run(options const& opt, tide::comm::mpi& world) {
+template <class Comm>
+int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::string const& how) {
   int const rank = world.rank(), ranks = world.size();
   auto const corpus = tide::train::byte_corpus::from_path(tide::train::fortunes_path());
   tide::train::window_loader loader{corpus, tide::train::split::train, opt.batch, opt.seq, 1, {rank, ranks}};
@@ -99,10 +114,10 @@ int run(options const& opt, tide::comm::mpi& world) {
   auto trainer = tide::train::make_trainer(
       tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = 1}}, off,
       tide::optim::adamw{.lr = 2e-3f, .decay_matrices_only = true, .schedule = {.warmup_steps = 10, .total_steps = opt.steps}},
-      tide::comm::data_parallel{.comm = &world, .bucket_bytes = opt.bucket_kib << 10, .zero = opt.zero});
+      comm);
   if (rank == 0)
-    std::printf("data parallel on %d ranks, ZeRO-%d, %s, device budget %s per rank, global batch %d x %d tokens\n",
-                ranks, opt.zero, decltype(trainer)::scheduler_type::name().c_str(),
+    std::printf("data parallel on %d ranks, ZeRO-%d, %s, %s, device budget %s per rank, global batch %d x %d tokens\n",
+                ranks, opt.zero, how.c_str(), decltype(trainer)::scheduler_type::name().c_str(),
                 tide::detail::concat(tide::bytes_of{off.device_budget}).c_str(), ranks * opt.batch, opt.seq);
   std::vector<std::int32_t> in(std::size_t(opt.batch) * std::size_t(opt.seq)), tg(in.size());
   tide::train::progress progress{stdout};
@@ -142,6 +157,24 @@ int run(options const& opt, tide::comm::mpi& world) {
     return 1;
   }
   return 0;
+}
+
+int run(options const& opt, tide::comm::mpi& world) {
+  namespace cx = tide::compress;
+  if (opt.density > 0)
+    return train(opt, world,
+                 cx::sparse_data_parallel<tide::comm::mpi>{
+                     .comm = &world, .compressor = {.density = static_cast<float>(opt.density), .warmup_steps = 10},
+                     .zero = opt.zero},
+                 tide::detail::concat("gradients sent sparse at density ", opt.density));
+  if (opt.powersgd > 0)
+    return train(opt, world,
+                 cx::powersgd_data_parallel<tide::comm::mpi>{
+                     .comm = &world, .compressor = {.rank = opt.powersgd}, .zero = opt.zero},
+                 tide::detail::concat("matrices sent by PowerSGD at rank ", opt.powersgd));
+  return train(opt, world,
+               tide::comm::data_parallel{.comm = &world, .bucket_bytes = opt.bucket_kib << 10, .zero = opt.zero},
+               tide::detail::concat("buckets of ", opt.bucket_kib, " KiB"));
 }
 
 }  // namespace

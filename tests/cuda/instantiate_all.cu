@@ -199,6 +199,12 @@ void compress_of(cuda_exec const& ex) {
   (void)t.select(ex, device_view<float const>{}, 1, device_view<std::uint32_t>{}, scratch);
   (void)tide::compress::exact_topk_cuda{}.select(ex, device_view<float const>{}, 1, device_view<std::uint32_t>{},
                                                  scratch);
+  (void)tide::compress::trimmed_topk_cuda{}.select(ex, device_view<float const>{}, 1, device_view<std::uint32_t>{},
+                                                   scratch);
+  (void)tide::compress::sampled_threshold_cuda{}.select(ex, device_view<float const>{}, 1,
+                                                        device_view<std::uint32_t>{}, scratch);
+  tide::compress::random_k_cuda r;
+  (void)r.select(ex, device_view<float const>{}, 1, device_view<std::uint32_t>{}, scratch);
 }
 
 }  // namespace

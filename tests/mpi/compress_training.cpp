@@ -1,14 +1,18 @@
 // Compressed data parallelism through make_trainer on real ranks: density 1 is dense data
-// parallelism bit for bit; at density 0.05 the GPT still learns, every rank ends with the same
-// bits and sends a fraction of the dense bytes; a per-rank checkpoint set resumes bit-identically
-// (each rank takes its own residuals back).
+// parallelism bit for bit; at density 0.05 and with PowerSGD at rank 2 the GPT still learns,
+// every rank ends with the same bits and sends a fraction of the dense bytes, and a per-rank
+// checkpoint set resumes bit-identically (each rank takes its own lists back). The PowerSGD sink
+// on one chunk: a summed matrix of rank <= r comes back as that sum, its vectors exactly. Under
+// ZeRO-1 and ZeRO-2 both train the bits of stage 0.
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -20,6 +24,9 @@
 #include "tide/comm/mpi.hpp"
 #include "tide/compress/sink.hpp"
 #include "tide/optim/adamw.hpp"
+#include "tide/chunk/layout.hpp"
+#include "tide/core/parameters.hpp"
+#include "tide/memory/stream.hpp"
 #include "tide/train/trainer.hpp"
 
 namespace {
@@ -41,6 +48,14 @@ float train(Trainer& t, int from, int to, int w, int r) {
   return loss;
 }
 using sparse_dp = cx::sparse_data_parallel<tide::comm::mpi>;
+using powersgd_dp = cx::powersgd_data_parallel<tide::comm::mpi>;
+
+// A fresh directory name shared by the ranks (rank 0's pid).
+std::filesystem::path shared_dir(tide::comm::mpi& world, char const* prefix) {
+  std::int64_t pid = world.rank() == 0 ? static_cast<std::int64_t>(::getpid()) : 0;
+  world.all_reduce(std::span<std::int64_t>(&pid, 1), tide::comm::reduce_op::max);
+  return std::filesystem::temp_directory_path() / (prefix + std::to_string(pid));
+}
 
 }  // namespace
 
@@ -60,27 +75,37 @@ TEST_CASE("compressed data parallelism at density 1 is dense data parallelism, b
   CHECK(st.chunks > 0);
 }
 
-TEST_CASE("at density 0.05 the GPT learns, the ranks agree, and a per-rank checkpoint set resumes bit-identically") {
+// The two compressions this file trains with: sparse error feedback at density 0.05 and
+// PowerSGD at rank 2.
+template <class Policy>
+Policy compressed(tide::comm::mpi& world, int zero = 0) {
+  Policy p{.comm = &world, .zero = zero};
+  if constexpr (std::is_same_v<Policy, sparse_dp>) p.compressor.density = 0.05f;
+  else p.compressor.rank = 2;
+  return p;
+}
+
+TEST_CASE_TEMPLATE("compressed training learns, the ranks agree, and a per-rank checkpoint set resumes bit-identically",
+                   Policy, sparse_dp, powersgd_dp) {
   auto& world = tide::test::world();
   int const w = world.size(), r = world.rank();
-  sparse_dp const policy{.comm = &world, .compressor = {.density = 0.05f}};
+  auto const policy = compressed<Policy>(world);
   auto t = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), policy);
   float const first = train(t, 0, 1, w, r);
   float const last = train(t, 1, 40, w, r);
-  if (r == 0) MESSAGE(w, " ranks, density 0.05: loss ", first, " -> ", last);
+  if (r == 0) MESSAGE(w, " ranks, ", Policy::name, ": loss ", first, " -> ", last);
   CHECK(last < 0.8f * first);  // loose: it learns
   CHECK(tide::test::same_on_every_rank(tide::test::flat_params(t)));
   auto const st = t.scheduler().sink().stats();
-  CHECK(st.sparse_chunks == st.chunks);  // 0.05 < 1/W: every chunk goes sparse
+  if constexpr (std::is_same_v<Policy, sparse_dp>) CHECK(st.sparse_chunks == st.chunks);  // 0.05 < 1/W: all sparse
+  else CHECK(st.low_rank > 0);
   CHECK(st.wire_bytes < st.dense_bytes / 2);
   if (r == 0)
     MESSAGE("wire bytes ", st.wire_bytes, " against dense ", st.dense_bytes, " (",
             static_cast<double>(st.wire_bytes) / static_cast<double>(st.dense_bytes), ")");
 
-  // A checkpoint set: every rank's residuals in its own shard.
-  std::int64_t pid = r == 0 ? static_cast<std::int64_t>(::getpid()) : 0;
-  world.all_reduce(std::span<std::int64_t>(&pid, 1), tide::comm::reduce_op::max);
-  std::filesystem::path const dir = std::filesystem::temp_directory_path() / ("tide_sparse_set_" + std::to_string(pid));
+  // A checkpoint set: every rank's lists (residual, or PowerSGD's error and Q) in its own shard.
+  std::filesystem::path const dir = shared_dir(world, "tide_compress_set_");
   if (r == 0) std::filesystem::remove_all(dir);
   world.barrier();
   t.save(dir);
@@ -93,7 +118,7 @@ TEST_CASE("at density 0.05 the GPT learns, the ranks agree, and a per-rank check
     train(resumed, 40, 43, w, r);
     CHECK(tide::test::max_difference(tide::test::flat_params(resumed), after) == 0.f);
   }
-  {  // the residuals matter: the same load without them (zeroed) ends elsewhere
+  {  // the lists matter: the same load with the first one zeroed ends elsewhere
     auto forgetful = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), policy);
     forgetful.load(dir);
     for (std::uint32_t i = 0; i < forgetful.model().parameters().size(); ++i) {
@@ -105,4 +130,110 @@ TEST_CASE("at density 0.05 the GPT learns, the ranks agree, and a per-rank check
   }
   world.barrier();
   if (r == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the PowerSGD sink: a chunk's rank-r matrix sum comes back, its vectors and small matrices exactly") {
+  auto& world = tide::test::world();
+  int const w = world.size(), r = world.rank();
+  // One chunk: a (48, 32) matrix whose sum over the ranks has rank 2, a bias, a (4, 4) matrix too
+  // small to pay (2 · 2 · 8 floats > 16 / 2) and so sent dense, and a (40, 24) matrix whose sum
+  // has rank 1 (P's second column is rounding noise: orthonormalise drops it).
+  tide::parameter_list params;
+  params.add("w", 0, {48, 32}, tide::dtype::f32);
+  params.add("b", 0, {32}, tide::dtype::f32);
+  params.add("s", 0, {4, 4}, tide::dtype::f32);
+  params.add("v", 0, {40, 24}, tide::dtype::f32);
+  auto const layout = tide::chunk::pack(params, 4096);
+  REQUIRE(layout.chunks() == 1);
+  std::vector<float> g(layout.chunk_elements, 0.f), error(g.size(), 0.f), q(g.size(), 0.f);
+  auto at = [&](std::size_t i) { return g.data() + layout.offset_of[i]; };
+  // rank k adds (k + 1) u1 v1ᵀ + (k + 1)² u2 v2ᵀ / 8 to w: the sum has rank 2 for any W; and
+  // (k + 1) u1 v1ᵀ + (-1)^k u2 v2ᵀ to v: rank 1 for an even W
+  auto const u1 = [](std::size_t i) { return static_cast<float>(i % 7) - 3.f; };
+  auto const v1 = [](std::size_t j) { return static_cast<float>(j % 5) - 2.f; };
+  auto const u2 = [](std::size_t i) { return static_cast<float>((i * 3) % 11) / 4.f; };
+  auto const v2 = [](std::size_t j) { return static_cast<float>(j % 3) - 1.f; };
+  float const k1 = static_cast<float>(r + 1);
+  for (std::size_t i = 0; i < 48; ++i)
+    for (std::size_t j = 0; j < 32; ++j) at(0)[i * 32 + j] = k1 * u1(i) * v1(j) + k1 * k1 * u2(i) * v2(j) / 8.f;
+  for (std::size_t i = 0; i < 40; ++i)
+    for (std::size_t j = 0; j < 24; ++j) at(3)[i * 24 + j] = k1 * u1(i) * v1(j) + (r % 2 == 0 ? 1.f : -1.f) * u2(i) * v2(j);
+  for (std::size_t j = 0; j < 32; ++j) at(1)[j] = static_cast<float>(static_cast<int>(j) * (r + 1) % 9);
+  for (std::size_t j = 0; j < 16; ++j) at(2)[j] = static_cast<float>(static_cast<int>(j) - r * 3);
+  std::vector<float> expect = g;  // the dense sum (small integers and products: exact in fp32 here)
+  world.all_reduce(std::span<float>(expect), tide::comm::reduce_op::sum);
+
+  cx::powersgd_sink<tide::comm::mpi> sink{&world, {.rank = 2}};
+  sink.bind_layout(layout, params.all());
+  tide::offload::ready_chunk<tide::host, float> rc{.chunk = 0, .grads = std::span<float>(g), .step = 1};
+  rc.lists[0] = std::as_writable_bytes(std::span<float>(error));
+  rc.lists[1] = std::as_writable_bytes(std::span<float>(q));
+  tide::memory::event<tide::host> done;
+  rc.done = &done;
+  CHECK(sink.reduce(rc));  // on the sink's worker: finished when done is
+  done.synchronize();
+  // The matrices: one power step from any Q recovers a sum of rank <= 2, to fp32 rounding
+  // (1e-5 relative: products over at most 48 terms). Each rank keeps M_i − S / W; summed over the
+  // ranks that is what S missed: nothing.
+  std::vector<float> errors = error;
+  world.all_reduce(std::span<float>(errors), tide::comm::reduce_op::sum);
+  for (std::size_t m : {std::size_t{0}, std::size_t{3}}) {
+    CAPTURE(m);
+    std::size_t const o = layout.offset_of[m], e = static_cast<std::size_t>(params.all()[m].numel());
+    double miss = 0, scale = 0, left = 0;
+    for (std::size_t i = 0; i < e; ++i) {
+      miss += (double(g[o + i]) - expect[o + i]) * (double(g[o + i]) - expect[o + i]);
+      scale += double(expect[o + i]) * expect[o + i];
+      left += double(errors[o + i]) * errors[o + i];
+    }
+    CHECK(std::sqrt(miss) <= 1e-5 * std::sqrt(scale));
+    CHECK(std::sqrt(left) <= 1e-5 * std::sqrt(scale));
+  }
+  // The vector and the small matrix: the dense sum, bit for bit; padding stays zero.
+  for (std::size_t i : {std::size_t{1}, std::size_t{2}})
+    for (std::size_t j = 0; j < static_cast<std::size_t>(params.all()[i].numel()); ++j)
+      CHECK(at(i)[j] == expect[layout.offset_of[i] + j]);
+  for (std::size_t j = 48 * 32; j < layout.offset_of[1]; ++j) CHECK(g[j] == 0.f);
+  CHECK(tide::test::same_on_every_rank(g));
+  CHECK(tide::test::same_on_every_rank(q));  // Q, the warm start, is shared
+  auto const st = sink.stats();
+  CHECK(st.low_rank == 2);
+  CHECK(st.dense_floats == 32 + 16);
+  if (w > 1) CHECK(st.wire_bytes < st.dense_bytes / 4);
+}
+
+TEST_CASE_TEMPLATE("compressed data parallelism under ZeRO-1 and ZeRO-2 trains the same bits, and its sets resume bit-identically",
+                   Policy, sparse_dp, powersgd_dp) {
+  auto& world = tide::test::world();
+  int const w = world.size(), r = world.rank();
+  auto policy = [&](int zero) { return compressed<Policy>(world, zero); };
+  auto plain = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), policy(0));
+  train(plain, 0, 10, w, r);
+  auto const reference = tide::test::flat_params(plain);
+  for (int zero : {1, 2}) {
+    CAPTURE(zero);
+    auto t = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), policy(zero));
+    train(t, 0, 10, w, r);
+    // The owner of each chunk stepped it with the same sums: the same bits, on every rank.
+    CHECK(tide::test::max_difference(tide::test::flat_params(t), reference) == 0.f);
+    std::uint32_t kept = 0;
+    for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) kept += t.scheduler().keeps_state(i) ? 1 : 0;
+    CHECK(kept < t.model().parameters().size());  // another rank keeps the rest
+    CHECK(t.scheduler().sink().stats().bytes_gathered > 0);
+    // A set under ZeRO: the owned state in the owner's shard, every chunk's residual in each
+    // rank's own; a resume gives the same bits.
+    std::filesystem::path const dir = shared_dir(world, "tide_compress_zero_set_");
+    if (r == 0) std::filesystem::remove_all(dir);
+    world.barrier();
+    t.save(dir);
+    train(t, 10, 13, w, r);
+    auto resumed = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), policy(zero));
+    resumed.load(dir);
+    train(resumed, 10, 13, w, r);
+    CHECK(tide::test::max_difference(tide::test::flat_params(resumed), tide::test::flat_params(t)) == 0.f);
+    world.barrier();
+    if (r == 0) std::filesystem::remove_all(dir);
+  }
+  // ZeRO-3 shards the parameters, which compression does not: refused with what to pass.
+  CHECK_THROWS_AS(tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), policy(3)), tide::error);
 }

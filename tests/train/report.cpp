@@ -142,3 +142,23 @@ TEST_CASE("the loss picture: a polyline of every step, a dot per validation loss
   CHECK(width == 720);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("several runs in one picture: a polyline and a legend entry per curve, in its own colour") {
+  std::vector<float> a, b;
+  for (int i = 0; i < 30; ++i) a.push_back(4.f - 0.05f * float(i)), b.push_back(4.f - 0.04f * float(i));
+  b.resize(20);  // a shorter run: the x axis spans the longest
+  tide::train::loss_curve const curves[] = {{"dense", a}, {"density 0.01 <sparse>", b}};
+  auto const svg = tide::train::loss_curves_svg(curves, {}, "dense against compressed");
+  CHECK(count(svg, R"(<polyline class="train")") == 2);
+  CHECK(count(svg, R"(<g class="legend train">)") == 2);
+  CHECK(svg.find(">dense</text>") != std::string::npos);
+  CHECK(svg.find(">density 0.01 &lt;sparse&gt;</text>") != std::string::npos);
+  auto const first = svg.find("<polyline"), second = svg.find("<polyline", first + 1);
+  auto const colour = [&](std::size_t at) { return svg.substr(svg.find("stroke=\"", at) + 8, 7); };
+  CHECK(colour(first) != colour(second));
+  auto const xticks = tick_labels(svg, R"(<g class="xtick">)");
+  REQUIRE(!xticks.empty());
+  CHECK(xticks.back() == "30");
+  tide::train::loss_curve const empty[] = {{"dense", a}, {"nothing", {}}};
+  CHECK_THROWS_AS((void)tide::train::loss_curves_svg(empty, {}, "x"), tide::error);
+}

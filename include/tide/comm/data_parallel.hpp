@@ -58,6 +58,34 @@ struct bucket_stats {
   std::uint64_t bytes_gathered = 0; // ZeRO: parameter bytes all-gathered after the steps (this rank's share)
 };
 
+// ZeRO after the step's updates: every rank gets the parameters of the chunks other ranks
+// stepped. Each group of W consecutive chunks is one all-gather, every rank giving the chunk it
+// stepped; a last group of fewer chunks is broadcast from each owner. `staging` holds a group
+// (grown on demand). Returns the bytes this rank gave. Every rank calls it, with the same chunks.
+template <class C, class T>
+std::size_t share_stepped_chunks(C& comm, offload::chunk_shard shard, std::span<std::span<T> const> chunks,
+                                 std::vector<std::byte>& staging) {
+  auto const w = static_cast<std::size_t>(shard.ranks);
+  auto const r = static_cast<std::size_t>(shard.rank);
+  std::size_t const n = chunks.size();
+  std::size_t const len = n == 0 ? 0 : chunks[0].size();
+  if (staging.size() < w * len * sizeof(T)) staging.resize(w * len * sizeof(T));
+  std::span<T> const all(reinterpret_cast<T*>(staging.data()), w * len);
+  std::size_t bytes = 0;
+  std::size_t g = 0;
+  for (; g + w <= n; g += w) {  // full groups: one all-gather each
+    comm.all_gather(std::span<T const>(chunks[g + r]), all);
+    for (std::size_t k = 0; k < w; ++k)
+      if (k != r) std::copy_n(all.data() + k * len, len, chunks[g + k].data());
+    bytes += len * sizeof(T);
+  }
+  for (std::size_t c = g; c < n; ++c) {  // the last, partial group
+    comm.broadcast(chunks[c], shard.owner(static_cast<std::uint32_t>(c)));
+    if (shard.owns(static_cast<std::uint32_t>(c))) bytes += len * sizeof(T);
+  }
+  return bytes;
+}
+
 template <class C>
 struct request_of {
   struct type {};
@@ -318,24 +346,7 @@ class bucket_sink {
     // On the calling thread, after the step drained the sink (the staging buffer is free).
     template <class T>
     void gather(std::span<std::span<T> const> chunks) {
-      auto const w = static_cast<std::size_t>(shard.ranks);
-      auto const r = static_cast<std::size_t>(shard.rank);
-      std::size_t const n = chunks.size();
-      std::size_t const len = n == 0 ? 0 : chunks[0].size();
-      if (staging.size() < w * len * sizeof(T)) staging.resize(w * len * sizeof(T));
-      std::span<T> const all(reinterpret_cast<T*>(staging.data()), w * len);
-      std::size_t bytes = 0;
-      std::size_t g = 0;
-      for (; g + w <= n; g += w) {  // full groups: one all-gather each
-        comm->all_gather(std::span<T const>(chunks[g + r]), all);
-        for (std::size_t k = 0; k < w; ++k)
-          if (k != r) std::copy_n(all.data() + k * len, len, chunks[g + k].data());
-        bytes += len * sizeof(T);
-      }
-      for (std::size_t c = g; c < n; ++c) {  // the last, partial group
-        comm->broadcast(chunks[c], shard.owner(static_cast<std::uint32_t>(c)));
-        if (shard.owns(static_cast<std::uint32_t>(c))) bytes += len * sizeof(T);
-      }
+      std::size_t const bytes = share_stepped_chunks(*comm, shard, chunks, staging);
       std::lock_guard lock(m);
       totals.bytes_gathered += bytes;
     }

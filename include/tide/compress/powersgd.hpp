@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tide/comm/communicator.hpp"
+#include "tide/core/dtype.hpp"
 #include "tide/core/error.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
@@ -38,7 +39,88 @@ struct powersgd_options {
   int rank = 2;                 // r: the columns of P and Q
   bool error_feedback = true;   // keep what the rank-r sum missed for the next step
   std::uint32_t seed = 7;       // Q's first values (the same on every rank)
+  // In training (compress/sink.hpp): a matrix is compressed only when its r (rows + cols) floats
+  // are at most 1 / min_compression_rate of its rows · cols (PyTorch's rule, default 2); smaller
+  // ones, and vectors, are summed dense. The first dense_steps optimizer steps are all dense
+  // (PyTorch's start_powerSGD_iter): compression starts from gradients past their first transient.
+  float min_compression_rate = 2.f;
+  std::int64_t dense_steps = 0;
 };
+
+namespace detail {
+// Columns of a (n × r, row-major) made orthonormal in place, in column order (modified
+// Gram-Schmidt). A column that (nearly) lies in the span of the earlier ones becomes zero: what
+// is left of it is rounding noise, and normalising noise would give a column far from orthogonal
+// to the others (a summed gradient of rank below r does that).
+inline void orthonormalise(std::span<float> a, std::size_t n, std::size_t r) {
+  for (std::size_t j = 0; j < r; ++j) {
+    double before = 0;
+    for (std::size_t i = 0; i < n; ++i) before += double(a[i * r + j]) * a[i * r + j];
+    for (std::size_t k = 0; k < j; ++k) {
+      double dot = 0;
+      for (std::size_t i = 0; i < n; ++i) dot += double(a[i * r + j]) * a[i * r + k];
+      for (std::size_t i = 0; i < n; ++i) a[i * r + j] -= static_cast<float>(dot) * a[i * r + k];
+    }
+    double norm = 0;
+    for (std::size_t i = 0; i < n; ++i) norm += double(a[i * r + j]) * a[i * r + j];
+    // 1e-8 of the squared norm: the column kept at least 1e-4 of its length, far above fp32 noise
+    float const inv = norm > 1e-8 * before && norm > 1e-60 ? static_cast<float>(1.0 / std::sqrt(norm)) : 0.f;
+    for (std::size_t i = 0; i < n; ++i) a[i * r + j] *= inv;
+  }
+}
+
+// The three products of one PowerSGD step, shared by powersgd_sum and the training sink
+// (compress/sink.hpp). m (rows × cols), p (rows × r), q (cols × r), all row-major. Each output
+// element is one sum in a fixed order, whatever the thread count.
+
+// p ← m q
+inline void powersgd_project(thread_pool& pool, std::span<float const> m, std::span<float const> q, std::span<float> p,
+                             std::size_t rows, std::size_t cols, std::size_t r) {
+  parallel_for(pool, rows, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i)
+      for (std::size_t k = 0; k < r; ++k) {
+        float acc = 0;
+        for (std::size_t j = 0; j < cols; ++j) acc += m[i * cols + j] * q[j * r + k];
+        p[i * r + k] = acc;
+      }
+  });
+}
+// q ← mᵀ p (rows outermost: m is read along its rows)
+inline void powersgd_back(thread_pool& pool, std::span<float const> m, std::span<float const> p, std::span<float> q,
+                          std::size_t rows, std::size_t cols, std::size_t r) {
+  parallel_for(pool, cols, [&](std::size_t b, std::size_t e) {
+    std::fill(q.begin() + static_cast<std::ptrdiff_t>(b * r), q.begin() + static_cast<std::ptrdiff_t>(e * r), 0.f);
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t j = b; j < e; ++j)
+        for (std::size_t k = 0; k < r; ++k) q[j * r + k] += m[i * cols + j] * p[i * r + k];
+  });
+}
+// out ← p qᵀ; and with an error (not empty): error ← m − out / w, this rank's share of what the
+// rank-r sum missed. m and error may be the same span.
+template <class T>
+void powersgd_expand(thread_pool& pool, std::span<float const> p, std::span<float const> q, T* out,
+                     std::span<float const> m, std::span<float> error, float w, std::size_t rows, std::size_t cols,
+                     std::size_t r) {
+  parallel_for(pool, rows, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i)
+      for (std::size_t j = 0; j < cols; ++j) {
+        float acc = 0;
+        for (std::size_t k = 0; k < r; ++k) acc += p[i * r + k] * q[j * r + k];
+        out[i * cols + j] = from_float<T>(acc);
+        if (!error.empty()) error[i * cols + j] = m[i * cols + j] - acc / w;
+      }
+  });
+}
+// Q's first values: uniform in [-1, 1) from the seed, the same on every rank (any full-rank start
+// works).
+inline void powersgd_seed(std::span<float> q, std::uint32_t seed) {
+  std::uint32_t s = seed * 2654435761u + 1;
+  for (float& v : q) {
+    s = s * 1664525u + 1013904223u;
+    v = static_cast<float>(s >> 8) / 8388608.f - 1.f;
+  }
+}
+}  // namespace detail
 
 // One matrix's state: Q (cols × r, row-major) and this rank's error (rows × cols).
 struct powersgd_state {
@@ -52,11 +134,7 @@ struct powersgd_state {
                  " for a ", rows_, " x ", cols_, " matrix; pass 1 <= rank <= min(rows, cols)");
     auto const r = static_cast<std::size_t>(o.rank);
     q.resize(cols * r);
-    std::uint32_t s = o.seed * 2654435761u + 1;  // uniform in [-1, 1): any full-rank start works
-    for (float& v : q) {
-      s = s * 1664525u + 1013904223u;
-      v = static_cast<float>(s >> 8) / 8388608.f - 1.f;
-    }
+    detail::powersgd_seed(q, o.seed);
     error.assign(o.error_feedback ? rows * cols : 0, 0.f);
     p.resize(rows * r);
     m.resize(rows * cols);
@@ -67,25 +145,6 @@ struct powersgd_state {
   }
 };
 
-namespace detail {
-// Columns of a (n × r, row-major) made orthonormal in place, in column order (modified
-// Gram-Schmidt); a column that vanishes stays zero.
-inline void orthonormalise(std::span<float> a, std::size_t n, std::size_t r) {
-  for (std::size_t j = 0; j < r; ++j) {
-    for (std::size_t k = 0; k < j; ++k) {
-      double dot = 0;
-      for (std::size_t i = 0; i < n; ++i) dot += double(a[i * r + j]) * a[i * r + k];
-      for (std::size_t i = 0; i < n; ++i) a[i * r + j] -= static_cast<float>(dot) * a[i * r + k];
-    }
-    double norm = 0;
-    for (std::size_t i = 0; i < n; ++i) norm += double(a[i * r + j]) * a[i * r + j];
-    norm = std::sqrt(norm);
-    float const inv = norm > 1e-30 ? static_cast<float>(1.0 / norm) : 0.f;
-    for (std::size_t i = 0; i < n; ++i) a[i * r + j] *= inv;
-  }
-}
-}  // namespace detail
-
 // grad (rows × cols): this rank's gradient in, the rank-r sum over the ranks out (every rank the
 // same bits). Every rank calls it, with the same state shape and options.
 template <class C>
@@ -93,44 +152,16 @@ void powersgd_sum(exec<host> const& ex, C& comm, std::span<float> grad, powersgd
   std::size_t const rows = s.rows, cols = s.cols, r = static_cast<std::size_t>(s.options.rank);
   TIDE_REQUIRE(grad.size() == rows * cols, "powersgd: a gradient of ", grad.size(), " floats for a ", rows, " x ",
                cols, " state");
-  float const w = static_cast<float>(comm.size());
   // M ← grad + E (kept: the error needs it after grad holds the sum)
-  parallel_for(ex.pool, rows, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i)
-      for (std::size_t j = 0; j < cols; ++j)
-        s.m[i * cols + j] = grad[i * cols + j] + (s.options.error_feedback ? s.error[i * cols + j] : 0.f);
-  });
-  // P ← M Q, summed
-  parallel_for(ex.pool, rows, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i)
-      for (std::size_t k = 0; k < r; ++k) {
-        float acc = 0;
-        for (std::size_t j = 0; j < cols; ++j) acc += s.m[i * cols + j] * s.q[j * r + k];
-        s.p[i * r + k] = acc;
-      }
-  });
+  for (std::size_t i = 0; i < rows * cols; ++i) s.m[i] = grad[i] + (s.options.error_feedback ? s.error[i] : 0.f);
+  detail::powersgd_project(ex.pool, s.m, s.q, s.p, rows, cols, r);  // P ← M Q, summed
   comm.all_reduce(std::span<float>(s.p), tide::comm::reduce_op::sum);
   detail::orthonormalise(std::span<float>(s.p), rows, r);
-  // Q ← Mᵀ P, summed
-  parallel_for(ex.pool, cols, [&](std::size_t b, std::size_t e) {
-    for (std::size_t j = b; j < e; ++j)
-      for (std::size_t k = 0; k < r; ++k) {
-        float acc = 0;
-        for (std::size_t i = 0; i < rows; ++i) acc += s.m[i * cols + j] * s.p[i * r + k];
-        s.q[j * r + k] = acc;
-      }
-  });
+  detail::powersgd_back(ex.pool, s.m, s.p, s.q, rows, cols, r);  // Q ← Mᵀ P, summed
   comm.all_reduce(std::span<float>(s.q), tide::comm::reduce_op::sum);
   // grad ← P Qᵀ; E ← M − grad / W
-  parallel_for(ex.pool, rows, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i)
-      for (std::size_t j = 0; j < cols; ++j) {
-        float acc = 0;
-        for (std::size_t k = 0; k < r; ++k) acc += s.p[i * r + k] * s.q[j * r + k];
-        grad[i * cols + j] = acc;
-        if (s.options.error_feedback) s.error[i * cols + j] = s.m[i * cols + j] - acc / w;
-      }
-  });
+  detail::powersgd_expand(ex.pool, s.p, s.q, grad.data(), s.m, std::span<float>(s.error),
+                          static_cast<float>(comm.size()), rows, cols, r);
 }
 
 }  // namespace tide::compress

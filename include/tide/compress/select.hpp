@@ -40,6 +40,7 @@
 
 #include "tide/core/backend.hpp"
 #include "tide/core/config.hpp"
+#include "tide/core/dtype.hpp"
 #include "tide/core/error.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
@@ -47,8 +48,9 @@
 namespace tide::compress {
 
 // The magnitude of v as an unsigned key whose integer order is the order of |v| (NaN on top).
+// (tide::detail::bits_of, not std::bit_cast: nvcc does not call std::bit_cast from device code.)
 TIDE_HOST_DEVICE constexpr std::uint32_t abs_key(float v) noexcept {
-  return std::bit_cast<std::uint32_t>(v) & 0x7fffffffu;
+  return tide::detail::bits_of(v) & 0x7fffffffu;
 }
 // A 32-bit mix (the finaliser of MurmurHash3): random_k's ranking.
 TIDE_HOST_DEVICE constexpr std::uint32_t mix32(std::uint32_t h) noexcept {

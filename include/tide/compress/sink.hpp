@@ -28,10 +28,13 @@
 // not carry that state, so after a resume they choose from a fresh state (correct, not the same
 // bits).
 //
-// The sink runs on the compute thread, chunk after chunk: the transport does not overlap backward
-// yet, and ZeRO is not combined with it (docs/compress.md says what is missing).
+// The work runs on the sink's own worker, chunk after chunk in the order backward completes them,
+// while backward goes on (detail::chunk_jobs). ZeRO is not combined with it (docs/compress.md
+// says what is missing).
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -40,20 +43,169 @@
 #include <mutex>
 #include <span>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "tide/comm/communicator.hpp"
+#include "tide/comm/data_parallel.hpp"
+#include "tide/chunk/layout.hpp"
+#include "tide/compress/powersgd.hpp"
 #include "tide/compress/residual.hpp"
 #include "tide/compress/sparse_sum.hpp"
 #include "tide/core/dtype.hpp"
 #include "tide/core/error.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
+#include "tide/core/parameters.hpp"
+#include "tide/memory/stream.hpp"
 #include "tide/offload/chunk_source.hpp"
 #include "tide/offload/gradient_sink.hpp"
 
 namespace tide::compress {
+
+namespace detail {
+
+// A compressing sink's work, off the compute thread. Each chunk's compression and transport run
+// as one job on the sink's own worker (a host stream), in the order backward hands the chunks
+// over: the same order on every rank, so the collectives match. Backward goes on meanwhile; the
+// chunk's done event is recorded behind its job, and the engine's optimizer step for the chunk
+// waits for it. A job that throws fails its step (the engine waits for done, undoes the step);
+// the next chunk handed over starts a fresh worker, so training can go on.
+template <class State>
+class chunk_jobs {
+ public:
+  static constexpr std::size_t ring = 256;  // jobs in flight before a job's slot is reused
+
+  chunk_jobs() = default;
+  chunk_jobs(chunk_jobs const&) = delete;
+  chunk_jobs& operator=(chunk_jobs const&) = delete;
+
+  template <class T>
+  void take(State* st, offload::ready_chunk<host, T> const& r) {
+    if (failed_.exchange(false)) recover();
+    auto& slots = std::get<std::vector<job<T>>>(rings_);
+    if (slots.empty()) slots = std::vector<job<T>>(ring);
+    job<T>& j = slots[next_++ % ring];
+    j.ran.synchronize();  // its previous use ran
+    j.st = st;
+    j.owner = this;
+    j.r = r;
+    j.r.done = nullptr;
+    j.r.valid_after = nullptr;
+    if (r.valid_after != nullptr) work_.wait(*r.valid_after);
+    memory::launch(work_, j);
+    j.ran.record(work_);
+    r.done->record(work_);
+  }
+
+ private:
+  template <class T>
+  struct job {
+    State* st = nullptr;
+    chunk_jobs* owner = nullptr;
+    offload::ready_chunk<host, T> r{};
+    memory::event<host> ran{};
+    void operator()() {
+      double const start = r.trace != nullptr ? offload::trace_recorder::now_us() : 0;
+      try {
+        st->run(r);
+      } catch (...) {
+        owner->failed_ = true;
+        throw;  // the worker keeps it: done's wait rethrows it in the engine
+      }
+      if (r.trace != nullptr)
+        r.trace->complete(tide::detail::concat(State::label, " chunk ", r.chunk), "comm", offload::lane::comm, start,
+                          offload::trace_recorder::now_us(), r.grads.size_bytes());
+    }
+  };
+  // After a failed job: the old worker skipped the rest of its queue; wait for it, then start anew.
+  void recover() {
+    try {
+      work_.synchronize();
+    } catch (tide::error const&) {  // the failure the step already reported
+    }
+    work_ = memory::stream<host>{};
+    std::apply([](auto&... v) { (reset(v), ...); }, rings_);
+  }
+  template <class J>
+  static void reset(std::vector<J>& v) {
+    for (J& j : v) j.ran = memory::event<host>{};  // their records were on the old worker
+  }
+
+  std::tuple<std::vector<job<float>>, std::vector<job<bf16>>, std::vector<job<f16>>> rings_;
+  std::size_t next_ = 0;
+  std::atomic<bool> failed_{false};
+  memory::stream<host> work_;  // last: destroyed (drained) before the jobs
+};
+
+// What both compressing sinks share: the chunk's work queued on the sink's worker, and ZeRO
+// stages 1 and 2. Under ZeRO each rank keeps the optimizer state of its own chunks (chunk c on
+// rank c % W) and steps them; the engine frees another rank's gradients once their sum is done,
+// and share_parameters all-gathers the new parameters after the step. The compression does not
+// change: a rank's residual (or PowerSGD error) is its own, of its own gradients, so every rank
+// keeps it for every chunk; the sums reach every rank, as without ZeRO.
+template <class C>
+struct zero_part {
+  offload::chunk_shard shard{};        // {0, 1}: everything here
+  std::vector<std::byte> staging{};    // share_parameters' all-gather
+  std::uint64_t bytes_gathered = 0;    // this rank's parameter bytes given in share_parameters
+
+  zero_part(C* comm, int zero, std::string_view policy) {
+    TIDE_REQUIRE(zero >= 0 && zero <= 2, policy, ": zero = ", zero, "; compressed data parallelism shards the "
+                 "optimizer state (zero = 1) and the gradients (zero = 2), not the parameters: pass 0, 1 or 2");
+    if constexpr (!requires(C& c, std::span<float const> in, std::span<float> out) {
+                    c.all_gather(in, out);
+                    c.broadcast(out, 0);
+                  })
+      TIDE_REQUIRE(zero == 0, policy, ": zero = ", zero, " needs a communicator with all_gather and broadcast "
+                   "(tide::comm::mpi or self), not ", C::name, ": pass zero = 0");
+    if (zero > 0 && comm != nullptr) shard = {comm->rank(), comm->size()};
+  }
+};
+
+// CRTP: Sink has a std::shared_ptr<state> st_ whose state has comm, zero (a zero_part), jobs (a
+// chunk_jobs), run(ready_chunk), totals (its stats) and a mutex m.
+template <class Sink>
+class sink_front {
+ public:
+  template <Backend B, class T>
+  bool reduce(offload::ready_chunk<B, T> const& r) {
+    static_assert(std::is_same_v<B, host>, "compressed data parallelism: the sink runs on tide::host");
+    auto& st = *self().st_;
+    st.jobs.take(&st, r);
+    return true;  // done is recorded behind the chunk's job
+  }
+  [[nodiscard]] offload::chunk_shard shard() const noexcept { return self().st_->zero.shard; }
+  // What the sink sent so far (this rank's side).
+  [[nodiscard]] auto stats() const {
+    auto const& st = *self().st_;
+    std::lock_guard lock(st.m);
+    auto t = st.totals;
+    t.bytes_gathered = st.zero.bytes_gathered;
+    return t;
+  }
+  // After the step's updates (the engine drained the sink first): the chunks other ranks stepped.
+  template <class T>
+  void share_parameters(std::span<std::span<T> const> chunks) {
+    auto& st = *self().st_;
+    if (st.zero.shard.ranks == 1) return;
+    if constexpr (requires(std::span<T> x, std::span<T const> y) {
+                    st.comm->all_gather(y, x);
+                    st.comm->broadcast(x, 0);
+                  }) {
+      std::size_t const bytes = tide::comm::share_stepped_chunks(*st.comm, st.zero.shard, chunks, st.zero.staging);
+      std::lock_guard lock(st.m);
+      st.zero.bytes_gathered += bytes;
+    }
+  }
+
+ private:
+  Sink& self() noexcept { return static_cast<Sink&>(*this); }
+  Sink const& self() const noexcept { return static_cast<Sink const&>(*this); }
+};
+
+}  // namespace detail
 
 // What the sink sent, for reports, tests and benchmarks (this rank's side).
 struct sparse_stats {
@@ -62,11 +214,17 @@ struct sparse_stats {
   std::uint64_t pairs = 0;         // pairs this rank sent
   std::uint64_t wire_bytes = 0;    // bytes this rank sent: 8 per pair, or a ring all-reduce's 2 (W-1)/W of 4 n
   std::uint64_t dense_bytes = 0;   // what the dense all-reduce of the same chunks would have sent
+  std::uint64_t bytes_gathered = 0; // ZeRO: parameter bytes this rank gave after the steps
 };
 
 template <class C, Selector Sel = sampled_threshold, bool Momentum = false>
-class sparse_sink {
+class sparse_sink : public detail::sink_front<sparse_sink<C, Sel, Momentum>> {
+  friend detail::sink_front<sparse_sink>;
+
  public:
+  using comm_type = C;
+  using compressor_type = residual_compressor<Sel>;
+  static constexpr std::string_view policy_name = "sparse_data_parallel";
   static constexpr std::array<offload::extra_list, Momentum ? 2 : 1> lists = [] {
     std::array<offload::extra_list, Momentum ? 2 : 1> l{};
     l[0] = {"residual", dtype::f32};
@@ -74,8 +232,8 @@ class sparse_sink {
     return l;
   }();
 
-  sparse_sink(C* comm, residual_compressor<Sel> const& compressor, int threads = 1)
-      : st_(std::make_shared<state>(comm, compressor, threads)) {
+  sparse_sink(C* comm, residual_compressor<Sel> const& compressor, int threads = 1, int zero = 0)
+      : st_(std::make_shared<state>(comm, compressor, threads, zero)) {
     TIDE_REQUIRE(comm != nullptr, "sparse_data_parallel: .comm is null; pass the address of a communicator that "
                  "outlives the trainer");
     TIDE_REQUIRE(Momentum == (compressor.momentum != 0.f), "sparse_data_parallel: compressor.momentum = ",
@@ -83,19 +241,10 @@ class sparse_sink {
                  " a momentum list; use sparse_data_parallel<C, Sel, ", Momentum ? "false" : "true", ">");
   }
 
-  template <Backend B, class T>
-  bool reduce(offload::ready_chunk<B, T> const& r) {
-    static_assert(std::is_same_v<B, host>, "sparse_data_parallel: the sink runs on tide::host");
-    st_->run(r);
-    return false;  // finished here
-  }
-  [[nodiscard]] sparse_stats stats() const {
-    std::lock_guard lock(st_->m);
-    return st_->totals;
-  }
 
  private:
   struct state {
+    static constexpr std::string_view label = "sparse sum";
     C* comm;
     residual_compressor<Sel> proto;             // copied per chunk: each keeps its selector's state
     std::vector<residual_compressor<Sel>> by_chunk;
@@ -106,12 +255,15 @@ class sparse_sink {
     sparse_scratch scratch;
     mutable std::mutex m;
     sparse_stats totals;
+    detail::zero_part<C> zero;
+    detail::chunk_jobs<state> jobs;  // last: drained before the rest goes
 
-    state(C* c, residual_compressor<Sel> const& proto_, int threads)
+    state(C* c, residual_compressor<Sel> const& proto_, int threads, int zero_stage)
         : comm(c),
           proto(proto_),
           dense{.density = 1.f, .momentum = proto_.momentum, .clip_norm = proto_.clip_norm, .ranks = proto_.ranks},
-          pool(threads) {
+          pool(threads),
+          zero(c, zero_stage, policy_name) {
       (void)proto.density_at(1);  // a density outside (0, 1] is refused here, at construction
     }
 
@@ -162,39 +314,229 @@ class sparse_sink {
   std::shared_ptr<state> st_;
 };
 
-// make_trainer's communication policy for compressed data parallelism: the ranks of `comm` each
-// train on their own data; each gradient chunk is compressed with error feedback and summed over
-// the ranks by a sparse_sink. Momentum = true keeps DGC's momentum list (compressor.momentum > 0).
-template <class C, Selector Sel = sampled_threshold, bool Momentum = false>
-struct sparse_data_parallel {
-  static constexpr std::string_view name = "sparse_data_parallel";
-  C* comm = nullptr;                        // the ranks; outlives the trainer
-  residual_compressor<Sel> compressor{};    // density, warm-up, momentum, clipping, the selector
-  int threads = 1;                          // the sink's own threads (selection, accumulation)
+// What a powersgd_sink sent, this rank's side.
+struct powersgd_stats {
+  std::uint64_t chunks = 0;        // chunks summed
+  std::uint64_t low_rank = 0;      // matrices sent as P and Q (summed over the steps)
+  std::uint64_t dense_floats = 0;  // floats summed dense (vectors, small matrices, dense steps)
+  std::uint64_t wire_bytes = 0;    // bytes this rank sent: ring all-reduces of P, then Q
+  std::uint64_t dense_bytes = 0;   // what the dense all-reduce of the same chunks would have sent
+  std::uint64_t bytes_gathered = 0; // ZeRO: parameter bytes this rank gave after the steps
+};
 
-  using sink_type = sparse_sink<C, Sel, Momentum>;
+// PowerSGD in training: each matrix of a completed chunk summed over the ranks as a rank-r
+// product with error feedback and a warm start (compress/powersgd.hpp, the same products), the
+// chunk's vectors and small matrices dense in the same all-reduce as the P's:
+//
+//   M ← g + E per matrix; all_reduce([P = M Q of every matrix | the dense tensors]);
+//   orthonormalise each P; all_reduce([Q = Mᵀ P of every matrix]); g ← P Qᵀ, E ← M − g / W.
+//
+// Two all-reduces per chunk, whatever its tensors. The error E and Q are the sink's extra lists
+// ("error", "powersgd_q"): E over every element of a matrix, Q (cols × r) in the first cols · r
+// elements of its matrix's slot (r <= rows, so it fits). Both move, undo and checkpoint with the
+// optimizer state; Q is the same on every rank, E is the rank's own. A Q of zeros (the first step,
+// or a matrix whose gradients were all zero) starts from the seeded values, the same on every rank.
+// Where each matrix lies comes from the engine (offload::LayoutAwareSink): a matrix is a tensor of
+// rank >= 2, rows = its elements / its last dimension, cols = its last dimension.
+template <class C>
+class powersgd_sink : public detail::sink_front<powersgd_sink<C>> {
+  friend detail::sink_front<powersgd_sink>;
+
+ public:
+  using comm_type = C;
+  using compressor_type = powersgd_options;
+  static constexpr std::string_view policy_name = "powersgd_data_parallel";
+  static constexpr std::array<offload::extra_list, 2> lists{
+      {{"error", dtype::f32}, {"powersgd_q", dtype::f32}}};
+
+  powersgd_sink(C* comm, powersgd_options const& o, int threads = 1, int zero = 0)
+      : st_(std::make_shared<state>(comm, o, threads, zero)) {
+    TIDE_REQUIRE(comm != nullptr, policy_name,
+                 ": .comm is null; pass the address of a communicator that outlives the trainer");
+    TIDE_REQUIRE(o.rank >= 1, policy_name, ": compressor.rank = ", o.rank, "; pass a rank >= 1 (PowerSGD's r)");
+    TIDE_REQUIRE(o.min_compression_rate >= 1.f, policy_name, ": compressor.min_compression_rate = ",
+                 o.min_compression_rate, "; pass at least 1 (a matrix is compressed when that saves that factor)");
+  }
+
+  void bind_layout(chunk::chunk_layout const& layout, std::span<parameter const> params) {
+    st_->bind(layout, params);
+  }
+
+ private:
+  struct matrix_at {
+    std::size_t offset = 0;  // elements into the chunk
+    std::size_t rows = 0, cols = 0;
+    bool low_rank = false;   // else summed dense (cols = its elements, rows = 1)
+    std::uint32_t seed = 0;
+  };
+  struct state {
+    static constexpr std::string_view label = "PowerSGD sum";
+    C* comm;
+    powersgd_options o;
+    thread_pool pool;
+    std::vector<std::vector<matrix_at>> by_chunk;  // from bind_layout
+    std::vector<float> p, q;                       // the two all-reduce buffers
+    mutable std::mutex m;
+    powersgd_stats totals;
+    detail::zero_part<C> zero;
+    detail::chunk_jobs<state> jobs;  // last: drained before the rest goes
+
+    state(C* c, powersgd_options const& o_, int threads, int zero_stage)
+        : comm(c), o(o_), pool(threads), zero(c, zero_stage, policy_name) {}
+
+    void bind(chunk::chunk_layout const& layout, std::span<parameter const> params) {
+      auto const r = static_cast<std::size_t>(o.rank);
+      by_chunk.assign(layout.chunks(), {});
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        auto const n = static_cast<std::size_t>(params[i].numel());
+        matrix_at t{.offset = layout.offset_of[i], .rows = 1, .cols = n, .seed = o.seed + static_cast<std::uint32_t>(i)};
+        if (params[i].shape.rank >= 2) {
+          std::size_t const cols = static_cast<std::size_t>(params[i].shape[params[i].shape.rank - 1]);
+          std::size_t const rows = n / cols;
+          bool const pays = static_cast<double>(r * (rows + cols)) * o.min_compression_rate <=
+                            static_cast<double>(rows * cols);
+          if (r <= std::min(rows, cols) && pays) t.rows = rows, t.cols = cols, t.low_rank = true;
+        }
+        by_chunk[layout.chunk_of[i]].push_back(t);
+      }
+    }
+
+    template <Backend B, class T>
+    void run(offload::ready_chunk<B, T> const& rc) {
+      TIDE_REQUIRE(rc.chunk < by_chunk.size(), "powersgd_data_parallel: chunk ", rc.chunk,
+                   " of a layout the sink was not given (the engine calls bind_layout at construction)");
+      auto const r = static_cast<std::size_t>(o.rank);
+      std::size_t const n = rc.grads.size();
+      auto* const error = reinterpret_cast<float*>(rc.lists[0].data());
+      auto* const qs = reinterpret_cast<float*>(rc.lists[1].data());
+      TIDE_REQUIRE(rc.lists[0].size() >= n * sizeof(float) && rc.lists[1].size() >= n * sizeof(float),
+                   "powersgd_data_parallel: error and Q lists smaller than the chunk's ", n, " gradients");
+      T* const g = rc.grads.data();
+      bool const dense_step = rc.step <= o.dense_steps;
+      std::size_t np = 0, nq = 0, low = 0, dense = 0;
+      for (matrix_at const& t : by_chunk[rc.chunk]) {
+        bool const lr = t.low_rank && !dense_step;
+        np += lr ? t.rows * r : t.rows * t.cols;
+        nq += lr ? t.cols * r : 0;
+        low += lr ? 1 : 0;
+        dense += lr ? 0 : t.rows * t.cols;
+      }
+      if (p.size() < np) p.resize(np);
+      if (q.size() < nq) q.resize(nq);
+      // M ← g + E, then P ← M Q, of each matrix; the dense tensors as they are
+      std::size_t ip = 0;
+      for (matrix_at const& t : by_chunk[rc.chunk]) {
+        std::size_t const e = t.rows * t.cols;
+        if (!t.low_rank || dense_step) {
+          for (std::size_t i = 0; i < e; ++i) p[ip + i] = to_float(g[t.offset + i]);
+          ip += e;
+          continue;
+        }
+        std::span<float> const mt(error + t.offset, e);
+        for (std::size_t i = 0; i < e; ++i) mt[i] = to_float(g[t.offset + i]) + (o.error_feedback ? mt[i] : 0.f);
+        std::span<float> const qt(qs + t.offset, t.cols * r);
+        if (std::all_of(qt.begin(), qt.end(), [](float v) { return v == 0.f; })) detail::powersgd_seed(qt, t.seed);
+        detail::powersgd_project(pool, mt, qt, std::span<float>(p).subspan(ip, t.rows * r), t.rows, t.cols, r);
+        ip += t.rows * r;
+      }
+      comm->all_reduce(std::span<float>(p.data(), np), tide::comm::reduce_op::sum);
+      // Q ← Mᵀ P of each matrix, P orthonormal
+      ip = 0;
+      std::size_t iq = 0;
+      for (matrix_at const& t : by_chunk[rc.chunk]) {
+        if (!t.low_rank || dense_step) {
+          ip += t.rows * t.cols;
+          continue;
+        }
+        std::span<float> const pt = std::span<float>(p).subspan(ip, t.rows * r);
+        detail::orthonormalise(pt, t.rows, r);
+        detail::powersgd_back(pool, std::span<float const>(error + t.offset, t.rows * t.cols), pt,
+                              std::span<float>(q).subspan(iq, t.cols * r), t.rows, t.cols, r);
+        ip += t.rows * r;
+        iq += t.cols * r;
+      }
+      comm->all_reduce(std::span<float>(q.data(), nq), tide::comm::reduce_op::sum);
+      // g ← P Qᵀ and E ← M − g / W of each matrix, Q kept for the next step; the dense sums back
+      ip = iq = 0;
+      float const w = static_cast<float>(comm->size());
+      for (matrix_at const& t : by_chunk[rc.chunk]) {
+        std::size_t const e = t.rows * t.cols;
+        if (!t.low_rank || dense_step) {
+          for (std::size_t i = 0; i < e; ++i) g[t.offset + i] = from_float<T>(p[ip + i]);
+          ip += e;
+          continue;
+        }
+        std::span<float> const mt(error + t.offset, e);
+        detail::powersgd_expand(pool, std::span<float const>(p).subspan(ip, t.rows * r),
+                                std::span<float const>(q).subspan(iq, t.cols * r), g + t.offset, mt,
+                                o.error_feedback ? mt : std::span<float>{}, w, t.rows, t.cols, r);
+        if (!o.error_feedback) std::fill(mt.begin(), mt.end(), 0.f);  // M was scratch
+        std::copy_n(q.data() + iq, t.cols * r, qs + t.offset);
+        ip += t.rows * r;
+        iq += t.cols * r;
+      }
+      auto const ring = [&](std::size_t floats) {
+        int const ranks = comm->size();
+        return ranks > 1 ? static_cast<std::uint64_t>(2 * (ranks - 1)) * 4 * floats / static_cast<std::uint64_t>(ranks)
+                         : std::uint64_t{0};
+      };
+      std::lock_guard lock(m);
+      ++totals.chunks;
+      totals.low_rank += low;
+      totals.dense_floats += dense;
+      totals.wire_bytes += ring(np) + ring(nq);
+      totals.dense_bytes += ring(n);
+    }
+  };
+  std::shared_ptr<state> st_;
+};
+
+// make_trainer's communication policy for compressed data parallelism: the ranks of `comm` each
+// train on their own data, and the sink sums each completed gradient chunk over the ranks,
+// compressed. Two sinks:
+//
+//   sparse_data_parallel<C, Sel, Momentum>   error feedback and a selector per chunk (sparse_sink)
+//   powersgd_data_parallel<C>                PowerSGD per matrix (powersgd_sink)
+template <class Sink>
+struct compressed_data_parallel {
+  using comm_type = typename Sink::comm_type;
+  using compressor_type = typename Sink::compressor_type;
+  static constexpr std::string_view name = Sink::policy_name;
+  comm_type* comm = nullptr;       // the ranks; outlives the trainer
+  compressor_type compressor{};    // what the sink compresses with
+  int threads = 1;                 // the sink's own threads (selection, products, accumulation)
+  int zero = 0;                    // ZeRO stage: 0, 1 (optimizer state sharded) or 2 (+ gradients)
+
+  using sink_type = Sink;
   using source_type = offload::host_source;
 
   [[nodiscard]] int rank() const { return checked().rank(); }
   [[nodiscard]] int world_size() const { return checked().size(); }
   [[nodiscard]] sink_type sink() const {
     auto c = compressor;
-    c.ranks = checked().size();  // local clipping at clip_norm / √W
-    return sink_type{comm, c, threads};
+    if constexpr (requires { c.ranks; }) c.ranks = checked().size();  // local clipping at clip_norm / √W
+    return sink_type{comm, c, threads, zero};
   }
   [[nodiscard]] source_type source() const { return {}; }
 
-  // What the trainer asks of the ranks for per-rank checkpoint sets (the residuals are per rank).
+  // What the trainer asks of the ranks for per-rank checkpoint sets (the sinks' lists are per rank).
   [[nodiscard]] bool all_ranks(bool ok) const { return tide::comm::all_ranks(checked(), ok); }
   [[nodiscard]] std::int64_t of_rank0(std::int64_t value) const { return tide::comm::of_rank0(checked(), value); }
   [[nodiscard]] double sum_over_ranks(double x) const { return tide::comm::sum_over_ranks(checked(), x); }
 
  private:
-  C& checked() const {
-    TIDE_REQUIRE(comm != nullptr, "sparse_data_parallel: .comm is null; pass the address of a communicator that "
-                 "outlives the trainer (.comm = &world)");
+  comm_type& checked() const {
+    TIDE_REQUIRE(comm != nullptr, name, ": .comm is null; pass the address of a communicator that outlives the "
+                 "trainer (.comm = &world)");
     return *comm;
   }
 };
+
+// Sparse error feedback: Momentum = true keeps DGC's momentum list (compressor.momentum > 0).
+template <class C, Selector Sel = sampled_threshold, bool Momentum = false>
+using sparse_data_parallel = compressed_data_parallel<sparse_sink<C, Sel, Momentum>>;
+// PowerSGD: compressor = powersgd_options{.rank = r, ...}.
+template <class C>
+using powersgd_data_parallel = compressed_data_parallel<powersgd_sink<C>>;
 
 }  // namespace tide::compress

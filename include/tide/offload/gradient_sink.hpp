@@ -32,6 +32,7 @@
 #include <string_view>
 
 #include "tide/chunk/chunk.hpp"
+#include "tide/chunk/layout.hpp"
 #include "tide/core/backend.hpp"
 #include "tide/core/dtype.hpp"
 #include "tide/memory/stream.hpp"
@@ -158,6 +159,19 @@ constexpr bool shards_parameters_of(S const& s) noexcept {
   if constexpr (ParameterShardingSink<S>) return s.shards_parameters();
   else return false;
 }
+
+// A sink that needs to know where each tensor lies in its chunk (PowerSGD compresses each matrix
+// on its own) says so with
+//
+//   void bind_layout(chunk::chunk_layout const&, std::span<parameter const>);
+//
+// which the engine calls once, at construction, with the layout of every chunk list and the
+// parameters in registration order: parameter i sits at element layout.offset_of[i] of chunk
+// layout.chunk_of[i] in every list, ready_chunk::grads included.
+template <class S>
+concept LayoutAwareSink = requires(S& s, chunk::chunk_layout const& l, std::span<parameter const> p) {
+  s.bind_layout(l, p);
+};
 
 // The default: gradients stay as backward left them.
 struct no_sink {

@@ -6,6 +6,7 @@
 //   progress.update(stats, total_steps);                    // every step
 //   progress.line(stats, total_steps, " val 2.31");         // a kept line (every N steps)
 //   tide::offload::write_file("run/loss.svg", tide::train::loss_svg(losses, validation, "title"));
+//   tide::train::loss_curves_svg(curves, {}, "dense against compressed");  // several runs in one
 
 #include <unistd.h>
 
@@ -66,20 +67,35 @@ class progress {
   std::size_t moved_ = 0;
 };
 
-// Training loss per step (a line) and validation losses at their steps (dots), as SVG 1.1.
-// train[i] is the loss of step first_step + i; a validation loss at step s is measured after s
-// steps (0: before training). The x axis is in steps, the y axis in loss, both with ticks.
-// Elements the tests read: <polyline class="train">, one <circle class="validation"> per value,
-// per tick <g class="xtick"> / <g class="ytick"> holding a line and its number, the axis titles
-// <text class="axis-label">, and one <g class="legend NAME"> per series drawn (train, validation).
-inline std::string loss_svg(std::span<float const> train, std::span<std::pair<std::int64_t, float> const> validation,
-                            std::string_view title, std::int64_t first_step = 1) {
-  TIDE_REQUIRE(!train.empty(), "loss_svg: no training losses");
+// One training curve of a picture: its words in the legend and its loss per step.
+struct loss_curve {
+  std::string_view label;        // "training loss", "density 0.01"
+  std::span<float const> loss;   // loss[i]: the loss of step first_step + i
+};
+
+// Training curves (lines, one colour each) and validation losses at their steps (dots), as SVG
+// 1.1: several runs compared in one picture (bench/compress draws dense against compressed).
+// A validation loss at step s is measured after s steps (0: before training). The x axis is in
+// steps, the y axis in loss, both with ticks. Elements the tests read: one <polyline
+// class="train"> per curve, one <circle class="validation"> per value, per tick <g class="xtick">
+// / <g class="ytick"> holding a line and its number, the axis titles <text class="axis-label">,
+// and one <g class="legend NAME"> per series drawn (train per curve, validation).
+inline std::string loss_curves_svg(std::span<loss_curve const> curves,
+                                   std::span<std::pair<std::int64_t, float> const> validation, std::string_view title,
+                                   std::int64_t first_step = 1) {
+  TIDE_REQUIRE(!curves.empty() && std::all_of(curves.begin(), curves.end(), [](loss_curve const& c) { return !c.loss.empty(); }),
+               "loss_svg: no training losses");
+  static constexpr char const* colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd",
+                                            "#8c564b", "#e377c2", "#7f7f7f", "#17becf"};
   using offload::detail::svg_number;
   double const w = 720, h = 360, left = 64, right = 20, top = 40, bottom = 52;
   double hi = -1e300, lo = 1e300;
-  for (float v : train)
-    if (std::isfinite(v)) hi = std::max(hi, double(v)), lo = std::min(lo, double(v));
+  std::size_t steps = 0;
+  for (loss_curve const& c : curves) {
+    steps = std::max(steps, c.loss.size());
+    for (float v : c.loss)
+      if (std::isfinite(v)) hi = std::max(hi, double(v)), lo = std::min(lo, double(v));
+  }
   std::size_t drawn_validation = 0;
   for (auto const& [s, v] : validation)
     if (std::isfinite(v)) hi = std::max(hi, double(v)), lo = std::min(lo, double(v)), ++drawn_validation;
@@ -88,7 +104,7 @@ inline std::string loss_svg(std::span<float const> train, std::span<std::pair<st
   lo = std::max(0.0, std::floor(lo / y_step) * y_step);
   hi = std::max(lo + y_step, std::ceil(hi / y_step) * y_step);
   // Steps on x: from the first step drawn (a validation at step 0 included) to the last.
-  double first = static_cast<double>(first_step), last = static_cast<double>(first_step) + double(train.size()) - 1;
+  double first = static_cast<double>(first_step), last = static_cast<double>(first_step) + double(steps) - 1;
   for (auto const& [s, v] : validation)
     if (std::isfinite(v)) first = std::min(first, double(s)), last = std::max(last, double(s));
   if (last <= first) last = first + 1;
@@ -121,27 +137,42 @@ inline std::string loss_svg(std::span<float const> train, std::span<std::pair<st
   double const mid_y = (top + bottom_y) / 2;
   s += "<text class=\"axis-label\" x=\"16\" y=\"" + svg_number(mid_y) + "\" transform=\"rotate(-90 16 " +
        svg_number(mid_y) + ")\" text-anchor=\"middle\">loss</text>\n";
-  s += "<polyline class=\"train\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
-  for (std::size_t i = 0; i < train.size(); ++i)
-    if (std::isfinite(train[i]))
-      s += svg_number(x(static_cast<double>(first_step) + double(i))) + "," + svg_number(y(train[i])) + " ";
-  s += "\"/>\n";
+  for (std::size_t k = 0; k < curves.size(); ++k) {
+    s += tide::detail::concat("<polyline class=\"train\" fill=\"none\" stroke=\"", colours[k % std::size(colours)],
+                              "\" stroke-width=\"1.5\" points=\"");
+    for (std::size_t i = 0; i < curves[k].loss.size(); ++i)
+      if (std::isfinite(curves[k].loss[i]))
+        s += svg_number(x(static_cast<double>(first_step) + double(i))) + "," + svg_number(y(curves[k].loss[i])) + " ";
+    s += "\"/>\n";
+  }
   for (auto const& [step, v] : validation)
     if (std::isfinite(v))
       s += "<circle class=\"validation\" cx=\"" + svg_number(x(double(step))) + "\" cy=\"" + svg_number(y(v)) +
            "\" r=\"4\" fill=\"#d62728\"/>\n";
   // Legend: the series drawn.
   double const lx = w - right - 170;
-  s += "<g class=\"legend train\"><line x1=\"" + svg_number(lx) + "\" x2=\"" + svg_number(lx + 18) + "\" y1=\"" +
-       svg_number(top + 10) + "\" y2=\"" + svg_number(top + 10) +
-       "\" stroke=\"#1f77b4\" stroke-width=\"1.5\"/><text x=\"" + svg_number(lx + 24) + "\" y=\"" +
-       svg_number(top + 14) + "\">training loss</text></g>\n";
+  for (std::size_t k = 0; k < curves.size(); ++k) {
+    double const ly = top + 10 + 18 * double(k);
+    s += "<g class=\"legend train\"><line x1=\"" + svg_number(lx) + "\" x2=\"" + svg_number(lx + 18) + "\" y1=\"" +
+         svg_number(ly) + "\" y2=\"" + svg_number(ly) + "\" stroke=\"" + colours[k % std::size(colours)] +
+         "\" stroke-width=\"1.5\"/><text x=\"" + svg_number(lx + 24) + "\" y=\"" + svg_number(ly + 4) + "\">" +
+         offload::detail::xml_escape(curves[k].label) + "</text></g>\n";
+  }
+  double const vy = top + 10 + 18 * double(curves.size());
   if (drawn_validation > 0)
-    s += "<g class=\"legend validation\"><circle cx=\"" + svg_number(lx + 9) + "\" cy=\"" + svg_number(top + 28) +
-         "\" r=\"4\" fill=\"#d62728\"/><text x=\"" + svg_number(lx + 24) + "\" y=\"" + svg_number(top + 32) +
+    s += "<g class=\"legend validation\"><circle cx=\"" + svg_number(lx + 9) + "\" cy=\"" + svg_number(vy) +
+         "\" r=\"4\" fill=\"#d62728\"/><text x=\"" + svg_number(lx + 24) + "\" y=\"" + svg_number(vy + 4) +
          "\">validation loss</text></g>\n";
   s += "</svg>\n";
   return s;
+}
+
+// The loss curve of one run: training loss per step (train[i] is step first_step + i) and
+// validation losses at their steps.
+inline std::string loss_svg(std::span<float const> train, std::span<std::pair<std::int64_t, float> const> validation,
+                            std::string_view title, std::int64_t first_step = 1) {
+  loss_curve const one{"training loss", train};
+  return loss_curves_svg(std::span<loss_curve const>(&one, 1), validation, title, first_step);
 }
 
 }  // namespace tide::train

@@ -71,7 +71,8 @@ struct step_stats {
   std::size_t host_bytes = 0;   // model data on the host at the end of the step
   std::size_t bytes_moved = 0;  // host <-> device
   double stall_ms = 0;
-  std::size_t bytes_reduced = 0; // gradient bytes this rank summed over the ranks in the step (data parallelism)
+  std::size_t bytes_reduced = 0; // gradient bytes this rank summed over the ranks in the step (data parallelism;
+                                 // compressed: the bytes it sent)
   offload::offload_stats offload{};
 };
 
@@ -168,10 +169,13 @@ class trainer {
   step_stats step(batch_type const& b) { return step(std::span<batch_type const>(&b, 1)); }
 
  private:
-  // Bytes the gradient sink summed so far, when it counts them (comm::data_parallel's does).
+  // Bytes the gradient sink summed so far, when it counts them (comm::data_parallel's does); a
+  // compressing sink's: the bytes it sent.
   std::size_t bytes_reduced() {
     if constexpr (requires { scheduler_.sink().stats().bytes; })
       return static_cast<std::size_t>(scheduler_.sink().stats().bytes);
+    else if constexpr (requires { scheduler_.sink().stats().wire_bytes; })
+      return static_cast<std::size_t>(scheduler_.sink().stats().wire_bytes);
     else
       return 0;
   }
@@ -243,8 +247,10 @@ class trainer {
   // previous file stays until the new one is complete; missing parent folders are created.
   // Between steps.
   //
-  // Under ZeRO (data_parallel with zero > 0) `path` is a checkpoint set's folder and every rank
-  // calls save: each writes the tensors of its own chunks, and extra(writer), to its shard; rank 0
+  // Under ZeRO (zero > 0), or when the gradient sink keeps lists of its own on several ranks,
+  // `path` is a checkpoint set's folder and every rank calls save: each writes the tensors of its
+  // own chunks, the sink's lists of every chunk (they are the rank's own), and extra(writer), to
+  // its shard; rank 0
   // commits the set with its manifest once every shard is on disk (train/checkpoint_set.hpp). A
   // rank that fails makes every rank throw, and the previous set stays the checkpoint.
   template <class Extra>
@@ -272,9 +278,9 @@ class trainer {
   //
   // A set loads on any number of ranks and any ZeRO stage: each rank reads every shard and takes
   // the parameters it holds (all of them, except under ZeRO-3 between steps: its own chunks') and
-  // the state of the chunks it owns now (re-sharding). extra(reader) then gets
-  // the shard this rank wrote when the rank count is the same, else the shard of rank r mod the
-  // set's ranks.
+  // the state of the chunks it owns now (re-sharding). The sink's lists and extra(reader) come
+  // from the shard this rank wrote when the rank count is the same, else the shard of rank r mod
+  // the set's ranks.
   template <class Extra>
   void load(std::filesystem::path const& path, Extra&& extra) {
     if (checkpoint_set::is_set(path)) {
@@ -317,12 +323,13 @@ class trainer {
     w.add_value("trainer.state", st);
     auto const& list = model_.parameters();
     for (std::uint32_t i = 0; i < list.size(); ++i) {
+      // A sink's lists are this rank's own (a residual), kept for every chunk: all in its shard.
+      for (std::size_t k = 0; k < extra_lists.size(); ++k)
+        w.add(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, i));
       if (!scheduler_.keeps_state(i)) continue;  // ZeRO: the rank that owns its chunk writes it
       w.add(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
       for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
         w.add(state_section(k, list[i].name()), scheduler_.state_bytes(k, i));
-      for (std::size_t k = 0; k < extra_lists.size(); ++k)
-        w.add(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, i));
       if constexpr (scheduler_type::has_master)
         w.add(section("w/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::master, i));
     }
@@ -398,7 +405,7 @@ class trainer {
     std::vector<std::size_t> from(list.size(), files.size());
     if (!failure) {
       try {
-        check_files(files, where, from);
+        check_files(files, where, from, extra_file);
       } catch (...) {
         failure = std::current_exception();
       }
@@ -413,16 +420,12 @@ class trainer {
       // ZeRO-3: a chunk this rank does not hold now is gathered from its owner when next used.
       if (scheduler_.holds_parameter(i))
         r.read(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
+      // A sink's lists are this rank's own (a residual), every chunk's: from this rank's shard.
+      for (std::size_t k = 0; k < extra_lists.size(); ++k)
+        files[extra_file].read(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, i));
       if (!scheduler_.keeps_state(i)) continue;  // ZeRO: the rank that owns its chunk keeps it
       for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
         r.read(state_section(k, list[i].name()), scheduler_.state_bytes(k, i));
-      for (std::size_t k = 0; k < extra_lists.size(); ++k) {
-        // A sink's lists are this rank's own (a residual): from this rank's shard when it has them.
-        std::string const x = extra_section(k, list[i].name());
-        bool const mine = files[extra_file].contains(x) && files[extra_file].size_of(x) == scheduler_.extra_size(k, i);
-        checkpoint_reader const& own = mine ? files[extra_file] : r;
-        own.read(x, scheduler_.extra_bytes(k, i));
-      }
       if constexpr (scheduler_type::has_master)
         r.read(section("w/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::master, i));
     }
@@ -432,7 +435,8 @@ class trainer {
     extra(files[extra_file]);
   }
 
-  void check_files(std::span<checkpoint_reader const> files, std::string const& where, std::vector<std::size_t>& from) {
+  void check_files(std::span<checkpoint_reader const> files, std::string const& where, std::vector<std::size_t>& from,
+                   std::size_t extra_file) {
     std::string const shape = shape_text();
     state first{};
     for (std::size_t f = 0; f < files.size(); ++f) {
@@ -465,8 +469,7 @@ class trainer {
       std::string const p = section("p/", list[i].name());
       TIDE_CHECK(from[i] < files.size(), usage, "checkpoint ", where, ": no section \"", p, "\"",
                  files.size() > 1 ? " in any shard" : "");
-      checkpoint_reader const& r = files[from[i]];
-      auto expect = [&](std::string const& name, std::size_t want) {
+      auto expect_in = [&](checkpoint_reader const& r, std::string const& name, std::size_t want) {
         TIDE_CHECK(r.contains(name), usage, "checkpoint ", where, ": no section \"", name, "\"",
                    tide::detail::concat(" (was it saved with another optimizer than ", Optimizer::name,
                                         " or another gradient sink?)"));
@@ -474,12 +477,13 @@ class trainer {
                    r.size_of(name), " bytes, this model's tensor has ", want,
                    " (saved from a model of another shape or dtype); nothing was loaded");
       };
+      auto expect = [&](std::string const& name, std::size_t want) { expect_in(files[from[i]], name, want); };
       expect(p, scheduler_.tensor_size(chunk::chunk_role::param, i));
+      for (std::size_t k = 0; k < extra_lists.size(); ++k)
+        expect_in(files[extra_file], extra_section(k, list[i].name()), scheduler_.extra_size(k, i));
       if (!scheduler_.keeps_state(i)) continue;
       for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
         expect(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, i));
-      for (std::size_t k = 0; k < extra_lists.size(); ++k)
-        expect(extra_section(k, list[i].name()), scheduler_.extra_size(k, i));
       if constexpr (scheduler_type::has_master)
         expect(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, i));
     }

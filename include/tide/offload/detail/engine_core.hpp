@@ -108,6 +108,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       plain_[c].reserve(this->layout_.first_param[c + 1] - this->layout_.first_param[c] - matrices);
     }
     this->ctx_.state_lists = fp32_lists;
+    if constexpr (LayoutAwareSink<S>) sink_.bind_layout(this->layout_, this->params_.all());
     for (int b = this->uses_.first_block; b <= this->uses_.last_block(); ++b) sink_chunks_ += this->completes_at(b).size();
   }
 

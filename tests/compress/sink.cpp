@@ -1,0 +1,113 @@
+// The compressing sinks in training on one rank (a communicator whose collectives can fail): a
+// collective that throws, on the sink's worker, fails its step; the step is undone (parameters,
+// optimizer state and the sink's lists as they were), the sink starts a fresh worker, and
+// training goes on to the bits of a run without the failure.
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "support/gpt_steps.hpp"
+#include "tide/comm/self.hpp"
+#include "tide/compress/sink.hpp"
+#include "tide/offload/schedulers.hpp"
+#include "tide/optim/adamw.hpp"
+#include "tide/train/trainer.hpp"
+
+namespace {
+
+namespace cx = tide::compress;
+
+// One rank whose collective number `fail_at` throws before it does anything, as a failed
+// network call would.
+struct flaky_self {
+  static constexpr std::string_view name = "flaky_self";
+  int* calls = nullptr;
+  int fail_at = 0;
+  tide::comm::self one{};
+  [[nodiscard]] int rank() const { return 0; }
+  [[nodiscard]] int size() const { return 1; }
+  template <class T>
+  void all_reduce(std::span<T> x, tide::comm::reduce_op op) {
+    tick();
+    one.all_reduce(x, op);
+  }
+  template <class T>
+  void all_gather(std::span<T const> in, std::span<T> out) {
+    tick();
+    one.all_gather(in, out);
+  }
+  template <class T>
+  void all_gatherv(std::span<T const> in, std::span<T> out, std::span<tide::index_t const> counts) {
+    tick();
+    one.all_gatherv(in, out, counts);
+  }
+  void tick() {
+    if (++*calls == fail_at) throw tide::error(tide::errc::mpi, "test: the collective failed");
+  }
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("a compressing sink whose collective throws: the step is undone, and training goes on to the same bits", Policy,
+                   cx::powersgd_data_parallel<flaky_self>, cx::sparse_data_parallel<flaky_self>) {
+  namespace ts = tide::test;
+  using dp = Policy;
+  auto const spec = ts::tiny_spec();
+  tide::optim::adamw const opt{.lr = 3e-3f};
+  tide::offload::chunked<tide::offload::belady> policy{.chunk_bytes = 16 << 10};
+  policy.device_budget = ts::scheduler_minimum<decltype(policy), float>(ts::tiny_gpt, policy, ts::tiny_batch,
+                                                                         ts::tiny_seq) + (64 << 10);
+  auto run = [&](auto& t, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      auto const d = ts::token_runs(s, ts::tiny_batch, ts::tiny_seq, 64);
+      t.step(ts::tiny_view<std::remove_cvref_t<decltype(t)>>(d));
+    }
+  };
+  auto state_of = [](auto& t) {  // parameters, then the sink's lists
+    std::vector<float> all;
+    auto& sched = t.scheduler();
+    for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
+      auto const p = sched.read_param(i);
+      all.insert(all.end(), p.begin(), p.end());
+      for (std::size_t l = 0; l < dp::sink_type::lists.size(); ++l) {
+        auto const x = sched.extra_bytes(l, i);
+        auto const* f = reinterpret_cast<float const*>(x.data());
+        all.insert(all.end(), f, f + x.size() / sizeof(float));
+      }
+    }
+    return all;
+  };
+  int calls = 0;
+  flaky_self never{&calls, 0};
+  auto straight = tide::train::make_trainer(spec, policy, opt, dp{.comm = &never, .compressor = {}});
+  run(straight, 0, 4);
+  int const per_run = calls;
+  CHECK(per_run > 8);
+  auto const reference = state_of(straight);
+  for (int fail_at : {1, 2, per_run / 2, per_run / 2 + 1, per_run - 1}) {
+    CAPTURE(fail_at);
+    calls = 0;
+    flaky_self comm{&calls, fail_at};
+    auto t = tide::train::make_trainer(spec, policy, opt, dp{.comm = &comm, .compressor = {}});
+    int failures = 0;
+    for (int s = 0; s < 4; ++s) {
+      auto const before = state_of(t);
+      auto const d = ts::token_runs(s, ts::tiny_batch, ts::tiny_seq, 64);
+      try {
+        t.step(ts::tiny_view<decltype(t)>(d));
+      } catch (tide::error const&) {
+        ++failures;
+        CHECK(state_of(t) == before);  // nothing changed: the lists and the parameters as they were
+        t.step(ts::tiny_view<decltype(t)>(d));  // the same step again
+      }
+    }
+    CHECK(failures == 1);
+    CHECK(state_of(t) == reference);
+  }
+}
+
