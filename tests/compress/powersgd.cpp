@@ -103,3 +103,30 @@ TEST_CASE("PowerSGD: the warm start converges, the error keeps what the product 
     CHECK(norm(zero) > 0);
   }
 }
+
+TEST_CASE("PowerSGD: a column dropped for a rank-deficient sum is seeded again at the next step") {
+  tide::thread_pool pool(1);
+  tide::exec<tide::host> const ex{pool};
+  tide::comm::self one;
+  std::size_t const rows = 20, cols = 9;
+  cx::powersgd_state s{rows, cols, {.rank = 2, .error_feedback = false}};
+  // Step 1: a rank-1 matrix. P's second column is rounding noise: dropped, and Q's with it.
+  std::vector<float> g(rows * cols);
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < cols; ++j) g[i * cols + j] = (static_cast<float>(i) - 9.5f) * (static_cast<float>(j) + 1.f);
+  auto const m1 = g;
+  cx::powersgd_sum(ex, one, std::span(g), s);
+  CHECK(distance(g, m1) <= 1e-5 * norm(m1));
+  bool dropped = true;
+  for (std::size_t j = 0; j < cols; ++j) dropped = dropped && s.q[j * 2 + 1] == 0.f;
+  CHECK(dropped);
+  // Step 2: a rank-2 matrix. One power step from a full-rank Q recovers it; from the rank-1 Q it
+  // could not.
+  auto const m2 = random_matrix(rows, 2, 5), v2 = random_matrix(2, cols, 6);
+  std::vector<float> b(rows * cols, 0.f);
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < cols; ++j) b[i * cols + j] = m2[i * 2] * v2[j] + m2[i * 2 + 1] * v2[cols + j];
+  g = b;
+  cx::powersgd_sum(ex, one, std::span(g), s);
+  CHECK(distance(g, b) <= 1e-5 * norm(b));
+}

@@ -22,6 +22,7 @@
 #include "support/mpi_world.hpp"
 #include "tide/comm/data_parallel.hpp"
 #include "tide/comm/mpi.hpp"
+#include "tide/comm/self.hpp"
 #include "tide/compress/sink.hpp"
 #include "tide/optim/adamw.hpp"
 #include "tide/chunk/layout.hpp"
@@ -236,4 +237,49 @@ TEST_CASE_TEMPLATE("compressed data parallelism under ZeRO-1 and ZeRO-2 trains t
   }
   // ZeRO-3 shards the parameters, which compression does not: refused with what to pass.
   CHECK_THROWS_AS(tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), policy(3)), tide::error);
+}
+
+TEST_CASE("a set of residuals loaded on another rank count keeps their sum; PowerSGD's shared Q is copied") {
+  auto& world = tide::test::world();
+  int const w = world.size(), r = world.rank();
+  auto lists_of = [](auto& t, std::size_t k) {  // list k of every tensor, in order
+    std::vector<float> all;
+    for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
+      auto const x = t.scheduler().extra_bytes(k, i);
+      auto const* f = reinterpret_cast<float const*>(x.data());
+      all.insert(all.end(), f, f + x.size() / sizeof(float));
+    }
+    return all;
+  };
+  auto check = [&](auto policy, auto one_rank_policy, char const* prefix) {
+    auto t = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), policy);
+    train(t, 0, 5, w, r);
+    std::filesystem::path const dir = shared_dir(world, prefix);
+    if (r == 0) std::filesystem::remove_all(dir);
+    world.barrier();
+    t.save(dir);
+    // What every rank keeps, gathered: the sum over the ranks in rank order.
+    auto const mine = lists_of(t, 0);
+    std::vector<float> all(mine.size() * static_cast<std::size_t>(w));
+    world.all_gather(std::span<float const>(mine), std::span<float>(all));
+    std::vector<float> sum(mine.size(), 0.f);
+    for (int j = 0; j < w; ++j)
+      for (std::size_t e = 0; e < sum.size(); ++e) sum[e] += all[static_cast<std::size_t>(j) * mine.size() + e];
+    if (r == 0) {  // one rank alone loads the W-rank set
+      auto alone = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), one_rank_policy);
+      alone.load(dir);
+      CHECK(lists_of(alone, 0) == sum);
+      if constexpr (decltype(t)::comm_type::sink_type::lists.size() > 1)
+        CHECK(lists_of(alone, 1) == lists_of(t, 1));  // Q: the same on every rank, copied
+      CHECK(tide::test::max_difference(tide::test::flat_params(alone), tide::test::flat_params(t)) == 0.f);
+    }
+    world.barrier();
+    if (r == 0) std::filesystem::remove_all(dir);
+  };
+  tide::comm::self one;
+  check(compressed<sparse_dp>(world), cx::sparse_data_parallel<tide::comm::self>{.comm = &one,
+                                                                                  .compressor = {.density = 0.05f}},
+        "tide_reshard_sparse_");
+  check(compressed<powersgd_dp>(world),
+        cx::powersgd_data_parallel<tide::comm::self>{.comm = &one, .compressor = {.rank = 2}}, "tide_reshard_psgd_");
 }

@@ -111,13 +111,20 @@ void powersgd_expand(thread_pool& pool, std::span<float const> p, std::span<floa
       }
   });
 }
-// Q's first values: uniform in [-1, 1) from the seed, the same on every rank (any full-rank start
-// works).
-inline void powersgd_seed(std::span<float> q, std::uint32_t seed) {
-  std::uint32_t s = seed * 2654435761u + 1;
-  for (float& v : q) {
-    s = s * 1664525u + 1013904223u;
-    v = static_cast<float>(s >> 8) / 8388608.f - 1.f;
+// Q's columns that are all zero get their seeded values, uniform in [-1, 1) (any full-rank start
+// works): at the first step, and for a column that orthonormalise dropped when the summed
+// gradient had rank below r. The same on every rank; a rank lost at one step is tried again at
+// the next.
+inline void powersgd_reseed(std::span<float> q, std::size_t r, std::uint32_t seed) {
+  for (std::size_t k = 0; k < r; ++k) {
+    bool zero = true;
+    for (std::size_t i = k; i < q.size() && zero; i += r) zero = q[i] == 0.f;
+    if (!zero) continue;
+    std::uint32_t s = seed * 2654435761u + 1;  // one sequence over all of Q: column k of it
+    for (std::size_t i = 0; i < q.size(); ++i) {
+      s = s * 1664525u + 1013904223u;
+      if (i % r == k) q[i] = static_cast<float>(s >> 8) / 8388608.f - 1.f;
+    }
   }
 }
 }  // namespace detail
@@ -133,8 +140,8 @@ struct powersgd_state {
     TIDE_REQUIRE(o.rank >= 1 && static_cast<std::size_t>(o.rank) <= std::min(rows_, cols_), "powersgd: rank ", o.rank,
                  " for a ", rows_, " x ", cols_, " matrix; pass 1 <= rank <= min(rows, cols)");
     auto const r = static_cast<std::size_t>(o.rank);
-    q.resize(cols * r);
-    detail::powersgd_seed(q, o.seed);
+    q.assign(cols * r, 0.f);
+    detail::powersgd_reseed(q, r, o.seed);
     error.assign(o.error_feedback ? rows * cols : 0, 0.f);
     p.resize(rows * r);
     m.resize(rows * cols);
@@ -154,6 +161,7 @@ void powersgd_sum(exec<host> const& ex, C& comm, std::span<float> grad, powersgd
                cols, " state");
   // M ← grad + E (kept: the error needs it after grad holds the sum)
   for (std::size_t i = 0; i < rows * cols; ++i) s.m[i] = grad[i] + (s.options.error_feedback ? s.error[i] : 0.f);
+  detail::powersgd_reseed(s.q, r, s.options.seed);
   detail::powersgd_project(ex.pool, s.m, s.q, s.p, rows, cols, r);  // P ← M Q, summed
   comm.all_reduce(std::span<float>(s.p), tide::comm::reduce_op::sum);
   detail::orthonormalise(std::span<float>(s.p), rows, r);

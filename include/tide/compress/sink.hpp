@@ -1,13 +1,14 @@
 #pragma once
-// Residual gradient compression in training: a gradient sink that compresses each completed
-// chunk with error feedback and sums it over the ranks sparsely, and make_trainer's policy for it.
+// Compressed data parallelism in training: gradient sinks that compress each completed chunk and
+// sum it over the ranks, and make_trainer's policies for them.
 //
 //   tide::comm::mpi world{session};
 //   auto trainer = tide::train::make_trainer(spec, offload, tide::optim::adamw{...},
 //       tide::compress::sparse_data_parallel<tide::comm::mpi>{
-//           .comm = &world, .compressor = {.density = 0.01f, .warmup_steps = 50}});
+//           .comm = &world, .compressor = {.density = 0.01f, .warmup_steps = 50}, .zero = 2});
+//   // or tide::compress::powersgd_data_parallel<tide::comm::mpi>{.comm = &world, .compressor = {.rank = 4}}
 //
-// Per chunk, when backward completes it (offload/gradient_sink.hpp):
+// sparse_sink, per chunk, when backward completes it (offload/gradient_sink.hpp):
 //   1. the chunk's residual (and DGC momentum) take the gradients and a selector chooses what to
 //      send (compress/residual.hpp);
 //   2. when the α–β rule says sparse pays (density below about 1/W: compress/sparse_sum.hpp),
@@ -15,9 +16,10 @@
 //      dense: every element chosen, one all-reduce of the residual, which then keeps nothing
 //      (density 1 is dense data parallelism, bit for bit);
 //   3. the chunk's gradients become the sum over the ranks (the trainer divides by W).
+// powersgd_sink sends each matrix of the chunk as a rank-r product instead (below).
 //
-// The residual and the momentum are the sink's extra chunk lists ("residual", "momentum"): the
-// engine allocates them per chunk next to the optimizer state, moves them with it (host or
+// The residual and the momentum (PowerSGD: the error and Q) are the sink's extra chunk lists:
+// the engine allocates them per chunk next to the optimizer state, moves them with it (host or
 // device), undoes them with a failed step, and checkpoints them. A rank's residual is its own, so
 // checkpoints are per-rank sets (every rank writes its shard; train/checkpoint_set.hpp) and a
 // resume on the same ranks takes each rank's own residuals back: bit-identical.
@@ -29,12 +31,11 @@
 // bits).
 //
 // The work runs on the sink's own worker, chunk after chunk in the order backward completes them,
-// while backward goes on (detail::chunk_jobs). ZeRO is not combined with it (docs/compress.md
-// says what is missing).
+// while backward goes on (detail::chunk_jobs). ZeRO stages 1 and 2 compose (detail::zero_part):
+// the owners step, every rank keeps its own residual of every chunk.
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -70,8 +71,9 @@ namespace detail {
 // as one job on the sink's own worker (a host stream), in the order backward hands the chunks
 // over: the same order on every rank, so the collectives match. Backward goes on meanwhile; the
 // chunk's done event is recorded behind its job, and the engine's optimizer step for the chunk
-// waits for it. A job that throws fails its step (the engine waits for done, undoes the step);
-// the next chunk handed over starts a fresh worker, so training can go on.
+// waits for it. A job that throws fails its step: the worker skips the rest of its queue, the
+// engine waits for it and abandons the step, and abandon() then starts a fresh worker for the
+// next one (every rank abandons the step, so they start afresh together).
 template <class State>
 class chunk_jobs {
  public:
@@ -83,13 +85,11 @@ class chunk_jobs {
 
   template <class T>
   void take(State* st, offload::ready_chunk<host, T> const& r) {
-    if (failed_.exchange(false)) recover();
     auto& slots = std::get<std::vector<job<T>>>(rings_);
     if (slots.empty()) slots = std::vector<job<T>>(ring);
     job<T>& j = slots[next_++ % ring];
     j.ran.synchronize();  // its previous use ran
     j.st = st;
-    j.owner = this;
     j.r = r;
     j.r.done = nullptr;
     j.r.valid_after = nullptr;
@@ -99,43 +99,42 @@ class chunk_jobs {
     r.done->record(work_);
   }
 
+  // The step was abandoned and its jobs have ended: after a failure, a fresh worker.
+  void abandon() noexcept {
+    try {
+      work_.synchronize();
+      return;  // nothing failed
+    } catch (tide::error const&) {  // the failure the step reported
+    }
+    try {
+      memory::stream<host> fresh;
+      std::apply([](auto&... v) { (reset(v), ...); }, rings_);
+      work_ = std::move(fresh);
+    } catch (...) {  // no thread for a new worker: the next step's jobs fail and say so
+    }
+  }
+
  private:
   template <class T>
   struct job {
     State* st = nullptr;
-    chunk_jobs* owner = nullptr;
     offload::ready_chunk<host, T> r{};
     memory::event<host> ran{};
     void operator()() {
       double const start = r.trace != nullptr ? offload::trace_recorder::now_us() : 0;
-      try {
-        st->run(r);
-      } catch (...) {
-        owner->failed_ = true;
-        throw;  // the worker keeps it: done's wait rethrows it in the engine
-      }
+      st->run(r);  // a throw stays with the worker: done's wait reports it in the engine
       if (r.trace != nullptr)
         r.trace->complete(tide::detail::concat(State::label, " chunk ", r.chunk), "comm", offload::lane::comm, start,
                           offload::trace_recorder::now_us(), r.grads.size_bytes());
     }
   };
-  // After a failed job: the old worker skipped the rest of its queue; wait for it, then start anew.
-  void recover() {
-    try {
-      work_.synchronize();
-    } catch (tide::error const&) {  // the failure the step already reported
-    }
-    work_ = memory::stream<host>{};
-    std::apply([](auto&... v) { (reset(v), ...); }, rings_);
-  }
   template <class J>
   static void reset(std::vector<J>& v) {
-    for (J& j : v) j.ran = memory::event<host>{};  // their records were on the old worker
+    for (J& j : v) j.ran = memory::event<host>{};  // their records were on the failed worker
   }
 
   std::tuple<std::vector<job<float>>, std::vector<job<bf16>>, std::vector<job<f16>>> rings_;
   std::size_t next_ = 0;
-  std::atomic<bool> failed_{false};
   memory::stream<host> work_;  // last: destroyed (drained) before the jobs
 };
 
@@ -177,6 +176,7 @@ class sink_front {
     return true;  // done is recorded behind the chunk's job
   }
   [[nodiscard]] offload::chunk_shard shard() const noexcept { return self().st_->zero.shard; }
+  void abandon_step() noexcept { self().st_->jobs.abandon(); }
   // What the sink sent so far (this rank's side).
   [[nodiscard]] auto stats() const {
     auto const& st = *self().st_;
@@ -227,8 +227,8 @@ class sparse_sink : public detail::sink_front<sparse_sink<C, Sel, Momentum>> {
   static constexpr std::string_view policy_name = "sparse_data_parallel";
   static constexpr std::array<offload::extra_list, Momentum ? 2 : 1> lists = [] {
     std::array<offload::extra_list, Momentum ? 2 : 1> l{};
-    l[0] = {"residual", dtype::f32};
-    if constexpr (Momentum) l[1] = {"momentum", dtype::f32};
+    l[0] = {"residual", dtype::f32, false};
+    if constexpr (Momentum) l[1] = {"momentum", dtype::f32, false};
     return l;
   }();
 
@@ -334,8 +334,9 @@ struct powersgd_stats {
 // Two all-reduces per chunk, whatever its tensors. The error E and Q are the sink's extra lists
 // ("error", "powersgd_q"): E over every element of a matrix, Q (cols × r) in the first cols · r
 // elements of its matrix's slot (r <= rows, so it fits). Both move, undo and checkpoint with the
-// optimizer state; Q is the same on every rank, E is the rank's own. A Q of zeros (the first step,
-// or a matrix whose gradients were all zero) starts from the seeded values, the same on every rank.
+// optimizer state; Q is the same on every rank, E is the rank's own. A column of Q that is all
+// zeros (the first step, or a column dropped because the summed gradient had rank below r) starts
+// again from its seeded values, the same on every rank.
 // Where each matrix lies comes from the engine (offload::LayoutAwareSink): a matrix is a tensor of
 // rank >= 2, rows = its elements / its last dimension, cols = its last dimension.
 template <class C>
@@ -347,7 +348,7 @@ class powersgd_sink : public detail::sink_front<powersgd_sink<C>> {
   using compressor_type = powersgd_options;
   static constexpr std::string_view policy_name = "powersgd_data_parallel";
   static constexpr std::array<offload::extra_list, 2> lists{
-      {{"error", dtype::f32}, {"powersgd_q", dtype::f32}}};
+      {{"error", dtype::f32, false}, {"powersgd_q", dtype::f32, true}}};
 
   powersgd_sink(C* comm, powersgd_options const& o, int threads = 1, int zero = 0)
       : st_(std::make_shared<state>(comm, o, threads, zero)) {
@@ -435,7 +436,7 @@ class powersgd_sink : public detail::sink_front<powersgd_sink<C>> {
         std::span<float> const mt(error + t.offset, e);
         for (std::size_t i = 0; i < e; ++i) mt[i] = to_float(g[t.offset + i]) + (o.error_feedback ? mt[i] : 0.f);
         std::span<float> const qt(qs + t.offset, t.cols * r);
-        if (std::all_of(qt.begin(), qt.end(), [](float v) { return v == 0.f; })) detail::powersgd_seed(qt, t.seed);
+        detail::powersgd_reseed(qt, r, t.seed);  // the first step; a column dropped at the last one
         detail::powersgd_project(pool, mt, qt, std::span<float>(p).subspan(ip, t.rows * r), t.rows, t.cols, r);
         ip += t.rows * r;
       }

@@ -47,6 +47,10 @@ namespace tide::offload {
 struct extra_list {
   std::string_view name;    // the checkpoint section prefix: letters, digits, '_'
   dtype type = dtype::f32;  // of each element (one per parameter element)
+  // The same on every rank (PowerSGD's Q). Otherwise each rank's own (a residual): loaded on
+  // another rank count, a checkpoint set re-shards it so that its sum over the ranks is kept
+  // (train/trainer.hpp).
+  bool shared = false;
 };
 inline constexpr std::size_t max_extra_lists = 2;
 
@@ -171,6 +175,18 @@ constexpr bool shards_parameters_of(S const& s) noexcept {
 template <class S>
 concept LayoutAwareSink = requires(S& s, chunk::chunk_layout const& l, std::span<parameter const> p) {
   s.bind_layout(l, p);
+};
+
+// A sink whose work can fail and be retried says so with
+//
+//   void abandon_step() noexcept;
+//
+// which the engine calls when it abandons a step (scheduler::abort_step), once the sink's work on
+// every chunk handed over in that step has ended. Every rank abandons the failed step, so a sink
+// that stopped its work at a failure can start afresh there, in step with the other ranks.
+template <class S>
+concept StepAbandoningSink = requires(S& s) {
+  { s.abandon_step() } noexcept;
 };
 
 // The default: gradients stay as backward left them.

@@ -439,11 +439,13 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     this->in_block_ = false;
     std::fill(this->access_.begin(), this->access_.end(), std::uint8_t{0});
     if (!this->step_open_ && !was_in_block) return;
+    this->quiet_reductions();  // the sink's failures in this step are the step's failure
     try {
       this->drain();
     } catch (std::exception const& e) {
       this->broken_ = e.what();
     }
+    if constexpr (offload::StepAbandoningSink<Sink>) this->sink_.abandon_step();
     if (this->broken_.empty()) {
       for (detail::undo_record const& r : this->undo_.records()) {
         this->drop_shadow(r.c);  // the host copy of a device-resident chunk may hold the update

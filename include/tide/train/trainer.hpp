@@ -279,8 +279,9 @@ class trainer {
   // A set loads on any number of ranks and any ZeRO stage: each rank reads every shard and takes
   // the parameters it holds (all of them, except under ZeRO-3 between steps: its own chunks') and
   // the state of the chunks it owns now (re-sharding). The sink's lists and extra(reader) come
-  // from the shard this rank wrote when the rank count is the same, else the shard of rank r mod
-  // the set's ranks.
+  // from the shard this rank wrote when the rank count is the same. On another rank count
+  // extra(reader) gets the shard of rank r mod the set's ranks, and a rank's own list (a
+  // residual) is the sum of the shards r, r + W, ...: the sum over the ranks is kept.
   template <class Extra>
   void load(std::filesystem::path const& path, Extra&& extra) {
     if (checkpoint_set::is_set(path)) {
@@ -405,7 +406,7 @@ class trainer {
     std::vector<std::size_t> from(list.size(), files.size());
     if (!failure) {
       try {
-        check_files(files, where, from, extra_file);
+        check_files(files, where, from);
       } catch (...) {
         failure = std::current_exception();
       }
@@ -420,9 +421,7 @@ class trainer {
       // ZeRO-3: a chunk this rank does not hold now is gathered from its owner when next used.
       if (scheduler_.holds_parameter(i))
         r.read(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
-      // A sink's lists are this rank's own (a residual), every chunk's: from this rank's shard.
-      for (std::size_t k = 0; k < extra_lists.size(); ++k)
-        files[extra_file].read(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, i));
+      read_extras(files, i, extra_file);
       if (!scheduler_.keeps_state(i)) continue;  // ZeRO: the rank that owns its chunk keeps it
       for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
         r.read(state_section(k, list[i].name()), scheduler_.state_bytes(k, i));
@@ -435,8 +434,35 @@ class trainer {
     extra(files[extra_file]);
   }
 
-  void check_files(std::span<checkpoint_reader const> files, std::string const& where, std::vector<std::size_t>& from,
-                   std::size_t extra_file) {
+  // Tensor i of the sink's lists, which are every rank's own, of every chunk. From this rank's
+  // shard when the set has one per rank now (and for a list that is the same on every rank, from
+  // shard r mod n). On another rank count a rank's own list (a residual, what it has not sent
+  // yet) is re-sharded so that the sum over the ranks stays what it was: rank r takes the sum of
+  // shards r, r + W, r + 2W, ..., in that order, or zeros when there is none.
+  void read_extras(std::span<checkpoint_reader const> files, std::uint32_t i, std::size_t extra_file) {
+    auto const n = static_cast<int>(files.size());
+    int const w = comm_.world_size(), r = comm_.rank();
+    auto const& list = model_.parameters();
+    for (std::size_t k = 0; k < extra_lists.size(); ++k) {
+      std::string const x = extra_section(k, list[i].name());
+      auto const out = scheduler_.extra_bytes(k, i);
+      if (n == w || extra_lists[k].shared) {
+        files[extra_file].read(x, out);
+        continue;
+      }
+      TIDE_ASSERT(extra_lists[k].type == dtype::f32);  // check_files refused the others
+      std::fill(out.begin(), out.end(), std::byte{0});
+      reshard_.resize(out.size());
+      auto* const acc = reinterpret_cast<float*>(out.data());
+      auto const* const add = reinterpret_cast<float const*>(reshard_.data());
+      for (int j = r; j < n; j += w) {
+        files[static_cast<std::size_t>(j)].read(x, std::span<std::byte>(reshard_));
+        for (std::size_t e = 0; e < out.size() / sizeof(float); ++e) acc[e] += add[e];
+      }
+    }
+  }
+
+  void check_files(std::span<checkpoint_reader const> files, std::string const& where, std::vector<std::size_t>& from) {
     std::string const shape = shape_text();
     state first{};
     for (std::size_t f = 0; f < files.size(); ++f) {
@@ -479,8 +505,14 @@ class trainer {
       };
       auto expect = [&](std::string const& name, std::size_t want) { expect_in(files[from[i]], name, want); };
       expect(p, scheduler_.tensor_size(chunk::chunk_role::param, i));
-      for (std::size_t k = 0; k < extra_lists.size(); ++k)
-        expect_in(files[extra_file], extra_section(k, list[i].name()), scheduler_.extra_size(k, i));
+      for (std::size_t k = 0; k < extra_lists.size(); ++k) {  // every shard has them (read_extras may sum them)
+        TIDE_CHECK(extra_lists[k].type == dtype::f32 || extra_lists[k].shared ||
+                       files.size() == static_cast<std::size_t>(comm_.world_size()),
+                   usage, "checkpoint ", where, ": the gradient sink's list \"", extra_lists[k].name, "\" was saved on ",
+                   files.size(), " ranks; loading it on ", comm_.world_size(), " sums shards, which tide does for f32 "
+                   "lists only: load it on ", files.size(), " ranks");
+        for (checkpoint_reader const& f : files) expect_in(f, extra_section(k, list[i].name()), scheduler_.extra_size(k, i));
+      }
       if (!scheduler_.keeps_state(i)) continue;
       for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
         expect(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, i));
@@ -568,6 +600,7 @@ class trainer {
   std::int64_t step_ = 0;
   std::string shape_;  // what a checkpoint's "model.shape" section points to until its commit
   std::vector<kernels::grad_tensor<element_type>> owned_grads_;  // ZeRO-2: this rank's part of the norm
+  std::vector<std::byte> reshard_;  // a shard's list while load re-shards it
 };
 
 template <class Spec, class Offload, class Optimizer, class Comm = no_comm, class Compress = no_compress,

@@ -383,10 +383,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   }
   void wait_reduced(std::uint32_t c) {
     if (!reduce_pending_[c]) return;
+    reduce_pending_[c] = false;  // a failure is reported once, here, and fails the step
     auto const t0 = std::chrono::steady_clock::now();
     reduced_[c].synchronize();
     this->cur_.stall_ms += ms_since(t0);
-    reduce_pending_[c] = false;
   }
   // Waits for optimizer work on parameter chunk c (the host step writes its host payload).
   void wait_optimizer(std::uint32_t c) {
@@ -638,6 +638,12 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // are waited for too: its work may still read a gradient chunk.
   void wait_idle() noexcept {
     while (!this->copy_stream_.query() || !optimizer_stream_.query()) std::this_thread::yield();
+    quiet_reductions();
+  }
+  // Waits for the sink's work on every chunk handed over, without reporting anything: when a step
+  // is abandoned its sink failures are the step's failure, already reported (a failed sink skips
+  // the rest of its queue, so this ends).
+  void quiet_reductions() noexcept {
     for (std::uint32_t c = 0; c < this->n_; ++c)
       if (reduce_pending_[c]) {
         while (!reduced_[c].query()) std::this_thread::yield();
