@@ -1,0 +1,251 @@
+#pragma once
+// Pipeline schedules as data: each stage's list of actions, in the order that stage runs them.
+// The generators are constexpr, so a schedule can be built, simulated (pipeline/simulate.hpp) and
+// checked inside a static_assert:
+//
+//   constexpr auto s = tide::pipeline::one_f_one_b(4, 8);           // p = 4 stages, m = 8 micro-batches
+//   static_assert(tide::pipeline::simulate(tide::pipeline::one_f_one_b(4, 8)).makespan == 33);
+//   auto g = tide::pipeline::gpipe(stages, micro);                   // run-time values: tide::error if impossible
+//   constexpr auto z = tide::pipeline::generate<tide::pipeline::kind::zb_h1, 4, 8>();  // static_assert if impossible
+//
+// The actions (PyTorch's pipelining IR has the same letters):
+//   F   forward of one micro-batch through one stage (or one virtual chunk of it)
+//   B   backward for the input gradient only (zero-bubble schedules split backward in two)
+//   W   backward for the weight gradient only, after B of the same micro-batch
+//   BW  the whole backward, B then W
+// Sends and receives are implied by the dependencies (a forward needs the previous stage's
+// forward of the same micro-batch, a backward the next stage's); the simulator charges them a
+// communication cost when the two actions run on different stages.
+//
+// Stages hold chunks of the model: with v chunks per stage there are p·v virtual stages. Where
+// chunk c of stage s sits in the model is the schedule's placement: looped (Megatron's
+// interleaving, virtual stage c·p + s) or v_shape (zero bubble's V: chunk 0 on the way down,
+// chunk 1 on the way back up, virtual stage s or 2p − 1 − s).
+
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "tide/core/error.hpp"
+
+namespace tide::pipeline {
+
+enum class op : std::uint8_t {
+  F,   // forward
+  B,   // backward, input gradient
+  W,   // backward, weight gradient
+  BW,  // backward, both
+};
+
+constexpr std::string_view to_string(op k) noexcept {
+  switch (k) {
+    case op::F: return "F";
+    case op::B: return "B";
+    case op::W: return "W";
+    case op::BW: return "BW";
+  }
+  return "?";
+}
+
+struct action {
+  op kind = op::F;
+  int micro = 0;  // the micro-batch, 0 .. m − 1
+  int chunk = 0;  // the stage's chunk, 0 .. v − 1
+  friend constexpr bool operator==(action, action) = default;
+};
+
+enum class placement : std::uint8_t {
+  looped,  // chunk c of stage s is virtual stage c·p + s
+  v_shape, // two chunks: chunk 0 is virtual stage s, chunk 1 is 2p − 1 − s
+};
+
+struct schedule {
+  std::string_view name;
+  int stages = 1;  // p
+  int micro = 1;   // m
+  int chunks = 1;  // v: model chunks per stage
+  placement place = placement::looped;
+  std::vector<std::vector<action>> per_stage;  // per_stage[s]: what stage s runs, in order
+
+  // The virtual stage (position in the model, 0 .. p·v − 1) of chunk c on stage s.
+  [[nodiscard]] constexpr int virtual_stage(int s, int c) const noexcept {
+    if (place == placement::v_shape) return c == 0 ? s : 2 * stages - 1 - s;
+    return c * stages + s;
+  }
+};
+
+namespace detail {
+
+// Refuses an impossible shape. In a constant expression the throw is the compile error; at run
+// time it is a tide::error of category usage that says what to pass.
+constexpr void require_shape(std::string_view name, int p, int m) {
+  if (p < 1 || m < 1) {
+    if (std::is_constant_evaluated()) throw "pipeline schedule: stages and micro-batches must be >= 1";
+    TIDE_FAIL(usage, name, ": ", p, " stages and ", m, " micro-batches; pass p >= 1 and m >= 1");
+  }
+}
+
+constexpr schedule make(std::string_view name, int p, int m) {
+  schedule s{.name = name, .stages = p, .micro = m, .chunks = 1, .place = placement::looped, .per_stage = {}};
+  s.per_stage.resize(static_cast<std::size_t>(p));
+  return s;
+}
+
+}  // namespace detail
+
+// GPipe: every forward, then every backward, in micro-batch order. Bubble (p − 1)(F + B + W);
+// stage s holds all m micro-batches' activations at once.
+constexpr schedule gpipe(int p, int m) {
+  detail::require_shape("gpipe", p, m);
+  schedule s = detail::make("gpipe", p, m);
+  for (auto& list : s.per_stage) {
+    for (int k = 0; k < m; ++k) list.push_back({op::F, k, 0});
+    for (int k = 0; k < m; ++k) list.push_back({op::BW, k, 0});
+  }
+  return s;
+}
+
+// 1F1B (PipeDream-Flush, DAPPLE): stage s runs min(p − s − 1, m) forwards, then alternates one
+// forward and one backward, then the remaining backwards. GPipe's bubble, but at most p − s
+// micro-batches in flight on stage s, whatever m.
+constexpr schedule one_f_one_b(int p, int m) {
+  detail::require_shape("one_f_one_b", p, m);
+  schedule s = detail::make("one_f_one_b", p, m);
+  for (int st = 0; st < p; ++st) {
+    auto& list = s.per_stage[static_cast<std::size_t>(st)];
+    int const warm = p - st - 1 < m ? p - st - 1 : m;
+    int f = 0, b = 0;
+    while (f < warm) list.push_back({op::F, f++, 0});
+    while (f < m) {
+      list.push_back({op::F, f++, 0});
+      list.push_back({op::BW, b++, 0});
+    }
+    while (b < m) list.push_back({op::BW, b++, 0});
+  }
+  return s;
+}
+
+namespace detail {
+// The handcrafted zero-bubble schedules: stage s runs min(warm(s), m) forwards, then for each
+// micro-batch k its B, the W of micro-batch k − lag(s) when there is one, and the next forward;
+// the remaining W's last.
+template <class Warm, class Lag>
+constexpr schedule zero_bubble(std::string_view name, int p, int m, Warm warm_of, Lag lag_of) {
+  require_shape(name, p, m);
+  schedule s = make(name, p, m);
+  for (int st = 0; st < p; ++st) {
+    auto& list = s.per_stage[static_cast<std::size_t>(st)];
+    int const warm = std::min(warm_of(st), m);
+    int f = 0, w = 0;
+    while (f < warm) list.push_back({op::F, f++, 0});
+    for (int k = 0; k < m; ++k) {
+      list.push_back({op::B, k, 0});
+      if (k >= lag_of(st)) list.push_back({op::W, w++, 0});
+      if (f < m) list.push_back({op::F, f++, 0});
+    }
+    while (w < m) list.push_back({op::W, w++, 0});
+  }
+  return s;
+}
+}  // namespace detail
+
+// ZB-H1 (zero bubble, Qi et al. 2024): backward split into B and W. Stage s runs p − s forwards
+// and lets W lag s micro-batches behind B, so at most p micro-batches are held, as in 1F1B. With
+// F = B = W its bubble is a third of 1F1B's: (p − 1)(F + B − W).
+constexpr schedule zb_h1(int p, int m) {
+  return detail::zero_bubble("zb_h1", p, m, [p](int st) { return p - st; }, [](int st) { return st; });
+}
+
+// ZB-H2: more forwards in the warm-up, 2(p − s) − 1 on stage s, to fill the bubble before the
+// first backward, and W lagging 2s behind B to fill the one after the last: with F = B = W each
+// stage is busy without a gap for 3m (its span) once m >= 2p, at the cost of 2p − 1 micro-batches
+// held on every stage. (The paper also lets the optimizer step begin before every stage is done,
+// which hides the stagger of p − 1 across steps; tide's steps end with a flush.)
+constexpr schedule zb_h2(int p, int m) {
+  return detail::zero_bubble("zb_h2", p, m, [p](int st) { return 2 * (p - st) - 1; }, [](int st) { return 2 * st; });
+}
+
+// Interleaved 1F1B (Megatron-LM): v chunks per stage, looped placement (chunk c of stage s is
+// virtual stage c·p + s). Stage s runs its m·v chunk-forwards in groups of p micro-batches, chunk
+// after chunk, the backwards in the same order with the chunks reversed; a warm-up of
+// 2(p − s − 1) + (v − 1)p forwards (all of them when m = p), then one forward and one backward
+// alternately. The bubble shrinks to (p − 1)(F + B + W)/v; peak p + (p − 1)/v stages of
+// activations on stage 0. m must be a multiple of p (Megatron asserts it): m % p != 0 is refused.
+constexpr schedule interleaved(int p, int m, int v) {
+  detail::require_shape("interleaved", p, m);
+  if (v < 1 || m % p != 0) {
+    if (std::is_constant_evaluated()) throw "interleaved: v >= 1 and m a multiple of p are required";
+    TIDE_FAIL(usage, "interleaved: p = ", p, ", m = ", m, ", v = ", v,
+              "; pass v >= 1 chunks per stage and m a multiple of p (Megatron's rule: the micro-batches go "
+              "through the chunks in groups of p), or use one_f_one_b");
+  }
+  schedule s = detail::make("interleaved", p, m);
+  s.chunks = v;
+  int const total = m * v;
+  auto chunk_of = [&](int i, bool forward) {
+    int const c = (i / p) % v;
+    return forward ? c : v - 1 - c;
+  };
+  auto micro_of = [&](int i) { return (i / (p * v)) * p + i % p; };
+  for (int st = 0; st < p; ++st) {
+    auto& list = s.per_stage[static_cast<std::size_t>(st)];
+    int const warm = m == p ? total : std::min(total, 2 * (p - st - 1) + (v - 1) * p);
+    int f = 0, b = 0;
+    while (f < warm) list.push_back({op::F, micro_of(f), chunk_of(f, true)}), ++f;
+    while (f < total) {
+      list.push_back({op::F, micro_of(f), chunk_of(f, true)}), ++f;
+      list.push_back({op::BW, micro_of(b), chunk_of(b, false)}), ++b;
+    }
+    while (b < total) list.push_back({op::BW, micro_of(b), chunk_of(b, false)}), ++b;
+  }
+  return s;
+}
+
+// Every generator by name, for tools and policies that choose one at run time.
+enum class kind : std::uint8_t { gpipe, one_f_one_b, interleaved, zb_h1, zb_h2 };
+
+constexpr std::string_view to_string(kind k) noexcept {
+  switch (k) {
+    case kind::gpipe: return "gpipe";
+    case kind::one_f_one_b: return "one_f_one_b";
+    case kind::interleaved: return "interleaved";
+    case kind::zb_h1: return "zb_h1";
+    case kind::zb_h2: return "zb_h2";
+  }
+  return "?";
+}
+
+// v is the chunks per stage of interleaved; the others take v = 1.
+constexpr schedule generate(kind k, int p, int m, int v = 1) {
+  if (k != kind::interleaved && v != 1) {
+    if (std::is_constant_evaluated()) throw "pipeline schedule: v != 1 is for interleaved only";
+    TIDE_FAIL(usage, to_string(k), ": v = ", v, " chunks per stage; only interleaved places several chunks on a "
+              "stage: pass v = 1");
+  }
+  switch (k) {
+    case kind::gpipe: return gpipe(p, m);
+    case kind::one_f_one_b: return one_f_one_b(p, m);
+    case kind::interleaved: return interleaved(p, m, v);
+    case kind::zb_h1: return zb_h1(p, m);
+    case kind::zb_h2: return zb_h2(p, m);
+  }
+  return gpipe(p, m);
+}
+
+// The shape as template arguments: an impossible one is a compile error that says what to pass.
+//   constexpr auto s = tide::pipeline::generate<tide::pipeline::kind::interleaved, 4, 8, 2>();
+template <kind K, int P, int M, int V = 1>
+constexpr schedule generate() {
+  static_assert(P >= 1, "tide::pipeline: the number of stages P must be >= 1");
+  static_assert(M >= 1, "tide::pipeline: the number of micro-batches M must be >= 1");
+  static_assert(V >= 1, "tide::pipeline: the chunks per stage V must be >= 1");
+  static_assert(K == kind::interleaved || V == 1, "tide::pipeline: V > 1 chunks per stage is for interleaved only");
+  static_assert(K != kind::interleaved || M % P == 0,
+                "tide::pipeline::interleaved: the micro-batches M must be a multiple of the stages P (Megatron's "
+                "rule); use one_f_one_b otherwise");
+  return generate(K, P, M, V);
+}
+
+}  // namespace tide::pipeline
