@@ -70,6 +70,12 @@ struct stage_result {
   [[nodiscard]] constexpr double span() const noexcept { return last_end - first_start; }
 };
 
+// An action as it ran: when it started and ended.
+struct timed_action {
+  action a{};
+  double start = 0, end = 0;
+};
+
 struct simulation {
   problem found = problem::none;
   int stage = -1;  // where the problem is (the stage whose list holds the action, or that waits)
@@ -77,6 +83,7 @@ struct simulation {
   double makespan = 0;
   double bubble_fraction = 0;  // Σ (makespan − busy) over p · makespan
   std::vector<stage_result> stages;
+  std::vector<std::vector<timed_action>> timeline;  // per stage, in the order it ran them
   [[nodiscard]] constexpr bool ok() const noexcept { return found == problem::none; }
 };
 
@@ -99,6 +106,7 @@ constexpr simulation simulate(schedule const& s, costs const& c = {}) {
   simulation r;
   int const p = s.stages, m = s.micro, v = s.chunks, Q = p * v;
   r.stages.resize(static_cast<std::size_t>(p));
+  r.timeline.resize(static_cast<std::size_t>(p));
   std::vector<detail::slot> slots(static_cast<std::size_t>(Q * m));
   auto slot_of = [&](int q, int k) -> detail::slot& { return slots[static_cast<std::size_t>(q * m + k)]; };
   auto fail = [&](problem what, int st, action a) {
@@ -163,6 +171,7 @@ constexpr simulation simulate(schedule const& s, costs const& c = {}) {
         if (a.kind == op::F) x.f_end = end, x.f_stage = st, h.push_back({start, +1});
         if (a.kind == op::B || a.kind == op::BW) x.grad_end = end, x.grad_stage = st;
         if (a.kind == op::W || a.kind == op::BW) x.w_end = end, h.push_back({end, -1});
+        r.timeline[static_cast<std::size_t>(st)].push_back({a, start, end});
         stage_result& sr = r.stages[static_cast<std::size_t>(st)];
         if (i == 0) sr.first_start = start;
         sr.last_end = end;
