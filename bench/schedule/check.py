@@ -37,7 +37,8 @@ costed = json.loads(run("--schedule", "gpipe", "--stages", "4", "--micro", "8", 
 assert costed["makespan"] == 33 + 2 * 3 * 0.5, costed["makespan"]
 
 for bad in (["--stages", "0"], ["--schedule", "interleaved", "--micro", "6", "--virtual", "2"], ["--schedule", "x"],
-            ["--format", "png"], ["--costs", "1,1"], ["--micro"], ["--nope", "1"], ["--virtual", "2"]):
+            ["--format", "png"], ["--costs", "1,1"], ["--costs", "1,1,1,0,5"], ["--costs", "1,1,1,0,"],
+            ["--costs", "inf,1,1,0"], ["--micro"], ["--nope", "1"], ["--virtual", "2"]):
     r = run(*bad)
     assert r.returncode == 2 and r.stderr.startswith("tide-schedule: ") and r.stderr.count("\n") == 1, (bad, r.stderr)
 print("tide-schedule: all checks passed")

@@ -8,6 +8,7 @@
 // "tide-schedule: <what is wrong>", and exits with status 2.
 
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -45,11 +46,10 @@ int run(int argc, char** argv) {
       for (int k = 0; k < 4; ++k) {
         std::size_t const comma = value.find(',', at);
         x[k] = parse<double>(flag, value.substr(at, comma == std::string_view::npos ? value.npos : comma - at));
-        TIDE_REQUIRE(x[k] >= 0 && (k == 3 || x[k] > 0), "--costs F,B,W,C wants F, B, W > 0 and C >= 0");
-        if (comma == std::string_view::npos) {
-          TIDE_REQUIRE(k == 3, "--costs wants four numbers F,B,W,C, got '", value, "'");
-          break;
-        }
+        TIDE_REQUIRE(std::isfinite(x[k]) && x[k] >= 0 && (k == 3 || x[k] > 0),
+                     "--costs F,B,W,C wants finite F, B, W > 0 and C >= 0, got '", value, "'");
+        TIDE_REQUIRE((comma == std::string_view::npos) == (k == 3), "--costs wants four numbers F,B,W,C, got '",
+                     value, "'");
         at = comma + 1;
       }
       c = {x[0], x[1], x[2], x[3]};

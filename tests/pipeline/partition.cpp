@@ -117,6 +117,8 @@ TEST_CASE("in-flight counts follow the schedule; a stage that cannot fit is infe
   CHECK(offloaded.stages[3].first == 4);
   CHECK(offloaded.slowest == 4 * 3);
   CHECK_THROWS_AS(pp::partition_layers(layers, {.stages = 9, .micro = 8}), tide::error);
+  CHECK_THROWS_WITH_AS(pp::partition_layers(layers, {.stages = 4, .micro = 8, .schedule = pp::kind::interleaved}),
+                       doctest::Contains("cuts contiguous layers"), tide::error);
 }
 
 TEST_CASE("a GPT-like model: the embedding and the head are heavy; the partitioner beats the uniform cut") {

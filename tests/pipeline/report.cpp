@@ -49,3 +49,12 @@ TEST_CASE("the JSON and the SVG hold every action; a failed simulation is refuse
   auto const bad = pp::simulate(broken);
   CHECK_THROWS_WITH_AS(pp::to_json(broken, bad), doctest::Contains("did not simulate"), tide::error);
 }
+
+TEST_CASE("the ASCII grid skips actions of no duration and refuses a grid too wide to read") {
+  auto const s = pp::zb_h1(2, 3);
+  auto const free_w = pp::check(s, {.f = 1, .b = 1, .w = 0});  // W costs nothing: not drawn
+  CHECK(pp::to_ascii(s, free_w).find("W0") == std::string::npos);
+  auto const tiny = pp::check(s, {.f = 1e-6, .b = 1, .w = 1});
+  CHECK_THROWS_WITH_AS(pp::to_ascii(s, tiny), doctest::Contains("draw it with to_svg"), tide::error);
+  CHECK(pp::to_svg(s, tiny).find("<svg") != std::string::npos);
+}

@@ -3,7 +3,7 @@
 // 3m per stage, interleaved 3m + 3(p − 1)/v; peaks m, p, p, 2p − 1, p + (p − 1)/v), checked at
 // compile time where they can be; a communication cost and unequal costs move them as the
 // formulas say; broken schedules (a missing backward, a duplicate, a deadlock, an action out of
-// range) are named; impossible shapes are refused.
+// range, a malformed shape) are named; impossible shapes are refused.
 
 #include <doctest/doctest.h>
 
@@ -86,7 +86,7 @@ TEST_CASE("ZB-H2: every stage busy without a gap for 3m once m >= 2p, peak 2p �
     }
 }
 
-TEST_CASE("interleaved 1F1B: bubble (p − 1)/(vm + p − 1), peak p + (p − 1)/v on stage 0") {
+TEST_CASE("interleaved 1F1B: bubble (p − 1)/(vm + p − 1), peak p + (p − 1)/v on stage 0 (v > 1)") {
   for (int p : {2, 4, 8})
     for (int v : {1, 2, 3, 4})
       for (int g : {1, 2, 4}) {
@@ -97,8 +97,9 @@ TEST_CASE("interleaved 1F1B: bubble (p − 1)/(vm + p − 1), peak p + (p − 1)
         auto const r = pp::check(pp::interleaved(p, m, v));
         CHECK(r.makespan == doctest::Approx(3.0 * m + 3.0 * (p - 1) / v));
         CHECK(r.bubble_fraction == doctest::Approx(double(p - 1) / (v * m + p - 1)));
-        if (m > p) CHECK(r.stages[0].peak_activations == doctest::Approx(p + double(p - 1) / v));
-        if (v == 1) CHECK(r.makespan == pp::check(pp::one_f_one_b(p, m)).makespan);
+        if (m > p)  // Megatron's p + (p − 1)/v; with one chunk, 1F1B's p
+          CHECK(r.stages[0].peak_activations == doctest::Approx(v == 1 ? p : p + double(p - 1) / v));
+        if (v == 1) CHECK(pp::interleaved(p, m, 1).per_stage == pp::one_f_one_b(p, m).per_stage);
       }
   CHECK_THROWS_WITH_AS(pp::interleaved(4, 6, 2), doctest::Contains("m a multiple of p"), tide::error);
   CHECK_THROWS_AS(pp::interleaved(4, 8, 0), tide::error);
@@ -155,6 +156,17 @@ TEST_CASE("a broken schedule is named: missing, duplicate, mixed, out of range, 
   auto s = pp::one_f_one_b(3, 4);
   s.per_stage[1].pop_back();
   CHECK_THROWS_WITH_AS(pp::check(s), doctest::Contains("without its forward or its backward"), tide::error);
+  // A hand-built schedule of the wrong shape is named, not run: a list too many, none, a V of 3.
+  auto extra = pp::one_f_one_b(3, 4);
+  extra.per_stage.push_back(extra.per_stage[0]);
+  CHECK(pp::simulate(extra).found == pp::problem::malformed);
+  auto none = pp::one_f_one_b(3, 4);
+  none.per_stage.clear();
+  CHECK(pp::simulate(none).found == pp::problem::malformed);
+  auto vee = pp::one_f_one_b(3, 4);
+  vee.place = pp::placement::v_shape;
+  vee.chunks = 3;
+  CHECK(pp::simulate(vee).found == pp::problem::malformed);
 }
 
 TEST_CASE("impossible shapes are refused at run time with what to pass") {

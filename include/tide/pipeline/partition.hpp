@@ -138,6 +138,8 @@ inline partition partition_layers(std::span<layer_cost const> layers, partition_
                " stages; pass at least one layer per stage (stages >= 1)");
   TIDE_REQUIRE(o.state_offloaded >= 0 && o.state_offloaded <= 1, "partition_layers: state_offloaded = ",
                o.state_offloaded, "; pass a share in [0, 1]");
+  TIDE_REQUIRE(o.schedule != kind::interleaved, "partition_layers: interleaved places several chunks of layers "
+               "on a stage, and this partitioner cuts contiguous layers: pass one_f_one_b, gpipe, zb_h1 or zb_h2");
   auto const flight = detail::in_flight(o);
   double const inf = std::numeric_limits<double>::infinity();
   // best[k][i]: the slowest stage of the best cut of layers [0, i) into stages 0 .. k − 1;

@@ -8,11 +8,12 @@
 //   std::string a = tide::pipeline::to_ascii(s, r);         // one row per stage, one column per time step
 //   std::string g = tide::pipeline::to_svg(s, r);           // the timeline, coloured by action
 //
-// ASCII: the time step is the shortest action; a cell shows the action that runs at its start
-// ("F3", "B3", "W3", "X3" for a whole backward; the chunk after a colon when v > 1) or "." when
-// the stage is idle.
+// ASCII: the time step is the shortest action; a cell shows the action that runs in the middle of
+// it ("F3", "B3", "W3", "X3" for a whole backward; the chunk after a colon when v > 1) or "." when
+// the stage is idle. More than 10,000 columns are refused.
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -27,10 +28,20 @@ namespace tide::pipeline {
 
 namespace detail {
 
+// The shortest text that reads back as v (finite: require_ok checked).
 inline std::string number(double v) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", std::isfinite(v) ? v : 0.0);
-  return buf;
+  auto const [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return ec == std::errc{} ? std::string(buf, end) : std::string("0");
+}
+inline std::string json_string(std::string_view t) {
+  std::string out = "\"";
+  for (char ch : t) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (static_cast<unsigned char>(ch) < 0x20) continue;  // no control characters in a name
+    out += ch;
+  }
+  return out + "\"";
 }
 inline std::string label(action a, int chunks) {
   std::string l = a.kind == op::BW ? "X" : std::string(to_string(a.kind));
@@ -50,6 +61,8 @@ inline char const* colour(op k) {
 inline void require_ok(schedule const& s, simulation const& r) {
   TIDE_REQUIRE(r.ok() && r.timeline.size() == static_cast<std::size_t>(s.stages), "pipeline report: schedule ", s.name,
                " did not simulate (", to_string(r.found), "); pass the result of check()");
+  TIDE_REQUIRE(std::isfinite(r.makespan), "pipeline report: schedule ", s.name, " has a makespan of ", r.makespan,
+               "; pass finite costs");
 }
 
 }  // namespace detail
@@ -57,7 +70,7 @@ inline void require_ok(schedule const& s, simulation const& r) {
 inline std::string to_json(schedule const& s, simulation const& r, costs const& c = {}) {
   detail::require_ok(s, r);
   using detail::number;
-  std::string j = "{\"schedule\":\"" + std::string(s.name) + "\",\"stages\":" + std::to_string(s.stages) +
+  std::string j = "{\"schedule\":" + detail::json_string(s.name) + ",\"stages\":" + std::to_string(s.stages) +
                   ",\"micro\":" + std::to_string(s.micro) + ",\"chunks\":" + std::to_string(s.chunks) +
                   ",\"costs\":{\"f\":" + number(c.f) + ",\"b\":" + number(c.b) + ",\"w\":" + number(c.w) +
                   ",\"comm\":" + number(c.comm) + "},\"makespan\":" + number(r.makespan) +
@@ -88,7 +101,10 @@ inline std::string to_ascii(schedule const& s, simulation const& r) {
   detail::require_ok(s, r);
   double step = r.makespan;
   for (auto const& l : r.timeline)
-    for (auto const& t : l) step = std::min(step, t.end - t.start);
+    for (auto const& t : l)
+      if (t.end > t.start) step = std::min(step, t.end - t.start);
+  TIDE_REQUIRE(step > 0 && r.makespan / step <= 10000, "to_ascii: ", r.makespan / step,
+               " columns (the makespan over the shortest action); draw it with to_svg instead");
   auto const columns = static_cast<std::size_t>(std::ceil(r.makespan / step - 1e-9));
   std::size_t width = 2;
   for (auto const& l : r.timeline)

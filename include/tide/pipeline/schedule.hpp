@@ -3,10 +3,11 @@
 // The generators are constexpr, so a schedule can be built, simulated (pipeline/simulate.hpp) and
 // checked inside a static_assert:
 //
-//   constexpr auto s = tide::pipeline::one_f_one_b(4, 8);           // p = 4 stages, m = 8 micro-batches
+//   auto s = tide::pipeline::one_f_one_b(4, 8);                      // p = 4 stages, m = 8 micro-batches
 //   static_assert(tide::pipeline::simulate(tide::pipeline::one_f_one_b(4, 8)).makespan == 33);
 //   auto g = tide::pipeline::gpipe(stages, micro);                   // run-time values: tide::error if impossible
-//   constexpr auto z = tide::pipeline::generate<tide::pipeline::kind::zb_h1, 4, 8>();  // static_assert if impossible
+//   auto z = tide::pipeline::generate<tide::pipeline::kind::zb_h1, 4, 8>();  // static_assert if impossible
+// (A schedule holds vectors: it lives inside a constant expression, not in a constexpr variable.)
 //
 // The actions (PyTorch's pipelining IR has the same letters):
 //   F   forward of one micro-batch through one stage (or one virtual chunk of it)
@@ -170,9 +171,9 @@ constexpr schedule zb_h2(int p, int m) {
 // Interleaved 1F1B (Megatron-LM): v chunks per stage, looped placement (chunk c of stage s is
 // virtual stage c·p + s). Stage s runs its m·v chunk-forwards in groups of p micro-batches, chunk
 // after chunk, the backwards in the same order with the chunks reversed; a warm-up of
-// 2(p − s − 1) + (v − 1)p forwards (all of them when m = p), then one forward and one backward
-// alternately. The bubble shrinks to (p − 1)(F + B + W)/v; peak p + (p − 1)/v stages of
-// activations on stage 0. m must be a multiple of p (Megatron asserts it): m % p != 0 is refused.
+// 2(p − s − 1) + (v − 1)p forwards (all of them when m = p; with v = 1 it is 1F1B), then one
+// forward and one backward alternately. The bubble shrinks to (p − 1)(F + B + W)/v; peak
+// p + (p − 1)/v stages of activations on stage 0 when m > p. m must be a multiple of p (Megatron asserts it): m % p != 0 is refused.
 constexpr schedule interleaved(int p, int m, int v) {
   detail::require_shape("interleaved", p, m);
   if (v < 1 || m % p != 0) {
@@ -191,7 +192,10 @@ constexpr schedule interleaved(int p, int m, int v) {
   auto micro_of = [&](int i) { return (i / (p * v)) * p + i % p; };
   for (int st = 0; st < p; ++st) {
     auto& list = s.per_stage[static_cast<std::size_t>(st)];
-    int const warm = m == p ? total : std::min(total, 2 * (p - st - 1) + (v - 1) * p);
+    // Megatron's warm-up; with one chunk per stage it is 1F1B's p − s − 1.
+    int const warm = v == 1 ? std::min(total, p - st - 1)
+                     : m == p ? total
+                              : std::min(total, 2 * (p - st - 1) + (v - 1) * p);
     int f = 0, b = 0;
     while (f < warm) list.push_back({op::F, micro_of(f), chunk_of(f, true)}), ++f;
     while (f < total) {
@@ -235,7 +239,7 @@ constexpr schedule generate(kind k, int p, int m, int v = 1) {
 }
 
 // The shape as template arguments: an impossible one is a compile error that says what to pass.
-//   constexpr auto s = tide::pipeline::generate<tide::pipeline::kind::interleaved, 4, 8, 2>();
+//   auto s = tide::pipeline::generate<tide::pipeline::kind::interleaved, 4, 8, 2>();
 template <kind K, int P, int M, int V = 1>
 constexpr schedule generate() {
   static_assert(P >= 1, "tide::pipeline: the number of stages P must be >= 1");

@@ -43,6 +43,7 @@ struct costs {
 
 enum class problem : std::uint8_t {
   none,
+  malformed,     // a shape the schedule cannot have: p, m or v < 1, per_stage not p lists, a V of v != 2
   out_of_range,  // a micro-batch or chunk outside the schedule's m or v
   duplicate,     // an action that appears twice
   missing,       // a (virtual stage, micro-batch) without its F, or without its backward
@@ -53,6 +54,7 @@ enum class problem : std::uint8_t {
 constexpr std::string_view to_string(problem p) noexcept {
   switch (p) {
     case problem::none: return "none";
+    case problem::malformed: return "a malformed schedule (p, m, v >= 1, one list per stage, a V of two chunks)";
     case problem::out_of_range: return "an action outside the schedule's micro-batches or chunks";
     case problem::duplicate: return "an action that appears twice";
     case problem::missing: return "a micro-batch without its forward or its backward";
@@ -105,6 +107,11 @@ constexpr double cost_of(action a, costs const& c, int v) {
 constexpr simulation simulate(schedule const& s, costs const& c = {}) {
   simulation r;
   int const p = s.stages, m = s.micro, v = s.chunks, Q = p * v;
+  if (p < 1 || m < 1 || v < 1 || s.per_stage.size() != static_cast<std::size_t>(p) ||
+      (s.place == placement::v_shape && v != 2)) {
+    r.found = problem::malformed;
+    return r;
+  }
   r.stages.resize(static_cast<std::size_t>(p));
   r.timeline.resize(static_cast<std::size_t>(p));
   std::vector<detail::slot> slots(static_cast<std::size_t>(Q * m));
@@ -189,6 +196,7 @@ constexpr simulation simulate(schedule const& s, costs const& c = {}) {
         if (next[static_cast<std::size_t>(st)] < list.size())
           return fail(problem::deadlock, st, list[next[static_cast<std::size_t>(st)]]);
       }
+      return fail(problem::deadlock, -1, {});  // unreachable: some stage has actions left
     }
   }
 
