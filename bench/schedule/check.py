@@ -11,7 +11,7 @@ def run(*args):
 
 p, m = 4, 8
 expect = {"gpipe": (33, [8, 8, 8, 8]), "one_f_one_b": (33, [4, 3, 2, 1]), "zb_h1": (27, [4, 4, 4, 4]),
-          "zb_h2": (27, [7, 7, 7, 7]), "interleaved": (28.5, None)}
+          "zb_h2": (27, [7, 7, 7, 7]), "zb_v": (25.5, None), "interleaved": (28.5, None)}
 for name, (makespan, peaks) in expect.items():
     extra = ["--virtual", "2"] if name == "interleaved" else []
     r = run("--schedule", name, "--stages", str(p), "--micro", str(m), "--format", "json", *extra)

@@ -1,6 +1,7 @@
 // The schedules and their simulation: with F = B = W = 1 the makespans, spans and activation peaks
 // are the closed forms (GPipe and 1F1B 3(m + p − 1), ZB-H1 3m + p − 1, ZB-H2 a gapless span of
-// 3m per stage, interleaved 3m + 3(p − 1)/v; peaks m, p, p, 2p − 1, p + (p − 1)/v), checked at
+// 3m per stage, ZB-V 3m + (p − 1)/2, interleaved 3m + 3(p − 1)/v; peaks m, p, p, 2p − 1, p,
+// p + (p − 1)/v), checked at
 // compile time where they can be; a communication cost and unequal costs move them as the
 // formulas say; broken schedules (a missing backward, a duplicate, a deadlock, an action out of
 // range, a malformed shape) are named; impossible shapes are refused.
@@ -37,6 +38,8 @@ static_assert(makespan(pp::generate<pp::kind::interleaved, 4, 8, 2>()) == 28.5);
 static_assert(makespan(pp::interleaved(4, 8, 2)) == 28.5);  // 3m + 3(p − 1)/v
 static_assert(pp::simulate(pp::zb_h2(4, 8)).stages[0].span() == 24);  // 3m: no gap on the stage
 static_assert(peak(pp::zb_h2(4, 8), 0) == 7);          // 2p − 1
+static_assert(makespan(pp::zb_v(4, 8)) == 25.5);       // 3m + (p − 1)/2
+static_assert(peak(pp::zb_v(4, 8), 0) == 4);           // p
 static_assert(peak(pp::interleaved(4, 8, 2), 0) == 5.5);    // p + (p − 1)/v
 
 }  // namespace
@@ -83,6 +86,25 @@ TEST_CASE("ZB-H2: every stage busy without a gap for 3m once m >= 2p, peak 2p �
         CHECK(r.stages[s].span() == 3 * m);
         CHECK(r.stages[s].peak_activations == 2 * p - 1);  // a warm-up of 2(p − s) − 1, W 2s behind
       }
+    }
+}
+
+TEST_CASE("ZB-V: two chunks per stage in a V; 3m + (p − 1)/2 once m >= p, at most p held") {
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m : {1, 2, 5, 8, 16, 32}) {
+      CAPTURE(p);
+      CAPTURE(m);
+      auto const s = pp::zb_v(p, m);
+      CHECK(s.chunks == 2);
+      CHECK(s.virtual_stage(0, 1) == 2 * p - 1);  // stage 0 holds the last piece too
+      auto const r = pp::check(s);  // valid for every m
+      for (auto const& st : r.stages) CHECK(st.peak_activations <= p);
+      if (m < p) continue;
+      CHECK(r.makespan == 3 * m + (p - 1) / 2.0);
+      CHECK(r.stages[0].peak_activations == p);
+      CHECK(r.makespan <= pp::check(pp::zb_h1(p, m)).makespan);
+      // Unequal costs still run (the order holds for any costs).
+      CHECK(pp::check(s, {.f = 1, .b = 2, .w = 0.5, .comm = 0.1}).ok());
     }
 }
 

@@ -34,6 +34,12 @@ inline std::string number(double v) {
   auto const [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
   return ec == std::errc{} ? std::string(buf, end) : std::string("0");
 }
+// For people (titles, the grid's header): four significant digits.
+inline std::string shown(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
 inline std::string json_string(std::string_view t) {
   std::string out = "\"";
   for (char ch : t) {
@@ -111,7 +117,7 @@ inline std::string to_ascii(schedule const& s, simulation const& r) {
     for (auto const& t : l) width = std::max(width, detail::label(t.a, s.chunks).size() + 1);
   std::string out = std::string(s.name) + ": p = " + std::to_string(s.stages) + ", m = " + std::to_string(s.micro) +
                     (s.chunks > 1 ? ", v = " + std::to_string(s.chunks) : "") + ", makespan " +
-                    detail::number(r.makespan) + ", bubble " + detail::number(r.bubble_fraction) + "\n";
+                    detail::shown(r.makespan) + ", bubble " + detail::shown(r.bubble_fraction) + "\n";
   for (std::size_t st = 0; st < r.timeline.size(); ++st) {
     std::string row = "stage " + std::to_string(st) + " |";
     for (std::size_t col = 0; col < columns; ++col) {
@@ -139,8 +145,8 @@ inline std::string to_svg(schedule const& s, simulation const& r) {
   g += "<text x=\"" + svg_number(left) + "\" y=\"22\" font-size=\"14\">" +
        offload::detail::xml_escape(std::string(s.name) + ": p = " + std::to_string(s.stages) + ", m = " +
                                    std::to_string(s.micro) + (s.chunks > 1 ? ", v = " + std::to_string(s.chunks) : "") +
-                                   ", makespan " + detail::number(r.makespan) + ", bubble " +
-                                   detail::number(r.bubble_fraction)) +
+                                   ", makespan " + detail::shown(r.makespan) + ", bubble " +
+                                   detail::shown(r.bubble_fraction)) +
        "</text>\n";
   bool drawn[4] = {};
   for (std::size_t st = 0; st < r.timeline.size(); ++st) {
@@ -154,7 +160,7 @@ inline std::string to_svg(schedule const& s, simulation const& r) {
       g += "<rect class=\"action " + std::string(to_string(t.a.kind)) + "\" x=\"" + svg_number(x) + "\" y=\"" +
            svg_number(y + 2) + "\" width=\"" + svg_number(std::max(width - 1, 0.5)) + "\" height=\"" +
            svg_number(row - 4) + "\" fill=\"" + detail::colour(t.a.kind) + "\"><title>" + l + " " +
-           detail::number(t.start) + " to " + detail::number(t.end) + "</title></rect>\n";
+           detail::shown(t.start) + " to " + detail::shown(t.end) + "</title></rect>\n";
       if (width >= 7.0 * static_cast<double>(l.size()))
         g += "<text x=\"" + svg_number(x + width / 2) + "\" y=\"" + svg_number(y + row / 2 + 4) +
              "\" text-anchor=\"middle\" fill=\"white\">" + l.substr(1) + "</text>\n";
@@ -165,7 +171,7 @@ inline std::string to_svg(schedule const& s, simulation const& r) {
   double const tick = offload::detail::tick_step(r.makespan * 1.25);
   for (double t = 0; t <= r.makespan + 1e-9; t += tick)
     g += "<text x=\"" + svg_number(left + unit * t) + "\" y=\"" + svg_number(axis + 12) +
-         "\" text-anchor=\"middle\" fill=\"#555\">" + detail::number(t) + "</text>\n";
+         "\" text-anchor=\"middle\" fill=\"#555\">" + detail::shown(t) + "</text>\n";
   double lx = left;
   for (op k : {op::F, op::B, op::W, op::BW}) {
     if (!drawn[static_cast<int>(k)]) continue;

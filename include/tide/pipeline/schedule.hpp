@@ -168,6 +168,69 @@ constexpr schedule zb_h2(int p, int m) {
   return detail::zero_bubble("zb_h2", p, m, [p](int st) { return 2 * (p - st) - 1; }, [](int st) { return 2 * st; });
 }
 
+// ZB-V (zero bubble, V-shaped): two chunks per stage placed in a V, chunk 0 of stage s the
+// model's s-th piece on the way down, chunk 1 its (2p − 1 − s)-th on the way back up, so stage 0
+// holds both the first and the last piece. The order is built step by step, every action one step
+// (the stage's work per micro-batch split evenly over the chunks): each stage runs a B whose
+// input gradient has arrived (chunk 0 first), else a forward while it holds fewer than 2p chunk
+// activations (chunk 1 first: it turns the V), else the W of its oldest B. With F = B = W and
+// m >= p the makespan is 3m + (p − 1)/2 for p <= 8 (half ZB-H1's stagger; 1 or 2 steps more at
+// p = 12 and 16, where this greedy order is not the paper's), and each stage holds at most p
+// stages of activations, as 1F1B.
+constexpr schedule zb_v(int p, int m) {
+  detail::require_shape("zb_v", p, m);
+  schedule s = detail::make("zb_v", p, m);
+  s.chunks = 2;
+  s.place = placement::v_shape;
+  int const Q = 2 * p;
+  auto at = [m](int q, int k) { return static_cast<std::size_t>(q * m + k); };
+  // The step each action ran in (−1: not yet); an input made at step t is usable from t + 1.
+  std::vector<int> f(static_cast<std::size_t>(Q * m), -1), b(f), w(f);
+  std::vector<int> held(static_cast<std::size_t>(p), 0), next_f(static_cast<std::size_t>(Q), 0);
+  std::vector<int> next_b(static_cast<std::size_t>(Q), 0);
+  int left = 3 * Q * m;
+  for (int t = 0; left > 0; ++t) {
+    int const before = left;
+    for (int st = 0; st < p; ++st) {
+      auto& list = s.per_stage[static_cast<std::size_t>(st)];
+      int const q_of[2] = {st, Q - 1 - st};  // chunk 0, chunk 1
+      auto done_before = [t](int step) { return step >= 0 && step < t; };
+      bool acted = false;
+      for (int c = 0; c < 2 && !acted; ++c) {  // B: the next micro-batch of a chunk, its input ready
+        int const q = q_of[c], k = next_b[static_cast<std::size_t>(q)];
+        if (k >= m || !done_before(q == Q - 1 ? f[at(q, k)] : b[at(q + 1, k)])) continue;
+        b[at(q, k)] = t, ++next_b[static_cast<std::size_t>(q)];
+        list.push_back({op::B, k, c});
+        acted = true;
+      }
+      for (int c = 1; c >= 0 && !acted && held[static_cast<std::size_t>(st)] < 2 * p; --c) {  // F
+        int const q = q_of[c], k = next_f[static_cast<std::size_t>(q)];
+        if (k >= m || (q > 0 && !done_before(f[at(q - 1, k)]))) continue;
+        f[at(q, k)] = t, ++next_f[static_cast<std::size_t>(q)], ++held[static_cast<std::size_t>(st)];
+        list.push_back({op::F, k, c});
+        acted = true;
+      }
+      if (!acted) {  // W: of the oldest B
+        int best_q = -1, best_k = -1, oldest = t;
+        for (int c = 0; c < 2; ++c)
+          for (int k = 0; k < m; ++k) {
+            int const q = q_of[c];
+            if (w[at(q, k)] < 0 && done_before(b[at(q, k)]) && b[at(q, k)] < oldest)
+              oldest = b[at(q, k)], best_q = q, best_k = k;
+          }
+        if (best_q >= 0) {
+          w[at(best_q, best_k)] = t, --held[static_cast<std::size_t>(st)];
+          list.push_back({op::W, best_k, best_q == st ? 0 : 1});
+          acted = true;
+        }
+      }
+      left -= acted ? 1 : 0;
+    }
+    if (left == before) break;  // nothing ran, so nothing will: cannot happen (the simulator would name it)
+  }
+  return s;
+}
+
 // Interleaved 1F1B (Megatron-LM): v chunks per stage, looped placement (chunk c of stage s is
 // virtual stage c·p + s). Stage s runs its m·v chunk-forwards in groups of p micro-batches, chunk
 // after chunk, the backwards in the same order with the chunks reversed; a warm-up of
@@ -208,7 +271,7 @@ constexpr schedule interleaved(int p, int m, int v) {
 }
 
 // Every generator by name, for tools and policies that choose one at run time.
-enum class kind : std::uint8_t { gpipe, one_f_one_b, interleaved, zb_h1, zb_h2 };
+enum class kind : std::uint8_t { gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zb_v };
 
 constexpr std::string_view to_string(kind k) noexcept {
   switch (k) {
@@ -217,6 +280,7 @@ constexpr std::string_view to_string(kind k) noexcept {
     case kind::interleaved: return "interleaved";
     case kind::zb_h1: return "zb_h1";
     case kind::zb_h2: return "zb_h2";
+    case kind::zb_v: return "zb_v";
   }
   return "?";
 }
@@ -234,6 +298,7 @@ constexpr schedule generate(kind k, int p, int m, int v = 1) {
     case kind::interleaved: return interleaved(p, m, v);
     case kind::zb_h1: return zb_h1(p, m);
     case kind::zb_h2: return zb_h2(p, m);
+    case kind::zb_v: return zb_v(p, m);
   }
   return gpipe(p, m);
 }
