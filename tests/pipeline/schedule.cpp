@@ -96,7 +96,7 @@ TEST_CASE("ZB-V: two chunks per stage in a V; 3m + (p − 1)/2 once m >= p, at m
       CAPTURE(m);
       auto const s = pp::zb_v(p, m);
       CHECK(s.chunks == 2);
-      CHECK(s.virtual_stage(0, 1) == 2 * p - 1);  // stage 0 holds the last piece too
+      CHECK(s.piece(0, 1) == 2 * p - 1);  // stage 0 holds the last piece too
       auto const r = pp::check(s);  // valid for every m
       for (auto const& st : r.stages) CHECK(st.peak_activations <= p);
       if (m < p) continue;

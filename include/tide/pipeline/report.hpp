@@ -21,6 +21,7 @@
 
 #include "tide/core/error.hpp"
 #include "tide/offload/report.hpp"
+#include "tide/offload/trace_events.hpp"
 #include "tide/pipeline/schedule.hpp"
 #include "tide/pipeline/simulate.hpp"
 
@@ -39,15 +40,6 @@ inline std::string shown(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4g", v);
   return buf;
-}
-inline std::string json_string(std::string_view t) {
-  std::string out = "\"";
-  for (char ch : t) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    if (static_cast<unsigned char>(ch) < 0x20) continue;  // no control characters in a name
-    out += ch;
-  }
-  return out + "\"";
 }
 inline std::string label(action a, int chunks) {
   std::string l = a.kind == op::BW ? "X" : std::string(to_string(a.kind));
@@ -76,7 +68,9 @@ inline void require_ok(schedule const& s, simulation const& r) {
 inline std::string to_json(schedule const& s, simulation const& r, costs const& c = {}) {
   detail::require_ok(s, r);
   using detail::number;
-  std::string j = "{\"schedule\":" + detail::json_string(s.name) + ",\"stages\":" + std::to_string(s.stages) +
+  std::string j = "{\"schedule\":\"";
+  offload::detail::append_json_escaped(j, s.name);
+  j += "\",\"stages\":" + std::to_string(s.stages) +
                   ",\"micro\":" + std::to_string(s.micro) + ",\"chunks\":" + std::to_string(s.chunks) +
                   ",\"costs\":{\"f\":" + number(c.f) + ",\"b\":" + number(c.b) + ",\"w\":" + number(c.w) +
                   ",\"comm\":" + number(c.comm) + "},\"makespan\":" + number(r.makespan) +

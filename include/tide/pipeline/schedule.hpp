@@ -10,7 +10,7 @@
 // (A schedule holds vectors: it lives inside a constant expression, not in a constexpr variable.)
 //
 // The actions (PyTorch's pipelining IR has the same letters):
-//   F   forward of one micro-batch through one stage (or one virtual chunk of it)
+//   F   forward of one micro-batch through one stage (or one chunk of it)
 //   B   backward for the input gradient only (zero-bubble schedules split backward in two)
 //   W   backward for the weight gradient only, after B of the same micro-batch
 //   BW  the whole backward, B then W
@@ -18,10 +18,10 @@
 // forward of the same micro-batch, a backward the next stage's); the simulator charges them a
 // communication cost when the two actions run on different stages.
 //
-// Stages hold chunks of the model: with v chunks per stage there are p·v virtual stages. Where
-// chunk c of stage s sits in the model is the schedule's placement: looped (Megatron's
-// interleaving, virtual stage c·p + s) or v_shape (zero bubble's V: chunk 0 on the way down,
-// chunk 1 on the way back up, virtual stage s or 2p − 1 − s).
+// Stages hold chunks of the model: with v chunks per stage the model is cut into p·v pieces.
+// Which piece chunk c of stage s is, is the schedule's placement: looped (Megatron's
+// interleaving, piece c·p + s) or v_shape (zero bubble's V: chunk 0 on the way down, chunk 1 on
+// the way back up, piece s or 2p − 1 − s).
 
 #include <algorithm>
 #include <cstdint>
@@ -58,8 +58,8 @@ struct action {
 };
 
 enum class placement : std::uint8_t {
-  looped,  // chunk c of stage s is virtual stage c·p + s
-  v_shape, // two chunks: chunk 0 is virtual stage s, chunk 1 is 2p − 1 − s
+  looped,  // chunk c of stage s is piece c·p + s
+  v_shape, // two chunks: chunk 0 is piece s, chunk 1 is 2p − 1 − s
 };
 
 struct schedule {
@@ -70,8 +70,8 @@ struct schedule {
   placement place = placement::looped;
   std::vector<std::vector<action>> per_stage;  // per_stage[s]: what stage s runs, in order
 
-  // The virtual stage (position in the model, 0 .. p·v − 1) of chunk c on stage s.
-  [[nodiscard]] constexpr int virtual_stage(int s, int c) const noexcept {
+  // The piece (position in the model, 0 .. p·v − 1) of chunk c on stage s.
+  [[nodiscard]] constexpr int piece(int s, int c) const noexcept {
     if (place == placement::v_shape) return c == 0 ? s : 2 * stages - 1 - s;
     return c * stages + s;
   }
@@ -232,7 +232,7 @@ constexpr schedule zb_v(int p, int m) {
 }
 
 // Interleaved 1F1B (Megatron-LM): v chunks per stage, looped placement (chunk c of stage s is
-// virtual stage c·p + s). Stage s runs its m·v chunk-forwards in groups of p micro-batches, chunk
+// piece c·p + s). Stage s runs its m·v chunk-forwards in groups of p micro-batches, chunk
 // after chunk, the backwards in the same order with the chunks reversed; a warm-up of
 // 2(p − s − 1) + (v − 1)p forwards (all of them when m = p; with v = 1 it is 1F1B), then one
 // forward and one backward alternately. The bubble shrinks to (p − 1)(F + B + W)/v; peak

@@ -9,9 +9,9 @@
 //   r.stages[0].peak_activations;  // 4 = p: micro-batches whose activations stage 0 holds at once
 //   tide::pipeline::check(s);   // tide::error naming the action, if s is not a valid schedule
 //
-// Dependencies, for virtual stage q of Q = p·v (schedule::virtual_stage):
+// Dependencies, for piece q of Q = p·v (schedule::piece):
 //   F(q, k)      after F(q − 1, k)
-//   B or BW(q, k)  after B or BW(q + 1, k), or after F(Q − 1, k) on the last virtual stage
+//   B or BW(q, k)  after B or BW(q + 1, k), or after F(Q − 1, k) on the last piece
 //   W(q, k)      after B(q, k)
 // A dependency on another stage adds costs::comm (the send and the receive). Costs are of a
 // whole stage per micro-batch; an action on one of v chunks costs a v-th of it.
@@ -19,7 +19,7 @@
 // Activations: a forward takes one chunk's activations when it starts; they are freed when that
 // micro-batch's W or BW on the chunk ends. peak_activations counts them in stages (chunks / v).
 //
-// A schedule is valid when every (virtual stage, micro-batch) has exactly one F and either one BW
+// A schedule is valid when every (piece, micro-batch) has exactly one F and either one BW
 // or one B and one W, on the stage that holds the chunk, and every stage can run its list to the
 // end. Otherwise simulate() reports the first problem (simulation::found, ::at) instead of
 // times; check() turns that into a tide::error.
@@ -46,8 +46,8 @@ enum class problem : std::uint8_t {
   malformed,     // a shape the schedule cannot have: p, m or v < 1, per_stage not p lists, a V of v != 2
   out_of_range,  // a micro-batch or chunk outside the schedule's m or v
   duplicate,     // an action that appears twice
-  missing,       // a (virtual stage, micro-batch) without its F, or without its backward
-  mixed,         // both BW and B / W for one (virtual stage, micro-batch)
+  missing,       // a (piece, micro-batch) without its F, or without its backward
+  mixed,         // both BW and B / W for one (piece, micro-batch)
   deadlock,      // some stage waits for an action that can never run
 };
 
@@ -126,14 +126,14 @@ constexpr simulation simulate(schedule const& s, costs const& c = {}) {
   for (int st = 0; st < p; ++st)
     for (action const a : s.per_stage[static_cast<std::size_t>(st)]) {
       if (a.micro < 0 || a.micro >= m || a.chunk < 0 || a.chunk >= v) return fail(problem::out_of_range, st, a);
-      detail::slot& x = slot_of(s.virtual_stage(st, a.chunk), a.micro);
+      detail::slot& x = slot_of(s.piece(st, a.chunk), a.micro);
       int& n = a.kind == op::F ? x.f : a.kind == op::B ? x.b : a.kind == op::W ? x.w : x.bw;
       if (++n > 1) return fail(problem::duplicate, st, a);
     }
   for (int st = 0; st < p; ++st)
     for (int ch = 0; ch < v; ++ch)
       for (int k = 0; k < m; ++k) {
-        detail::slot const& x = slot_of(s.virtual_stage(st, ch), k);
+        detail::slot const& x = slot_of(s.piece(st, ch), k);
         action const a{op::F, k, ch};
         if (x.bw == 1 && (x.b != 0 || x.w != 0)) return fail(problem::mixed, st, a);
         if (x.f != 1 || (x.bw == 0 && (x.b != 1 || x.w != 1))) return fail(problem::missing, st, a);
@@ -153,7 +153,7 @@ constexpr simulation simulate(schedule const& s, costs const& c = {}) {
       std::size_t& i = next[static_cast<std::size_t>(st)];
       while (i < list.size()) {
         action const a = list[i];
-        int const q = s.virtual_stage(st, a.chunk);
+        int const q = s.piece(st, a.chunk);
         double ready = 0;
         auto after = [&](double end, int from) {  // −1: the input does not exist yet
           if (end < 0) return false;
