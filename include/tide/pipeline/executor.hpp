@@ -1,0 +1,371 @@
+#pragma once
+// Running a schedule (pipeline/schedule.hpp) for real: each stage walks its action list over a
+// staged model (train::StagedModel: nn::gpt has forward_blocks, backward_blocks, boundary,
+// boundary_grad), waiting for what it needs from the stages before and after it. Here: every stage
+// on a thread of one process, all sharing one model; pipeline/ranks.hpp runs a stage per rank.
+//
+//   auto s = tide::pipeline::one_f_one_b(2, 8);
+//   tide::pipeline::cut c = tide::pipeline::uniform_cut(model, s);   // blocks per piece
+//   tide::pipeline::thread_executor<> run{s, c};                     // one pool per stage
+//   model.zero_grad(ex);
+//   double loss_sum = run.run(model, std::span(micro_batches), 1.f / 8);
+//   run.last().bubble_fraction;   // measured: idle stage time over p * the step's wall time
+//
+// What a run equals. Gradients accumulate into the model's buffers as m forward + backward pairs
+// would, micro-batch by micro-batch: each block adds micro-batch k's share after k - 1's (a stage
+// runs a piece's backwards in micro-batch order in every generator), and the embedding adds the
+// head's share of the tied wte gradient before its own, per micro-batch (nn::gpt's tied buffer).
+// So a pipelined step equals gradient accumulation over the same micro-batches bit for bit
+// (tests/pipeline/executor.cpp, every schedule).
+//
+// W. The model's backward is one pass (nn::gpt computes input and weight gradients together),
+// so B and BW run the whole backward and W does nothing. Zero-bubble schedules run in their order
+// and stay exact, but their W-filled bubbles are not filled: what they gain on paper needs a
+// model whose backward splits in two.
+//
+// Slots. A micro-batch's activations live in the model's slot (micro mod in_flight) from its first
+// forward to its last backward; slots_needed(s) is the fewest slots for which no two micro-batches
+// in flight share one (1F1B: p; GPipe: m). The model must be built with in_flight >= that
+// (nn::gpt_options::in_flight), or run() says what to pass.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "tide/core/backend.hpp"
+#include "tide/core/error.hpp"
+#include "tide/core/exec.hpp"
+#include "tide/core/parallel.hpp"
+#include "tide/pipeline/schedule.hpp"
+#include "tide/pipeline/simulate.hpp"
+
+namespace tide::pipeline {
+
+// The model's blocks cut into the schedule's pieces: piece q runs blocks first[q] .. last[q],
+// consecutive pieces consecutive blocks.
+struct cut {
+  std::vector<int> first, last;
+  [[nodiscard]] int pieces() const noexcept { return static_cast<int>(first.size()); }
+};
+
+// Blocks first_block .. last_block into `pieces` runs, as even as can be (the first ones one longer).
+inline cut uniform_cut(int first_block, int last_block, int pieces) {
+  int const blocks = last_block - first_block + 1;
+  TIDE_REQUIRE(pieces >= 1 && blocks >= pieces, "pipeline::uniform_cut: ", blocks, " blocks (", first_block, " .. ",
+               last_block, ") into ", pieces, " pieces; a piece needs at least one block: pass fewer stages or chunks");
+  cut c;
+  for (int q = 0, at = first_block; q < pieces; ++q) {
+    int const n = blocks / pieces + (q < blocks % pieces ? 1 : 0);
+    c.first.push_back(at);
+    c.last.push_back(at + n - 1);
+    at += n;
+  }
+  return c;
+}
+// The model's blocks into the schedule's p v pieces.
+template <class Model>
+cut uniform_cut(Model const& model, schedule const& s) {
+  return uniform_cut(model.first_block(), model.last_block(), s.stages * s.chunks);
+}
+
+// The stage that runs piece q.
+[[nodiscard]] constexpr int stage_of(schedule const& s, int q) noexcept {
+  for (int st = 0; st < s.stages; ++st)
+    for (int c = 0; c < s.chunks; ++c)
+      if (s.piece(st, c) == q) return st;
+  return -1;
+}
+
+// The fewest slots (micro-batch mod n) with which stage st never holds two micro-batches in one
+// slot: a micro-batch holds its slot from its first forward on the stage to its last backward
+// there. Of stage 0 for a model shared by every stage (micro-batch k's first and last action in
+// the whole pipeline are there: piece 0).
+inline int slots_needed(schedule const& s, int st) {
+  auto const& list = s.per_stage.at(static_cast<std::size_t>(st));
+  auto const m = static_cast<std::size_t>(s.micro);
+  std::vector<int> opened(m, 0), closed(m, 0);
+  int const per_micro = s.chunks;  // pieces of this stage a micro-batch goes through
+  for (int n = 1; n <= s.micro; ++n) {
+    std::fill(opened.begin(), opened.end(), 0);
+    std::fill(closed.begin(), closed.end(), 0);
+    std::vector<int> holder(static_cast<std::size_t>(n), -1);
+    bool ok = true;
+    for (action const& a : list) {
+      auto const k = static_cast<std::size_t>(a.micro);
+      auto const slot = static_cast<std::size_t>(a.micro % n);
+      if (a.kind == op::F && opened[k]++ == 0) {
+        if (holder[slot] != -1) {
+          ok = false;
+          break;
+        }
+        holder[slot] = a.micro;
+      } else if ((a.kind == op::B || a.kind == op::BW) && ++closed[k] == per_micro) {
+        holder[slot] = -1;
+      }
+    }
+    if (ok) return n;
+  }
+  return s.micro;
+}
+
+// One action as it ran, in seconds from the start of the run.
+struct ran_action {
+  action a{};
+  int piece = 0;
+  double start = 0, end = 0;
+};
+
+struct stage_times {
+  double busy = 0;       // seconds in forward and backward (not waiting)
+  double forward = 0;    // of which forward
+  int forwards = 0, backwards = 0;
+  std::vector<ran_action> timeline;  // in the order it ran them
+};
+
+// What one run measured.
+struct run_stats {
+  double seconds = 0;          // wall time of the step's forward and backward
+  double bubble_fraction = 0;  // 1 − Σ busy / (p · seconds)
+  std::vector<stage_times> stages;
+  // Per-action costs as the simulator takes them (a whole stage's per micro-batch: one chunk's
+  // mean times v), from the measured means over every stage; W is free here (see above).
+  [[nodiscard]] costs measured_costs(int chunks) const {
+    double f = 0, b = 0;
+    int nf = 0, nb = 0;
+    for (stage_times const& st : stages) {
+      f += st.forward;
+      b += st.busy - st.forward;
+      nf += st.forwards;
+      nb += st.backwards;
+    }
+    return {.f = nf > 0 ? f / nf * chunks : 0, .b = nb > 0 ? b / nb * chunks : 0, .w = 0, .comm = 0};
+  }
+};
+
+namespace detail {
+
+using clock = std::chrono::steady_clock;
+
+inline double seconds_between(clock::time_point a, clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// The checks every executor makes before its stages start.
+template <class Model, class Batch>
+void check_run(char const* who, schedule const& s, cut const& c, Model& model, std::span<Batch const> micro,
+               int slots) {
+  check(s);
+  TIDE_REQUIRE(c.pieces() == s.stages * s.chunks, who, ": the cut has ", c.pieces(), " pieces, the schedule ",
+               s.name, " has ", s.stages * s.chunks, " (p = ", s.stages, " stages of v = ", s.chunks,
+               " chunks); cut the model with uniform_cut(model, schedule)");
+  for (int q = 0; q < c.pieces(); ++q) {
+    auto const uq = static_cast<std::size_t>(q);
+    bool const joined = q == 0 ? c.first[0] == model.first_block() : c.first[uq] == c.last[uq - 1] + 1;
+    TIDE_REQUIRE(c.first[uq] <= c.last[uq] && joined, who, ": piece ", q, " is blocks ", c.first[uq], " .. ",
+                 c.last[uq], "; pieces must be non-empty runs of consecutive blocks from ", model.first_block());
+  }
+  TIDE_REQUIRE(c.last.back() == model.last_block(), who, ": the cut ends at block ", c.last.back(),
+               ", the model at ", model.last_block(), "; the last piece must hold the head");
+  TIDE_REQUIRE(micro.size() == static_cast<std::size_t>(s.micro), who, ": ", micro.size(),
+               " micro-batches given, the schedule ", s.name, " is for m = ", s.micro, "; pass exactly m");
+  if constexpr (requires { model.options().in_flight; }) {
+    TIDE_REQUIRE(model.options().in_flight >= slots, who, ": the schedule ", s.name, " (p = ", s.stages, ", m = ",
+                 s.micro, ") holds up to ", slots, " micro-batches' activations at once, the model has in_flight = ",
+                 model.options().in_flight, " slots; build it with gpt_options::in_flight = ", slots);
+  }
+  if constexpr (requires { micro[0].tokens.extent(0); }) {
+    for (Batch const& b : micro)
+      TIDE_REQUIRE(b.tokens.extent(0) == micro[0].tokens.extent(0) && b.tokens.extent(1) == micro[0].tokens.extent(1),
+                   who, ": micro-batches of different shapes ((", b.tokens.extent(0), ", ", b.tokens.extent(1),
+                   ") and (", micro[0].tokens.extent(0), ", ", micro[0].tokens.extent(1),
+                   ")); every micro-batch of a step has one (B, T)");
+    if constexpr (requires { model.plan_activations(micro[0].tokens.extent(0), micro[0].tokens.extent(1)); })
+      model.plan_activations(micro[0].tokens.extent(0), micro[0].tokens.extent(1));  // before any stage starts
+  }
+  if constexpr (requires { model.has_grads(); })
+    TIDE_REQUIRE(model.has_grads(), who, ": the model's gradients are not allocated; call model.zero_grad(ex) "
+                                         "before the first run (gradients accumulate over runs, as backward's do)");
+}
+
+// Stage st's list over `model`. Links provide what crosses stages: before_forward / after_forward
+// / before_backward / after_backward (piece, micro-batch, slot). Times only the model's calls.
+template <class Model, class Batch, class B, class Links>
+void run_stage(int st, schedule const& s, cut const& c, Model& model, exec<B> const& ex, std::span<Batch const> micro,
+               float scale, int slots, Links& links, clock::time_point t0, stage_times& out, double* losses) {
+  int const last_piece = c.pieces() - 1;
+  for (action const& a : s.per_stage[static_cast<std::size_t>(st)]) {
+    int const q = s.piece(st, a.chunk);
+    int const slot = a.micro % slots;
+    auto const uq = static_cast<std::size_t>(q);
+    if (a.kind == op::W) {  // folded into B (one-pass backward)
+      auto const now = seconds_between(t0, clock::now());
+      out.timeline.push_back({a, q, now, now});
+      continue;
+    }
+    bool const fwd = a.kind == op::F;
+    if (fwd) links.before_forward(q, a.micro, slot);
+    else links.before_backward(q, a.micro, slot);
+    auto const start = clock::now();
+    if (fwd) {
+      float const l = model.forward_blocks(ex, c.first[uq], c.last[uq], slot, micro[static_cast<std::size_t>(a.micro)]);
+      if (q == last_piece) losses[a.micro] = static_cast<double>(l);
+    } else {
+      model.backward_blocks(ex, c.first[uq], c.last[uq], slot, scale);
+    }
+    auto const end = clock::now();
+    double const took = seconds_between(start, end);
+    out.busy += took;
+    if (fwd) {
+      out.forward += took;
+      ++out.forwards;
+    } else {
+      ++out.backwards;
+    }
+    out.timeline.push_back({a, q, seconds_between(t0, start), seconds_between(t0, end)});
+    if (fwd) links.after_forward(q, a.micro, slot);
+    else links.after_backward(q, a.micro, slot);
+  }
+}
+
+inline void finish_stats(run_stats& r, clock::time_point t0) {
+  r.seconds = seconds_between(t0, clock::now());
+  double busy = 0;
+  for (stage_times const& st : r.stages) busy += st.busy;
+  double const room = static_cast<double>(r.stages.size()) * r.seconds;
+  r.bubble_fraction = room > 0 ? std::max(0.0, 1.0 - busy / room) : 0;
+}
+
+// One flag per (piece, micro-batch) and direction: 0 not yet, 1 done, 2 the run failed.
+class done_flags {
+ public:
+  struct stopped {};  // thrown into a waiting stage when another stage failed
+  void reset(std::size_t n) {
+    if (flags_.size() != n) flags_ = std::vector<std::atomic<int>>(n);
+    for (auto& f : flags_) f.store(0, std::memory_order_relaxed);
+  }
+  void set(std::size_t i) {
+    flags_[i].store(1, std::memory_order_release);
+    flags_[i].notify_all();
+  }
+  void wait(std::size_t i) {
+    int v = 0;
+    while ((v = flags_[i].load(std::memory_order_acquire)) == 0) flags_[i].wait(0, std::memory_order_acquire);
+    if (v == 2) throw stopped{};
+  }
+  void fail_all() {
+    for (auto& f : flags_) {
+      int expected = 0;
+      if (f.compare_exchange_strong(expected, 2, std::memory_order_acq_rel)) f.notify_all();
+    }
+  }
+
+ private:
+  std::vector<std::atomic<int>> flags_;
+};
+
+}  // namespace detail
+
+// Every stage on a thread of this process, one model shared by all: a stage hands a piece's
+// output to the next by setting a flag (the activations stay in the model's slot), so nothing is
+// copied. Each stage computes with a pool of its own (threads_per_stage threads). A stage that
+// throws stops the others at their next wait; run() then rethrows the first error. Host only.
+class thread_executor {
+ public:
+  thread_executor(schedule s, cut c, int threads_per_stage = 1)
+      : schedule_(std::move(s)), cut_(std::move(c)), slots_(0) {
+    check(schedule_);
+    TIDE_REQUIRE(cut_.pieces() == schedule_.stages * schedule_.chunks, "pipeline::thread_executor: the cut has ",
+                 cut_.pieces(), " pieces, the schedule ", schedule_.name, " ", schedule_.stages * schedule_.chunks,
+                 "; cut the model with uniform_cut(model, schedule)");
+    slots_ = slots_needed(schedule_, 0);
+    for (int st = 0; st < schedule_.stages; ++st) pools_.push_back(std::make_unique<thread_pool>(threads_per_stage));
+  }
+
+  [[nodiscard]] schedule const& plan() const noexcept { return schedule_; }
+  [[nodiscard]] cut const& pieces() const noexcept { return cut_; }
+  // The model's in_flight must be at least this.
+  [[nodiscard]] int slots() const noexcept { return slots_; }
+  [[nodiscard]] run_stats const& last() const noexcept { return stats_; }
+
+  // Forward and backward of every micro-batch, pipelined; gradients += as m forward + backward
+  // pairs with loss scale `scale` would. Returns the sum of the micro-batches' losses.
+  template <class Model, class Batch>
+  double run(Model& model, std::span<Batch const> micro, float scale) {
+    detail::check_run("pipeline::thread_executor", schedule_, cut_, model, micro, slots_);
+    int const p = schedule_.stages, m = schedule_.micro, Q = cut_.pieces();
+    auto const n = static_cast<std::size_t>(Q) * static_cast<std::size_t>(m);
+    forward_done_.reset(n);
+    backward_done_.reset(n);
+    losses_.assign(static_cast<std::size_t>(m), std::nan(""));
+    stats_ = {};
+    stats_.stages.resize(static_cast<std::size_t>(p));
+    failure_ = nullptr;
+    auto const t0 = detail::clock::now();
+    {
+      std::vector<std::jthread> threads;
+      threads.reserve(static_cast<std::size_t>(p - 1));
+      for (int st = 1; st < p; ++st) threads.emplace_back([&, st] { stage(st, model, micro, scale, t0); });
+      stage(0, model, micro, scale, t0);
+    }  // joined
+    detail::finish_stats(stats_, t0);
+    if (failure_) std::rethrow_exception(failure_);
+    double sum = 0;
+    for (double l : losses_) sum += l;
+    return sum;
+  }
+
+ private:
+  struct links {
+    thread_executor& ex;
+    int Q, m;
+    [[nodiscard]] std::size_t at(int q, int k) const noexcept {
+      return static_cast<std::size_t>(q) * static_cast<std::size_t>(m) + static_cast<std::size_t>(k);
+    }
+    void before_forward(int q, int k, int) { if (q > 0) ex.forward_done_.wait(at(q - 1, k)); }
+    void after_forward(int q, int k, int) { ex.forward_done_.set(at(q, k)); }
+    // The last piece goes back after its own forward (same stage, earlier in its list).
+    void before_backward(int q, int k, int) { if (q < Q - 1) ex.backward_done_.wait(at(q + 1, k)); }
+    void after_backward(int q, int k, int) { ex.backward_done_.set(at(q, k)); }
+  };
+
+  template <class Model, class Batch>
+  void stage(int st, Model& model, std::span<Batch const> micro, float scale, detail::clock::time_point t0) {
+    links l{*this, cut_.pieces(), schedule_.micro};
+    exec<host> const ex{*pools_[static_cast<std::size_t>(st)]};
+    try {
+      detail::run_stage(st, schedule_, cut_, model, ex, micro, scale, slots_, l, t0,
+                        stats_.stages[static_cast<std::size_t>(st)], losses_.data());
+    } catch (detail::done_flags::stopped const&) {
+      // another stage failed first; its error is the run's
+    } catch (...) {
+      {
+        std::lock_guard lock(failure_mutex_);
+        if (!failure_) failure_ = std::current_exception();
+      }
+      forward_done_.fail_all();
+      backward_done_.fail_all();
+    }
+  }
+
+  schedule schedule_;
+  cut cut_;
+  int slots_;
+  std::vector<std::unique_ptr<thread_pool>> pools_;
+  detail::done_flags forward_done_, backward_done_;
+  std::vector<double> losses_;
+  run_stats stats_;
+  std::mutex failure_mutex_;
+  std::exception_ptr failure_;
+};
+
+}  // namespace tide::pipeline
