@@ -46,6 +46,7 @@
 #include "tide/core/error.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
+#include "tide/pipeline/partition.hpp"
 #include "tide/pipeline/schedule.hpp"
 #include "tide/pipeline/simulate.hpp"
 
@@ -150,7 +151,26 @@ struct run_stats {
     }
     return {.f = nf > 0 ? f / nf * chunks : 0, .b = nb > 0 ? b / nb * chunks : 0, .w = 0, .comm = 0};
   }
+  // Per piece (0 .. pieces − 1): its mean forward and backward time, for simulate(s, per_piece).
+  [[nodiscard]] std::vector<costs> piece_costs(int pieces) const {
+    std::vector<costs> out(static_cast<std::size_t>(pieces), costs{.f = 0, .b = 0, .w = 0, .comm = 0});
+    std::vector<int> nf(out.size(), 0), nb(out.size(), 0);
+    for (stage_times const& st : stages)
+      for (ran_action const& r : st.timeline) {
+        auto const q = static_cast<std::size_t>(r.piece);
+        if (q >= out.size() || r.a.kind == op::W) continue;
+        bool const f = r.a.kind == op::F;
+        (f ? out[q].f : out[q].b) += r.end - r.start;
+        ++(f ? nf[q] : nb[q]);
+      }
+    for (std::size_t q = 0; q < out.size(); ++q) {
+      if (nf[q] > 0) out[q].f /= nf[q];
+      if (nb[q] > 0) out[q].b /= nb[q];
+    }
+    return out;
+  }
 };
+
 
 namespace detail {
 
@@ -367,5 +387,47 @@ class thread_executor {
   std::mutex failure_mutex_;
   std::exception_ptr failure_;
 };
+
+// Each block's forward and backward time on `ex` (blocks first_block() .. last_block() in slot 0,
+// one block per call, the median of `reps` passes after one warm-up), as the partitioner's layer
+// costs: layer i is block first_block() + i; times in seconds, memory left zero (fill it in for a
+// memory limit). Gradients get += what the passes add: zero them afterwards.
+template <class Model, class Batch, class B>
+std::vector<layer_cost> measure_blocks(Model& model, exec<B> const& ex, Batch const& batch, int reps = 5) {
+  TIDE_REQUIRE(reps >= 1, "pipeline::measure_blocks: reps = ", reps, "; pass >= 1");
+  int const first = model.first_block(), last = model.last_block();
+  auto const n = static_cast<std::size_t>(last - first + 1);
+  std::vector<std::vector<double>> f(n), b(n);
+  for (int rep = -1; rep < reps; ++rep) {
+    for (int blk = first; blk <= last; ++blk) {
+      auto const t0 = detail::clock::now();
+      (void)model.forward_blocks(ex, blk, blk, 0, batch);
+      if (rep >= 0) f[static_cast<std::size_t>(blk - first)].push_back(detail::seconds_between(t0, detail::clock::now()));
+    }
+    for (int blk = last; blk >= first; --blk) {
+      auto const t0 = detail::clock::now();
+      model.backward_blocks(ex, blk, blk, 0, 1.f);
+      if (rep >= 0) b[static_cast<std::size_t>(blk - first)].push_back(detail::seconds_between(t0, detail::clock::now()));
+    }
+  }
+  auto median = [](std::vector<double>& v) {
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<layer_cost> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = {.forward = median(f[i]), .backward = median(b[i])};
+  return out;
+}
+
+// The cut of a partition (pipeline/partition.hpp) of the layers measure_blocks gave: stage s's
+// layers [first, last] are blocks first_block + first .. first_block + last (one piece per stage).
+inline cut cut_of(partition const& plan, int first_block) {
+  cut c;
+  for (stage_plan const& st : plan.stages) {
+    c.first.push_back(first_block + st.first);
+    c.last.push_back(first_block + st.last);
+  }
+  return c;
+}
 
 }  // namespace tide::pipeline

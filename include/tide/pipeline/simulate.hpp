@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -104,7 +105,11 @@ constexpr double cost_of(action a, costs const& c, int v) {
 
 }  // namespace detail
 
-constexpr simulation simulate(schedule const& s, costs const& c = {}) {
+namespace detail {
+// The simulation, with cost(a, piece) the duration of action a on that piece and comm(piece) what
+// a dependency from another stage adds to an action on it.
+template <class Cost, class Comm>
+constexpr simulation simulate_with(schedule const& s, Cost const& cost, Comm const& comm) {
   simulation r;
   int const p = s.stages, m = s.micro, v = s.chunks, Q = p * v;
   if (p < 1 || m < 1 || v < 1 || s.per_stage.size() != static_cast<std::size_t>(p) ||
@@ -157,7 +162,7 @@ constexpr simulation simulate(schedule const& s, costs const& c = {}) {
         double ready = 0;
         auto after = [&](double end, int from) {  // −1: the input does not exist yet
           if (end < 0) return false;
-          ready = std::max(ready, end + (from != st ? c.comm : 0));
+          ready = std::max(ready, end + (from != st ? comm(q) : 0));
           return true;
         };
         bool can = true;
@@ -172,7 +177,7 @@ constexpr simulation simulate(schedule const& s, costs const& c = {}) {
         }
         if (!can) break;
         double const start = std::max(ready, free_at[static_cast<std::size_t>(st)]);
-        double const end = start + detail::cost_of(a, c, v);
+        double const end = start + cost(a, q);
         detail::slot& x = slot_of(q, a.micro);
         auto& h = held[static_cast<std::size_t>(st)];
         if (a.kind == op::F) x.f_end = end, x.f_stage = st, h.push_back({start, +1});
@@ -213,6 +218,31 @@ constexpr simulation simulate(schedule const& s, costs const& c = {}) {
   }
   r.bubble_fraction = r.makespan > 0 ? idle / (p * r.makespan) : 0;
   return r;
+}
+}  // namespace detail
+
+constexpr simulation simulate(schedule const& s, costs const& c = {}) {
+  int const v = s.chunks;
+  return detail::simulate_with(
+      s, [&](action a, int) { return detail::cost_of(a, c, v); }, [&](int) { return c.comm; });
+}
+
+// With costs per piece (p v of them, piece q's own times per micro-batch, not divided by v; its
+// comm: what a dependency from another stage adds to an action on it), as an executor measures
+// them (run_stats::piece_costs): stages of unequal pieces. A wrong count is malformed.
+constexpr simulation simulate(schedule const& s, std::span<costs const> per_piece) {
+  if (per_piece.size() != static_cast<std::size_t>(s.stages * s.chunks)) {
+    simulation r;
+    r.found = problem::malformed;
+    return r;
+  }
+  return detail::simulate_with(
+      s,
+      [&](action a, int q) {
+        costs const& c = per_piece[static_cast<std::size_t>(q)];
+        return a.kind == op::F ? c.f : a.kind == op::B ? c.b : a.kind == op::W ? c.w : c.b + c.w;
+      },
+      [&](int q) { return per_piece[static_cast<std::size_t>(q)].comm; });
 }
 
 // The simulation of a valid schedule; tide::error (usage) naming the first problem otherwise.
