@@ -10,8 +10,12 @@
 //                         stages: the paper's bubble (p − 1)(F + B − 2W) is 0, and each stage is
 //                         busy without a gap (span_bubble 0 in the detail)
 //   zb_v                  ((p − 1)/2) / (3m + (p − 1)/2): half ZB-H1's stagger, what tide's greedy
-//                         V reaches for p <= 8 (at p = 16 it takes 2 steps more: a ratio above 1);
-//                         the paper's is 0 with the optimizer overlapping steps
+//                         V reaches for p <= 4 and here at (8, 32) (at (16, 48) it takes 2 steps
+//                         more: a ratio above 1); the paper's is 0 with the optimizer overlapping
+//                         steps
+//   dualpipe_v            the same closed form, which DualPipeV's phases reach at every shape
+//                         (its further gain, a pair's compute beside the other's communication, is
+//                         not in the simulator)
 //
 // A ratio of 1 says the generator is the schedule of the paper.
 //
@@ -95,7 +99,7 @@ void executor_efficiency() {
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   for (pp::kind k : {pp::kind::gpipe, pp::kind::one_f_one_b, pp::kind::interleaved, pp::kind::zb_h1, pp::kind::zb_h2,
-                     pp::kind::zb_v}) {
+                     pp::kind::zb_v, pp::kind::dualpipe_v}) {
     int const v = k == pp::kind::interleaved ? 2 : 1;
     auto const s = pp::generate(k, 2, m, v);
     tide::memory::device_arena<tide::host> arena{{.budget = std::size_t{1} << 30}};
@@ -168,13 +172,14 @@ int main() {
   };
   for (shape const s : {shape{4, 8}, shape{8, 32}, shape{16, 48}})
     for (pp::kind k : {pp::kind::gpipe, pp::kind::one_f_one_b, pp::kind::interleaved, pp::kind::zb_h1,
-                       pp::kind::zb_h2, pp::kind::zb_v}) {
+                       pp::kind::zb_h2, pp::kind::zb_v, pp::kind::dualpipe_v}) {
       int const v = k == pp::kind::interleaved ? 2 : 1;
+      if (k == pp::kind::dualpipe_v && s.m < 2 * s.p) continue;
       auto const r = pp::check(pp::generate(k, s.p, s.m, v));
       double const p = s.p, m = s.m;
       double const closed = k == pp::kind::gpipe || k == pp::kind::one_f_one_b ? (p - 1) / (m + p - 1)
                             : k == pp::kind::interleaved                     ? (p - 1) / (v * m + p - 1)
-                            : k == pp::kind::zb_v                            ? (p - 1) / 2 / (3 * m + (p - 1) / 2)
+                            : k == pp::kind::zb_v || k == pp::kind::dualpipe_v ? (p - 1) / 2 / (3 * m + (p - 1) / 2)
                                                                              : (p - 1) / (3 * m + p - 1);
       double peak = 0, span = 0;
       for (auto const& st : r.stages) peak = std::max(peak, st.peak_activations), span = std::max(span, st.span());
@@ -184,14 +189,15 @@ int main() {
                           .value = r.bubble_fraction,
                           .unit = "fraction",
                           .anchor = k == pp::kind::zb_h2 ? "(p - 1) / (3m + p - 1): the stagger; each stage's own bubble is 0"
-                                    : k == pp::kind::zb_v ? "((p - 1) / 2) / (3m + (p - 1) / 2): half ZB-H1's stagger"
+                                    : k == pp::kind::zb_v || k == pp::kind::dualpipe_v
+                                        ? "((p - 1) / 2) / (3m + (p - 1) / 2): half ZB-H1's stagger"
                                                           : "the closed form of the schedule's paper",
                           .anchor_value = closed,
                           .higher_is_better = false,
                           .goal = 1.0,
                           .detail = {{"stages", p},
                                      {"micro", m},
-                                     {"chunks", v},
+                                     {"chunks", pp::generate(k, s.p, s.m, v).chunks},
                                      {"makespan", r.makespan},
                                      {"peak_activations", peak},
                                      {"span_bubble", 1 - 3 * m / span}}}

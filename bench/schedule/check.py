@@ -11,7 +11,8 @@ def run(*args):
 
 p, m = 4, 8
 expect = {"gpipe": (33, [8, 8, 8, 8]), "one_f_one_b": (33, [4, 3, 2, 1]), "zb_h1": (27, [4, 4, 4, 4]),
-          "zb_h2": (27, [7, 7, 7, 7]), "zb_v": (25.5, None), "interleaved": (28.5, None)}
+          "zb_h2": (27, [7, 7, 7, 7]), "zb_v": (25.5, None), "interleaved": (28.5, None),
+          "dualpipe_v": (25.5, None)}
 for name, (makespan, peaks) in expect.items():
     extra = ["--virtual", "2"] if name == "interleaved" else []
     r = run("--schedule", name, "--stages", str(p), "--micro", str(m), "--format", "json", *extra)
@@ -36,7 +37,7 @@ costed = json.loads(run("--schedule", "gpipe", "--stages", "4", "--micro", "8", 
                         "--format", "json").stdout)
 assert costed["makespan"] == 33 + 2 * 3 * 0.5, costed["makespan"]
 
-for bad in (["--stages", "0"], ["--schedule", "interleaved", "--micro", "6", "--virtual", "2"], ["--schedule", "x"],
+for bad in (["--stages", "0"], ["--schedule", "dualpipe_v", "--micro", "7"], ["--schedule", "interleaved", "--micro", "6", "--virtual", "2"], ["--schedule", "x"],
             ["--format", "png"], ["--costs", "1,1"], ["--costs", "1,1,1,0,5"], ["--costs", "1,1,1,0,"],
             ["--costs", "inf,1,1,0"], ["--micro"], ["--nope", "1"], ["--virtual", "2"]):
     r = run(*bad)

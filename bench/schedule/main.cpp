@@ -1,6 +1,6 @@
 // tide-schedule: a pipeline schedule simulated, as JSON, an ASCII grid or an SVG timeline.
 //
-//   tide-schedule --schedule gpipe|one_f_one_b|interleaved|zb_h1|zb_h2|zb_v --stages P --micro M
+//   tide-schedule --schedule gpipe|one_f_one_b|interleaved|zb_h1|zb_h2|zb_v|dualpipe_v --stages P --micro M
 //                 [--virtual V] [--costs F,B,W,C] [--format json|ascii|svg]
 //
 // Costs are of one stage per micro-batch (F forward, B input gradient, W weight gradient, C a send
@@ -60,9 +60,9 @@ int run(int argc, char** argv) {
   pp::kind k{};
   bool found = false;
   for (pp::kind each : {pp::kind::gpipe, pp::kind::one_f_one_b, pp::kind::interleaved, pp::kind::zb_h1,
-                        pp::kind::zb_h2, pp::kind::zb_v})
+                        pp::kind::zb_h2, pp::kind::zb_v, pp::kind::dualpipe_v})
     if (pp::to_string(each) == name) k = each, found = true;
-  TIDE_REQUIRE(found, "--schedule ", name, " is not one of gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zb_v");
+  TIDE_REQUIRE(found, "--schedule ", name, " is not one of gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zb_v, dualpipe_v");
   TIDE_REQUIRE(format == "json" || format == "ascii" || format == "svg", "--format ", format,
                " is not one of json, ascii, svg");
   auto const s = pp::generate(k, p, m, v);

@@ -10,14 +10,22 @@
 // error feedback); with --powersgd R each matrix is sent as a rank-R product
 // (compress::powersgd_data_parallel). Both take --zero 0, 1 or 2.
 //
+// With --pipeline P the model is cut into P stages, one per rank (pipeline::on_ranks), each step
+// runs --micro M micro-batches of B rows through them in --schedule order (one_f_one_b or gpipe),
+// and the ranks beyond P are data-parallel replicas of the pipeline (ZeRO-0). Each rank keeps its
+// stage's parameters only, offloaded by chunked<belady> as before.
+//
 //   mpiexec -n 2 ./example_04_data_parallel [--steps N] [--batch B] [--seq T] [--bucket-kib K]
 //                                           [--zero 0|1|2|3] [--density D | --powersgd R]
+//                                           [--pipeline P [--micro M] [--schedule S]]
 //                                           [--check-falls X]
 //   ./tide demo --ranks 2 [flags]            (builds it and runs it under mpiexec)
+//   ./tide demo --pipeline 2 [flags]         (the same, on P ranks, with --pipeline P)
 //
-// Rank 0 prints the progress line (with the gradient bytes reduced per step). At the end every rank
-// checks that all ranks hold the same parameters, bit for bit; --check-falls X also fails the run
-// unless the loss fell by X.
+// Rank 0 prints the progress line (with the gradient bytes reduced per step, and a pipeline's
+// bubble measured on its stage). At the end every rank checks that the ranks that must hold the
+// same parameters do, bit for bit (all of them; with a pipeline, each stage's replicas, and the
+// tied embedding at both ends); --check-falls X also fails the run unless the loss fell by X.
 
 #include <algorithm>
 #include <charconv>
@@ -34,6 +42,7 @@
 #include <tide/compress/sink.hpp>
 #include <tide/offload/schedulers.hpp>
 #include <tide/optim/adamw.hpp>
+#include <tide/pipeline/stages.hpp>
 #include <tide/train/report.hpp>
 #include <tide/train/text_data.hpp>
 #include <tide/train/trainer.hpp>
@@ -48,6 +57,9 @@ struct options {
   int zero = 2;
   double density = 0;  // > 0: sparse error feedback at this density
   int powersgd = 0;    // > 0: PowerSGD at this rank
+  int pipeline = 0;    // > 0: stages of a pipeline, one per rank
+  int micro = 4;       // micro-batches per step of a pipeline
+  std::string schedule = "one_f_one_b";
   double check_falls = 0;
 };
 
@@ -71,9 +83,16 @@ options parse(int argc, char** argv) {
     else if (flag == "--density") number(flag, argv[i + 1], o.density);
     else if (flag == "--powersgd") number(flag, argv[i + 1], o.powersgd);
     else if (flag == "--check-falls") number(flag, argv[i + 1], o.check_falls);
+    else if (flag == "--pipeline") number(flag, argv[i + 1], o.pipeline);
+    else if (flag == "--micro") number(flag, argv[i + 1], o.micro);
+    else if (flag == "--schedule") o.schedule = argv[i + 1];
     else TIDE_FAIL(usage, "unknown flag ", flag,
-                   " (flags: --steps --batch --seq --bucket-kib --zero --density --powersgd --check-falls)");
+                   " (flags: --steps --batch --seq --bucket-kib --zero --density --powersgd --pipeline --micro "
+                   "--schedule --check-falls)");
   }
+  TIDE_REQUIRE(o.schedule == "one_f_one_b" || o.schedule == "gpipe", "--schedule must be one_f_one_b or gpipe");
+  TIDE_REQUIRE(o.pipeline == 0 || (o.density == 0 && o.powersgd == 0),
+               "--pipeline runs with dense data parallelism: drop --density / --powersgd");
   TIDE_REQUIRE(o.seq >= 2 && o.seq <= 256, "--seq must be 2 to 256");
   TIDE_REQUIRE(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3");
   TIDE_REQUIRE(o.density <= 1, "--density must be in (0, 1]");
@@ -86,13 +105,13 @@ options parse(int argc, char** argv) {
 // The device budget: half the model data, or the scheduler's minimum for this batch plus two
 // chunks if that is more (the scheduler measures its minimum from the activations).
 template <class Offload>
-std::size_t budget_for(tide::nn::gpt_config const& config, Offload const& off, int B, int T) {
+std::size_t budget_for(tide::nn::gpt_config const& config, Offload const& off, int B, int T, int slots = 1) {
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   tide::memory::device_arena<tide::host> arena{{.budget = 256_MiB}};
   std::size_t activations = 0;
   {
-    tide::nn::gpt<tide::host> model{config, arena, {}};
+    tide::nn::gpt<tide::host> model{config, arena, {.in_flight = slots}};  // a pipeline stage keeps `slots`
     std::vector<std::int32_t> zeros(std::size_t(B) * std::size_t(T), 0);
     model.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {B, T}));
     activations = tide::round_up(model.activations().footprint, 256);
@@ -159,8 +178,101 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
   return 0;
 }
 
+// --pipeline P: stages on ranks, replicas beyond them.
+template <tide::pipeline::kind K>
+int train_pipeline(options const& opt, tide::comm::mpi& world) {
+  namespace pp = tide::pipeline;
+  TIDE_REQUIRE(world.size() % opt.pipeline == 0, "--pipeline ", opt.pipeline, " on ", world.size(),
+               " ranks: the ranks must be a multiple of the stages");
+  auto g = pp::make_groups(world, opt.pipeline);
+  int const replicas = world.size() / opt.pipeline;
+  auto const corpus = tide::train::byte_corpus::from_path(tide::train::fortunes_path());
+  tide::train::window_loader loader{corpus, tide::train::split::train, opt.batch, opt.seq, 1, {g.replica, replicas}};
+  tide::nn::gpt_config const config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = opt.seq};
+  tide::offload::chunked<tide::offload::belady> off{.chunk_bytes = 256_KiB};
+  int const slots = pp::slots_needed(pp::generate(K, opt.pipeline, opt.micro), 0);
+  off.device_budget = budget_for(config, off, opt.batch, opt.seq, slots);
+  auto trainer = tide::train::make_trainer(
+      tide::nn::gpt_spec<tide::host>{.config = config,
+                                     .options = {.seed = 1, .in_flight = slots, .separate_tied_grad = true}},
+      off,
+      tide::optim::adamw{.lr = 2e-3f, .decay_matrices_only = true, .micro_steps = opt.micro,
+                         .schedule = {.warmup_steps = 10, .total_steps = opt.steps}},
+      tide::comm::data_parallel{.comm = &g.data, .bucket_bytes = opt.bucket_kib << 10, .zero = 0},
+      tide::train::no_compress{},
+      pp::on_ranks<K, tide::comm::mpi>{.stages = opt.pipeline, .micro = opt.micro, .group = &g.pipeline, .tied = &g.tied});
+  int const rank = world.rank();
+  if (rank == 0)
+    std::printf("pipeline of %d stages (%s, %d micro-batches of %d x %d tokens) x %d data-parallel replicas, %s, "
+                "device budget %s per rank; stage 0 holds %zu of %zu tensors\n",
+                opt.pipeline, std::string(pp::to_string(K)).c_str(), opt.micro, opt.batch, opt.seq, replicas,
+                decltype(trainer)::scheduler_type::name().c_str(),
+                tide::detail::concat(tide::bytes_of{off.device_budget}).c_str(),
+                trainer.scheduler().parameters().size(), trainer.model().parameters().size());
+  using batch = typename decltype(trainer)::batch_type;
+  auto const rows = std::size_t(opt.batch) * std::size_t(opt.seq);
+  std::vector<std::int32_t> in(rows * std::size_t(opt.micro)), tg(in.size());
+  std::vector<batch> micro;
+  for (int k = 0; k < opt.micro; ++k)
+    micro.push_back({{in.data() + rows * std::size_t(k), {opt.batch, opt.seq}},
+                     {tg.data() + rows * std::size_t(k), {opt.batch, opt.seq}}});
+  tide::train::progress progress{stdout};
+  float first = 0, last = 0;
+  for (int s = 0; s < opt.steps; ++s) {
+    for (int k = 0; k < opt.micro; ++k)
+      loader.next({in.data() + rows * std::size_t(k), {opt.batch, opt.seq}},
+                  {tg.data() + rows * std::size_t(k), {opt.batch, opt.seq}});
+    auto const st = trainer.step(std::span<batch const>(micro));
+    // Every stage of a replica reports the replica's loss: the mean over the ranks is the batch's.
+    std::vector<float> loss{st.loss / static_cast<float>(world.size())};
+    world.all_reduce(std::span<float>(loss), tide::comm::reduce_op::sum);
+    auto shown = st;
+    shown.loss = loss[0];
+    if (s == 0) first = loss[0];
+    last = loss[0];
+    if (rank != 0) continue;
+    progress.update(shown, opt.steps);
+    if (s % 10 == 9 || s + 1 == opt.steps) progress.line(shown, opt.steps);
+  }
+  // Each stage's replicas hold the same parameters, and both ends the same wte, bit for bit.
+  auto same_over = [](tide::comm::mpi& c, std::vector<float> const& v) {
+    std::vector<float> lo = v, hi = v;
+    c.all_reduce(std::span<float>(lo), tide::comm::reduce_op::min);
+    c.all_reduce(std::span<float>(hi), tide::comm::reduce_op::max);
+    return std::memcmp(lo.data(), hi.data(), lo.size() * sizeof(float)) == 0;
+  };
+  std::vector<float> p;
+  auto const& list = trainer.scheduler().parameters();
+  for (std::uint32_t i = 0; i < list.size(); ++i) {
+    auto const v = trainer.scheduler().read_param(i);
+    p.insert(p.end(), v.begin(), v.end());
+  }
+  bool const replicas_same = same_over(g.data, p);
+  bool const ends = g.stage == 0 || g.stage == opt.pipeline - 1;
+  bool tied_same = true;
+  if (ends) {
+    auto const wte = static_cast<std::uint32_t>(&list.find("wte") - list.all().data());
+    tied_same = same_over(g.tied, trainer.scheduler().read_param(wte));
+  }
+  bool const ok = tide::comm::all_ranks(world, replicas_same && tied_same);
+  if (rank == 0)
+    std::printf("loss %.4f -> %.4f; %s\n", static_cast<double>(first), static_cast<double>(last),
+                ok ? "each stage's parameters identical on its replicas, wte identical at both ends"
+                   : "parameters DIFFER where they must not");
+  if (!ok) return 1;
+  if (opt.check_falls > 0 && static_cast<double>(first - last) < opt.check_falls) {
+    if (rank == 0) std::fprintf(stderr, "example_04_data_parallel: the loss fell by %.4f, less than --check-falls %.4f\n",
+                                static_cast<double>(first - last), opt.check_falls);
+    return 1;
+  }
+  return 0;
+}
+
 int run(options const& opt, tide::comm::mpi& world) {
   namespace cx = tide::compress;
+  if (opt.pipeline > 0)
+    return opt.schedule == "gpipe" ? train_pipeline<tide::pipeline::kind::gpipe>(opt, world)
+                                   : train_pipeline<tide::pipeline::kind::one_f_one_b>(opt, world);
   if (opt.density > 0)
     return train(opt, world,
                  cx::sparse_data_parallel<tide::comm::mpi>{

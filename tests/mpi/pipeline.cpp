@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -94,7 +95,7 @@ TEST_CASE("mpi pipeline: every schedule, one stage per rank, equals gradient acc
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   for (auto const& s : {pp::gpipe(p, m), pp::one_f_one_b(p, m), pp::interleaved(p, m, 2), pp::zb_h1(p, m),
-                        pp::zb_h2(p, m), pp::zb_v(p, m)}) {
+                        pp::zb_h2(p, m), pp::zb_v(p, m), pp::dualpipe_v(p, m)}) {
     CAPTURE(s.name);
     tide::memory::device_arena<tide::host> arena{{.budget = 64_MiB}};
     host_gpt model(config, arena, {.seed = 5, .in_flight = pp::slots_needed(s, world.rank()), .separate_tied_grad = true});
@@ -114,6 +115,36 @@ TEST_CASE("mpi pipeline: every schedule, one stage per rank, equals gradient acc
       CHECK(run.last().bubble_fraction >= 0);
       CHECK(run.last().bubble_fraction < 1);
     }
+  }
+}
+
+TEST_CASE("mpi pipeline: a stage that fails makes every stage throw, without waiting for a deadline") {
+  auto& world = tide::test::world();
+  int const p = world.size(), m = 4;
+  data const good(m, 11);
+  data bad(m, 11);
+  bad.targets[2][3] = config.vocab;  // out of range: only the head's stage checks targets
+  float const scale = 1.f / m;
+  auto const [ref_loss, ref] = accumulate(good, scale);
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 64_MiB}};
+  auto const s = pp::one_f_one_b(p, m);
+  host_gpt model(config, arena, {.seed = 5, .in_flight = pp::slots_needed(s, world.rank()), .separate_tied_grad = true});
+  pp::rank_executor run{world, s, pp::uniform_cut(model, s)};
+  bool const head = world.rank() == p - 1;
+  for (int round = 0; round < 2; ++round) {
+    model.zero_grad(ex);
+    auto const t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH_AS(run.run(model, ex, std::span<batch const>(bad.micro), scale),
+                         doctest::Contains(head ? "targets" : "another stage failed"), tide::error);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));  // not the 60 s deadline
+    // The links still work: a good run is exact.
+    model.zero_grad(ex);
+    CHECK(run.run(model, ex, std::span<batch const>(good.micro), scale) == ref_loss);
+    auto const c = compare(model, run, ref);
+    CHECK(c.own_differ == 0);
+    CHECK(c.foreign_nonzero == 0);
   }
 }
 
@@ -147,4 +178,99 @@ TEST_CASE("mpi pipeline: 2 stages x 2 data-parallel replicas equal one process s
   CHECK(c.own > 0);
   CHECK(c.own_differ == 0);
   CHECK(c.foreign_nonzero == 0);
+}
+
+// ---- make_trainer with a pipeline of one stage per rank -----------------------------------------
+
+#include <tide/comm/data_parallel.hpp>
+#include <tide/optim/adamw.hpp>
+#include <tide/train/trainer.hpp>
+
+namespace {
+
+using spec_type = tide::nn::gpt_spec<tide::host>;
+spec_type const staged_spec{.config = config, .options = {.seed = 5, .in_flight = 2, .separate_tied_grad = true}};
+
+// The micro-batches as the trainer's model takes them.
+template <class Trainer>
+std::vector<typename Trainer::batch_type> batches_for(data const& d) {
+  std::vector<typename Trainer::batch_type> out;
+  for (batch const& b : d.micro) out.push_back({b.tokens, b.targets});
+  return out;
+}
+
+// Every parameter of the trainer's scheduler, by name.
+template <class Trainer>
+std::vector<std::pair<std::string, std::vector<float>>> params_of(Trainer& t) {
+  std::vector<std::pair<std::string, std::vector<float>>> out;
+  auto const& list = t.scheduler().parameters();
+  for (std::uint32_t i = 0; i < list.size(); ++i)
+    out.emplace_back(std::string(list[i].name()), t.scheduler().read_param(i));
+  return out;
+}
+
+template <class Offload>
+void pipelined_trainer_matches(Offload const& off, char const* what) {
+  CAPTURE(what);
+  auto& world = tide::test::world();
+  int const stages = 2, m = 4, steps = 3;
+  auto g = pp::make_groups(world, stages);
+  // A clip norm the gradients never reach: the norm is measured (over both stages) but scales by 1.
+  tide::optim::adamw const opt{.lr = 1e-2f, .clip_norm = 1e6f, .micro_steps = m};
+  tide::comm::data_parallel<tide::comm::mpi> const dp{.comm = &g.data};
+  std::vector<data> batches;
+  for (int s = 0; s < steps; ++s) batches.emplace_back(m, 100 + 10 * static_cast<std::uint32_t>(s) +
+                                                           static_cast<std::uint32_t>(g.replica));
+  // The reference: the same replicas, data parallel, no pipeline.
+  auto ref = tide::train::make_trainer(staged_spec, off, opt, dp);
+  std::vector<tide::train::step_stats> ref_stats;
+  for (data const& d : batches) ref_stats.push_back(ref.step(batches_for<decltype(ref)>(d)));
+  auto const want = params_of(ref);
+
+  auto pipe = tide::train::make_trainer(
+      staged_spec, off, opt, dp, tide::train::no_compress{},
+      pp::on_ranks<pp::kind::one_f_one_b, tide::comm::mpi>{.stages = stages, .micro = m, .group = &g.pipeline,
+                                                            .tied = &g.tied});
+  data bad = batches[0];
+  bad.targets[1][0] = -1;  // the head's stage refuses it, in the middle of the step
+  bad.micro.clear();
+  for (std::size_t i = 0; i < bad.tokens.size(); ++i) bad.micro.push_back({{bad.tokens[i].data(), {B, T}}, {bad.targets[i].data(), {B, T}}});
+  for (int s = 0; s < steps; ++s) {
+    if (s == 1) {  // a step that fails on one stage is lost on every rank, and changes nothing
+      CHECK_THROWS_AS(pipe.step(batches_for<decltype(pipe)>(bad)), tide::error);
+    }
+    auto const st = pipe.step(batches_for<decltype(pipe)>(batches[static_cast<std::size_t>(s)]));
+    auto const& r = ref_stats[static_cast<std::size_t>(s)];
+    CHECK(st.loss == r.loss);
+    CHECK(st.grad_norm == doctest::Approx(r.grad_norm).epsilon(1e-5));
+    CHECK(st.tokens == r.tokens);
+  }
+  REQUIRE(pipe.pipeline().last() != nullptr);
+  CHECK(pipe.pipeline().last()->bubble_fraction < 1);
+  auto const got = params_of(pipe);
+  // This stage's parameters only: the first stage has wte, wpe and h0 .. h2, the last wte, h3 .. h5, lnf.
+  CHECK(got.size() < want.size());
+  int found = 0, differ = 0, has_wte = 0;
+  for (auto const& [name, values] : got) {
+    has_wte += name == "wte";
+    for (auto const& [n, v] : want)
+      if (n == name) {
+        ++found;
+        differ += v.size() != values.size() || std::memcmp(v.data(), values.data(), v.size() * sizeof(float)) != 0;
+      }
+  }
+  CHECK(found == static_cast<int>(got.size()));
+  CHECK(differ == 0);
+  CHECK(has_wte == 1);  // both ends keep the tied embedding, equal to the reference's
+  CHECK_THROWS_WITH_AS(pipe.save("/tmp/never"), doctest::Contains("not supported yet"), tide::error);
+}
+
+}  // namespace
+
+TEST_CASE("mpi pipeline: make_trainer with 1F1B on ranks equals data parallelism without it, bit for bit") {
+  if (tide::test::world().size() % 2 != 0) return;
+  pipelined_trainer_matches(tide::offload::resident{}, "resident");
+  tide::offload::chunked<tide::offload::belady> tight{.chunk_bytes = std::size_t{16} << 10};
+  tight.device_budget = std::size_t{4} << 20;
+  pipelined_trainer_matches(tight, "chunked");
 }

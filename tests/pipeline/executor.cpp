@@ -1,4 +1,4 @@
-// The thread executor: every schedule (GPipe, 1F1B, interleaved, ZB-H1, ZB-H2, ZB-V) run on
+// The thread executor: every schedule (GPipe, 1F1B, interleaved, ZB-H1, ZB-H2, ZB-V, DualPipeV) run on
 // threads over nn::gpt gives the losses and gradients of plain gradient accumulation over the same
 // micro-batches, bit for bit, with the stages on one-thread pools and the reference on two; a run
 // can be repeated; the slots a schedule needs are what its in-flight peak says; bad arguments are
@@ -116,7 +116,7 @@ TEST_CASE("executor: slots_needed is the schedule's in-flight peak on the first 
   // ZB-H2 holds 2p - 1 on stage 0 at its peak; slots are taken mod n, so it may need more.
   CHECK(pp::slots_needed(pp::zb_h2(4, 8), 0) >= 7);
   for (auto const& s : {pp::gpipe(4, 8), pp::one_f_one_b(4, 8), pp::interleaved(4, 8, 2), pp::zb_h1(4, 8),
-                        pp::zb_h2(4, 8), pp::zb_v(4, 8)}) {
+                        pp::zb_h2(4, 8), pp::zb_v(4, 8), pp::dualpipe_v(4, 8)}) {
     CAPTURE(s.name);
     auto const sim = pp::simulate(s);
     REQUIRE(sim.ok());
@@ -134,7 +134,7 @@ TEST_CASE("executor: every schedule on threads equals gradient accumulation, bit
     std::vector<pp::schedule> const all = {pp::gpipe(2, m),      pp::one_f_one_b(2, m), pp::one_f_one_b(4, m),
                                            pp::interleaved(2, m, 2), pp::interleaved(4, m, 2), pp::zb_h1(2, m),
                                            pp::zb_h1(4, m),      pp::zb_h2(2, m),       pp::zb_h2(4, m),
-                                           pp::zb_v(2, m),       pp::zb_v(4, m)};
+                                           pp::zb_v(2, m),       pp::zb_v(4, m),        pp::dualpipe_v(2, m)};
     for (pp::schedule const& s : all) {
       CAPTURE(s.name);
       CAPTURE(s.stages);
@@ -229,7 +229,7 @@ TEST_CASE("executor: a stage that throws stops every stage; parameters stay; the
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   tide::memory::device_arena<tide::host> arena{{.budget = 64_MiB}};
-  for (auto const& s : {pp::one_f_one_b(4, 4), pp::zb_v(2, 4), pp::interleaved(2, 4, 2)}) {
+  for (auto const& s : {pp::one_f_one_b(4, 4), pp::zb_v(2, 4), pp::interleaved(2, 4, 2), pp::dualpipe_v(2, 4)}) {
     CAPTURE(s.name);
     auto const c = pp::uniform_cut(-1, config.layers, s.stages * s.chunks);
     for (int piece : {0, s.stages * s.chunks - 1}) {

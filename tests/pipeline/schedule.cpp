@@ -108,6 +108,39 @@ TEST_CASE("ZB-V: two chunks per stage in a V; 3m + (p − 1)/2 once m >= p, at m
     }
 }
 
+TEST_CASE("DualPipeV: the V in DualPipe's eight phases; each chunk in order; 3m + (p − 1)/2 at every p") {
+  static_assert(pp::simulate(pp::dualpipe_v(4, 8)).makespan == 25.5);
+  for (int p : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16})
+    for (int m : {2 * p, 2 * p + 1, 3 * p, 4 * p + 8}) {
+      CAPTURE(p);
+      CAPTURE(m);
+      auto const s = pp::dualpipe_v(p, m);
+      CHECK(s.chunks == 2);
+      CHECK(s.place == pp::placement::v_shape);
+      auto const r = pp::check(s);
+      CHECK(r.makespan == 3 * m + (p - 1) / 2.0);  // half ZB-H1's stagger
+      CHECK(r.makespan <= pp::check(pp::zb_v(p, m)).makespan);
+      for (auto const& st : r.stages) CHECK(st.peak_activations <= p + 0.5);
+      // Every stage runs each chunk's forwards, and its backwards, in micro-batch order.
+      for (auto const& list : s.per_stage) {
+        int f[2] = {0, 0}, b[2] = {0, 0}, w[2] = {-1, -1}, split = 0;
+        for (pp::action const a : list) {
+          auto const c = static_cast<std::size_t>(a.chunk);
+          if (a.kind == pp::op::F) CHECK(a.micro == f[c]++);
+          if (a.kind == pp::op::B || a.kind == pp::op::BW) CHECK(a.micro == b[c]++);
+          if (a.kind == pp::op::W) CHECK(a.micro > w[c]);  // W's of the split backwards, in order
+          if (a.kind == pp::op::W) w[c] = a.micro;
+          split += a.kind == pp::op::B;
+        }
+        CHECK(f[0] == m);
+        CHECK(b[1] == m);
+        CHECK(split >= 1);  // zero-bubble B / W splits in phases 3, 6 and 7
+      }
+    }
+  CHECK_THROWS_WITH_AS(pp::dualpipe_v(4, 7), doctest::Contains("needs m >= 2p = 8"), tide::error);
+  CHECK(pp::generate(pp::kind::dualpipe_v, 2, 4).name == "dualpipe_v");
+}
+
 TEST_CASE("interleaved 1F1B: bubble (p − 1)/(vm + p − 1), peak p + (p − 1)/v on stage 0 (v > 1)") {
   for (int p : {2, 4, 8})
     for (int v : {1, 2, 3, 4})

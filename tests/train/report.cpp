@@ -65,6 +65,11 @@ TEST_CASE("the progress line states step, loss, tokens/s, bytes and data moved, 
   CHECK(tide::train::progress_text(s, 600, std::size_t{1} << 30).find("moved 1.00 GiB") != std::string::npos);
   // 10^9 bytes: binary units, not "1 GB".
   CHECK(tide::train::progress_text(s, 600, 1'000'000'000).find("moved 953.67 MiB") != std::string::npos);
+  // A pipelined step adds its measured bubble; without a pipeline (-1) nothing is said.
+  CHECK(tide::train::progress_text(s, 600, 0).find("bubble") == std::string::npos);
+  s.bubble_fraction = 0.124;
+  CHECK(tide::train::progress_text(s, 600, 0).find("bubble 12%") != std::string::npos);
+  s.bubble_fraction = -1;
 
   // progress counts the bytes of every step: 1.5 GiB over two steps.
   std::FILE* sink = std::tmpfile();

@@ -26,15 +26,29 @@ concept OffloadScheduler = requires(S& s, S const& cs, int block, std::uint32_t 
 
 // What a model's Hooks parameter holds: a pointer to the scheduler, forwarding every hook and
 // address (nn::gpt<B, T, offload::hooks<S>> keeps its parameters in the scheduler's chunks).
+//
+// A pipeline stage's model (pipeline/stages.hpp) numbers every parameter of the whole model, while
+// its scheduler holds the stage's only: `index` maps the model's parameter i to the scheduler's
+// (npos: another stage's parameter, whose address is `elsewhere`, room the model's initialisation
+// writes and nothing reads). Without `index` the numbers are the same.
 template <class S>
 struct hooks {
+  static constexpr std::uint32_t npos = 0xffffffffu;
   S* scheduler = nullptr;
+  std::uint32_t const* index = nullptr;
+  typename S::element_type* elsewhere = nullptr;
   void pre_forward(int b) { scheduler->pre_forward(b); }
   void post_forward(int b) { scheduler->post_forward(b); }
   void pre_backward(int b) { scheduler->pre_backward(b); }
   void post_backward(int b) { scheduler->post_backward(b); }
-  typename S::element_type* param_data(std::uint32_t i) { return scheduler->param_data(i); }
-  typename S::element_type* grad_data(std::uint32_t i) { return scheduler->grad_data(i); }
+  typename S::element_type* param_data(std::uint32_t i) {
+    if (index == nullptr) return scheduler->param_data(i);
+    return index[i] == npos ? elsewhere : scheduler->param_data(index[i]);
+  }
+  typename S::element_type* grad_data(std::uint32_t i) {
+    if (index == nullptr) return scheduler->grad_data(i);
+    return index[i] == npos ? elsewhere : scheduler->grad_data(index[i]);
+  }
   void zero_grad() { scheduler->zero_grad(); }
 };
 

@@ -416,6 +416,20 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     return grads_out_;
   }
 
+  // Parameter i's gradient, writable wherever its chunk is (host-writable on tide::host), after
+  // finishing pending work: for a sum the engine does not make itself (a pipeline's tied
+  // embedding, pipeline/stages.hpp), between the last backward and step() with defer_optimizer.
+  // Valid until the next hook or step.
+  [[nodiscard]] std::span<T> gradient_of(std::uint32_t i) {
+    this->check_index(i, "gradient_of");
+    TIDE_REQUIRE(this->options_.defer_optimizer, "offload::scheduler::gradient_of needs options.defer_optimizer "
+                                                 "(without it the optimizer may already have used the gradient)");
+    this->drain();
+    TIDE_REQUIRE(this->grad_[this->layout_.chunk_of[i]].payload() != nullptr, "offload::scheduler::gradient_of: "
+                 "parameter \"", this->params_[i].name(), "\" has no gradient yet (run backward first)");
+    return {reinterpret_cast<T*>(this->grad_.data(i)), static_cast<std::size_t>(this->params_[i].numel())};
+  }
+
   // Ends an optimizer step: (deferred: runs the optimizer,) waits for it, ends the trace step,
   // publishes the stats.
   void step() { finish(true); }

@@ -18,14 +18,20 @@
 // receiving rank knows the schedule, so it posts its receives in exactly the order the sender
 // sends (into staging buffers, a window ahead of what it needs); sends are asynchronous and
 // waited for at the end of the run. A stage therefore blocks only on a receive it needs, and any
-// schedule the simulator finds free of deadlock runs without one. A lost peer: the
-// communicator's deadline turns the wait into tide::error(errc::mpi) naming the operation.
+// schedule the simulator finds free of deadlock runs without one.
+//
+// Failures. A stage that throws (its model, its offload engine) still sends what the others wait
+// for (zeros) and takes what they send, so every stage reaches the end of its list; there all
+// agree, and every rank throws: the failed one its error, the others one saying another stage
+// failed. The step is lost on every rank alike (make_trainer then undoes it everywhere). A lost
+// peer: the communicator's deadline turns the wait into tide::error(errc::mpi) naming the operation.
 //
 // Bit for bit: the gradients of this rank's parameters equal those of gradient accumulation over
 // the same micro-batches in one process (tests/mpi/pipeline.cpp), as on threads
 // (pipeline/executor.hpp), because the same blocks add the same values in the same order.
 
 #include <algorithm>
+#include <utility>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -109,11 +115,22 @@ class rank_executor {
     for (inbox& in : inboxes_) in.posted = 0;
     for (inbox& in : inboxes_) post_ahead(in, 0);
     sends_.clear();
+    std::fill(sent_.begin(), sent_.end(), false);
     auto const t0 = detail::clock::now();
     links_of<Model> l{*this, model};
-    detail::run_stage(me_, schedule_, cut_, model, ex, micro, scale, slots_, l, t0, stats_.stages[0], losses_.data());
+    try {
+      detail::run_stage(me_, schedule_, cut_, model, ex, micro, scale, slots_, l, t0, stats_.stages[0], losses_.data());
+    } catch (...) {
+      failure = std::current_exception();
+      settle_messages();  // the other stages get what they wait for, and finish their lists
+    }
     for (auto const& [ch, r] : sends_) channels_[static_cast<std::size_t>(ch)].wait(r);
     detail::finish_stats(stats_, t0);
+    // Every stage ran its list (a failed one with placeholders): all agree, then all throw or none.
+    bool const all_ran = comm::all_ranks(*group_, !failure);
+    if (failure) std::rethrow_exception(failure);
+    TIDE_CHECK(all_ran, usage, "pipeline::rank_executor: another stage failed in this step (its error says why); "
+                               "this stage's results are discarded");
     double sum = 0;
     if (me_ == stage_of(schedule_, Q - 1))
       for (double x : losses_) sum += x;
@@ -150,6 +167,9 @@ class rank_executor {
     return (static_cast<int>(x.what) * cut_.pieces() + x.piece) * schedule_.micro + x.micro;
   }
   [[nodiscard]] std::size_t key(message const& x) const noexcept { return static_cast<std::size_t>(tag(x)); }
+  [[nodiscard]] static bool same(message const& a, message const& b) noexcept {
+    return a.what == b.what && a.piece == b.piece && a.micro == b.micro;
+  }
 
   // What rank `from` sends, in its order, with the receiving rank: from its action list.
   template <class Each>
@@ -167,7 +187,32 @@ class rank_executor {
     }
   }
 
+  // After a failure on this stage: sends every message it still owes (zeros) and receives every one
+  // it is still owed, so the other stages run their lists to the end instead of waiting for their
+  // deadline; the step then fails on every rank.
+  void settle_messages() {
+    for (std::size_t i = 0; i < outgoing_.size(); ++i) {
+      if (sent_[i]) continue;
+      auto const& [x, to] = outgoing_[i];
+      if (!f32_.empty()) send_zeros(to, x, f32_);
+      else if (!bf16_.empty()) send_zeros(to, x, bf16_);
+      else send_zeros(to, x, f16_);
+    }
+    for (inbox& in : inboxes_) {
+      post_ahead(in, in.order.size());
+      for (std::size_t i = 0; i < in.posted; ++i) channels_[static_cast<std::size_t>(link(in.from, me_))].wait(in.requests[i]);
+    }
+  }
+  template <class T>
+  void send_zeros(int to, message const& x, std::vector<std::vector<T>>& buf) {
+    auto& b = buf[key(x)];
+    std::fill(b.begin(), b.end(), T{});
+    send(to, x, b.data(), b.size());
+  }
+
   void plan_messages() {
+    sends_of(me_, [&](message x, int to) { outgoing_.emplace_back(x, to); });
+    sent_.assign(outgoing_.size(), false);
     for (int from = 0; from < schedule_.stages; ++from) {
       if (from == me_) continue;
       inbox in;
@@ -225,7 +270,7 @@ class rank_executor {
       if (in.from != from) continue;
       for (std::size_t i = 0; i < in.order.size(); ++i) {
         message const& y = in.order[i];
-        if (y.what != x.what || y.piece != x.piece || y.micro != x.micro) continue;
+        if (!same(x, y)) continue;
         post_ahead(in, i);
         channels_[static_cast<std::size_t>(link(from, me_))].wait(in.requests[i]);
         return buffers<T>()[key(x)];
@@ -237,7 +282,12 @@ class rank_executor {
   template <class T>
   void send(int to, message const& x, T const* data, std::size_t n) {
     auto& buf = buffers<T>()[key(x)];
-    std::memcpy(buf.data(), data, n * sizeof(T));
+    if (buf.data() != data) std::memcpy(buf.data(), data, n * sizeof(T));
+    for (std::size_t i = 0; i < outgoing_.size(); ++i)
+      if (!sent_[i] && same(outgoing_[i].first, x)) {
+        sent_[i] = true;
+        break;
+      }
     int const ch = link(me_, to);
     sends_.emplace_back(ch, channels_[static_cast<std::size_t>(ch)].send_async(std::span<T const>(buf), to, tag(x)));
   }
@@ -297,6 +347,8 @@ class rank_executor {
   bool tied_ = false;
   std::vector<C> channels_;
   std::vector<inbox> inboxes_;
+  std::vector<std::pair<message, int>> outgoing_;  // what this stage sends in a run, in order, and to whom
+  std::vector<bool> sent_;                         // of outgoing_, in this run
   std::vector<std::pair<int, typename C::request>> sends_;
   std::vector<std::vector<float>> f32_;  // staging: one buffer per message (kind, piece, micro-batch)
   std::vector<std::vector<bf16>> bf16_;

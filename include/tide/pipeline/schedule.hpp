@@ -174,9 +174,10 @@ constexpr schedule zb_h2(int p, int m) {
 // (the stage's work per micro-batch split evenly over the chunks): each stage runs a B whose
 // input gradient has arrived (chunk 0 first), else a forward while it holds fewer than 2p chunk
 // activations (chunk 1 first: it turns the V), else the W of its oldest B. With F = B = W and
-// m >= p the makespan is 3m + (p − 1)/2 for p <= 8 (half ZB-H1's stagger; 1 or 2 steps more at
-// p = 12 and 16, where this greedy order is not the paper's), and each stage holds at most p
-// stages of activations, as 1F1B.
+// m >= p the makespan is 3m + (p − 1)/2 for p <= 4 (half ZB-H1's stagger); at larger p this greedy
+// order is not the paper's and takes up to (p − 4)/2 steps more at some m (measured for p <= 16,
+// m <= 4p + 8; at p = 8 it is exact for m = 32): dualpipe_v below reaches 3m + (p − 1)/2 at every
+// such shape. Each stage holds at most p stages of activations, as 1F1B.
 constexpr schedule zb_v(int p, int m) {
   detail::require_shape("zb_v", p, m);
   schedule s = detail::make("zb_v", p, m);
@@ -270,8 +271,74 @@ constexpr schedule interleaved(int p, int m, int v) {
   return s;
 }
 
+// DualPipeV (DeepSeek's V-shaped cut of DualPipe): the V of zb_v (chunk 0 of stage s is piece s,
+// chunk 1 piece 2p − 1 − s), in DualPipe's eight phases per stage s, with each chunk's forwards
+// and backwards in micro-batch order:
+//   1  2(p − s − 1) forwards of chunk 0
+//   2  s + 1 pairs: a forward of chunk 0, a forward of chunk 1
+//   3  p − s − 1 times: B of chunk 1, the oldest pending W, a forward of chunk 1
+//   4  m − 2p + s + 1 times: F of chunk 0 with BW of chunk 1, then F of chunk 1 with BW of chunk 0
+//      (DualPipe overlaps each pair's compute with the other's communication; here they run one
+//      after the other)
+//   5  p − s − 1 times: BW of chunk 1, then F of chunk 1 with BW of chunk 0
+//   6  s + 1 pairs: backward of chunk 1, backward of chunk 0, split into B and W from the middle
+//      pair on (the odd stages from its chunk 1, the even ones from its chunk 0)
+//   7  p − s − 1 times: the oldest pending W, B of chunk 0
+//   8  the remaining W's
+// It needs m >= 2p micro-batches (a tide::error otherwise). With F = B = W its makespan is
+// 3m + (p − 1)/2, half ZB-H1's stagger, for every p <= 16 and 2p <= m <= 4p + 8 (tests/pipeline:
+// never more than zb_v's), and stage 0 holds up to 2p + 1 chunks' activations (p + 1/2 stages).
+constexpr schedule dualpipe_v(int p, int m) {
+  detail::require_shape("dualpipe_v", p, m);
+  if (m < 2 * p) {
+    if (std::is_constant_evaluated()) throw "dualpipe_v: m >= 2p micro-batches are required";
+    TIDE_FAIL(usage, "dualpipe_v: p = ", p, ", m = ", m, "; DualPipeV needs m >= 2p = ", 2 * p,
+              " micro-batches (its warm-up fills both arms of the V): pass more, or use zb_v");
+  }
+  schedule s = detail::make("dualpipe_v", p, m);
+  s.chunks = 2;
+  s.place = placement::v_shape;
+  for (int st = 0; st < p; ++st) {
+    auto& list = s.per_stage[static_cast<std::size_t>(st)];
+    int f[2] = {0, 0}, b[2] = {0, 0};
+    std::vector<action> pending;  // W's owed, oldest first
+    std::size_t next_w = 0;
+    auto fwd = [&](int c) { list.push_back({op::F, f[c]++, c}); };
+    auto bwd = [&](int c, bool split) {
+      if (!split) {
+        list.push_back({op::BW, b[c]++, c});
+        return;
+      }
+      list.push_back({op::B, b[c], c});
+      pending.push_back({op::W, b[c]++, c});
+    };
+    auto weight = [&] {
+      if (next_w < pending.size()) list.push_back(pending[next_w++]);
+    };
+    int const down = p - st - 1;
+    for (int i = 0; i < 2 * down; ++i) fwd(0);             // 1
+    for (int i = 0; i < st + 1; ++i) fwd(0), fwd(1);       // 2
+    for (int i = 0; i < down; ++i) bwd(1, true), weight(), fwd(1);  // 3
+    for (int i = 0; i < m - 2 * p + st + 1; ++i) {          // 4
+      fwd(0), bwd(1, false);
+      fwd(1), bwd(0, false);
+    }
+    for (int i = 0; i < down; ++i) bwd(1, false), fwd(1), bwd(0, false);  // 5
+    bool split = false;                                     // 6
+    for (int i = 0; i < st + 1; ++i) {
+      if (i == (st + 1) / 2 && st % 2 == 1) split = true;
+      bwd(1, split);
+      if (i == (st + 1) / 2 && st % 2 == 0) split = true;
+      bwd(0, split);
+    }
+    for (int i = 0; i < down; ++i) weight(), bwd(0, true);  // 7
+    while (next_w < pending.size()) weight();              // 8
+  }
+  return s;
+}
+
 // Every generator by name, for tools and policies that choose one at run time.
-enum class kind : std::uint8_t { gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zb_v };
+enum class kind : std::uint8_t { gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zb_v, dualpipe_v };
 
 constexpr std::string_view to_string(kind k) noexcept {
   switch (k) {
@@ -281,6 +348,7 @@ constexpr std::string_view to_string(kind k) noexcept {
     case kind::zb_h1: return "zb_h1";
     case kind::zb_h2: return "zb_h2";
     case kind::zb_v: return "zb_v";
+    case kind::dualpipe_v: return "dualpipe_v";
   }
   return "?";
 }
@@ -299,6 +367,7 @@ constexpr schedule generate(kind k, int p, int m, int v = 1) {
     case kind::zb_h1: return zb_h1(p, m);
     case kind::zb_h2: return zb_h2(p, m);
     case kind::zb_v: return zb_v(p, m);
+    case kind::dualpipe_v: return dualpipe_v(p, m);
   }
   return gpipe(p, m);
 }
@@ -314,6 +383,8 @@ constexpr schedule generate() {
   static_assert(K != kind::interleaved || M % P == 0,
                 "tide::pipeline::interleaved: the micro-batches M must be a multiple of the stages P (Megatron's "
                 "rule); use one_f_one_b otherwise");
+  static_assert(K != kind::dualpipe_v || M >= 2 * P,
+                "tide::pipeline::dualpipe_v: DualPipeV needs M >= 2P micro-batches; pass more, or use zb_v");
   return generate(K, P, M, V);
 }
 

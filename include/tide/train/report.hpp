@@ -36,8 +36,10 @@ inline std::string progress_text(step_stats const& s, std::int64_t total, std::s
                 s.tokens_per_s, static_cast<double>(s.device_bytes) / (1 << 20),
                 static_cast<double>(s.host_bytes) / (1 << 20), tide::detail::concat(bytes_of{moved_bytes}).c_str(),
                 s.skipped ? "  (skipped: overflow)" : "");
-  if (s.bytes_reduced == 0) return buf;
-  return tide::detail::concat(buf, "  reduced ", bytes_of{s.bytes_reduced}, "/step");
+  std::string out = buf;
+  if (s.bytes_reduced != 0) out += tide::detail::concat("  reduced ", bytes_of{s.bytes_reduced}, "/step");
+  if (s.bubble_fraction >= 0) out += tide::detail::concat("  bubble ", static_cast<int>(s.bubble_fraction * 100 + 0.5), "%");
+  return out;
 }
 
 class progress {

@@ -49,6 +49,7 @@
 #include "tide/offload/scheduler.hpp"
 #include "tide/offload/schedulers.hpp"
 #include "tide/optim/adamw.hpp"
+#include "tide/pipeline/stages.hpp"
 #include "tide/train/checkpoint.hpp"
 #include "tide/train/checkpoint_set.hpp"
 #include "tide/train/model.hpp"
@@ -73,6 +74,8 @@ struct step_stats {
   double stall_ms = 0;
   std::size_t bytes_reduced = 0; // gradient bytes this rank summed over the ranks in the step (data parallelism;
                                  // compressed: the bytes it sent)
+  double bubble_fraction = -1;  // a pipelined step's, measured on this rank's stage: idle over the forward and
+                                // backward's wall time; -1 without a pipeline
   offload::offload_stats offload{};
 };
 
@@ -101,8 +104,13 @@ class trainer {
   using backend = spec_backend_t<Spec>;
   using element_type = spec_element_t<Spec>;
   using comm_type = Comm;
+  // A pipeline of one stage per rank: this rank's trainer holds its stage's parameters only.
+  static constexpr bool staged = requires { Pipeline::one_stage_per_rank; };
   using scheduler_type = offload::scheduler<backend, element_type, Offload, Optimizer, typename Comm::sink_type,
                                             typename Comm::source_type>;
+  static_assert(!staged || offload::extra_lists_of<typename Comm::sink_type>().empty(),
+                "make_trainer: a compressing gradient sink inside a pipeline (pipeline::on_ranks) is not supported "
+                "yet; use dense data parallelism (comm::data_parallel) or none");
   using hooks_type = offload::hooks<scheduler_type>;
   static_assert(check_model_spec<Spec, hooks_type>());  // one message per missing member (train/model.hpp)
   using model_type = spec_model_t<Spec, hooks_type>;
@@ -124,12 +132,15 @@ class trainer {
         pool_(threads),
         ex_{pool_},
         arena_({.budget = budget_of(spec, off)}),
-        scheduler_(ex_, arena_, spec.parameters(), spec.uses(), off,
+        stage_(stage_of(spec, pipeline, comm, opt)),
+        elsewhere_(std::max<std::size_t>(stage_.largest_elsewhere, 1)),
+        scheduler_(ex_, arena_, staged ? stage_.params : spec.parameters(), staged ? stage_.uses : spec.uses(), off,
                    {.micro_steps = opt.micro_steps,
-                    .defer_optimizer = needs_all_gradients(opt),
+                    .defer_optimizer = staged || needs_all_gradients(opt),  // a stage sums wte before stepping
                     .decay_matrices_only = opt.decay_matrices_only},
                    opt, comm.sink(), comm.source()),
-        model_(spec.build(arena_, hooks_type{&scheduler_})),
+        model_(spec.build(arena_, staged ? hooks_type{&scheduler_, stage_.index.data(), elsewhere_.data()}
+                                         : hooks_type{&scheduler_})),
         scaler_(opt.scaling) {}
 
   trainer(trainer const&) = delete;
@@ -182,6 +193,14 @@ class trainer {
   // The global gradient norm (the norm of the mean gradient times loss_scale m W).
   double gradient_norm() {
     auto const g = scheduler_.gradients();
+    if constexpr (staged) {
+      // Each parameter once (wte on the first stage, not the last), summed over the stages.
+      owned_grads_.clear();
+      for (std::uint32_t i = 0; i < g.size(); ++i)
+        if (stage_.counted[i]) owned_grads_.push_back(g[i]);
+      double const local = kernels::global_grad_norm(ex_, owned_grads_);
+      return std::sqrt(pipeline_.sum_over_stages(local * local));
+    }
     if constexpr (requires { comm_.zero; comm_.sum_over_ranks(0.0); }) {
       if (comm_.zero >= 2 && comm_.world_size() > 1) {
         // ZeRO-2: a rank holds the summed gradients of its own chunks only; the norm is the root
@@ -209,7 +228,11 @@ class trainer {
     if (!needs_all_gradients(optimizer_)) scheduler_.set_grad_scale(inv);
     std::size_t const reduced_before = bytes_reduced();
     double const loss = pipeline_.run(ex_, model_, micro_batches, st.loss_scale);
+    if constexpr (staged)  // the tied embedding: the first stage's gradient plus the last's (zero), on both
+      for (std::uint32_t j : stage_.shared) pipeline_.sum_shared(scheduler_.gradient_of(j));
     for (batch_type const& b : micro_batches) st.tokens += model_type::tokens_in(b);
+    if constexpr (requires { pipeline_.last()->bubble_fraction; })
+      if (auto const* ran = pipeline_.last()) st.bubble_fraction = ran->bubble_fraction;
     st.loss = static_cast<float>(loss / static_cast<double>(m));
     if (needs_all_gradients(optimizer_)) {
       double const norm = gradient_norm();
@@ -255,6 +278,7 @@ class trainer {
   // rank that fails makes every rank throw, and the previous set stays the checkpoint.
   template <class Extra>
   void save(std::filesystem::path const& path, Extra&& extra) {
+    refuse_pipelined_checkpoint("save");
     if constexpr (requires { comm_.of_rank0(0); }) {
       if (sharded()) {
         save_set(path, extra);
@@ -284,6 +308,7 @@ class trainer {
   // residual) is the sum of the shards r, r + W, ...: the sum over the ranks is kept.
   template <class Extra>
   void load(std::filesystem::path const& path, Extra&& extra) {
+    refuse_pipelined_checkpoint("load");
     if (checkpoint_set::is_set(path)) {
       load_set(path, extra);
       return;
@@ -562,6 +587,24 @@ class trainer {
     return section(prefix.append("/"), name);
   }
   static bool needs_all_gradients(Optimizer const& o) noexcept { return o.clip_norm > 0.f || o.scaling.enabled; }
+  // A pipeline of one stage per rank: this stage's parameters (pipeline::part_of); empty otherwise.
+  static pipeline::stage_part stage_of(Spec const& spec, Pipeline const& pipe, Comm const& comm, Optimizer const& opt) {
+    if constexpr (staged) {
+      if constexpr (requires { comm.zero; })
+        TIDE_REQUIRE(comm.zero == 0, "make_trainer: ZeRO (zero = ", comm.zero, ") inside a pipeline of ", Pipeline::name,
+                     " is not supported yet; pass zero = 0 (each stage keeps its own parameters' state only)");
+      block_uses const uses = spec.uses();
+      auto const [first, last] = pipe.blocks(uses.first_block, uses.last_block(), opt.micro_steps);
+      return pipeline::part_of(spec.parameters(), uses, first, last);
+    } else {
+      (void)spec, (void)pipe, (void)comm, (void)opt;
+      return {};
+    }
+  }
+  void refuse_pipelined_checkpoint(char const* what) const {
+    TIDE_CHECK(!staged, usage, "trainer::", what, ": checkpoints of a pipelined trainer (", Pipeline::name,
+               ", one stage per rank) are not supported yet; train without the pipeline policy to checkpoint");
+  }
   // One line per parameter: "name dtype d0 d1 ...".
   [[nodiscard]] std::string shape_text() const {
     std::string out;
@@ -594,6 +637,8 @@ class trainer {
   thread_pool pool_;
   exec<backend> ex_;
   memory::device_arena<backend> arena_;
+  pipeline::stage_part stage_;         // a pipeline stage's parameters (empty without one)
+  std::vector<element_type> elsewhere_;  // what the model's initialisation writes of other stages' parameters
   scheduler_type scheduler_;
   model_type model_;
   optim::loss_scaler scaler_;
