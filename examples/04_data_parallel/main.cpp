@@ -55,6 +55,7 @@ struct options {
   int steps = 60, batch = 4, seq = 64;
   std::size_t bucket_kib = 256;
   int zero = 2;
+  bool zero_given = false;
   double density = 0;  // > 0: sparse error feedback at this density
   int powersgd = 0;    // > 0: PowerSGD at this rank
   int pipeline = 0;    // > 0: stages of a pipeline, one per rank
@@ -79,7 +80,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--batch") number(flag, argv[i + 1], o.batch);
     else if (flag == "--seq") number(flag, argv[i + 1], o.seq);
     else if (flag == "--bucket-kib") number(flag, argv[i + 1], o.bucket_kib);
-    else if (flag == "--zero") number(flag, argv[i + 1], o.zero);
+    else if (flag == "--zero") number(flag, argv[i + 1], o.zero), o.zero_given = true;
     else if (flag == "--density") number(flag, argv[i + 1], o.density);
     else if (flag == "--powersgd") number(flag, argv[i + 1], o.powersgd);
     else if (flag == "--check-falls") number(flag, argv[i + 1], o.check_falls);
@@ -93,6 +94,10 @@ options parse(int argc, char** argv) {
   TIDE_REQUIRE(o.schedule == "one_f_one_b" || o.schedule == "gpipe", "--schedule must be one_f_one_b or gpipe");
   TIDE_REQUIRE(o.pipeline == 0 || (o.density == 0 && o.powersgd == 0),
                "--pipeline runs with dense data parallelism: drop --density / --powersgd");
+  TIDE_REQUIRE(o.pipeline == 0 || !o.zero_given || o.zero == 0,
+               "--pipeline runs its replicas with ZeRO-0 (each stage keeps its own parameters' state): drop --zero");
+  TIDE_REQUIRE(o.pipeline > 0 || (o.schedule == "one_f_one_b" && o.micro == 4),
+               "--schedule and --micro are a pipeline's: pass --pipeline P too");
   TIDE_REQUIRE(o.seq >= 2 && o.seq <= 256, "--seq must be 2 to 256");
   TIDE_REQUIRE(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3");
   TIDE_REQUIRE(o.density <= 1, "--density must be in (0, 1]");
@@ -105,13 +110,14 @@ options parse(int argc, char** argv) {
 // The device budget: half the model data, or the scheduler's minimum for this batch plus two
 // chunks if that is more (the scheduler measures its minimum from the activations).
 template <class Offload>
-std::size_t budget_for(tide::nn::gpt_config const& config, Offload const& off, int B, int T, int slots = 1) {
+std::size_t budget_for(tide::nn::gpt_config const& config, Offload const& off, int B, int T, int slots = 1,
+                       bool tied = false) {
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   tide::memory::device_arena<tide::host> arena{{.budget = 256_MiB}};
   std::size_t activations = 0;
   {
-    tide::nn::gpt<tide::host> model{config, arena, {.in_flight = slots}};  // a pipeline stage keeps `slots`
+    tide::nn::gpt<tide::host> model{config, arena, {.in_flight = slots, .separate_tied_grad = tied}};
     std::vector<std::int32_t> zeros(std::size_t(B) * std::size_t(T), 0);
     model.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {B, T}));
     activations = tide::round_up(model.activations().footprint, 256);
@@ -191,7 +197,7 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
   tide::nn::gpt_config const config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = opt.seq};
   tide::offload::chunked<tide::offload::belady> off{.chunk_bytes = 256_KiB};
   int const slots = pp::slots_needed(pp::generate(K, opt.pipeline, opt.micro), 0);
-  off.device_budget = budget_for(config, off, opt.batch, opt.seq, slots);
+  off.device_budget = budget_for(config, off, opt.batch, opt.seq, slots, true);
   auto trainer = tide::train::make_trainer(
       tide::nn::gpt_spec<tide::host>{.config = config,
                                      .options = {.seed = 1, .in_flight = slots, .separate_tied_grad = true}},

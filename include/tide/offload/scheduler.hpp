@@ -107,6 +107,8 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
             Policy const& policy = {}, scheduler_options const& options = {}, Optimizer const& optimizer = {},
             Sink const& sink = {}, Source const& source = {})
       : core(ex, arena, std::move(params), std::move(uses), policy, options, optimizer, sink, source) {
+    TIDE_REQUIRE(!options.defer_sink || options.defer_optimizer, "offload::scheduler: options.defer_sink needs "
+                 "options.defer_optimizer (the optimizer must not step a chunk before the sink has it)");
     grads_out_.reserve(this->params_.size());  // gradients() allocates nothing per step
   }
 
@@ -394,6 +396,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     this->next_backward_ = block == this->uses_.first_block ? this->uses_.last_block() : block - 1;
     sample_non_model();
     if (this->backward_passes_ % this->options_.micro_steps != 0) return;  // gradients accumulate
+    if (this->options_.defer_sink) return;  // hand_over_gradients() hands them over
     this->hand_to_sink(block);
     if (this->options_.defer_optimizer) return;  // step() runs it
     this->optimizer_moments_of(block, true);
@@ -414,6 +417,21 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
       grads_out_.push_back({reinterpret_cast<T const*>(this->grad_.data(i)), this->params_[i].numel()});
     }
     return grads_out_;
+  }
+
+  // With options.defer_sink: hands every chunk backward completed to the gradient sink, in the
+  // order backward completed them (its last block first), once per step, after the last backward
+  // pass and before gradients(), gradient_of() or step().
+  void hand_over_gradients() {
+    TIDE_REQUIRE(this->options_.defer_sink, "offload::scheduler::hand_over_gradients needs options.defer_sink "
+                                            "(without it backward hands each chunk over as it completes)");
+    auto const m = static_cast<std::size_t>(this->options_.micro_steps);
+    TIDE_REQUIRE(this->step_open_ && this->backward_passes_ > 0 && this->backward_passes_ % m == 0 &&
+                     this->next_backward_ == this->uses_.last_block() && !handed_over_,
+                 "offload::scheduler::hand_over_gradients: call it once per step, after the last of ", m,
+                 " backward passes (", this->backward_passes_ % m, " ran)");
+    handed_over_ = true;
+    for (int b = this->uses_.last_block(); b >= this->uses_.first_block; --b) this->hand_to_sink(b);
   }
 
   // Parameter i's gradient, writable wherever its chunk is (host-writable on tide::host), after
@@ -486,6 +504,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     this->backward_passes_ = 0;
     this->next_backward_ = this->uses_.last_block();
     this->step_open_ = false;
+    handed_over_ = false;
     this->cur_ = {};
     this->tide_.clear();
   }
@@ -558,6 +577,9 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
                  " micro-step backward passes ran",
                  this->next_backward_ != this->uses_.last_block() ? " (one stopped before its first block)" : "",
                  "; step after the last one");
+    TIDE_REQUIRE(!this->options_.defer_sink || handed_over_, "offload::scheduler::step(): with options.defer_sink, "
+                 "call hand_over_gradients() after the last backward pass first");
+    handed_over_ = false;
     if (this->options_.defer_optimizer)
       for (int b = this->uses_.last_block(); b >= this->uses_.first_block; --b) this->optimizer_moments_of(b, apply);
     auto const t0 = std::chrono::steady_clock::now();
@@ -580,6 +602,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   }
   std::vector<kernels::grad_tensor<T>> grads_out_;  // what gradients() returns
   bool closed_ = false;
+  bool handed_over_ = false;  // defer_sink: hand_over_gradients() ran in this step
   double block_t0_ = 0;
   std::chrono::steady_clock::time_point block_start_{};
 };

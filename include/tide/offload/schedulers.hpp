@@ -157,13 +157,14 @@ struct layer_window {
   static std::string name() {
     return W == 0 ? std::string("layer_window<auto>") : tide::detail::concat("layer_window<", W, ">");
   }
-  // One layer per chunk: the chunk is the largest layer block.
-  [[nodiscard]] chunk::chunk_layout layout(parameter_list const& params, block_uses const& uses, std::size_t,
+  // One layer per chunk: the chunk is the largest layer block (of every layer in the list: a
+  // pipeline stage's list holds the tied wte of a layer outside its blocks).
+  [[nodiscard]] chunk::chunk_layout layout(parameter_list const& params, block_uses const&, std::size_t,
                                            std::size_t element_bytes) const {
     std::size_t const align_elems = 256 / element_bytes;
     std::size_t largest = 0;
-    for (int b = uses.first_block; b <= uses.last_block(); ++b)
-      largest = std::max(largest, round_up(params.layer_bytes(b).bytes, 256) / element_bytes + align_elems);
+    for (parameter const& p : params)
+      largest = std::max(largest, round_up(params.layer_bytes(p.layer).bytes, 256) / element_bytes + align_elems);
     return chunk::pack(params, round_up(largest, align_elems), align_elems, chunk::pack_mode::one_layer_per_chunk);
   }
   [[nodiscard]] std::size_t reserved_bytes() const noexcept { return reserved; }

@@ -321,6 +321,11 @@ class thread_executor {
   // pairs with loss scale `scale` would. Returns the sum of the micro-batches' losses.
   template <class Model, class Batch>
   double run(Model& model, std::span<Batch const> micro, float scale) {
+    if constexpr (requires { Model::external_storage; })
+      static_assert(!Model::external_storage,
+                    "pipeline::thread_executor: the model's hooks keep its parameters (an offload scheduler, which "
+                    "serves one block order from one thread); give the stages a model with its own storage "
+                    "(nn::no_hooks), or run a stage per rank (rank_executor, pipeline::on_ranks in make_trainer)");
     detail::check_run("pipeline::thread_executor", schedule_, cut_, model, micro, slots_);
     int const p = schedule_.stages, m = schedule_.micro, Q = cut_.pieces();
     auto const n = static_cast<std::size_t>(Q) * static_cast<std::size_t>(m);

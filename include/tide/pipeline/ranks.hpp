@@ -20,18 +20,22 @@
 // waited for at the end of the run. A stage therefore blocks only on a receive it needs, and any
 // schedule the simulator finds free of deadlock runs without one.
 //
-// Failures. A stage that throws (its model, its offload engine) still sends what the others wait
-// for (zeros) and takes what they send, so every stage reaches the end of its list; there all
-// agree, and every rank throws: the failed one its error, the others one saying another stage
-// failed. The step is lost on every rank alike (make_trainer then undoes it everywhere). A lost
-// peer: the communicator's deadline turns the wait into tide::error(errc::mpi) naming the operation.
+// Failures. A stage that throws (its model, its offload engine) goes on through the rest of its
+// list without computing: it waits for what each action needs and sends zeros for what each
+// action makes, in the list's order, so every stage reaches the end of its list as it would have
+// (no deadlock where the schedule has none); there all agree, and every rank throws: the failed one
+// its error, the others one saying another stage failed. The step is lost on every rank alike
+// (make_trainer then undoes it everywhere). A lost peer: the communicator's deadline turns the
+// wait into tide::error(errc::mpi) naming the operation.
+//
+// Measurements (last()) are of this rank's stage: its busy time, its timeline, and the costs of
+// its own pieces (the others' read as zero).
 //
 // Bit for bit: the gradients of this rank's parameters equal those of gradient accumulation over
 // the same micro-batches in one process (tests/mpi/pipeline.cpp), as on threads
 // (pipeline/executor.hpp), because the same blocks add the same values in the same order.
 
 #include <algorithm>
-#include <utility>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -64,11 +68,13 @@ class rank_executor {
     TIDE_REQUIRE(cut_.pieces() == schedule_.stages * schedule_.chunks, "pipeline::rank_executor: the cut has ",
                  cut_.pieces(), " pieces, the schedule ", schedule_.name, " ", schedule_.stages * schedule_.chunks,
                  "; cut the model with uniform_cut(model, schedule)");
+    TIDE_REQUIRE(3 * cut_.pieces() * schedule_.micro <= 32767, "pipeline::rank_executor: ", cut_.pieces(),
+                 " pieces x ", schedule_.micro, " micro-batches need more message tags than MPI promises (32767); "
+                 "use fewer micro-batches per step");
     me_ = group.rank();
     slots_ = slots_needed(schedule_, me_);
     if (schedule_.stages > 1)
       for (int i = 0; i < links; ++i) channels_.push_back(group.split(0, group.rank()));  // a duplicate per link kind
-    plan_messages();
   }
 
   [[nodiscard]] int stage() const noexcept { return me_; }
@@ -90,18 +96,21 @@ class rank_executor {
   // += as m forward + backward pairs would. Returns the sum of the losses, on every rank.
   template <class Model, class Batch, Backend B>
   double run(Model& model, exec<B> const& ex, std::span<Batch const> micro, float scale) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(model.boundary(0, 0).data())>>;
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>,
+                  "pipeline::rank_executor: the model's activations must be float, bf16 or f16");
     int const Q = cut_.pieces();
     // Every rank checks its arguments, then all agree: a rank that cannot run makes every rank
     // throw here, before any message, rather than leave its peers to their deadline.
     std::exception_ptr failure;
     try {
       detail::check_run("pipeline::rank_executor", schedule_, cut_, model, micro, slots_);
-      tied_ = false;
-      if constexpr (requires { model.tied_grad(0); })
-        tied_ = stage_of(schedule_, 0) != stage_of(schedule_, Q - 1) &&
-                (me_ == stage_of(schedule_, 0) || me_ == stage_of(schedule_, Q - 1));
-      if (tied_) (void)model.tied_grad(0);  // throws, saying what to pass, if the model keeps no tied buffer
-      size_buffers(model);
+      bool tied = false;  // the head's share of wte travels (a model with a tied buffer, two ranks)
+      if constexpr (requires { model.tied_grad(0); }) tied = stage_of(schedule_, 0) != stage_of(schedule_, Q - 1);
+      if (tied && (me_ == stage_of(schedule_, 0) || me_ == stage_of(schedule_, Q - 1)))
+        (void)model.tied_grad(0);  // throws, saying what to pass, if the model keeps no tied buffer
+      if (!planned_ || tied != tied_) plan_messages(tied);
+      size_buffers<T>(model);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -112,8 +121,11 @@ class rank_executor {
     stats_ = {};
     stats_.stages.resize(1);
     losses_.assign(static_cast<std::size_t>(schedule_.micro), 0.0);
-    for (inbox& in : inboxes_) in.posted = 0;
-    for (inbox& in : inboxes_) post_ahead(in, 0);
+    for (inbox& in : inboxes_) {
+      in.posted = in.completed = 0;
+      std::fill(in.received.begin(), in.received.end(), false);
+      post_ahead<T>(in, 0);
+    }
     sends_.clear();
     std::fill(sent_.begin(), sent_.end(), false);
     auto const t0 = detail::clock::now();
@@ -122,11 +134,18 @@ class rank_executor {
       detail::run_stage(me_, schedule_, cut_, model, ex, micro, scale, slots_, l, t0, stats_.stages[0], losses_.data());
     } catch (...) {
       failure = std::current_exception();
-      settle_messages();  // the other stages get what they wait for, and finish their lists
+      try {
+        settle<T>();  // the other stages get what they wait for, and finish their lists
+      } catch (...) {  // a link failed too: the first error is the step's
+      }
     }
-    for (auto const& [ch, r] : sends_) channels_[static_cast<std::size_t>(ch)].wait(r);
+    try {
+      for (auto const& [ch, r] : sends_) channels_[static_cast<std::size_t>(ch)].wait(r);
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
     detail::finish_stats(stats_, t0);
-    // Every stage ran its list (a failed one with placeholders): all agree, then all throw or none.
+    // Every stage ran its list (a failed one without computing): all agree, then all throw or none.
     bool const all_ran = comm::all_ranks(*group_, !failure);
     if (failure) std::rethrow_exception(failure);
     TIDE_CHECK(all_ran, usage, "pipeline::rank_executor: another stage failed in this step (its error says why); "
@@ -150,7 +169,9 @@ class rank_executor {
     int from = 0;
     std::vector<message> order;  // the sender's order
     std::vector<typename C::request> requests;
-    std::size_t posted = 0;
+    std::vector<bool> received;
+    std::size_t posted = 0;      // receives posted so far, in order
+    std::size_t completed = 0;   // receives known complete: a lane finishes its operations in order
   };
   static constexpr int links = 6;
   static constexpr std::size_t window = 32;  // receives posted ahead per link (a lane holds 64 operations)
@@ -171,73 +192,62 @@ class rank_executor {
     return a.what == b.what && a.piece == b.piece && a.micro == b.micro;
   }
 
-  // What rank `from` sends, in its order, with the receiving rank: from its action list.
-  template <class Each>
-  void sends_of(int from, Each&& each) const {
+  // What action a of stage `st` needs from other ranks (each(message, from)) and what it makes for
+  // them (each(message, to)), in that order.
+  template <class Needs, class Makes>
+  void messages_of(int st, action const& a, Needs&& needs, Makes&& makes) const {
     int const Q = cut_.pieces();
     int const head = stage_of(schedule_, Q - 1), embed = stage_of(schedule_, 0);
-    for (action const& a : schedule_.per_stage[static_cast<std::size_t>(from)]) {
-      int const q = schedule_.piece(from, a.chunk);
-      if (a.kind == op::F && q + 1 < Q && stage_of(schedule_, q + 1) != from)
-        each(message{kind::act, q + 1, a.micro}, stage_of(schedule_, q + 1));
-      if (a.kind == op::B || a.kind == op::BW) {
-        if (q > 0 && stage_of(schedule_, q - 1) != from) each(message{kind::grad, q - 1, a.micro}, stage_of(schedule_, q - 1));
-        if (q == Q - 1 && head != embed) each(message{kind::tied, 0, a.micro}, embed);
-      }
+    int const q = schedule_.piece(st, a.chunk);
+    auto at = [&](int piece) { return stage_of(schedule_, piece); };
+    if (a.kind == op::F) {
+      if (q > 0 && at(q - 1) != st) needs(message{kind::act, q, a.micro}, at(q - 1));
+      if (q + 1 < Q && at(q + 1) != st) makes(message{kind::act, q + 1, a.micro}, at(q + 1));
+    } else if (a.kind == op::B || a.kind == op::BW) {
+      if (q + 1 < Q && at(q + 1) != st) needs(message{kind::grad, q, a.micro}, at(q + 1));
+      if (q == 0 && tied_) needs(message{kind::tied, 0, a.micro}, head);
+      if (q > 0 && at(q - 1) != st) makes(message{kind::grad, q - 1, a.micro}, at(q - 1));
+      if (q == Q - 1 && tied_) makes(message{kind::tied, 0, a.micro}, embed);
     }
   }
 
-  // After a failure on this stage: sends every message it still owes (zeros) and receives every one
-  // it is still owed, so the other stages run their lists to the end instead of waiting for their
-  // deadline; the step then fails on every rank.
-  void settle_messages() {
-    for (std::size_t i = 0; i < outgoing_.size(); ++i) {
-      if (sent_[i]) continue;
-      auto const& [x, to] = outgoing_[i];
-      if (!f32_.empty()) send_zeros(to, x, f32_);
-      else if (!bf16_.empty()) send_zeros(to, x, bf16_);
-      else send_zeros(to, x, f16_);
-    }
-    for (inbox& in : inboxes_) {
-      post_ahead(in, in.order.size());
-      for (std::size_t i = 0; i < in.posted; ++i) channels_[static_cast<std::size_t>(link(in.from, me_))].wait(in.requests[i]);
-    }
-  }
-  template <class T>
-  void send_zeros(int to, message const& x, std::vector<std::vector<T>>& buf) {
-    auto& b = buf[key(x)];
-    std::fill(b.begin(), b.end(), T{});
-    send(to, x, b.data(), b.size());
-  }
-
-  void plan_messages() {
-    sends_of(me_, [&](message x, int to) { outgoing_.emplace_back(x, to); });
+  void plan_messages(bool tied) {
+    tied_ = tied;
+    planned_ = true;
+    outgoing_.clear();
+    inboxes_.clear();
+    for (action const& a : schedule_.per_stage[static_cast<std::size_t>(me_)])
+      messages_of(me_, a, [](message, int) {}, [&](message x, int to) { outgoing_.emplace_back(x, to); });
     sent_.assign(outgoing_.size(), false);
     for (int from = 0; from < schedule_.stages; ++from) {
       if (from == me_) continue;
       inbox in;
       in.from = from;
-      sends_of(from, [&](message x, int to) {
-        if (to == me_) in.order.push_back(x);
-      });
+      for (action const& a : schedule_.per_stage[static_cast<std::size_t>(from)])
+        messages_of(from, a, [](message, int) {}, [&](message x, int to) {
+          if (to == me_) in.order.push_back(x);
+        });
+      in.requests.resize(in.order.size());
+      in.received.assign(in.order.size(), false);
       if (!in.order.empty()) inboxes_.push_back(std::move(in));
     }
   }
 
-  template <class Model>
+  // One staging buffer per message this rank sends or receives (keyed by its tag), of the
+  // model's element type.
+  template <class T, class Model>
   void size_buffers(Model& model) {
-    using T = std::remove_cv_t<std::remove_pointer_t<decltype(model.boundary(0, 0).data())>>;
     auto const act = static_cast<std::size_t>(model.boundary(model.first_block(), 0).size());
     std::size_t tied = 0;
     if constexpr (requires { model.tied_grad(0); })
-      if (tied_) tied = static_cast<std::size_t>(model.tied_grad(0).size());
-    std::size_t const n = static_cast<std::size_t>(3 * cut_.pieces() * schedule_.micro);
+      if (tied_ && (me_ == stage_of(schedule_, 0) || me_ == stage_of(schedule_, cut_.pieces() - 1)))
+        tied = static_cast<std::size_t>(model.tied_grad(0).size());
     auto& buf = buffers<T>();
-    buf.resize(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      bool const is_tied = i >= static_cast<std::size_t>(2 * cut_.pieces() * schedule_.micro);
-      buf[i].resize(is_tied ? tied : act);
-    }
+    buf.resize(static_cast<std::size_t>(3 * cut_.pieces() * schedule_.micro));
+    auto size_of = [&](message const& x) { return x.what == kind::tied ? tied : act; };
+    for (auto const& [x, to] : outgoing_) buf[key(x)].resize(size_of(x));
+    for (inbox const& in : inboxes_)
+      for (message const& x : in.order) buf[key(x)].resize(size_of(x));
   }
   template <class T>
   std::vector<std::vector<T>>& buffers() {
@@ -247,20 +257,14 @@ class rank_executor {
   }
 
   // Posts the receives of `in` up to a window beyond index `from`, in the sender's order.
+  template <class T>
   void post_ahead(inbox& in, std::size_t from) {
     std::size_t const end = std::min(in.order.size(), from + window);
-    in.requests.resize(in.order.size());
-    for (; in.posted < end; ++in.posted) post(in, in.posted);
-  }
-  void post(inbox& in, std::size_t i) {
-    message const& x = in.order[i];
-    post_typed(in, i, channels_[static_cast<std::size_t>(link(in.from, me_))], x);
-  }
-  template <class Ch>
-  void post_typed(inbox& in, std::size_t i, Ch& ch, message const& x) {
-    if (!f32_.empty()) in.requests[i] = ch.recv_async(std::span<float>(f32_[key(x)]), in.from, tag(x));
-    else if (!bf16_.empty()) in.requests[i] = ch.recv_async(std::span<bf16>(bf16_[key(x)]), in.from, tag(x));
-    else in.requests[i] = ch.recv_async(std::span<f16>(f16_[key(x)]), in.from, tag(x));
+    auto& ch = channels_[static_cast<std::size_t>(link(in.from, me_))];
+    for (; in.posted < end; ++in.posted) {
+      message const& x = in.order[in.posted];
+      in.requests[in.posted] = ch.recv_async(std::span<T>(buffers<T>()[key(x)]), in.from, tag(x));
+    }
   }
 
   // Waits for message x from rank `from` and returns its buffer.
@@ -269,27 +273,60 @@ class rank_executor {
     for (inbox& in : inboxes_) {
       if (in.from != from) continue;
       for (std::size_t i = 0; i < in.order.size(); ++i) {
-        message const& y = in.order[i];
-        if (!same(x, y)) continue;
-        post_ahead(in, i);
-        channels_[static_cast<std::size_t>(link(from, me_))].wait(in.requests[i]);
+        if (!same(x, in.order[i])) continue;
+        post_ahead<T>(in, i);
+        if (i >= in.completed) {  // the lane may have reused an older slot: wait only past the mark
+          channels_[static_cast<std::size_t>(link(from, me_))].wait(in.requests[i]);
+          in.completed = i + 1;
+        }
+        in.received[i] = true;
         return buffers<T>()[key(x)];
       }
     }
     TIDE_FAIL(usage, "pipeline::rank_executor: rank ", me_, " waits for a message rank ", from,
               " never sends (kind ", static_cast<int>(x.what), ", piece ", x.piece, ", micro-batch ", x.micro, ")");
   }
+  [[nodiscard]] bool was_received(int from, message const& x) const {
+    for (inbox const& in : inboxes_)
+      if (in.from == from)
+        for (std::size_t i = 0; i < in.order.size(); ++i)
+          if (same(x, in.order[i])) return in.received[i];
+    return false;
+  }
   template <class T>
   void send(int to, message const& x, T const* data, std::size_t n) {
     auto& buf = buffers<T>()[key(x)];
     if (buf.data() != data) std::memcpy(buf.data(), data, n * sizeof(T));
+    int const ch = link(me_, to);
+    sends_.emplace_back(ch, channels_[static_cast<std::size_t>(ch)].send_async(std::span<T const>(buf), to, tag(x)));
     for (std::size_t i = 0; i < outgoing_.size(); ++i)
       if (!sent_[i] && same(outgoing_[i].first, x)) {
         sent_[i] = true;
         break;
       }
-    int const ch = link(me_, to);
-    sends_.emplace_back(ch, channels_[static_cast<std::size_t>(ch)].send_async(std::span<T const>(buf), to, tag(x)));
+  }
+  [[nodiscard]] bool was_sent(message const& x) const {
+    for (std::size_t i = 0; i < outgoing_.size(); ++i)
+      if (same(outgoing_[i].first, x)) return sent_[i];
+    return false;
+  }
+
+  // After a failure on this stage: the rest of its list without computing. Each action's inputs
+  // are waited for and its outputs sent as zeros, in the list's order, as a healthy stage would.
+  template <class T>
+  void settle() {
+    for (action const& a : schedule_.per_stage[static_cast<std::size_t>(me_)])
+      messages_of(
+          me_, a,
+          [&](message x, int from) {
+            if (!was_received(from, x)) (void)receive<T>(from, x);
+          },
+          [&](message x, int to) {
+            if (was_sent(x)) return;
+            auto& b = buffers<T>()[key(x)];
+            std::fill(b.begin(), b.end(), T{});
+            send(to, x, b.data(), b.size());
+          });
   }
 
   template <class Model>
@@ -344,8 +381,7 @@ class rank_executor {
   schedule schedule_;
   cut cut_;
   int me_ = 0, slots_ = 1;
-  bool tied_ = false;
-  std::vector<C> channels_;
+  bool tied_ = false, planned_ = false;
   std::vector<inbox> inboxes_;
   std::vector<std::pair<message, int>> outgoing_;  // what this stage sends in a run, in order, and to whom
   std::vector<bool> sent_;                         // of outgoing_, in this run
@@ -355,6 +391,9 @@ class rank_executor {
   std::vector<std::vector<f16>> f16_;
   std::vector<double> losses_;
   run_stats stats_;
+  // Last: destroyed first, so every lane drains (its operations use the staging buffers above)
+  // before those buffers go.
+  std::vector<C> channels_;
 };
 
 }  // namespace tide::pipeline

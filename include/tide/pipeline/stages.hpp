@@ -96,9 +96,20 @@ struct stage_part {
   std::size_t largest_elsewhere = 0;   // elements of the largest parameter of other stages
 };
 
-inline stage_part part_of(parameter_list const& all, block_uses const& uses, int first, int last) {
+// Stage `stage` of cut `c` (one piece per stage). A parameter read by two stages must be read by
+// the first and the last only (the tied embedding): its gradient is summed over those two.
+inline stage_part part_of(parameter_list const& all, block_uses const& uses, cut const& c, int stage) {
+  TIDE_REQUIRE(stage >= 0 && stage < c.pieces(), "pipeline::part_of: stage ", stage, " of ", c.pieces());
+  auto const us = static_cast<std::size_t>(stage);
+  int const first = c.first[us], last = c.last[us];
   TIDE_REQUIRE(first >= uses.first_block && first <= last && last <= uses.last_block(), "pipeline::part_of: blocks ",
                first, " .. ", last, " of a model of blocks ", uses.first_block, " .. ", uses.last_block());
+  auto stage_of_block = [&](int b) {
+    for (int q = 0; q < c.pieces(); ++q)
+      if (b >= c.first[static_cast<std::size_t>(q)] && b <= c.last[static_cast<std::size_t>(q)]) return q;
+    return -1;
+  };
+  int const ends = c.pieces() - 1;
   std::vector<int> lowest(all.size(), std::numeric_limits<int>::max()), highest(all.size(), std::numeric_limits<int>::min());
   std::vector<bool> here(all.size(), false);
   for (int b = uses.first_block; b <= uses.last_block(); ++b)
@@ -107,6 +118,17 @@ inline stage_part part_of(parameter_list const& all, block_uses const& uses, int
       highest[i] = std::max(highest[i], b);
       if (b >= first && b <= last) here[i] = true;
     }
+  for (std::uint32_t i = 0; i < all.size(); ++i) {
+    if (lowest[i] > highest[i]) continue;  // read by no block
+    int const a = stage_of_block(lowest[i]), z = stage_of_block(highest[i]);
+    bool ok = a == z || (a == 0 && z == ends);
+    for (int b = uses.first_block; b <= uses.last_block() && ok && a != z; ++b)
+      for (std::uint32_t j : uses.of(b))
+        if (j == i && stage_of_block(b) != 0 && stage_of_block(b) != ends) ok = false;
+    TIDE_REQUIRE(ok, "pipeline::part_of: parameter \"", all[i].name(), "\" is read by blocks ", lowest[i], " .. ",
+                 highest[i], " of stages ", a, " .. ", z, "; a parameter shared between stages must be read by the "
+                 "first and the last stage only (a tied embedding): tide sums its gradient over those two");
+  }
   stage_part s;
   s.params = parameter_list(all.alignment());
   s.index.assign(all.size(), stage_part::elsewhere);
@@ -150,19 +172,19 @@ struct on_ranks {
 
   [[nodiscard]] schedule plan() const { return generate(K, stages, micro, 1); }
   [[nodiscard]] int stage() const { return group->rank(); }
-  // Checks the policy against the optimizer's micro-steps; the blocks of this rank's stage.
-  [[nodiscard]] std::pair<int, int> blocks(int first_block, int last_block, int micro_steps) const {
+  // Checks the policy against the optimizer's micro-steps; the model's cut into the stages.
+  [[nodiscard]] cut cut_for(int first_block, int last_block, int micro_steps) const {
     TIDE_REQUIRE(group != nullptr, "pipeline::on_ranks: no group; pass .group = &groups.pipeline (make_groups)");
     TIDE_REQUIRE(group->size() == stages, "pipeline::on_ranks: stages = ", stages, " but the group has ",
                  group->size(), " ranks; one rank per stage");
     TIDE_REQUIRE(micro == micro_steps, "pipeline::on_ranks: micro = ", micro, " but the optimizer's micro_steps = ",
                  micro_steps, "; the pipeline's micro-batches are the step's micro-steps: make them equal");
-    TIDE_REQUIRE(stages == 1 || tied != nullptr, "pipeline::on_ranks: no tied group; pass .tied = &groups.tied "
-                                                 "(make_groups), the first and last stage that both keep wte");
+    bool const end = stage() == 0 || stage() == stages - 1;
+    TIDE_REQUIRE(stages == 1 || (tied != nullptr && tied->size() == (end ? 2 : 1)), "pipeline::on_ranks: pass "
+                 ".tied = &groups.tied (make_groups): on the first and the last stage the two ranks that both keep "
+                 "wte, on the others this rank alone");
     (void)plan();  // refuses an impossible (p, m)
-    cut const c = uniform_cut(first_block, last_block, stages);
-    auto const s = static_cast<std::size_t>(stage());
-    return {c.first[s], c.last[s]};
+    return uniform_cut(first_block, last_block, stages);
   }
   template <Backend B, class Model, class Batch>
   double run(exec<B> const& ex, Model& model, std::span<Batch const> micro_batches, float scale) {

@@ -137,6 +137,7 @@ class trainer {
         scheduler_(ex_, arena_, staged ? stage_.params : spec.parameters(), staged ? stage_.uses : spec.uses(), off,
                    {.micro_steps = opt.micro_steps,
                     .defer_optimizer = staged || needs_all_gradients(opt),  // a stage sums wte before stepping
+                    .defer_sink = staged,  // summed once every stage and replica ran backward
                     .decay_matrices_only = opt.decay_matrices_only},
                    opt, comm.sink(), comm.source()),
         model_(spec.build(arena_, staged ? hooks_type{&scheduler_, stage_.index.data(), elsewhere_.data()}
@@ -214,6 +215,31 @@ class trainer {
     }
     return kernels::global_grad_norm(ex_, g);
   }
+  // The pipeline policy's forward and backward. A pipeline of one stage per rank then agrees with
+  // the other data-parallel replicas that every stage of every replica ran (the executor already
+  // agreed within the replica), before any gradient is summed: a step lost on one rank is lost on
+  // every rank alike. Then the sums: over the replicas (the sink), and of the tied embedding over
+  // the first and last stage (the first stage's gradient plus the last's zero, on both).
+  double run_pipeline(std::span<batch_type const> micro_batches, float loss_scale) {
+    if constexpr (staged) {
+      double loss = 0;
+      std::exception_ptr failure;
+      try {
+        loss = pipeline_.run(ex_, model_, micro_batches, loss_scale);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      bool const everywhere = agree(!failure);
+      if (failure) std::rethrow_exception(failure);
+      TIDE_CHECK(everywhere, usage, "make_trainer: a pipeline stage of another data-parallel replica failed in "
+                                    "this step (its error says why); the step is dropped on every rank");
+      scheduler_.hand_over_gradients();
+      for (std::uint32_t j : stage_.shared) pipeline_.sum_shared(scheduler_.gradient_of(j));
+      return loss;
+    } else {
+      return pipeline_.run(ex_, model_, micro_batches, loss_scale);
+    }
+  }
   step_stats run_step(std::span<batch_type const> micro_batches) {
     auto const m = static_cast<std::size_t>(optimizer_.micro_steps);
     auto const t0 = std::chrono::steady_clock::now();
@@ -227,9 +253,7 @@ class trainer {
     float const inv = 1.f / (st.loss_scale * static_cast<float>(m) * static_cast<float>(comm_.world_size()));
     if (!needs_all_gradients(optimizer_)) scheduler_.set_grad_scale(inv);
     std::size_t const reduced_before = bytes_reduced();
-    double const loss = pipeline_.run(ex_, model_, micro_batches, st.loss_scale);
-    if constexpr (staged)  // the tied embedding: the first stage's gradient plus the last's (zero), on both
-      for (std::uint32_t j : stage_.shared) pipeline_.sum_shared(scheduler_.gradient_of(j));
+    double const loss = run_pipeline(micro_batches, st.loss_scale);
     for (batch_type const& b : micro_batches) st.tokens += model_type::tokens_in(b);
     if constexpr (requires { pipeline_.last()->bubble_fraction; })
       if (auto const* ran = pipeline_.last()) st.bubble_fraction = ran->bubble_fraction;
@@ -594,8 +618,8 @@ class trainer {
         TIDE_REQUIRE(comm.zero == 0, "make_trainer: ZeRO (zero = ", comm.zero, ") inside a pipeline of ", Pipeline::name,
                      " is not supported yet; pass zero = 0 (each stage keeps its own parameters' state only)");
       block_uses const uses = spec.uses();
-      auto const [first, last] = pipe.blocks(uses.first_block, uses.last_block(), opt.micro_steps);
-      return pipeline::part_of(spec.parameters(), uses, first, last);
+      return pipeline::part_of(spec.parameters(), uses, pipe.cut_for(uses.first_block, uses.last_block(), opt.micro_steps),
+                               pipe.stage());
     } else {
       (void)spec, (void)pipe, (void)comm, (void)opt;
       return {};

@@ -40,6 +40,10 @@ struct scheduler_options {
   // The optimizer runs in step() instead of after each block's backward: what global-norm
   // clipping and loss scaling need (the norm and the overflow check read every gradient first).
   bool defer_optimizer = false;
+  // The gradient sink gets the completed chunks from hand_over_gradients(), after backward, not
+  // during it (needs defer_optimizer): a pipeline stage first agrees with the other stages and
+  // replicas that the step's backward ran everywhere, so a step lost on one rank is summed nowhere.
+  bool defer_sink = false;
   // Weight decay on matrices only (rank >= 2), not on biases and LayerNorm gains (GPT-2's rule).
   bool decay_matrices_only = false;
   bool lock_host_pages = false;  // host tier: mlock (pointless on tide::host, where nothing DMAs)
