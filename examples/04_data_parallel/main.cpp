@@ -128,6 +128,22 @@ std::size_t budget_for(tide::nn::gpt_config const& config, Offload const& off, i
   return std::max(activations + model_data / 2, probe.minimum_device_bytes(activations) + 2 * probe.chunk_bytes());
 }
 
+// Rank 0 prints the losses and the equality check; the exit status: 1 if the ranks differ where
+// they must not, or the loss fell by less than --check-falls.
+int verdict(options const& opt, int rank, float first, float last, bool same, std::string const& said_same,
+            std::string const& said_different) {
+  if (rank == 0)
+    std::printf("loss %.4f -> %.4f; %s\n", static_cast<double>(first), static_cast<double>(last),
+                (same ? said_same : said_different).c_str());
+  if (!same) return 1;
+  if (opt.check_falls > 0 && static_cast<double>(first - last) < opt.check_falls) {
+    if (rank == 0) std::fprintf(stderr, "example_04_data_parallel: the loss fell by %.4f, less than --check-falls %.4f\n",
+                                static_cast<double>(first - last), opt.check_falls);
+    return 1;
+  }
+  return 0;
+}
+
 template <class Comm>
 int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::string const& how) {
   int const rank = world.rank(), ranks = world.size();
@@ -172,16 +188,9 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
   world.all_reduce(std::span<float>(lo), tide::comm::reduce_op::min);
   world.all_reduce(std::span<float>(hi), tide::comm::reduce_op::max);
   bool const same = std::memcmp(lo.data(), hi.data(), lo.size() * sizeof(float)) == 0;
-  if (rank == 0)
-    std::printf("loss %.4f -> %.4f; parameters %s on all %d ranks\n", static_cast<double>(first),
-                static_cast<double>(last), same ? "identical" : "DIFFERENT", ranks);
-  if (!same) return 1;
-  if (opt.check_falls > 0 && static_cast<double>(first - last) < opt.check_falls) {
-    if (rank == 0) std::fprintf(stderr, "example_04_data_parallel: the loss fell by %.4f, less than --check-falls %.4f\n",
-                                static_cast<double>(first - last), opt.check_falls);
-    return 1;
-  }
-  return 0;
+  return verdict(opt, rank, first, last, same,
+                 tide::detail::concat("parameters identical on all ", ranks, " ranks"),
+                 tide::detail::concat("parameters DIFFERENT on the ", ranks, " ranks"));
 }
 
 // --pipeline P: stages on ranks, replicas beyond them.
@@ -261,17 +270,9 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
     tied_same = same_over(g.tied, trainer.scheduler().read_param(wte));
   }
   bool const ok = tide::comm::all_ranks(world, replicas_same && tied_same);
-  if (rank == 0)
-    std::printf("loss %.4f -> %.4f; %s\n", static_cast<double>(first), static_cast<double>(last),
-                ok ? "each stage's parameters identical on its replicas, wte identical at both ends"
-                   : "parameters DIFFER where they must not");
-  if (!ok) return 1;
-  if (opt.check_falls > 0 && static_cast<double>(first - last) < opt.check_falls) {
-    if (rank == 0) std::fprintf(stderr, "example_04_data_parallel: the loss fell by %.4f, less than --check-falls %.4f\n",
-                                static_cast<double>(first - last), opt.check_falls);
-    return 1;
-  }
-  return 0;
+  return verdict(opt, rank, first, last, ok,
+                 "each stage's parameters identical on its replicas, wte identical at both ends",
+                 "parameters DIFFER where they must not");
 }
 
 int run(options const& opt, tide::comm::mpi& world) {

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <span>
 #include <vector>
 
@@ -20,6 +19,7 @@
 #include <tide/pipeline/ranks.hpp>
 
 #include "support/mpi_world.hpp"
+#include "support/pipeline_data.hpp"
 
 namespace pp = tide::pipeline;
 using namespace tide::literals;
@@ -29,24 +29,9 @@ using batch = host_gpt::batch_type;
 
 namespace {
 
-constexpr tide::nn::gpt_config config{.layers = 6, .heads = 2, .channels = 16, .vocab = 32, .padded_vocab = 40,
-                                      .max_seq = 8};
-constexpr index_t B = 2, T = 6;
-
-struct data {
-  std::vector<std::vector<std::int32_t>> tokens, targets;
-  std::vector<batch> micro;
-  data(int m, std::uint32_t seed) {
-    std::mt19937 rng(seed);
-    for (int k = 0; k < m; ++k) {
-      tokens.emplace_back(B * T);
-      targets.emplace_back(B * T);
-      for (auto& t : tokens.back()) t = static_cast<std::int32_t>(rng() % config.vocab);
-      for (auto& t : targets.back()) t = static_cast<std::int32_t>(rng() % config.vocab);
-    }
-    for (std::size_t i = 0; i < tokens.size(); ++i) micro.push_back({{tokens[i].data(), {B, T}}, {targets[i].data(), {B, T}}});
-  }
-};
+constexpr auto config = tide::test::pipeline_gpt;
+constexpr index_t B = tide::test::pipeline_B, T = tide::test::pipeline_T;
+using data = tide::test::pipeline_micro_batches;
 
 // Gradient accumulation in this process: the loss sum and the flat gradients.
 std::pair<double, std::vector<float>> accumulate(data const& d, float scale) {
@@ -260,10 +245,8 @@ void pipelined_trainer_matches(Offload const& off, char const* what) {
       staged_spec, off, opt, dp, tide::train::no_compress{},
       pp::on_ranks<pp::kind::one_f_one_b, tide::comm::mpi>{.stages = stages, .micro = m, .group = &g.pipeline,
                                                             .tied = &g.tied});
-  data bad = batches[0];
+  data bad = batches[0];  // a copy views its own vectors
   if (g.replica == 0) bad.targets[1][0] = -1;  // one replica's head stage refuses it, mid-step
-  bad.micro.clear();
-  for (std::size_t i = 0; i < bad.tokens.size(); ++i) bad.micro.push_back({{bad.tokens[i].data(), {B, T}}, {bad.targets[i].data(), {B, T}}});
   for (int s = 0; s < steps; ++s) {
     if (s == 1) {  // a step that fails on one stage of one replica is lost on every rank, and changes nothing
       CHECK_THROWS_AS(pipe.step(batches_for<decltype(pipe)>(bad)), tide::error);

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,6 +17,8 @@
 #include <tide/memory/device_arena.hpp>
 #include <tide/nn/gpt.hpp>
 #include <tide/pipeline/executor.hpp>
+
+#include "support/pipeline_data.hpp"
 
 namespace pp = tide::pipeline;
 using namespace tide::literals;
@@ -27,28 +28,8 @@ using batch = host_gpt::batch_type;
 
 namespace {
 
-// Blocks -1 .. 6: 8 blocks, so up to 8 pieces (p = 4 stages of v = 2 chunks).
-constexpr tide::nn::gpt_config config{.layers = 6, .heads = 2, .channels = 16, .vocab = 32, .padded_vocab = 40,
-                                      .max_seq = 8};
-constexpr index_t B = 2, T = 6;
-
-struct data {
-  std::vector<std::vector<std::int32_t>> tokens, targets;
-  std::vector<batch> micro;
-  explicit data(int m) {
-    std::mt19937 rng(7);
-    for (int k = 0; k < m; ++k) {
-      tokens.emplace_back(B * T);
-      targets.emplace_back(B * T);
-      for (auto& t : tokens.back()) t = static_cast<std::int32_t>(rng() % config.vocab);
-      for (auto& t : targets.back()) t = static_cast<std::int32_t>(rng() % config.vocab);
-    }
-    for (int k = 0; k < m; ++k) {
-      auto const i = static_cast<std::size_t>(k);
-      micro.push_back({{tokens[i].data(), {B, T}}, {targets[i].data(), {B, T}}});
-    }
-  }
-};
+constexpr auto config = tide::test::pipeline_gpt;
+using data = tide::test::pipeline_micro_batches;
 
 struct result {
   double loss_sum = 0;

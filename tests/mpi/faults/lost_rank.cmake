@@ -1,8 +1,9 @@
 # Runs lost_rank under mpiexec with 3 ranks and checks that the job ends, and how.
-#   cmake -DMPIEXEC=... -DPROGRAM=... -DHOW=stop|kill -DDEADLINE_MS=... [-DDIR=...] -P lost_rank.cmake
+#   cmake -DMPIEXEC=... -DPROGRAM=... -DHOW=stop|kill|pipeline -DDEADLINE_MS=... [-DDIR=...] -P lost_rank.cmake
 # stop: the two live ranks print the error naming the all-reduce, rank 2 and the deadline, and
 #       the job exits non-zero; kill: mpiexec ends the job, non-zero, and the checkpoint set in DIR
-#       still is the one saved after step 2 (3 steps), whole: it loads on one rank. Never a hang:
+#       still is the one saved after step 2 (3 steps), whole: it loads on one rank; pipeline: the
+#       two live stages print a deadline error of comm::mpi and the job exits non-zero. Never a hang:
 #       the job gets 120 s, far more than the deadline and the roll call need.
 set(args ${HOW} ${DEADLINE_MS})
 if(HOW STREQUAL "kill")
@@ -32,6 +33,13 @@ if(HOW STREQUAL "stop")
   foreach(r 0 1)
     if(NOT all MATCHES "lost_rank: rank ${r}: comm::mpi: all_reduce #4 \\(1.00 MiB of f32, sum\\) on rank ${r} of 3 did not complete within its deadline of ${DEADLINE_MS} ms; not heard from: rank 2 \\(died, stopped or hangs\\)")
       message(FATAL_ERROR "rank ${r} did not report the stopped rank as expected")
+    endif()
+  endforeach()
+endif()
+if(HOW STREQUAL "pipeline")
+  foreach(r 0 1)
+    if(NOT all MATCHES "lost_rank: rank ${r}: comm::mpi: [^\n]* did not complete within its deadline of ${DEADLINE_MS} ms")
+      message(FATAL_ERROR "rank ${r} did not report the lost stage as expected")
     endif()
   endforeach()
 endif()

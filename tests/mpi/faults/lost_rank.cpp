@@ -13,6 +13,11 @@
 //   mpiexec -n 1 lost_rank verify DIR             loads DIR's set on one rank (re-sharding 3 -> 1)
 //                                                 and prints the step it holds: the last complete
 //                                                 set, step 3, must be intact.
+//   mpiexec -n 3 lost_rank pipeline DEADLINE_MS   a GPT in 3 pipeline stages, one per rank
+//                                                 (rank_executor, 1F1B over 4 micro-batches); at
+//                                                 step 3 the last stage stops (SIGSTOP). The others
+//                                                 must not hang: they raise tide::error within a few
+//                                                 deadlines, print it and exit with status 3.
 
 #include <chrono>
 #include <csignal>
@@ -27,8 +32,10 @@
 #include "tide/comm/mpi.hpp"
 #include "tide/comm/self.hpp"
 #include "tide/optim/adamw.hpp"
+#include "tide/pipeline/ranks.hpp"
 #include "tide/train/trainer.hpp"
 #include "support/gpt_steps.hpp"
+#include "support/pipeline_data.hpp"
 
 namespace {
 
@@ -67,6 +74,26 @@ int kill(tide::comm::mpi& world, std::filesystem::path const& dir) {
   return 0;
 }
 
+int pipeline(tide::comm::mpi& world) {
+  namespace pp = tide::pipeline;
+  auto const s = pp::one_f_one_b(world.size(), 4);
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 64_MiB}};
+  tide::nn::gpt<tide::host> model(tide::test::pipeline_gpt, arena,
+                                  {.seed = 5, .in_flight = pp::slots_needed(s, world.rank()), .separate_tied_grad = true});
+  tide::test::pipeline_micro_batches const data(4);
+  pp::rank_executor run{world, s, pp::uniform_cut(model, s)};
+  for (int step = 0; step < 6; ++step) {
+    if (step == 3 && world.rank() == world.size() - 1) std::raise(SIGSTOP);
+    model.zero_grad(ex);
+    (void)run.run(model, ex, std::span(data.micro), 0.25f);
+    std::printf("rank %d: step %d done\n", world.rank(), step);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int verify(std::filesystem::path const& dir) {
   tide::comm::self one;
   auto t = trainer_over(&one);
@@ -81,8 +108,9 @@ int verify(std::filesystem::path const& dir) {
 int main(int argc, char** argv) {
   tide::comm::mpi_session session{&argc, &argv};
   std::string_view const how = argc > 1 ? argv[1] : "";
-  if (!((how == "stop" && argc == 3) || (how == "kill" && argc == 4) || (how == "verify" && argc == 3))) {
-    std::fprintf(stderr, "usage: lost_rank stop DEADLINE_MS | kill DEADLINE_MS DIR | verify DIR\n");
+  if (!((how == "stop" && argc == 3) || (how == "kill" && argc == 4) || (how == "verify" && argc == 3) ||
+        (how == "pipeline" && argc == 3))) {
+    std::fprintf(stderr, "usage: lost_rank stop DEADLINE_MS | kill DEADLINE_MS DIR | verify DIR | pipeline DEADLINE_MS\n");
     return 2;
   }
   try {
@@ -90,6 +118,7 @@ int main(int argc, char** argv) {
     tide::comm::mpi world{session, {.deadline = std::chrono::milliseconds(std::atol(argv[2]))}};
     try {
       if (how == "stop") return stop(world);
+      if (how == "pipeline") return pipeline(world);
       return kill(world, argv[3]);
     } catch (tide::error const& e) {
       std::fprintf(stderr, "lost_rank: rank %d: %s\n", world.rank(), e.message().c_str());
