@@ -19,8 +19,10 @@
 // pieces (pipeline::uniform_cut); the trainer gives its offload scheduler the parameters the
 // stage's blocks read (part_of below) and the model's hooks map the model's parameter numbers to
 // the scheduler's; the pipeline's executor (pipeline/ranks.hpp) runs the stage's forwards and
-// backwards in the schedule's order. The step is then the usual one: gradients complete chunk by
-// chunk, the gradient sink sums them over the data-parallel replicas, the optimizer steps.
+// backwards in the schedule's order. Then every rank agrees (over its pipeline and over the
+// replicas) that every stage of every replica ran, and only then hands its gradients to the
+// data-parallel sink (scheduler_options::defer_sink): a step lost on one rank is lost on every
+// rank alike, before anything was summed. The optimizer steps after the sums.
 //
 // The tied embedding. wte is read by the embedding (first stage) and the head (last stage), so
 // both keep a copy and step it. The head's share of its gradient travels to the first stage per
@@ -32,7 +34,7 @@
 // on the first stage, and sums over the stages.
 //
 // What it does not do yet: schedules of one piece per stage only (gpipe, one_f_one_b, zb_h1,
-// zb_h2; interleaved and zb_v need a scheduler that serves two block ranges); no ZeRO and no
+// zb_h2; interleaved, zb_v and dualpipe_v need a scheduler that serves two block ranges); no ZeRO and no
 // compressing gradient sink inside a pipeline; no checkpoints of a pipelined trainer (save and load
 // refuse); pipeline stages on threads of one process run through thread_executor, outside
 // make_trainer.
