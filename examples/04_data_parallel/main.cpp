@@ -128,6 +128,28 @@ std::size_t budget_for(tide::nn::gpt_config const& config, Offload const& off, i
   return std::max(activations + model_data / 2, probe.minimum_device_bytes(activations) + 2 * probe.chunk_bytes());
 }
 
+// Whether every rank of `c` holds these bits.
+bool same_on(tide::comm::mpi& c, std::vector<float> const& v) {
+  std::vector<float> lo = v, hi = v;
+  c.all_reduce(std::span<float>(lo), tide::comm::reduce_op::min);
+  c.all_reduce(std::span<float>(hi), tide::comm::reduce_op::max);
+  return std::memcmp(lo.data(), hi.data(), lo.size() * sizeof(float)) == 0;
+}
+
+// The step's loss over every rank (the mean: a pipeline's stages all report their replica's),
+// shown on rank 0's progress line (every tenth step kept); returns it.
+float report(tide::comm::mpi& world, tide::train::progress& progress, tide::train::step_stats shown, int s,
+             int steps) {
+  std::vector<float> loss{shown.loss / static_cast<float>(world.size())};
+  world.all_reduce(std::span<float>(loss), tide::comm::reduce_op::sum);
+  shown.loss = loss[0];
+  if (world.rank() == 0) {
+    progress.update(shown, steps);  // counts the bytes moved
+    if (s % 10 == 9 || s + 1 == steps) progress.line(shown, steps);
+  }
+  return loss[0];
+}
+
 // Rank 0 prints the losses and the equality check; the exit status: 1 if the ranks differ where
 // they must not, or the loss fell by less than --check-falls.
 int verdict(options const& opt, int rank, float first, float last, bool same, std::string const& said_same,
@@ -166,16 +188,8 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
   for (int s = 0; s < opt.steps; ++s) {
     loader.next({in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}});
     auto const st = trainer.step({{in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}}});
-    // The loss of the global batch: the mean of the ranks' losses.
-    std::vector<float> loss{st.loss / static_cast<float>(ranks)};
-    world.all_reduce(std::span<float>(loss), tide::comm::reduce_op::sum);
-    auto shown = st;
-    shown.loss = loss[0];
-    if (s == 0) first = loss[0];
-    last = loss[0];
-    if (rank != 0) continue;
-    progress.update(shown, opt.steps);  // counts the bytes moved
-    if (s % 10 == 9 || s + 1 == opt.steps) progress.line(shown, opt.steps);
+    last = report(world, progress, st, s, opt.steps);  // the global batch's loss
+    if (s == 0) first = last;
   }
   // The same parameters on every rank, bit for bit (ZeRO-3: gathered from their owners first).
   trainer.scheduler().gather_parameters();
@@ -184,10 +198,7 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
     auto const v = trainer.scheduler().read_param(i);
     p.insert(p.end(), v.begin(), v.end());
   }
-  std::vector<float> lo = p, hi = p;
-  world.all_reduce(std::span<float>(lo), tide::comm::reduce_op::min);
-  world.all_reduce(std::span<float>(hi), tide::comm::reduce_op::max);
-  bool const same = std::memcmp(lo.data(), hi.data(), lo.size() * sizeof(float)) == 0;
+  bool const same = same_on(world, p);
   return verdict(opt, rank, first, last, same,
                  tide::detail::concat("parameters identical on all ", ranks, " ranks"),
                  tide::detail::concat("parameters DIFFERENT on the ", ranks, " ranks"));
@@ -238,36 +249,22 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
       loader.next({in.data() + rows * std::size_t(k), {opt.batch, opt.seq}},
                   {tg.data() + rows * std::size_t(k), {opt.batch, opt.seq}});
     auto const st = trainer.step(std::span<batch const>(micro));
-    // Every stage of a replica reports the replica's loss: the mean over the ranks is the batch's.
-    std::vector<float> loss{st.loss / static_cast<float>(world.size())};
-    world.all_reduce(std::span<float>(loss), tide::comm::reduce_op::sum);
-    auto shown = st;
-    shown.loss = loss[0];
-    if (s == 0) first = loss[0];
-    last = loss[0];
-    if (rank != 0) continue;
-    progress.update(shown, opt.steps);
-    if (s % 10 == 9 || s + 1 == opt.steps) progress.line(shown, opt.steps);
+    last = report(world, progress, st, s, opt.steps);  // every stage reports its replica's loss
+    if (s == 0) first = last;
   }
   // Each stage's replicas hold the same parameters, and both ends the same wte, bit for bit.
-  auto same_over = [](tide::comm::mpi& c, std::vector<float> const& v) {
-    std::vector<float> lo = v, hi = v;
-    c.all_reduce(std::span<float>(lo), tide::comm::reduce_op::min);
-    c.all_reduce(std::span<float>(hi), tide::comm::reduce_op::max);
-    return std::memcmp(lo.data(), hi.data(), lo.size() * sizeof(float)) == 0;
-  };
   std::vector<float> p;
   auto const& list = trainer.scheduler().parameters();
   for (std::uint32_t i = 0; i < list.size(); ++i) {
     auto const v = trainer.scheduler().read_param(i);
     p.insert(p.end(), v.begin(), v.end());
   }
-  bool const replicas_same = same_over(g.data, p);
+  bool const replicas_same = same_on(g.data, p);
   bool const ends = g.stage == 0 || g.stage == opt.pipeline - 1;
   bool tied_same = true;
   if (ends) {
     auto const wte = static_cast<std::uint32_t>(&list.find("wte") - list.all().data());
-    tied_same = same_over(g.tied, trainer.scheduler().read_param(wte));
+    tied_same = same_on(g.tied, trainer.scheduler().read_param(wte));
   }
   bool const ok = tide::comm::all_ranks(world, replicas_same && tied_same);
   return verdict(opt, rank, first, last, ok,

@@ -98,7 +98,7 @@ TEST_CASE("mpi pipeline: every schedule, one stage per rank, equals gradient acc
       CHECK(c.foreign_nonzero == 0);
       REQUIRE(run.last().stages.size() == 1);
       CHECK(run.last().stages[0].forwards == m * s.chunks);
-      CHECK(run.last().bubble_fraction >= 0);
+      CHECK(run.last().bubble_fraction > 0);  // every stage waits for a neighbour at least once
       CHECK(run.last().bubble_fraction < 1);
     }
   }

@@ -132,7 +132,7 @@ TEST_CASE("executor: every schedule on threads equals gradient accumulation, bit
         CHECK(st.stages[i].busy > 0);
         CHECK(st.stages[i].busy <= st.seconds);
       }
-      CHECK(st.bubble_fraction >= 0);
+      CHECK(st.bubble_fraction > 0);  // stage 1 waits at least for stage 0's first forward
       CHECK(st.bubble_fraction < 1);
       auto const c = st.measured_costs(s.chunks);
       CHECK(c.f > 0);

@@ -29,11 +29,13 @@ concept OffloadScheduler = requires(S& s, S const& cs, int block, std::uint32_t 
 //
 // A pipeline stage's model (pipeline/stages.hpp) numbers every parameter of the whole model, while
 // its scheduler holds the stage's only: `index` maps the model's parameter i to the scheduler's
-// (npos: another stage's parameter, whose address is `elsewhere`, room the model's initialisation
+// (no_index: another stage's parameter, whose address is `elsewhere`, room the model's initialisation
 // writes and nothing reads). Without `index` the numbers are the same.
+// In hooks::index: a parameter the scheduler does not hold (another pipeline stage's).
+inline constexpr std::uint32_t no_index = 0xffffffffu;
+
 template <class S>
 struct hooks {
-  static constexpr std::uint32_t npos = 0xffffffffu;
   S* scheduler = nullptr;
   std::uint32_t const* index = nullptr;
   typename S::element_type* elsewhere = nullptr;
@@ -43,11 +45,11 @@ struct hooks {
   void post_backward(int b) { scheduler->post_backward(b); }
   typename S::element_type* param_data(std::uint32_t i) {
     if (index == nullptr) return scheduler->param_data(i);
-    return index[i] == npos ? elsewhere : scheduler->param_data(index[i]);
+    return index[i] == no_index ? elsewhere : scheduler->param_data(index[i]);
   }
   typename S::element_type* grad_data(std::uint32_t i) {
     if (index == nullptr) return scheduler->grad_data(i);
-    return index[i] == npos ? elsewhere : scheduler->grad_data(index[i]);
+    return index[i] == no_index ? elsewhere : scheduler->grad_data(index[i]);
   }
   void zero_grad() { scheduler->zero_grad(); }
 };

@@ -54,6 +54,7 @@
 #include "tide/core/error.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/core/parameters.hpp"
+#include "tide/offload/hooks.hpp"
 #include "tide/pipeline/executor.hpp"
 #include "tide/pipeline/ranks.hpp"
 #include "tide/pipeline/schedule.hpp"
@@ -88,7 +89,7 @@ rank_groups<C> make_groups(C& world, int stages) {
 
 // The parameters blocks first .. last read, as the offload scheduler of that stage sees them.
 struct stage_part {
-  static constexpr std::uint32_t elsewhere = std::numeric_limits<std::uint32_t>::max();
+  static constexpr std::uint32_t elsewhere = offload::no_index;  // what the model's hooks take for "not here"
   parameter_list params{parameter_list::default_alignment};  // this stage's, in the model's order
   block_uses uses;                     // blocks first .. last, indices into params
   std::vector<std::uint32_t> index;    // the model's parameter i: its index in params, or elsewhere
