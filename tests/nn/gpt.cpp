@@ -307,9 +307,9 @@ namespace {
 
 // `steps` AdamW steps on one fixed batch; returns the losses.
 std::vector<float> train(tide::exec<tide::host> const& ex, gpt_config const& c, int B, int T, int steps,
-                         std::vector<float>* final_params = nullptr) {
+                         std::vector<float>* final_params = nullptr, tide::nn::gpt_options options = {.seed = 42}) {
   tide::memory::device_arena<tide::host> arena{{.budget = 64_MiB}};
-  host_gpt m(c, arena, {.seed = 42});
+  host_gpt m(c, arena, options);
   auto const tok = random_ids(static_cast<std::size_t>(B * T), c.vocab, 77);
   auto const tgt = random_ids(static_cast<std::size_t>(B * T), c.vocab, 78);
   auto const n = static_cast<std::size_t>(m.flat_params().size());
@@ -364,6 +364,180 @@ TEST_CASE("gpt: training is bit-identical across runs and across 1 and 2 threads
   auto const l3 = train(tide::exec<tide::host>{one}, c, B, T, 2, &p3);
   CHECK(same_bits(l1, l3));
   CHECK(same_bits(p1, p3));
+}
+
+// ---- recompute and activation offload ---------------------------------------------------------
+
+TEST_CASE("gpt: recompute and activation offload train bit-identically to keeping every activation") {
+  // Rows split over both threads, as in the test above; 3 blocks so sets can leave some out.
+  gpt_config const c{.layers = 3, .heads = 4, .channels = 128, .vocab = 64, .max_seq = 32};
+  int const B = 4, T = 32;
+  tide::thread_pool two{2};
+  tide::exec<tide::host> const ex{two};
+  using tide::nn::block_set;
+  std::vector<float> kept;
+  auto const base = train(ex, c, B, T, 3, &kept);
+  struct variant {
+    char const* name;
+    block_set recompute, offload;
+  };
+  variant const variants[] = {
+      {"recompute every block", block_set::all(3), {}},
+      {"recompute block 1", block_set({1}), {}},
+      {"offload every block and the embeddings", {}, block_set::range(-1, 2)},
+      {"offload block 0", {}, block_set({0})},
+      {"offload the last block", {}, block_set({2})},
+      {"recompute and offload every block", block_set::all(3), block_set::range(-1, 2)},
+      {"recompute 0 and 2, offload -1 and 1", block_set({0, 2}), block_set({-1, 1})},
+  };
+  for (variant const& v : variants) {
+    INFO(v.name);
+    std::vector<float> params;
+    auto const losses = train(ex, c, B, T, 3, &params, {.seed = 42, .recompute = v.recompute,
+                                                        .offload_activations = v.offload});
+    CHECK(same_bits(losses, base));
+    CHECK(same_bits(params, kept));
+  }
+}
+
+TEST_CASE("gpt: recompute and offload shrink the plan; offload keeps its activations on the host") {
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  gpt_config const c{.layers = 4, .heads = 2, .channels = 32, .vocab = 32, .max_seq = 16};
+  int const B = 2, T = 16;
+  auto const tok = random_ids(B * T, c.vocab, 5);
+  using tide::nn::block_set;
+  auto const plan = [&](tide::nn::gpt_options const& o) {
+    tide::memory::device_arena<tide::host> arena{{.budget = 16_MiB}};
+    host_gpt m(c, arena, o);
+    m.forward(ex, ids_view(tok, B, T), ids_view(tok, B, T));
+    CHECK_FALSE(tide::memory::find_conflict(m.activation_planner(), m.activation_offsets()).has_value());
+    m.backward(ex);
+    return m.activations();
+  };
+  auto const none = plan({});
+  auto const rec = plan({.recompute = block_set::all(4)});
+  auto const off = plan({.offload_activations = block_set::range(-1, 3)});
+  auto const both = plan({.recompute = block_set::all(4), .offload_activations = block_set::range(-1, 3)});
+  CHECK(none.host_bytes == 0);
+  CHECK(rec.host_bytes == 0);
+  CHECK(rec.footprint < none.footprint);
+  CHECK(off.footprint < none.footprint);
+  CHECK(both.footprint < rec.footprint);
+  // Offloaded: every saved activation of 5 blocks (13 per block, x_0 for the embeddings);
+  // with recompute only the 5 block outputs (B, T, C), each rounded to the alignment.
+  std::size_t const btc = tide::round_up(std::size_t{B * T * 32} * sizeof(float), 256);
+  CHECK(both.host_bytes == 5 * btc);
+  CHECK(off.host_bytes > both.host_bytes);
+  // Recomputing a block costs one more forward of it and keeps only its output: less than the
+  // block's activations remain, so the plan falls by at least one block's worth per 2 blocks.
+  CHECK(rec.footprint + 4 * btc < none.footprint);
+}
+
+TEST_CASE("gpt: recompute_within picks the cheapest blocks that fit, and says when none do") {
+  gpt_config const c{.layers = 6, .heads = 2, .channels = 32, .vocab = 32, .max_seq = 16};
+  using tide::nn::block_set;
+  using tide::nn::recompute_within;
+  namespace d = tide::nn::detail;
+  tide::nn::gpt_options const none{};
+  std::size_t const all = d::activation_bytes(c, none, 2, 16, 4);
+  std::size_t const least = d::activation_bytes(c, {.recompute = block_set::all(6)}, 2, 16, 4);
+  CHECK(recompute_within(c, none, 2, 16, all).empty());  // fits as it is
+  CHECK(recompute_within(c, none, 2, 16, least) == block_set::all(6));
+  // A budget between: fewer blocks than all, and the plan with them fits it, the one with a
+  // block fewer does not (the fewest blocks of that order).
+  std::size_t const mid = (all + least) / 2;
+  double const costs[6] = {5, 1, 4, 2, 6, 3};  // cheapest first: 1, 3, 5, 2, 0, 4
+  block_set const chosen = recompute_within(c, none, 2, 16, mid, costs);
+  REQUIRE(chosen.size() > 0);
+  REQUIRE(chosen.size() < 6);
+  int const order[6] = {1, 3, 5, 2, 0, 4};
+  CHECK(chosen == block_set(std::vector<int>(order, order + chosen.size())));
+  CHECK(d::activation_bytes(c, {.recompute = chosen}, 2, 16, 4) <= mid);
+  CHECK(d::activation_bytes(c, {.recompute = block_set(std::vector<int>(order, order + chosen.size() - 1))}, 2,
+                            16, 4) > mid);
+  // The model built with it plans exactly that.
+  tide::memory::device_arena<tide::host> arena{{.budget = 16_MiB}};
+  host_gpt m(c, arena, {.recompute = chosen});
+  m.plan_activations(2, 16);
+  CHECK(m.activations().footprint == d::activation_bytes(c, {.recompute = chosen}, 2, 16, 4));
+  try {
+    (void)recompute_within(c, none, 2, 16, least - 1);
+    FAIL("expected a budget error");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::budget);
+    CHECK(std::string(e.what()).find(std::to_string(least)) != std::string::npos);
+  }
+  double const too_few[2] = {1, 2};
+  CHECK_THROWS_AS((void)recompute_within(c, none, 2, 16, mid, too_few), tide::error);
+}
+
+TEST_CASE("gpt: recompute and offload options are checked") {
+  tide::memory::device_arena<tide::host> arena{{.budget = 8_MiB}};
+  using tide::nn::block_set;
+  CHECK_THROWS_AS(host_gpt(tiny, arena, {.recompute = block_set({-1})}), tide::error);
+  CHECK_THROWS_AS(host_gpt(tiny, arena, {.recompute = block_set({2})}), tide::error);  // the head
+  CHECK_THROWS_AS(host_gpt(tiny, arena, {.offload_activations = block_set({2})}), tide::error);
+  CHECK_THROWS_AS(host_gpt(tiny, arena, {.in_flight = 2, .offload_activations = block_set({0})}), tide::error);
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  host_gpt m(tiny, arena, {.offload_activations = block_set({0})});
+  auto const tok = random_ids(tiny_B * tiny_T, tiny.vocab, 1);
+  host_gpt::batch_type const batch{ids_view(tok, tiny_B, tiny_T), ids_view(tok, tiny_B, tiny_T)};
+  try {
+    m.forward_blocks(ex, -1, 2, 0, batch);
+    FAIL("expected a usage error");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::usage);
+    CHECK(std::string(e.what()).find("recompute") != std::string::npos);
+  }
+  // Pipelines recompute: stages run their blocks' forward and backward as one model does.
+  host_gpt r(tiny, arena, {.recompute = block_set::all(2)});
+  host_gpt k(tiny, arena, {});
+  for (host_gpt* x : {&r, &k}) {
+    x->zero_grad(ex);
+    x->forward_blocks(ex, -1, 0, 0, batch);
+    x->forward_blocks(ex, 1, 2, 0, batch);
+    x->backward_blocks(ex, 1, 2, 0);
+    x->backward_blocks(ex, -1, 0, 0);
+  }
+  std::vector<float> const gr(r.flat_grads().data(), r.flat_grads().data() + r.flat_grads().size());
+  std::vector<float> const gk(k.flat_grads().data(), k.flat_grads().data() + k.flat_grads().size());
+  CHECK(same_bits(gr, gk));
+}
+
+TEST_CASE("gpt: a backward that throws with offloaded activations leaves the model ready for the next step") {
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 8_MiB}};
+  struct failing_hooks {
+    int* fail_at;
+    void pre_forward(int) const {}
+    void post_forward(int) const {}
+    void pre_backward(int b) const {
+      if (b == *fail_at) throw std::runtime_error("injected");
+    }
+    void post_backward(int) const {}
+  };
+  int fail_at = 0;
+  using tide::nn::block_set;
+  tide::nn::gpt<tide::host, float, failing_hooks> m(tiny, arena, {.offload_activations = block_set::range(-1, 1)},
+                                                    failing_hooks{&fail_at});
+  host_gpt ref(tiny, arena, {});
+  auto const tok = random_ids(tiny_B * tiny_T, tiny.vocab, 9);
+  m.zero_grad(ex);
+  m.forward(ex, ids_view(tok, tiny_B, tiny_T), ids_view(tok, tiny_B, tiny_T));
+  CHECK_THROWS_AS(m.backward(ex), std::runtime_error);
+  fail_at = 99;
+  m.zero_grad(ex);
+  float const loss = m.forward(ex, ids_view(tok, tiny_B, tiny_T), ids_view(tok, tiny_B, tiny_T));
+  m.backward(ex);
+  ref.zero_grad(ex);
+  CHECK(ref.forward(ex, ids_view(tok, tiny_B, tiny_T), ids_view(tok, tiny_B, tiny_T)) == loss);
+  ref.backward(ex);
+  std::vector<float> const g(m.flat_grads().data(), m.flat_grads().data() + m.flat_grads().size());
+  std::vector<float> const gr(ref.flat_grads().data(), ref.flat_grads().data() + ref.flat_grads().size());
+  CHECK(same_bits(g, gr));
 }
 
 // ---- hooks ----------------------------------------------------------------------------------
@@ -478,7 +652,9 @@ TEST_CASE("gpt: activations are planned in one arena buffer, replanned when (B, 
   CHECK(r1.batch == tiny_B);
   CHECK(r1.seq == tiny_T);
   CHECK(r1.tensors == m.activation_planner().size());
-  CHECK(r1.tensors == 20 * 2 + 8);  // 20 per block, 8 around them (+1 with keep_logits, +1 with a tied buffer)
+  // 20 per block, 8 around them (+1 with keep_logits, +1 with a tied buffer; more with recompute
+  // and offload)
+  CHECK(r1.tensors == 20 * 2 + 8);
   CHECK(r1.footprint >= r1.peak_live);
   CHECK(r1.footprint < r1.unplanned);  // tensors share memory
   CHECK_FALSE(tide::memory::find_conflict(m.activation_planner(), m.activation_offsets()).has_value());

@@ -53,11 +53,14 @@ inline std::vector<std::int32_t> token_runs(int s, index_t batch, index_t seq, i
 }
 
 // The arena bytes of a (batch, seq) forward's activations, rounded to the arena's alignment.
-inline std::size_t activation_bytes(nn::gpt_config const& config, index_t batch, index_t seq) {
+// options: the model's (recompute and offload_activations shrink the plan).
+inline std::size_t activation_bytes(nn::gpt_config const& config, index_t batch, index_t seq,
+                                    nn::gpt_options options = {}) {
   thread_pool pool{1};
   exec<host> ex{pool};
   memory::device_arena<host> arena{{.budget = std::size_t{64} << 20}};
-  nn::gpt<host> model{config, arena, {.seed = 7}};
+  options.seed = 7;
+  nn::gpt<host> model{config, arena, options};
   auto const data = token_runs(0, batch, seq, config.vocab);
   model.forward(ex, tensor_view<std::int32_t const, host>(data.data(), {batch, seq}));
   return round_up(model.activations().footprint, 256);
@@ -66,13 +69,14 @@ inline std::size_t activation_bytes(nn::gpt_config const& config, index_t batch,
 // The least device budget scheduler<host, T, Config> accepts for a (batch, seq) step of `config`:
 // offloading tests run just above it, so chunks really move.
 template <class Config, class T = float>
-std::size_t scheduler_minimum(nn::gpt_config const& config, Config const& cfg, index_t batch, index_t seq) {
+std::size_t scheduler_minimum(nn::gpt_config const& config, Config const& cfg, index_t batch, index_t seq,
+                              nn::gpt_options const& options = {}) {
   thread_pool pool{1};
   exec<host> ex{pool};
   memory::device_arena<host> arena{{.budget = std::size_t{64} << 20}};
   offload::scheduler<host, T, Config> sched{ex, arena, nn::gpt_parameters(config, dtype_of<T>),
                                             nn::gpt_block_uses(config), cfg};
-  return sched.minimum_device_bytes(activation_bytes(config, batch, seq));
+  return sched.minimum_device_bytes(activation_bytes(config, batch, seq, options));
 }
 
 }  // namespace tide::test

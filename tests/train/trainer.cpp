@@ -70,8 +70,9 @@ tide::optim::adamw const clipped{.lr = 3e-3f, .clip_norm = 0.5f, .schedule = {.w
 
 template <class Offload>
 std::vector<std::vector<float>> train(Offload const& off, tide::optim::adamw const& opt, int steps,
-                                      std::vector<float>* losses = nullptr) {
-  auto t = tide::train::make_trainer(spec, off, opt);
+                                      std::vector<float>* losses = nullptr,
+                                      tide::nn::gpt_spec<host> const& model = spec) {
+  auto t = tide::train::make_trainer(model, off, opt);
   for (int s = 0; s < steps; ++s) {
     auto const d = data_of(s);
     auto const st = t.step(view_of<decltype(t)>(d));
@@ -101,6 +102,20 @@ TEST_CASE("offloaded and resident trainers give the same bits, with clipping and
   CHECK(losses.back() < losses.front() - 0.2f);
   auto const chunked = train(tight_belady, clipped, 12);
   CHECK(same(chunked, resident));
+}
+
+TEST_CASE("recompute and activation offload under chunked<belady>: a smaller budget, the same bits") {
+  using tide::nn::block_set;
+  tide::nn::gpt_spec<host> const lean{
+      .config = config,
+      .options = {.seed = 3, .recompute = block_set::all(2), .offload_activations = block_set::range(-1, 1)}};
+  off::chunked<off::belady> low{.chunk_bytes = 20_KiB};
+  low.device_budget = tide::test::scheduler_minimum(config, low, batch, seq, lean.options) + 16_KiB;
+  CHECK(low.device_budget < tight_belady.device_budget);  // the activations take less of it
+  auto const resident = train(off::resident{}, clipped, 6);
+  CHECK(same(train(low, clipped, 6, nullptr, lean), resident));
+  // The plain model does not fit that budget: the trainer says so.
+  CHECK_THROWS_AS(train(low, clipped, 1), tide::error);
 }
 
 TEST_CASE("loss scaling by a power of two changes no bits") {

@@ -17,13 +17,16 @@
 // run a range of blocks for one of options.in_flight micro-batch slots (pipeline stages).
 // Memory comes from the caller's device_arena: parameters at construction, gradients at the
 // first zero_grad / backward, activations (in_flight copies of one lifetime_planner plan) at
-// the first forward of each (B, T). docs/nn.md has the details. The pieces: nn/gpt_config.hpp,
+// the first forward of each (B, T). gpt_options::recompute and offload_activations take a
+// block's activations off the plan between its forward and backward (recomputed, or kept on the
+// host), bit-identically. docs/nn.md has the details. The pieces: nn/gpt_config.hpp,
 // nn/gpt_activations.hpp (the plan), nn/gpt_blocks.hpp (each block's forward and backward).
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -38,6 +41,9 @@
 #include "tide/core/tensor_view.hpp"
 #include "tide/memory/device_arena.hpp"
 #include "tide/memory/lifetime_planner.hpp"
+#include "tide/memory/pinned_pool.hpp"
+#include "tide/memory/stream.hpp"
+#include "tide/memory/transfer_engine.hpp"
 #include "tide/nn/backend_ops.hpp"
 #include "tide/nn/gpt_activations.hpp"
 #include "tide/nn/gpt_blocks.hpp"
@@ -66,11 +72,12 @@ class gpt {
   // parameters do not fit.
   gpt(gpt_config const& config, arena_type& arena, gpt_options const& options = {}, Hooks hooks = {})
       : config_(resolve(config)),
-        options_(check_options(options)),
+        options_(check_options(config_, options)),
         params_list_(gpt_parameters(config_, dtype_of<T>, options.alignment)),
         arena_(&arena),
         hooks_(std::move(hooks)),
-        plan_(config_, options.keep_logits, has_tied_buffer(options), sizeof(T), options.alignment),
+        plan_(config_, options.keep_logits, has_tied_buffer(options), sizeof(T), options.alignment, options.recompute,
+              options.offload_activations),
         slots_(static_cast<std::size_t>(options.in_flight)),
         stages_(config_.layers, options.in_flight) {
     if constexpr (!external_storage)
@@ -166,6 +173,7 @@ class gpt {
   // first's input is boundary(first - 1, micro), which a pipeline fills before calling.
   float forward_blocks(exec<B> const& ex, int first, int last, int micro, batch_type const& batch) {
     stages_.check_range("gpt::forward_blocks", first, last, micro);
+    check_whole_model("gpt::forward_blocks");
     token_view const* targets = last == last_block() ? &batch.targets : nullptr;
     detail::check_batch<B>("gpt::forward_blocks", ex, config_, batch.tokens, targets, first == embedding_block);
     return run_forward(ex, first, last, micro, batch.tokens, targets);
@@ -180,6 +188,7 @@ class gpt {
   // tied_grad(micro) into wte's gradient; without it the head block adds its share directly.
   void backward_blocks(exec<B> const& ex, int first, int last, int micro, float loss_scale = 1.f) {
     stages_.check_range("gpt::backward_blocks", first, last, micro);
+    check_whole_model("gpt::backward_blocks");
     run_backward("gpt::backward_blocks", ex, first, last, micro, loss_scale);
   }
 
@@ -273,6 +282,12 @@ class gpt {
     bool targets_given = false;  // its last forward through the head had targets
   };
 
+  void check_whole_model(char const* op) const {
+    TIDE_REQUIRE(options_.offload_activations.empty(), op, ": this model offloads activations "
+                 "(gpt_options::offload_activations), which runs through the whole-model forward() and backward() "
+                 "only; for pipeline stages use gpt_options::recompute");
+  }
+
   void check_slot(char const* op, int micro) const {
     stages_.check_micro(op, micro);
     TIDE_REQUIRE(batch_ != 0, op, ": no activations yet; run a forward first (it plans them for its (B, T))");
@@ -290,15 +305,26 @@ class gpt {
     stages_.clear();
     for (slot_state& s : slots_) s = {};
     report_ = {};
+    if (mover_) mover_->release();  // no copy reads the old buffer any more
     activations_.release();
     plan_.replan(Bn, Tn);
     auto const n = static_cast<std::size_t>(options_.in_flight);
     std::size_t const stride = round_up(plan_.footprint(), options_.alignment);
     std::size_t const bytes = (n - 1) * stride + plan_.footprint();  // in_flight = 1: the plan
     activations_ = detail::arena_block<B>(*arena_, bytes, options_.alignment);
+    if (!options_.offload_activations.empty()) {
+      try {
+        if (!mover_) mover_ = std::make_unique<activation_mover>(config_.layers);
+        mover_->reserve(plan_.host_bytes());
+      } catch (...) {  // no host memory for them: no activations either, as above
+        activations_.release();
+        throw;
+      }
+    }
     batch_ = Bn;
     seq_ = Tn;
-    report_ = {Bn, Tn, plan_.size(), bytes, n * plan_.peak_live(), n * plan_.unplanned(), options_.in_flight, stride};
+    report_ = {Bn, Tn, plan_.size(), bytes, n * plan_.peak_live(), n * plan_.unplanned(), options_.in_flight, stride,
+               plan_.host_bytes()};
   }
 
   template <class U>
@@ -311,15 +337,18 @@ class gpt {
   [[nodiscard]] slot_state const& slot(int micro) const noexcept { return slots_[static_cast<std::size_t>(micro)]; }
   [[nodiscard]] slot_state& slot(int micro) noexcept { return slots_[static_cast<std::size_t>(micro)]; }
 
-  [[nodiscard]] detail::block_views<B, T> block_acts(int l, int micro) const {
-    return plan_.template block_at<B, T>(slot_base(micro), l, batch_, seq_);
+  // back: as the backward reads them (a recomputed or offloaded block's are other tensors).
+  [[nodiscard]] detail::block_views<B, T> block_acts(int l, int micro, bool back) const {
+    return plan_.template block_at<B, T>(slot_base(micro), l, batch_, seq_, back);
   }
   [[nodiscard]] detail::head_views<B, T> head_acts(int micro) const {
     return plan_.template head_at<B, T>(slot_base(micro), batch_, seq_);
   }
-  // x_l (B, T, C), the input of block l = 0 .. L (L: the head's).
-  [[nodiscard]] view<T const> residual_in(int l, int micro) const {
-    return act<T>(plan_.residual_in(l), micro, {batch_, seq_, index_t{config_.channels}});
+  // x_l (B, T, C), the input of block l = 0 .. L (L: the head's), as the forward or the
+  // backward reads it.
+  [[nodiscard]] view<T const> residual_in(int l, int micro, bool back) const {
+    return act<T>(back ? plan_.residual_in_back(l) : plan_.residual_in(l), micro,
+                  {batch_, seq_, index_t{config_.channels}});
   }
 
   // ---- parameters -----------------------------------------------------------------------------
@@ -390,12 +419,18 @@ class gpt {
       s.targets_given = false;
       if (targets != nullptr) s.targets = *targets;
     }
+    offloading const guard{mover_.get()};
     for (int b = first; b <= last; ++b) {
       hooks_.pre_forward(b);
       forward_block(ex, b, micro, b == last_block() && targets != nullptr);
+      if (mover_) {  // block b's saved activations leave; block b-1's must have left by now
+        send(b, micro);
+        mover_->wait_sent(b - 1);
+      }
       hooks_.post_forward(b);
       stages_.set(b, b, micro, true);
     }
+    if (mover_) mover_->engine.synchronize();
     if (head && targets == nullptr)  // no loss: nothing of this slot to go back through
       stages_.set(embedding_block, last, micro, false);
     return head ? loss_ : std::numeric_limits<float>::quiet_NaN();
@@ -407,10 +442,11 @@ class gpt {
       kernels::encoder_forward(ex, act<T>(plan_.encoded, micro, {batch_, seq_, index_t{config_.channels}}), s.tokens,
                                cparam(wte()), cparam(wpe()));
     } else if (b < config_.layers) {
-      detail::block_forward(ex, residual_in(b, micro), block_acts(b, micro), weights(b), index_t{config_.heads});
+      detail::block_forward(ex, residual_in(b, micro, false), block_acts(b, micro, false), weights(b),
+                            index_t{config_.heads});
     } else {
       auto const h = head_acts(micro);
-      detail::head_forward(ex, residual_in(b, micro), h, cparam(lnf_w()), cparam(lnf_b()), cparam(wte()));
+      detail::head_forward(ex, residual_in(b, micro, false), h, cparam(lnf_w()), cparam(lnf_b()), cparam(wte()));
       if (!with_targets) return;
       kernels::fused_classifier(ex, h.dlogits, h.losses, view<T const>(h.logits), s.targets, index_t{config_.vocab});
       double const sum = detail::ordered_sum(ex, view<float const>(h.losses));
@@ -424,11 +460,19 @@ class gpt {
     if (!external_storage && !grads_) zero_grad(ex);
     stages_.set(first, last, micro, false);  // one backward per forward
     if (last == last_block() && loss_scale != 1.f) detail::scale_in_place(ex, head_acts(micro).dlogits, loss_scale);
+    offloading const guard{mover_.get()};
+    if (mover_) mover_->begin_backward();
     for (int b = last; b >= first; --b) {
       hooks_.pre_backward(b);
+      if (mover_) {  // what block b reads arrives; what block b-1 reads starts to
+        fetch(b - 1, micro);
+        fetch(b - 2, micro);
+        mover_->wait_fetched(b - 1);
+      }
       backward_block(ex, b, micro);
       hooks_.post_backward(b);
     }
+    if (mover_) mover_->engine.synchronize();
   }
 
   void backward_block(exec<B> const& ex, int b, int micro) {
@@ -437,11 +481,13 @@ class gpt {
       auto const h = head_acts(micro);
       // The head's share of wte's gradient: its own buffer (overwritten), or wte's gradient (+=).
       if (plan_.has_tied()) detail::zero_fill(ex, h.tied);
-      detail::head_backward(ex, dres, residual_in(b, micro), h, cparam(lnf_w()), cparam(wte()),
+      detail::head_backward(ex, dres, residual_in(b, micro, true), h, cparam(lnf_w()), cparam(wte()),
                             plan_.has_tied() ? h.tied : dparam(wte()), dparam(lnf_w()), dparam(lnf_b()));
     } else if (b >= 0) {
-      detail::block_backward(ex, dres, residual_in(b, micro), block_acts(b, micro), weights(b), weight_grads(b),
-                             index_t{config_.heads});
+      auto const x = residual_in(b, micro, true);
+      auto const a = block_acts(b, micro, true);
+      if (plan_.recomputed(b)) detail::block_forward_to_gelu(ex, x, a, weights(b), index_t{config_.heads});
+      detail::block_backward(ex, dres, x, a, weights(b), weight_grads(b), index_t{config_.heads});
     } else {
       // The head's share of wte's gradient first, then the embedding's: one order of additions
       // per micro-batch, however stages of other micro-batches interleave.
@@ -449,6 +495,84 @@ class gpt {
       if (plan_.has_tied()) detail::add_in_place(ex, dwte, view<T const>(head_acts(micro).tied));
       kernels::encoder_backward(ex, dwte, dparam(wpe()), view<T const>(dres), slot(micro).tokens);
     }
+  }
+
+  // ---- activation offload ---------------------------------------------------------------------
+
+  // The copy stream, its engine and the host copies of the offloaded activations; made by the
+  // first plan with gpt_options::offload_activations.
+  struct activation_mover {
+    memory::stream<B> copy{};
+    memory::transfer_engine<B> engine{copy, {.max_in_flight = 64}};
+    memory::pinned_pool<B> pool{};
+    std::byte* host = nullptr;
+    std::size_t host_bytes = 0;
+    std::vector<memory::event<B>> sent, fetched;  // by block + 1: after its copies out, back
+    std::vector<std::uint8_t> sending, fetching;  // by block + 1: those copies are issued
+
+    explicit activation_mover(int layers)
+        : sent(static_cast<std::size_t>(layers + 1)), fetched(static_cast<std::size_t>(layers + 1)),
+          sending(static_cast<std::size_t>(layers + 1), 0), fetching(static_cast<std::size_t>(layers + 1), 0) {}
+    activation_mover(activation_mover const&) = delete;
+    activation_mover& operator=(activation_mover const&) = delete;
+    ~activation_mover() { release(); }
+
+    void reserve(std::size_t bytes) {
+      if (bytes != 0) host = static_cast<std::byte*>(pool.allocate(bytes));
+      host_bytes = bytes;
+    }
+    // Waits for every copy, then returns the host copies (no copy may touch them after).
+    void release() noexcept {
+      drain();
+      if (host != nullptr) pool.deallocate(host, host_bytes);
+      host = nullptr;
+      host_bytes = 0;
+    }
+    void drain() noexcept {
+      try {
+        engine.synchronize();
+      } catch (...) {  // a failed copy is the pass's error, already thrown or about to be
+      }
+      std::fill(sending.begin(), sending.end(), std::uint8_t{0});
+    }
+    void begin_backward() { std::fill(fetching.begin(), fetching.end(), std::uint8_t{0}); }
+    static std::size_t at(int b) noexcept { return static_cast<std::size_t>(b - embedding_block); }
+    void wait_sent(int b) {
+      if (b >= embedding_block && sending[at(b)]) sent[at(b)].synchronize();
+    }
+    void wait_fetched(int b) {
+      if (b >= embedding_block && fetching[at(b)]) fetched[at(b)].synchronize();
+    }
+  };
+
+  // Drains the copies of a pass that throws: none may run on into memory the next plan reuses.
+  struct offloading {
+    activation_mover* mover;
+    ~offloading() {
+      if (mover != nullptr && std::uncaught_exceptions() > 0) mover->drain();
+    }
+  };
+
+  // Block b's saved activations to the host, then an event after the last.
+  void send(int b, int micro) {
+    if (b >= config_.layers || plan_.moves(b).empty()) return;
+    std::byte* const base = slot_base(micro);
+    for (auto const& m : plan_.moves(b))
+      mover_->engine.copy_async(mover_->host + m.host_offset, base + plan_.offset(m.forward), plan_.bytes(m.forward),
+                                memory::copy_direction::device_to_host);
+    mover_->sent[activation_mover::at(b)].record(mover_->copy);
+    mover_->sending[activation_mover::at(b)] = 1;
+  }
+  // Block b's saved activations back, once per backward.
+  void fetch(int b, int micro) {
+    if (b < embedding_block || b >= config_.layers || plan_.moves(b).empty() || mover_->fetching[activation_mover::at(b)])
+      return;
+    std::byte* const base = slot_base(micro);
+    for (auto const& m : plan_.moves(b))
+      mover_->engine.copy_async(base + plan_.offset(m.backward), mover_->host + m.host_offset, plan_.bytes(m.forward),
+                                memory::copy_direction::host_to_device);
+    mover_->fetched[activation_mover::at(b)].record(mover_->copy);
+    mover_->fetching[activation_mover::at(b)] = 1;
   }
 
   gpt_config config_;
@@ -465,6 +589,7 @@ class gpt {
   activation_report report_;
   std::vector<slot_state> slots_;        // by micro-batch slot
   detail::stage_slots stages_;          // which blocks of which slot can go back
+  std::unique_ptr<activation_mover> mover_;  // with offload_activations, from the first plan
 
   index_t batch_ = 0, seq_ = 0;  // of the current plan; 0 before the first forward
   int head_slot_ = -1;           // the slot of the last forward through the head

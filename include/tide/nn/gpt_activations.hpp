@@ -32,10 +32,16 @@ struct op_numbers {
   [[nodiscard]] constexpr int classifier() const { return 3 + 8 * L; }
   [[nodiscard]] constexpr int head_bwd() const { return 4 + 8 * L; }
   [[nodiscard]] constexpr int lnf_bwd() const { return 5 + 8 * L; }
-  // Block l's backward op k (blocks run L-1 .. 0): 0 mlp.proj, 1 fc + gelu, 2 ln2, 3 attn.proj,
-  // 4 attention, 5 qkv, 6 ln1.
-  [[nodiscard]] constexpr int bwd(int l, int k) const { return 6 + 8 * L + 7 * (L - 1 - l) + k; }
-  [[nodiscard]] constexpr int encoder_bwd() const { return 6 + 15 * L; }
+  // Block l's backward (blocks run L-1 .. 0) starts with its recompute (a recomputed block runs
+  // its forward ops 0 .. 5 again there; others do nothing), then op k: 0 mlp.proj, 1 fc + gelu,
+  // 2 ln2, 3 attn.proj, 4 attention, 5 qkv, 6 ln1.
+  [[nodiscard]] constexpr int recompute(int l) const { return 6 + 8 * L + 8 * (L - 1 - l); }
+  [[nodiscard]] constexpr int bwd(int l, int k) const { return recompute(l) + 1 + k; }
+  [[nodiscard]] constexpr int encoder_bwd() const { return 6 + 16 * L; }
+  // The last forward op of block b (embedding_block .. L, L: the head with its loss).
+  [[nodiscard]] constexpr int fwd_end(int b) const { return b < 0 ? encoder() : b < L ? fwd(b, 7) : classifier(); }
+  // The first backward op of block b (0 .. L).
+  [[nodiscard]] constexpr int bwd_start(int b) const { return b < L ? recompute(b) : head_bwd(); }
 };
 
 // The activations of one transformer block (forward) and its activation gradients (backward).
@@ -68,10 +74,11 @@ class gpt_activation_plan {
   enum class extent : std::uint8_t { btc, bt, bt3c, bt4c, bnht, btvp, vpc };
 
   // tied_buffer: the head's share of wte's gradient gets its own tensor (has_tied_buffer).
+  // recompute, offload: gpt_options::recompute and offload_activations (checked).
   gpt_activation_plan(gpt_config const& c, bool keep_logits, bool tied_buffer, std::size_t element_bytes,
-                      std::size_t alignment)
-      : config_(c), planner_(alignment), has_tied_(tied_buffer) {
-    register_tensors(keep_logits, element_bytes);
+                      std::size_t alignment, block_set const& recompute = {}, block_set const& offload = {})
+      : config_(c), planner_(alignment), has_tied_(tied_buffer), alignment_(alignment) {
+    register_tensors(keep_logits, element_bytes, recompute, offload);
     sizes_.resize(kinds_.size());
   }
 
@@ -87,6 +94,12 @@ class gpt_activation_plan {
     offsets_.assign(plan.offsets().begin(), plan.offsets().end());
     footprint_ = plan.footprint();
     peak_live_ = plan.peak_live();
+    host_bytes_ = 0;  // the offloaded activations, one after another
+    for (auto& block : moves_)
+      for (move& m : block) {
+        m.host_offset = host_bytes_;
+        host_bytes_ += round_up(sizes_[m.forward.index], alignment_);
+      }
   }
 
   [[nodiscard]] std::size_t offset(memory::tensor_id id) const noexcept { return offsets_[id.index]; }
@@ -94,23 +107,47 @@ class gpt_activation_plan {
   [[nodiscard]] std::size_t footprint() const noexcept { return footprint_; }
   [[nodiscard]] std::size_t peak_live() const noexcept { return peak_live_; }
   [[nodiscard]] std::size_t unplanned() const noexcept { return unplanned_; }
+  [[nodiscard]] std::size_t bytes(memory::tensor_id id) const noexcept { return sizes_[id.index]; }
+  // Host bytes the offloaded activations take (0 without offload_activations).
+  [[nodiscard]] std::size_t host_bytes() const noexcept { return host_bytes_; }
   [[nodiscard]] std::size_t size() const noexcept { return kinds_.size(); }
   [[nodiscard]] memory::lifetime_planner const& planner() const noexcept { return planner_; }
   // Whether `tied` names a tensor (the (Vp, C) tied gradient buffer).
   [[nodiscard]] bool has_tied() const noexcept { return has_tied_; }
 
+  // Block l's tensors as its forward writes them, and as its backward reads them: the same ids
+  // unless the block is recomputed or offloaded (then the backward's are other tensors, planned
+  // from the recompute or the prefetch on).
   [[nodiscard]] block_tensors const& block(int l) const noexcept { return blocks_[static_cast<std::size_t>(l)]; }
-  // x_l, the input of block l (l = 0 .. L): the embeddings for l = 0, else block l-1's output.
+  [[nodiscard]] block_tensors const& block_back(int l) const noexcept { return back_[static_cast<std::size_t>(l)]; }
+  // x_l, the input of block l (l = 0 .. L): the embeddings for l = 0, else block l-1's output;
+  // as the forward reads it, and as the backward does.
   [[nodiscard]] memory::tensor_id residual_in(int l) const noexcept { return l == 0 ? encoded : block(l - 1).res3; }
+  [[nodiscard]] memory::tensor_id residual_in_back(int l) const noexcept {
+    return l == 0 ? encoded_back : block_back(l - 1).res3;
+  }
+  [[nodiscard]] bool recomputed(int l) const noexcept { return recompute_[static_cast<std::size_t>(l)] != 0; }
+
+  // One offloaded activation: its forward tensor goes to host_offset, and comes back into its
+  // backward tensor.
+  struct move {
+    memory::tensor_id forward, backward;
+    std::size_t host_offset = 0;
+  };
+  // The activations block b (embedding_block .. L-1) offloads; empty when it keeps them.
+  [[nodiscard]] std::span<move const> moves(int b) const noexcept {
+    return moves_[static_cast<std::size_t>(b - embedding_block)];
+  }
 
   // Views of tensors in the slot starting at `base`, for (Bn, Tn).
   template <class U, Backend B>
   [[nodiscard]] tensor_view<U, B> view_at(std::byte* base, memory::tensor_id id, shape s) const noexcept {
     return tensor_view<U, B>(reinterpret_cast<U*>(base + offsets_[id.index]), s);
   }
+  // back: the backward's tensors (block_back), else the forward's.
   template <Backend B, class T>
-  [[nodiscard]] block_views<B, T> block_at(std::byte* base, int l, index_t Bn, index_t Tn) const noexcept {
-    block_tensors const& b = block(l);
+  [[nodiscard]] block_views<B, T> block_at(std::byte* base, int l, index_t Bn, index_t Tn, bool back) const noexcept {
+    block_tensors const& b = back ? block_back(l) : block(l);
     index_t const C = config_.channels;
     shape const btc{Bn, Tn, C}, bt{Bn, Tn}, bt3c{Bn, Tn, 3 * C}, bt4c{Bn, Tn, 4 * C};
     auto const t = [&](memory::tensor_id id, shape s) { return view_at<T, B>(base, id, s); };
@@ -132,8 +169,9 @@ class gpt_activation_plan {
             has_tied_ ? t(tied, {Vp, C}) : tensor_view<T, B>{}};
   }
 
-  // The tensors around the blocks; `tied` only when has_tied().
-  memory::tensor_id encoded, lnf, lnf_mean, lnf_rstd, logits, dlogits, losses, dlnf, dres, tied;
+  // The tensors around the blocks; `tied` only when has_tied(). encoded_back: x_0 as the
+  // backward reads it (encoded unless the embedding block is offloaded).
+  memory::tensor_id encoded, encoded_back, lnf, lnf_mean, lnf_rstd, logits, dlogits, losses, dlnf, dres, tied;
 
  private:
   memory::tensor_id add(std::string const& name, extent kind, std::size_t element_bytes, int first, int last) {
@@ -142,40 +180,71 @@ class gpt_activation_plan {
     return id;
   }
 
-  void register_tensors(bool keep_logits, std::size_t t) {
+  void register_tensors(bool keep_logits, std::size_t t, block_set const& recompute, block_set const& offload) {
     op_numbers const op{config_.layers};
     int const L = config_.layers;
     std::size_t const f = sizeof(float);
-    planner_.reserve(static_cast<std::size_t>(20 * L + 11), static_cast<std::size_t>(L) * 160 + 80);
-    kinds_.reserve(static_cast<std::size_t>(20 * L + 11));
-    // x_0 is read by block 0's ln1 (forward and backward) and its first residual.
-    encoded = add("encoded", extent::btc, t, op.encoder(), op.bwd(0, 6));
+    planner_.reserve(static_cast<std::size_t>(40 * L + 12), static_cast<std::size_t>(L) * 320 + 96);
+    kinds_.reserve(static_cast<std::size_t>(40 * L + 12));
     blocks_.resize(static_cast<std::size_t>(L));
+    back_.resize(static_cast<std::size_t>(L));
+    recompute_.assign(static_cast<std::size_t>(L), 0);
+    moves_.assign(static_cast<std::size_t>(L + 1), {});
+    for (int l : recompute.blocks()) recompute_[static_cast<std::size_t>(l)] = 1;
+
+    // An activation the forward writes at `first`, the forward last reads at `fwd_last` and the
+    // backward last reads at `last`, of block b. Kept: one tensor over [first, last]. Offloaded
+    // (`saved` of an offloaded block): [first, end of the next block's forward] (its copy to
+    // the host runs meanwhile), then a second tensor from the prefetch, one block ahead of the
+    // backward that reads it first, to `last`.
+    auto const saved = [&](std::string const& name, extent kind, std::size_t bytes, int b, int first, int last,
+                           memory::tensor_id& fwd, memory::tensor_id& back) {
+      if (!offload.contains(b)) {
+        fwd = back = add(name, kind, bytes, first, last);
+        return;
+      }
+      fwd = add(name, kind, bytes, first, op.fwd_end(b + 1));
+      back = add(name + ".back", kind, bytes, op.bwd_start(std::min(b + 2, L)), last);
+      moves_[static_cast<std::size_t>(b - embedding_block)].push_back({fwd, back});
+    };
+    // x_0 is read by block 0's ln1 (forward and backward), its first residual and its recompute.
+    saved("encoded", extent::btc, t, embedding_block, op.encoder(), op.bwd(0, 6), encoded, encoded_back);
     for (int l = 0; l < L; ++l) {
       block_tensors& b = blocks_[static_cast<std::size_t>(l)];
+      block_tensors& k = back_[static_cast<std::size_t>(l)];
       auto const name = [l](char const* what) { return tide::detail::concat('h', l, '.', what); };
-      b.ln1 = add(name("ln1"), extent::btc, t, op.fwd(l, 0), op.bwd(l, 5));
-      b.ln1_mean = add(name("ln1.mean"), extent::bt, f, op.fwd(l, 0), op.bwd(l, 6));
-      b.ln1_rstd = add(name("ln1.rstd"), extent::bt, f, op.fwd(l, 0), op.bwd(l, 6));
-      b.qkv = add(name("qkv"), extent::bt3c, t, op.fwd(l, 1), op.bwd(l, 5));
-      b.atty = add(name("atty"), extent::btc, t, op.fwd(l, 2), op.bwd(l, 4));
-      b.lse = add(name("att.lse"), extent::bnht, f, op.fwd(l, 2), op.bwd(l, 4));
-      b.attproj = add(name("attproj"), extent::btc, t, op.fwd(l, 3), op.fwd(l, 4));
-      b.res2 = add(name("res2"), extent::btc, t, op.fwd(l, 4), op.bwd(l, 2));
-      b.ln2 = add(name("ln2"), extent::btc, t, op.fwd(l, 4), op.bwd(l, 1));
-      b.ln2_mean = add(name("ln2.mean"), extent::bt, f, op.fwd(l, 4), op.bwd(l, 2));
-      b.ln2_rstd = add(name("ln2.rstd"), extent::bt, f, op.fwd(l, 4), op.bwd(l, 2));
-      b.fch = add(name("fch"), extent::bt4c, t, op.fwd(l, 5), op.bwd(l, 1));
-      b.fch_gelu = add(name("fch_gelu"), extent::bt4c, t, op.fwd(l, 5), op.bwd(l, 0));
-      b.fcproj = add(name("fcproj"), extent::btc, t, op.fwd(l, 6), op.fwd(l, 7));
-      // x_{l+1}: read by the next block's ln1 backward, or by lnf's backward.
+      // What the backward reads of the block's own forward: kept (perhaps offloaded), or, when
+      // the block is recomputed, a forward-only tensor and a second one the recompute fills.
+      auto const inner = [&](char const* what, extent kind, std::size_t bytes, int first, int fwd_last, int last,
+                             memory::tensor_id& fwd, memory::tensor_id& back) {
+        if (!recomputed(l)) return saved(name(what), kind, bytes, l, first, last, fwd, back);
+        fwd = add(name(what), kind, bytes, first, fwd_last);
+        back = add(name(what) + ".re", kind, bytes, op.recompute(l), last);
+      };
+      inner("ln1", extent::btc, t, op.fwd(l, 0), op.fwd(l, 1), op.bwd(l, 5), b.ln1, k.ln1);
+      inner("ln1.mean", extent::bt, f, op.fwd(l, 0), op.fwd(l, 0), op.bwd(l, 6), b.ln1_mean, k.ln1_mean);
+      inner("ln1.rstd", extent::bt, f, op.fwd(l, 0), op.fwd(l, 0), op.bwd(l, 6), b.ln1_rstd, k.ln1_rstd);
+      inner("qkv", extent::bt3c, t, op.fwd(l, 1), op.fwd(l, 2), op.bwd(l, 5), b.qkv, k.qkv);
+      inner("atty", extent::btc, t, op.fwd(l, 2), op.fwd(l, 3), op.bwd(l, 4), b.atty, k.atty);
+      inner("att.lse", extent::bnht, f, op.fwd(l, 2), op.fwd(l, 2), op.bwd(l, 4), b.lse, k.lse);
+      // attproj and fcproj die inside the forward; a recompute writes attproj again (for res2).
+      b.attproj = k.attproj = add(name("attproj"), extent::btc, t, op.fwd(l, 3), op.fwd(l, 4));
+      if (recomputed(l)) k.attproj = add(name("attproj.re"), extent::btc, t, op.recompute(l), op.recompute(l));
+      inner("res2", extent::btc, t, op.fwd(l, 4), op.fwd(l, 7), op.bwd(l, 2), b.res2, k.res2);
+      inner("ln2", extent::btc, t, op.fwd(l, 4), op.fwd(l, 5), op.bwd(l, 1), b.ln2, k.ln2);
+      inner("ln2.mean", extent::bt, f, op.fwd(l, 4), op.fwd(l, 4), op.bwd(l, 2), b.ln2_mean, k.ln2_mean);
+      inner("ln2.rstd", extent::bt, f, op.fwd(l, 4), op.fwd(l, 4), op.bwd(l, 2), b.ln2_rstd, k.ln2_rstd);
+      inner("fch", extent::bt4c, t, op.fwd(l, 5), op.fwd(l, 5), op.bwd(l, 1), b.fch, k.fch);
+      inner("fch_gelu", extent::bt4c, t, op.fwd(l, 5), op.fwd(l, 6), op.bwd(l, 0), b.fch_gelu, k.fch_gelu);
+      b.fcproj = k.fcproj = add(name("fcproj"), extent::btc, t, op.fwd(l, 6), op.fwd(l, 7));
+      // x_{l+1}: read by the next block's forward, recompute and ln1 backward, or by lnf's.
       int const res3_last = l + 1 < L ? op.bwd(l + 1, 6) : op.lnf_bwd();
-      b.res3 = add(name("res3"), extent::btc, t, op.fwd(l, 7), res3_last);
-      b.dfch = add(name("dfch"), extent::bt4c, t, op.bwd(l, 0), op.bwd(l, 1));
-      b.dln2 = add(name("dln2"), extent::btc, t, op.bwd(l, 1), op.bwd(l, 2));
-      b.datty = add(name("datty"), extent::btc, t, op.bwd(l, 3), op.bwd(l, 4));
-      b.dqkv = add(name("dqkv"), extent::bt3c, t, op.bwd(l, 4), op.bwd(l, 5));
-      b.dln1 = add(name("dln1"), extent::btc, t, op.bwd(l, 5), op.bwd(l, 6));
+      saved(name("res3"), extent::btc, t, l, op.fwd(l, 7), res3_last, b.res3, k.res3);
+      b.dfch = k.dfch = add(name("dfch"), extent::bt4c, t, op.bwd(l, 0), op.bwd(l, 1));
+      b.dln2 = k.dln2 = add(name("dln2"), extent::btc, t, op.bwd(l, 1), op.bwd(l, 2));
+      b.datty = k.datty = add(name("datty"), extent::btc, t, op.bwd(l, 3), op.bwd(l, 4));
+      b.dqkv = k.dqkv = add(name("dqkv"), extent::bt3c, t, op.bwd(l, 4), op.bwd(l, 5));
+      b.dln1 = k.dln1 = add(name("dln1"), extent::btc, t, op.bwd(l, 5), op.bwd(l, 6));
     }
     int const last = op.encoder_bwd();
     lnf = add("lnf", extent::btc, t, op.lnf(), op.head_bwd());
@@ -218,12 +287,71 @@ class gpt_activation_plan {
   gpt_config config_;  // resolved
   memory::lifetime_planner planner_;
   bool has_tied_ = false;
+  std::size_t alignment_;
+  std::vector<block_tensors> back_;             // by layer: the backward's ids
+  std::vector<std::uint8_t> recompute_;         // by layer
+  std::vector<std::vector<move>> moves_;        // by block + 1: what it offloads
+  std::size_t host_bytes_ = 0;
   std::vector<kind_bytes> kinds_;      // by tensor id
   std::vector<std::size_t> sizes_;     // by tensor id, of the current plan
   std::vector<std::size_t> offsets_;   // by tensor id, of the current plan
   std::vector<block_tensors> blocks_;  // by layer
   std::size_t footprint_ = 0, peak_live_ = 0, unplanned_ = 0;
 };
+
+// Bytes of a model's activation buffer for (Bn, Tn): in_flight copies of one plan.
+inline std::size_t activation_bytes(gpt_config const& c, gpt_options const& o, index_t Bn, index_t Tn,
+                                    std::size_t element_bytes) {
+  gpt_activation_plan plan(resolve(c), o.keep_logits, has_tied_buffer(o), element_bytes, o.alignment, o.recompute,
+                           o.offload_activations);
+  plan.replan(Bn, Tn);
+  auto const n = static_cast<std::size_t>(o.in_flight);
+  return (n - 1) * round_up(plan.footprint(), o.alignment) + plan.footprint();
+}
+
+}  // namespace tide::nn::detail
+
+namespace tide::nn {
+
+// The blocks to recompute so that a model's activations for (Bn, Tn) fit `budget` bytes, at the
+// least recompute cost: the k cheapest blocks by forward_seconds (each block's measured forward,
+// from pipeline::measure_blocks or any timer; empty: all equal, the earliest first), for the
+// smallest k that fits. Everything else in `options` (offload_activations, in_flight, ...) is
+// planned as given; options.recompute is ignored. Throws tide::error(budget) when even
+// recomputing every block does not fit, with the smallest footprint in the message.
+inline block_set recompute_within(gpt_config const& config, gpt_options options, index_t Bn, index_t Tn,
+                                  std::size_t budget, std::span<double const> forward_seconds = {},
+                                  std::size_t element_bytes = sizeof(float)) {
+  gpt_config const c = resolve(config);
+  int const L = c.layers;
+  TIDE_REQUIRE(forward_seconds.empty() || forward_seconds.size() == static_cast<std::size_t>(L),
+               "recompute_within: ", forward_seconds.size(), " forward costs for ", L,
+               " blocks; pass one per transformer block (0 .. L-1), or none");
+  std::vector<int> order(static_cast<std::size_t>(L));
+  for (int l = 0; l < L; ++l) order[static_cast<std::size_t>(l)] = l;
+  if (!forward_seconds.empty())
+    std::ranges::stable_sort(order, {}, [&](int l) { return forward_seconds[static_cast<std::size_t>(l)]; });
+  auto const bytes_with = [&](int k) {
+    options.recompute = block_set(std::vector<int>(order.begin(), order.begin() + k));
+    return detail::activation_bytes(c, options, Bn, Tn, element_bytes);
+  };
+  if (bytes_with(0) <= budget) return {};
+  std::size_t const least = bytes_with(L);
+  TIDE_CHECK(least <= budget, budget, "recompute_within: the activations of (B, T) = (", Bn, ", ", Tn,
+             ") need ", least, " bytes even with every block recomputed, over the budget of ", budget,
+             " bytes; offload activations (gpt_options::offload_activations), or use a smaller batch or a larger "
+             "budget");
+  int lo = 0, hi = L;  // bytes_with(lo) > budget >= bytes_with(hi)
+  while (hi - lo > 1) {
+    int const mid = (lo + hi) / 2;
+    (bytes_with(mid) <= budget ? hi : lo) = mid;
+  }
+  return block_set(std::vector<int>(order.begin(), order.begin() + hi));
+}
+
+}  // namespace tide::nn
+
+namespace tide::nn::detail {
 
 // Which blocks of which micro-batch slot ran forward and not yet backward: what
 // forward_blocks / backward_blocks check their ranges and order against.

@@ -224,10 +224,12 @@ auto block_params_of(parameter_list const& list, int l, ViewOf view_of) {
   return p;
 }
 
-// x_{l+1} = res2 + mlp.proj(gelu(fc(ln2(res2)))), res2 = x_l + attn.proj(attention(qkv(ln1(x_l)))).
+// A block's forward up to the MLP's GELU: every activation its backward reads. A recomputed
+// block runs this again before its backward; the same kernels on the same x and weights give
+// the same bits.
 template <Backend B, class T>
-void block_forward(exec<B> const& ex, tensor_view<T const, B> x, block_views<B, T> const& a,
-                   block_params<tensor_view<T const, B>> const& w, index_t NH) {
+void block_forward_to_gelu(exec<B> const& ex, tensor_view<T const, B> x, block_views<B, T> const& a,
+                     block_params<tensor_view<T const, B>> const& w, index_t NH) {
   using enum block_param;
   using cview = tensor_view<T const, B>;
   kernels::layernorm_forward(ex, a.ln1, a.ln1_mean, a.ln1_rstd, x, w[ln1_w], w[ln1_b]);
@@ -237,6 +239,15 @@ void block_forward(exec<B> const& ex, tensor_view<T const, B> x, block_views<B, 
   kernels::residual_layernorm_forward(ex, a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, cview(a.attproj), w[ln2_w],
                                       w[ln2_b]);
   kernels::matmul_forward_gelu(ex, a.fch_gelu, a.fch, cview(a.ln2), w[fc_w], w[fc_b]);
+}
+
+// x_{l+1} = res2 + mlp.proj(gelu(fc(ln2(res2)))), res2 = x_l + attn.proj(attention(qkv(ln1(x_l)))).
+template <Backend B, class T>
+void block_forward(exec<B> const& ex, tensor_view<T const, B> x, block_views<B, T> const& a,
+                   block_params<tensor_view<T const, B>> const& w, index_t NH) {
+  using enum block_param;
+  using cview = tensor_view<T const, B>;
+  block_forward_to_gelu(ex, x, a, w, NH);
   kernels::matmul_forward(ex, a.fcproj, cview(a.fch_gelu), w[mlp_proj_w], w[mlp_proj_b]);
   kernels::residual_forward(ex, a.res3, cview(a.res2), cview(a.fcproj));
 }

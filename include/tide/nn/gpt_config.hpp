@@ -3,9 +3,11 @@
 // which block reads what (gpt_parameters, gpt_block_uses), the hook concepts, gpt_options and
 // the activation report. Nothing here allocates model memory; "tide/nn/gpt.hpp" includes it.
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -144,6 +146,36 @@ inline block_uses gpt_block_uses(gpt_config const& config) {
 
 // ---- options and reports --------------------------------------------------------------------
 
+// A set of block numbers (embedding_block .. L-1), for what gpt_options keeps of them between
+// forward and backward. A value, sorted and unique; empty: none.
+//   block_set::all(L)            blocks 0 .. L-1
+//   block_set{{0, 2, 5}}          the blocks named
+class block_set {
+ public:
+  block_set() = default;
+  explicit block_set(std::vector<int> blocks) : blocks_(std::move(blocks)) {
+    std::ranges::sort(blocks_);
+    blocks_.erase(std::unique(blocks_.begin(), blocks_.end()), blocks_.end());
+  }
+  // Blocks first .. last.
+  [[nodiscard]] static block_set range(int first, int last) {
+    std::vector<int> b;
+    for (int l = first; l <= last; ++l) b.push_back(l);
+    return block_set(std::move(b));
+  }
+  // Every transformer block, 0 .. layers - 1.
+  [[nodiscard]] static block_set all(int layers) { return range(0, layers - 1); }
+
+  [[nodiscard]] bool contains(int block) const noexcept { return std::ranges::binary_search(blocks_, block); }
+  [[nodiscard]] bool empty() const noexcept { return blocks_.empty(); }
+  [[nodiscard]] std::size_t size() const noexcept { return blocks_.size(); }
+  [[nodiscard]] std::span<int const> blocks() const noexcept { return blocks_; }
+  friend bool operator==(block_set const&, block_set const&) = default;
+
+ private:
+  std::vector<int> blocks_;
+};
+
 struct gpt_options {
   std::uint64_t seed = 0;  // of the GPT-2 initialisation the constructor runs
   // false: a forward with targets turns the logits into dlogits in place (llm.c; one (B, T, Vp)
@@ -159,15 +191,42 @@ struct gpt_options {
   // a (Vp, C) activation per slot that the embedding block's backward adds into wte's gradient;
   // Vp C elements more per slot, and gradients bit-identical to any stage split (docs/nn.md).
   bool separate_tied_grad = false;
+  // Activation checkpointing: blocks (0 .. L-1) whose forward keeps only its output; their
+  // backward runs the block's forward again first (up to the MLP's GELU), into memory planned
+  // for the backward. Bit-identical gradients (the same kernels on the same inputs), one more
+  // forward of those blocks per step, and their activations off the plan between forward and
+  // backward. recompute_within() picks the cheapest set under a memory budget.
+  block_set recompute{};
+  // Activation offload: blocks (embedding_block .. L-1) whose saved activations (those the
+  // backward reads: every one of the block's, or its output alone when it is recomputed) go to
+  // host memory by the model's copy stream after its forward, and come back one block ahead of
+  // the backward that reads them. The plan keeps them on the device from their forward to the
+  // end of the next block's forward, and from the prefetch to their last read. Bit-identical.
+  // With in_flight = 1 and the whole-model forward() / backward() only.
+  block_set offload_activations{};
 };
 
 // Whether a model with these options keeps the (Vp, C) tied gradient buffer per slot.
 constexpr bool has_tied_buffer(gpt_options const& o) noexcept { return o.separate_tied_grad || o.in_flight > 1; }
 
 // The options, checked. Throws tide::error(usage) for an impossible one.
-inline gpt_options check_options(gpt_options const& o) {
+inline gpt_options check_options(gpt_config const& c, gpt_options const& o) {
   TIDE_REQUIRE(o.in_flight >= 1, "gpt_options: in_flight = ", o.in_flight,
                "; pass the micro-batches kept at once, >= 1 (a pipeline of S stages in 1F1B needs S)");
+  if (!o.recompute.empty())
+    TIDE_REQUIRE(o.recompute.blocks().front() >= 0 && o.recompute.blocks().back() < c.layers,
+                 "gpt_options::recompute names block ", o.recompute.blocks().front() < 0 ? o.recompute.blocks().front()
+                                                                                         : o.recompute.blocks().back(),
+                 "; only transformer blocks 0 .. L-1 = ", c.layers - 1,
+                 " can be recomputed (the embedding and the head keep theirs)");
+  if (!o.offload_activations.empty()) {
+    TIDE_REQUIRE(o.offload_activations.blocks().front() >= embedding_block &&
+                     o.offload_activations.blocks().back() < c.layers,
+                 "gpt_options::offload_activations names a block outside embedding_block (-1) .. L-1 = ",
+                 c.layers - 1, "; the head's activations are read right after its forward and stay");
+    TIDE_REQUIRE(o.in_flight == 1, "gpt_options::offload_activations with in_flight = ", o.in_flight,
+                 ": activation offload runs with one micro-batch in flight; use recompute for pipeline stages");
+  }
   return o;
 }
 
@@ -181,6 +240,7 @@ struct activation_report {
   std::size_t unplanned = 0;   // bytes if every tensor of every slot had its own memory
   int in_flight = 1;           // slots (gpt_options::in_flight)
   std::size_t slot_bytes = 0;  // from one slot's start to the next: its plan, rounded to the alignment
+  std::size_t host_bytes = 0;  // host memory of the offloaded activations (gpt_options::offload_activations)
 };
 
 // ---- the model's recipe ---------------------------------------------------------------------
