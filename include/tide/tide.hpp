@@ -14,6 +14,7 @@
 
 #include "tide/memory/caching_allocator.hpp"
 #include "tide/memory/device_arena.hpp"
+#include "tide/memory/file_store.hpp"
 #include "tide/memory/lifetime_planner.hpp"
 #include "tide/memory/pinned_pool.hpp"
 #include "tide/memory/stream.hpp"
