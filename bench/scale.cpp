@@ -1,6 +1,6 @@
 // Figure nvme_read_vs_probe: sequential read bandwidth of memory::file_store, the I/O half of an
 // NVMe tier. The store writes a file of 64 MiB blocks (1 GiB; 16 MiB under TIDE_BENCH_QUICK=1),
-// then reads every block in order into pinned_pool buffers (what a tier reads into), two blocks
+// then reads every block in order into pinned_pool buffers (what a tier reads into: huge pages), two blocks
 // in flight, each split into requests of request_bytes served by queue_depth I/O threads (the
 // defaults). Anchor: `dd` reading the same file with bs=1M (iflag=direct when the store uses
 // O_DIRECT), in the same run. Every measurement takes its turn in each of 7 rounds and the
@@ -60,8 +60,9 @@ struct pinned_buffers : buffers {
   }
 };
 
-// The same in transparent huge pages (madvise before the first touch): a 1 MiB O_DIRECT read then
-// pins 1 page instead of 256. Measured here because the host tier's buffers could be allocated so.
+// The same in transparent huge pages mapped here (madvise before the first touch): a 1 MiB
+// O_DIRECT read then pins 1 page instead of 256. pinned_pool's blocks are such pages too; this
+// checks that the pool's buffers read as fast as hand-made ones.
 struct huge_page_buffers : buffers {
   static constexpr std::size_t huge = 2_MiB;
   std::size_t mapped;

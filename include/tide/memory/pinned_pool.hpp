@@ -135,14 +135,31 @@ struct pinned_pages<host> {
     return page;
   }
 
+  // Blocks of at least this many bytes start on a transparent huge page boundary and ask for
+  // huge pages (madvise, before the first touch): a 1 MiB copy or O_DIRECT read into them then
+  // walks or pins 1 page instead of 256 (bench/scale measured reads 1.0 to 1.6x faster).
+  static constexpr std::size_t huge_page = std::size_t{2} << 20;
+
   // `bytes` is a multiple of the page size.
   [[nodiscard]] static block acquire(std::size_t bytes, bool lock) {
-    void* const p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
+    bool const huge = bytes >= huge_page;
+    std::size_t const mapped = huge ? bytes + huge_page : bytes;  // room to align the start
+    void* const m = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
       int const err = errno;
       TIDE_FAIL(io, "pinned_pool<host>: mmap of ", bytes, " bytes (", bytes_of{bytes}, ") failed (",
                 std::strerror(err), "): ", host_room_advice(lock), "; a pool used directly can also trim() its "
                 "cached blocks");
+    }
+    void* p = m;
+    if (huge) {  // keep [p, p + bytes) with p on a huge page boundary; unmap the rest
+      auto const at = reinterpret_cast<std::uintptr_t>(m);
+      std::uintptr_t const start = (at + huge_page - 1) & ~(std::uintptr_t{huge_page} - 1);
+      if (start > at) ::munmap(m, start - at);
+      if (std::uintptr_t const end = at + mapped, used = start + bytes; end > used)
+        ::munmap(reinterpret_cast<void*>(used), end - used);
+      p = reinterpret_cast<void*>(start);
+      (void)::madvise(p, bytes, MADV_HUGEPAGE);  // a hint: kernels without THP keep small pages
     }
     // Touch every page now, so the first copy into the block pays no page faults.
     for (std::size_t i = 0; i < bytes; i += page_size()) static_cast<unsigned char volatile*>(p)[i] = 0;
