@@ -1,10 +1,12 @@
 // make_trainer: offloading, loss scaling and the deferred optimizer change no bits; an overflow
 // skips the step and leaves everything as it was; accumulation averages micro-batches.
 
-#include <doctest/doctest.h>
-
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <doctest/doctest.h>
+
+#include <csignal>
 #include <cfloat>
 #include <cstdio>
 #include <filesystem>
@@ -116,6 +118,153 @@ TEST_CASE("recompute and activation offload under chunked<belady>: a smaller bud
   CHECK(same(train(low, clipped, 6, nullptr, lean), resident));
   // The plain model does not fit that budget: the trainer says so.
   CHECK_THROWS_AS(train(low, clipped, 1), tide::error);
+}
+
+// ---- the NVMe tier: optimizer state in a file past the host budget ---------------------------
+
+namespace {
+
+// tight_belady with a host budget that holds the parameter chunks and the optimizer state of
+// about half the chunks: the rest goes to a file under `folder`.
+off::chunked<off::belady> spilling(std::filesystem::path const& folder, std::size_t* spilled_chunks = nullptr) {
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  off::scheduler<host, float, off::chunked<off::belady>> probe{ex, arena, spec.parameters(), spec.uses(), tight_belady};
+  std::size_t const n = probe.layout().chunks(), block = tide::round_up(probe.chunk_bytes(), 256);
+  off::chunked<off::belady> o = tight_belady;
+  o.host_budget = n * block + (n / 2) * 2 * block;  // parameters, and Adam's m and v of n / 2 chunks
+  o.spill_folder = folder;
+  if (spilled_chunks != nullptr) *spilled_chunks = n - n / 2;
+  return o;
+}
+
+// Ignores SIGXFSZ and caps the size of files this process writes, for one scope: a write past
+// the cap then fails with EFBIG, as on a full drive.
+struct file_size_cap {
+  ::rlimit saved{};
+  void (*handler)(int) = nullptr;
+  explicit file_size_cap(::rlim_t bytes) {
+    handler = std::signal(SIGXFSZ, SIG_IGN);
+    ::getrlimit(RLIMIT_FSIZE, &saved);
+    ::rlimit capped = saved;
+    capped.rlim_cur = bytes;
+    ::setrlimit(RLIMIT_FSIZE, &capped);
+  }
+  ~file_size_cap() {
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    std::signal(SIGXFSZ, handler);
+  }
+  file_size_cap(file_size_cap const&) = delete;
+  file_size_cap& operator=(file_size_cap const&) = delete;
+};
+
+}  // namespace
+
+TEST_CASE("the NVMe tier: optimizer state past the host budget lives in a file, and training is bit-identical") {
+  tide::test::scratch_dir const dir("spill");
+  std::size_t spilled = 0;
+  auto const o = spilling(dir.path, &spilled);
+  REQUIRE(spilled >= 1);
+  auto const resident = train(off::resident{}, clipped, 6);
+  auto t = tide::train::make_trainer(spec, o, clipped);
+  for (int s = 0; s < 6; ++s) {
+    auto const st = t.step(view_of<decltype(t)>(data_of(s)));
+    CHECK(!st.skipped);
+  }
+  CHECK(same(params_of(t), resident));
+  // Each step reads and writes every spilled chunk's m and v once (file blocks: whole pages).
+  auto const& last = t.scheduler().last_step();
+  std::size_t const list = tide::round_up(t.scheduler().chunk_bytes(), 4096);
+  CHECK(last.nvme_read_bytes == spilled * 2 * list);
+  CHECK(last.nvme_write_bytes == spilled * 2 * list);
+  // The host holds less by the spilled state, less the two staging blocks (the same run
+  // without a host budget keeps every chunk's m and v).
+  auto u = tide::train::make_trainer(spec, tight_belady, clipped);
+  for (int s = 0; s < 6; ++s) (void)u.step(view_of<decltype(u)>(data_of(s)));
+  std::size_t const held = t.scheduler().host_pool_stats().bytes_held;
+  std::size_t const unbounded = u.scheduler().host_pool_stats().bytes_held;
+  INFO("host bytes held: ", held, " with the tier, ", unbounded, " without");
+  CHECK(held + (spilled - 2) * 2 * list <= unbounded + 2 * list);
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.path), std::filesystem::directory_iterator{}) == 1);
+
+  // Checkpoints read the spilled state from the file: a resumed run equals the straight one.
+  std::vector<float> whole;
+  {
+    auto a = tide::train::make_trainer(spec, o, clipped);
+    for (int s = 0; s < 6; ++s) whole.push_back(a.step(view_of<decltype(a)>(data_of(s))).loss);
+  }
+  {
+    auto a = tide::train::make_trainer(spec, o, clipped);
+    for (int s = 0; s < 3; ++s) (void)a.step(view_of<decltype(a)>(data_of(s)));
+    a.save(dir.path / "ckpt");
+  }
+  for (bool spill_on_resume : {true, false}) {
+    auto b = tide::train::make_trainer(spec, spill_on_resume ? o : tight_belady, clipped);
+    b.load(dir.path / "ckpt");
+    for (int s = 3; s < 6; ++s) {
+      float const loss = b.step(view_of<decltype(b)>(data_of(s))).loss;
+      CHECK(std::memcmp(&loss, &whole[std::size_t(s)], sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("the NVMe tier: a write that fails is a clear error, loses nothing, and the next steps go on") {
+  tide::test::scratch_dir const dir("spill_fail");
+  auto const o = spilling(dir.path);
+  std::vector<std::vector<float>> straight;
+  {
+    auto a = tide::train::make_trainer(spec, o, clipped);
+    for (int s = 0; s < 5; ++s) (void)a.step(view_of<decltype(a)>(data_of(s)));
+    straight = params_of(a);
+  }
+  auto t = tide::train::make_trainer(spec, o, clipped);
+  for (int s = 0; s < 2; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
+  auto const before = params_of(t);
+  {
+    file_size_cap const cap(4096);  // every write of a step lies past it (the first block is zeros' slot 0)
+    try {
+      (void)t.step(view_of<decltype(t)>(data_of(2)));
+      FAIL("expected an I/O error");
+    } catch (tide::error const& e) {
+      CHECK(e.category() == tide::errc::io);
+      std::string const what = e.what();
+      INFO(what);
+      CHECK(what.find("tide-store-") != std::string::npos);  // names the file
+      CHECK(what.find("File too large") != std::string::npos);
+    }
+  }
+  CHECK(same(params_of(t), before));
+  CHECK(t.steps() == 2);
+  // The state on file is the state before the failed step: the run goes on as if it never was.
+  for (int s = 2; s < 5; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
+  CHECK(same(params_of(t), straight));
+}
+
+TEST_CASE("the NVMe tier: host budgets that cannot work are refused, saying what to set") {
+  tide::test::scratch_dir const dir("spill_refused");
+  auto o = spilling(dir.path);
+  auto const refusal = [](auto const& off) {
+    try {
+      auto t = tide::train::make_trainer(spec, off, clipped);
+      return std::pair{tide::errc::internal, std::string()};
+    } catch (tide::error const& e) {
+      return std::pair{e.category(), std::string(e.what())};
+    }
+  };
+  auto small = o;
+  small.host_budget = 1024;  // below the parameters, which stay on the host
+  auto const [c1, m1] = refusal(small);
+  CHECK(c1 == tide::errc::budget);
+  CHECK(m1.find("raise host_budget") != std::string::npos);
+  auto no_folder = o;
+  no_folder.spill_folder.clear();
+  auto const [c2, m2] = refusal(no_folder);
+  CHECK(c2 == tide::errc::usage);
+  CHECK(m2.find("spill_folder") != std::string::npos);
+  auto missing = o;
+  missing.spill_folder = dir.path / "not_there";
+  CHECK(refusal(missing).first == tide::errc::io);
 }
 
 TEST_CASE("loss scaling by a power of two changes no bits") {

@@ -130,6 +130,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     this->wait_idle();               // no worker reads or writes a block freed below
     for (auto const& [c, p] : this->pending_grad_frees_) this->host_.deallocate(p, this->grad_[c].capacity(), 256);
     this->pending_grad_frees_.clear();
+    this->free_spill_staging();
     this->undo_.discard();
     this->extra_undo_.discard();
     this->free_all();
@@ -172,6 +173,8 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   [[nodiscard]] Source& source() noexcept { return this->source_; }
   [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return this->t_ - 1; }
   [[nodiscard]] bool os_on_device(std::uint32_t c) const { return this->os_on_device_.at(c); }
+  // The host tier's pool (the NVMe tier keeps its bytes under scheduler_options::host_budget).
+  [[nodiscard]] memory::pinned_pool_stats host_pool_stats() const { return this->host_.stats(); }
   // The copy engine every chunk copy goes through (its stats; fail_copy() for fault injection).
   [[nodiscard]] memory::transfer_engine<B>& transfers() noexcept { return this->engine_; }
   // True between the first hook of a step and the end of step() / skip_step() / abort_step().
@@ -253,6 +256,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
                  this->params_[i].name(), "\" lies in chunk ", this->layout_.chunk_of[i], ", whose ",
                  chunk::to_string(role), " rank ", this->shard_.owner(this->layout_.chunk_of[i]), " of ",
                  this->shard_.ranks, " keeps (ZeRO); read it there, or ask keeps_state(i) first");
+    if (role != chunk::chunk_role::param) this->materialize(this->layout_.chunk_of[i]);  // from the spill file
     if (role == chunk::chunk_role::master) {
       this->init_master();  // a caller reading it sees the current master; one writing it replaces it
       this->master_written_ = true;
@@ -497,6 +501,9 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     }
     this->release_params_quietly();  // ZeRO-3: gathered again when next used
     if (!this->step_open_) return;  // an evaluation: no step to undo
+    this->spill_.discard();  // the spill file's current slots hold the state before the step
+    for (std::uint32_t c : this->spill_jobs_) this->jobs_[c].spill_failure = nullptr;
+    this->spill_jobs_.clear();
     this->undo_.discard();
     this->extra_undo_.discard();
     this->unowned_grads_.clear();  // released with the step's other gradients above
@@ -584,12 +591,15 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
       for (int b = this->uses_.last_block(); b >= this->uses_.first_block; --b) this->optimizer_moments_of(b, apply);
     auto const t0 = std::chrono::steady_clock::now();
     this->drain();
+    this->check_spill();  // a failed spill read or write fails the step; the file keeps the old state
     this->cur_.stall_ms += detail::ms_since(t0);
     if (this->params_sharded_) this->release_params();  // ZeRO-3: gathered again when next used
     else if (apply) this->share_parameters();         // ZeRO-1/2: the parameters other ranks stepped
     this->policy_.after_step(*this);
     this->undo_.discard();  // the step is complete: nothing left to undo
     this->extra_undo_.discard();
+    this->spill_.commit();  // the spilled chunks' new state becomes current
+    this->spill_jobs_.clear();
     bool const warm_up = this->tracer_.recording();
     this->tracer_.end_step();
     this->ctx_.recording = false;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <filesystem>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -102,6 +103,11 @@ struct chunked {
   int prefetch_moments = 0;     // how many moments ahead chunks are fetched; 0: as far as the budget allows
   int max_in_flight_copies = 4; // prefetch copies outstanding at once
   Policy policy{};
+  // The NVMe tier (make_trainer passes them to scheduler_options): host bytes for the model data
+  // kept between steps (0: no limit); past them, the optimizer state of the last chunks lives in
+  // a file under spill_folder.
+  std::size_t host_budget = 0;
+  std::filesystem::path spill_folder{};
   static constexpr bool moves_data = true;
 
   static std::string name() { return tide::detail::concat("chunked<", Policy::name, ">"); }

@@ -43,6 +43,8 @@ struct offload_stats {
   double chunk_utilisation = 0;             // tensor bytes / chunk bytes over every chunk list
   std::size_t moments = 0;
   bool warm_up = false;                     // true for a step that recorded the trace
+  std::size_t nvme_read_bytes = 0;          // optimizer state read from the spill file (host_budget)
+  std::size_t nvme_write_bytes = 0;         // optimizer state written to it
   [[nodiscard]] std::size_t bytes_moved() const noexcept { return h2d_bytes + d2h_bytes; }
 };
 
@@ -56,7 +58,8 @@ inline std::string to_json(offload_stats const& s) {
       ",\"device_optimizer_chunks\":", s.device_optimizer_chunks, ",\"peak_device_bytes\":", s.peak_device_bytes,
       ",\"device_model_bytes\":", s.device_model_bytes, ",\"host_model_bytes\":", s.host_model_bytes,
       ",\"chunk_utilisation\":", s.chunk_utilisation, ",\"moments\":", s.moments,
-      ",\"warm_up\":", s.warm_up ? "true" : "false", "}");
+      ",\"warm_up\":", s.warm_up ? "true" : "false", ",\"nvme_read_bytes\":", s.nvme_read_bytes,
+      ",\"nvme_write_bytes\":", s.nvme_write_bytes, "}");
 }
 
 }  // namespace tide::offload

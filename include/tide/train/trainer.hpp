@@ -138,7 +138,9 @@ class trainer {
                    {.micro_steps = opt.micro_steps,
                     .defer_optimizer = staged || needs_all_gradients(opt),  // a stage sums wte before stepping
                     .defer_sink = staged,  // summed once every stage and replica ran backward
-                    .decay_matrices_only = opt.decay_matrices_only},
+                    .decay_matrices_only = opt.decay_matrices_only,
+                    .host_budget = host_budget_of(off),
+                    .spill_folder = spill_folder_of(off)},
                    opt, comm.sink(), comm.source()),
         model_(spec.build(arena_, staged ? hooks_type{&scheduler_, stage_.index.data(), elsewhere_.data()}
                                          : hooks_type{&scheduler_})),
@@ -146,6 +148,16 @@ class trainer {
 
   trainer(trainer const&) = delete;
   trainer& operator=(trainer const&) = delete;
+
+  // The NVMe tier of an offload policy that has one (offload::chunked: host_budget, spill_folder).
+  static std::size_t host_budget_of(Offload const& off) {
+    if constexpr (requires { off.host_budget; }) return off.host_budget;
+    else return 0;
+  }
+  static std::filesystem::path spill_folder_of(Offload const& off) {
+    if constexpr (requires { off.spill_folder; }) return off.spill_folder;
+    else return {};
+  }
 
   // One optimizer step over micro_steps micro-batches (one per micro-step). A step that throws
   // (the device budget, a copy, the model) changes nothing: parameters, optimizer state, the

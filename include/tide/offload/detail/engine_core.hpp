@@ -6,12 +6,14 @@
 // scheduler<B, T, P, O, S> (offload/scheduler.hpp) is the public face.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <span>
@@ -26,6 +28,7 @@
 #include "tide/offload/chunk_source.hpp"
 #include "tide/offload/detail/chunk_store.hpp"
 #include "tide/offload/detail/residency.hpp"
+#include "tide/offload/detail/spill.hpp"
 #include "tide/offload/detail/undo.hpp"
 #include "tide/offload/gradient_sink.hpp"
 #include "tide/offload/scheduler_policy.hpp"
@@ -53,6 +56,14 @@ struct scheduler_options {
   // (bench/offload undo_on_error_vs_off); off, a step that throws after the optimizer started
   // may leave some chunks updated.
   bool undo_on_error = true;
+  // The NVMe tier. host_budget: host bytes the model data kept between steps may take (the
+  // parameter chunks, the optimizer state, a sink's extra lists; 0: no limit). Past it, the
+  // optimizer state of the last chunks lives in a file under spill_folder (a memory::file_store,
+  // O_DIRECT where the filesystem has it): read before each host step of such a chunk, written
+  // after it to a second slot that the step's end makes current, so a failed write loses nothing.
+  // fp32 parameters (T = float) only so far.
+  std::size_t host_budget = 0;
+  std::filesystem::path spill_folder{};
 };
 
 namespace detail {
@@ -93,6 +104,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     reduce_pending_.assign(n, false);
     os_on_device_.assign(n, false);
     jobs_.resize(n);
+    spill_jobs_.reserve(n);
     next_backward_ = this->uses_.last_block();
     // Everything the steady state appends to is sized here: a step allocates nothing on the heap.
     pending_grad_frees_.reserve(n);
@@ -114,6 +126,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     this->ctx_.state_lists = fp32_lists;
     if constexpr (LayoutAwareSink<S>) sink_.bind_layout(this->layout_, this->params_.all());
     for (int b = this->uses_.first_block; b <= this->uses_.last_block(); ++b) sink_chunks_ += this->completes_at(b).size();
+    open_spill();
   }
 
   // ---- the placement members policies call ----------------------------------------------------
@@ -139,6 +152,12 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     std::uint32_t placed = 0;
     for (std::uint32_t c = 0; c < this->n_ && c < count; ++c, ++placed) {
       if (os_on_device_[c] || !this->shard_.owns(c)) continue;  // another rank keeps (and steps) its state
+      if (spill_.spilled(c)) {
+        if (!required) continue;  // its state stays on file and is stepped on the host
+        materialize(c);           // a policy that needs every state on the device takes it from file
+        spill_.set_materialized(c, false);
+        spill_.forget(c);
+      }
       try {
         this->move_state_to_device(c);
       } catch (tide::error const& e) {
@@ -223,6 +242,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   void begin_step_if_needed() {
     if (step_open_) return;
     require_intact();
+    flush_spilled();  // a checkpoint's reads or writes of spilled state go back to file first
     step_open_ = true;
     handed_ = 0;
     this->tracer_.begin_step();
@@ -493,12 +513,31 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     optim::update_args args{};
     trace_recorder* recorder = nullptr;
     undo_record* undo = nullptr;  // where the state before the update goes (undo_on_error)
+    // NVMe tier: the state is read from its current slot into staging, written to the other one.
+    std::byte* staging = nullptr;
+    std::array<std::size_t, optim::max_state_lists> from{}, to{};
+    std::exception_ptr spill_failure;  // read by the engine after the optimizer stream drained
     void operator()() {
       auto const t0 = std::chrono::steady_clock::now();
       exec<host> const ex{self->optimizer_pool_};
       double const start = recorder != nullptr ? trace_recorder::now_us() : 0;
+      if (staging != nullptr) {
+        try {
+          self->spill_.read(from.data(), staging);
+        } catch (...) {  // no state, no update: the step fails when it ends, and nothing changed
+          spill_failure = std::current_exception();
+          return;
+        }
+      }
       if (undo != nullptr) self->undo_.save(*undo, targets);
       self->run_update(ex, c, whole, args);
+      if (staging != nullptr) {
+        try {
+          self->spill_.write(to.data(), staging);
+        } catch (...) {  // the current slot still holds the state before; undo has the parameters
+          spill_failure = std::current_exception();
+        }
+      }
       self->optimizer_ns_.fetch_add(static_cast<std::int64_t>(ms_since(t0) * 1e6), std::memory_order_relaxed);
       if (recorder != nullptr)
         recorder->complete(tide::detail::concat(O::name, " chunk ", c, " (host)"), "optimizer", lane::optimizer, start,
@@ -559,7 +598,9 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       return;
     }
     host_job& job = jobs_[c];
-    job = {this, c, update_of(c), targets_of(c), args, this->tracing() ? this->trace_ : nullptr, undo};
+    job = {this, c, update_of(c), targets_of(c), args, this->tracing() ? this->trace_ : nullptr, undo, nullptr, {}, {},
+           nullptr};
+    if (spill_.spilled(c)) stage_spilled(job);
     this->param_.transition_chunk(c, chunk::tensor_state::hold);
     this->grad_.transition_chunk(c, chunk::tensor_state::free);
     if (options_.overlap_optimizer) {
@@ -580,6 +621,154 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       job();
       this->free_payload(this->grad_[c]);
     }
+  }
+  // A spilled chunk's host step: one of two staging blocks for its state (the update two spilled
+  // chunks back must have finished with it: back-pressure on backward when the worker lags), and
+  // its slots. So the host holds two chunks' state beyond host_budget, not every spilled chunk's.
+  void stage_spilled(host_job& job) {
+    std::uint32_t const c = job.c;
+    std::size_t const r = spill_next_++ % spill_ring_.size();
+    if (std::uint32_t const prev = spill_user_[r]; prev != no_chunk && optimizer_pending_[prev]) {
+      auto const t0 = std::chrono::steady_clock::now();
+      busy_[prev].synchronize();
+      this->cur_.stall_ms += ms_since(t0);
+    }
+    spill_user_[r] = c;
+    std::byte* const staging = spill_ring_[r]->data;
+    job.staging = staging;
+    for (std::size_t k = 0; k < state_lists; ++k) {
+      auto* const list = reinterpret_cast<float*>(staging + k * spill_.block_bytes());
+      job.whole.state[k] = list;
+      job.targets.state[k] = list;
+      job.from[k] = spill_.block(c, k, false);
+      job.to[k] = spill_.block(c, k, true);
+    }
+    spill_.mark_written(c);
+    spill_jobs_.push_back(c);
+    this->cur_.nvme_read_bytes += spill_.staging_bytes();
+    this->cur_.nvme_write_bytes += spill_.staging_bytes();
+  }
+
+  // ---- the NVMe tier ------------------------------------------------------------------------
+  static constexpr std::uint32_t no_chunk = std::numeric_limits<std::uint32_t>::max();
+  // One spilled chunk's state lists in a host block, for the scope (aligned for O_DIRECT).
+  struct spill_staging {
+    memory::pinned_pool<B>* pool;
+    std::size_t bytes;
+    std::byte* data;
+    spill_staging(memory::pinned_pool<B>& p, std::size_t n)
+        : pool(&p), bytes(n), data(static_cast<std::byte*>(p.allocate(n, memory::file_store::alignment))) {}
+    ~spill_staging() { pool->deallocate(data, bytes, memory::file_store::alignment); }
+    spill_staging(spill_staging const&) = delete;
+    spill_staging& operator=(spill_staging const&) = delete;
+  };
+  // At construction: when the model data kept between steps exceeds host_budget, the optimizer
+  // state of the last chunks this rank steps goes to file until the rest fits.
+  void open_spill() {
+    if (options_.host_budget == 0) return;
+    std::size_t kept = 0, per_chunk = 0;
+    std::vector<std::uint32_t> owned;
+    for (std::uint32_t c = 0; c < this->n_; ++c) {
+      if (!params_sharded_ || this->shard_.owns(c)) kept += round_up(this->param_[c].capacity(), 256);  // ZeRO-3: own only
+      for (auto& l : this->extra_) kept += round_up(l[c].capacity(), 256);
+      if (!this->shard_.owns(c)) continue;
+      owned.push_back(c);
+      if constexpr (store::has_master) kept += round_up(this->master_[c].capacity(), 256);
+      per_chunk = state_lists * this->state_block_bytes();
+    }
+    std::size_t const state = owned.size() * per_chunk;
+    if (kept + state <= options_.host_budget) return;
+    TIDE_CHECK(kept < options_.host_budget && state_lists > 0, budget, "offload::scheduler: host_budget ",
+               bytes_of{options_.host_budget}, " is below the model data that stays on the host: ", bytes_of{kept},
+               " (the parameter chunks", store::has_master ? ", the fp32 masters" : "",
+               extra_count > 0 ? ", the sink's extra lists" : "",
+               "; only the optimizer state goes to file); raise host_budget to more than ", bytes_of{kept},
+               ", or set it to 0 for no limit");
+    TIDE_REQUIRE(!options_.spill_folder.empty(), "offload::scheduler: the model data (", bytes_of{kept + state},
+                 ") exceeds host_budget ", bytes_of{options_.host_budget},
+                 " and no spill_folder is set; set spill_folder to a folder on a fast drive, or raise host_budget");
+    if constexpr (store::has_master)
+      TIDE_FAIL(usage, "offload::scheduler: host_budget spills optimizer state to file for fp32 parameters only so "
+                       "far; use T = float, or host_budget = 0");
+    std::size_t const over = kept + state - options_.host_budget;
+    std::size_t const spilled = std::min(owned.size(), (over + per_chunk - 1) / per_chunk);
+    std::vector<std::uint32_t> chunks(owned.end() - static_cast<std::ptrdiff_t>(spilled), owned.end());
+    spill_.open(options_.spill_folder, chunks, this->n_, state_lists, this->state_block_bytes());
+    // Slot 0 of each holds the state now: zeros, as every chunk's state starts.
+    spill_staging const zeros(this->host_, spill_.staging_bytes());
+    std::memset(zeros.data, 0, zeros.bytes);
+    std::array<std::size_t, optim::max_state_lists> blocks{};
+    for (std::uint32_t c : chunks) {
+      for (std::size_t k = 0; k < state_lists; ++k) blocks[k] = spill_.block(c, k, false);
+      spill_.write(blocks.data(), zeros.data);
+    }
+    for (std::uint32_t c : chunks)
+      for (auto& l : this->state_) this->free_payload(l[c]);
+    this->host_.trim();  // the pool caches freed blocks: give the spilled state's back to the system
+    for (auto& r : spill_ring_) r.emplace(this->host_, spill_.staging_bytes());
+    spill_user_.fill(no_chunk);
+  }
+  // Spilled chunk c's state into host blocks attached to its chunks (for checkpoints), from its
+  // current slot; flush_spilled() writes them back before the next step.
+  void materialize(std::uint32_t c) {
+    if (!spill_.spilled(c) || spill_.materialized(c)) return;
+    spill_staging const staging(this->host_, spill_.staging_bytes());
+    std::array<std::size_t, optim::max_state_lists> blocks{};
+    for (std::size_t k = 0; k < state_lists; ++k) blocks[k] = spill_.block(c, k, false);
+    spill_.read(blocks.data(), staging.data);
+    std::array<std::byte*, optim::max_state_lists> lists{};
+    try {
+      for (std::size_t k = 0; k < state_lists; ++k)
+        lists[k] = static_cast<std::byte*>(this->host_.allocate(this->state_[k][c].capacity(), 256));
+    } catch (...) {
+      for (std::byte* p : lists)
+        if (p != nullptr) this->host_.deallocate(p, this->state_[0][c].capacity(), 256);
+      throw;
+    }
+    for (std::size_t k = 0; k < state_lists; ++k) {
+      std::memcpy(lists[k], staging.data + k * spill_.block_bytes(), this->state_[k][c].capacity());
+      this->state_[k][c].attach(lists[k], chunk::tier::host);
+    }
+    spill_.set_materialized(c, true);
+  }
+  // The materialized chunks' state back to file (the other slot, then current), their host
+  // blocks freed. A failed write keeps them attached and current on the host: nothing is lost.
+  void flush_spilled() {
+    if (!spill_.active()) return;
+    bool flushed = false;
+    for (std::uint32_t c : spill_.chunks()) {
+      if (!spill_.materialized(c)) continue;
+      spill_staging const staging(this->host_, spill_.staging_bytes());
+      std::memset(staging.data, 0, staging.bytes);
+      std::array<std::size_t, optim::max_state_lists> blocks{};
+      for (std::size_t k = 0; k < state_lists; ++k) {
+        std::memcpy(staging.data + k * spill_.block_bytes(), this->state_[k][c].payload(), this->state_[k][c].capacity());
+        blocks[k] = spill_.block(c, k, true);
+      }
+      spill_.write(blocks.data(), staging.data);
+      spill_.mark_written(c);
+      spill_.commit_one(c);
+      for (auto& l : this->state_) this->free_payload(l[c]);
+      spill_.set_materialized(c, false);
+      flushed = true;
+    }
+    if (flushed) this->host_.trim();  // back under host_budget
+  }
+  // After the optimizer drained: a failed read or write of a spilled chunk fails the step (its
+  // slots stay as they were; abort_step puts the parameters back).
+  void check_spill() {
+    for (std::uint32_t c : spill_jobs_)
+      if (jobs_[c].spill_failure) {
+        std::exception_ptr const e = std::exchange(jobs_[c].spill_failure, nullptr);
+        for (std::uint32_t d : spill_jobs_) jobs_[d].spill_failure = nullptr;
+        spill_jobs_.clear();
+        spill_.discard();
+        std::rethrow_exception(e);
+      }
+  }
+  // The staging blocks back to the pool (destruction: the worker is idle).
+  void free_spill_staging() noexcept {
+    for (auto& r : spill_ring_) r.reset();
   }
   undo_record* begin_undo(std::uint32_t c, index_t n) {
     return options_.undo_on_error ? undo_.begin(c, static_cast<std::size_t>(n), targets_of(c)) : nullptr;
@@ -676,6 +865,11 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   std::vector<host_job> jobs_;
   std::vector<std::vector<optim::update_tensor<T>>> decayed_, plain_;  // by chunk (decay_matrices_only)
   std::vector<std::pair<std::uint32_t, std::byte*>> pending_grad_frees_;
+  state_spill spill_;                      // the NVMe tier (host_budget)
+  std::array<std::optional<spill_staging>, 2> spill_ring_;  // staging for spilled updates, reused in turn
+  std::array<std::uint32_t, 2> spill_user_{};               // the chunk whose update last used each
+  std::size_t spill_next_ = 0;
+  std::vector<std::uint32_t> spill_jobs_;  // the spilled chunks updated in this step
   std::vector<std::uint32_t> touched_, on_host_, released_;
   std::vector<std::uint32_t> unowned_grads_;  // ZeRO: gradients of chunks another rank steps, freed once reduced
   std::vector<std::span<T>> shared_;          // ZeRO: every parameter chunk, for share_parameters
