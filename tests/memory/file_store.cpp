@@ -107,32 +107,6 @@ struct mounted {
   mounted& operator=(mounted const&) = delete;
 };
 
-// RLIMIT_FSIZE's soft limit at `bytes` with SIGXFSZ ignored, so a write past it fails with EFBIG
-// instead of ending the process; both restored on exit. Root needs no capability to lower a soft
-// limit and raise it back up to the hard one.
-struct file_size_capped {
-  rlimit saved{};
-  struct sigaction old_action {};
-  bool capped = false;
-  explicit file_size_capped(std::size_t bytes) {
-    struct sigaction ignore {};
-    ignore.sa_handler = SIG_IGN;
-    sigemptyset(&ignore.sa_mask);
-    ::sigaction(SIGXFSZ, &ignore, &old_action);
-    if (::getrlimit(RLIMIT_FSIZE, &saved) != 0) return;
-    rlimit lower = saved;
-    lower.rlim_cur = bytes;
-    if (saved.rlim_max != RLIM_INFINITY && bytes > saved.rlim_max) return;
-    capped = ::setrlimit(RLIMIT_FSIZE, &lower) == 0;
-  }
-  ~file_size_capped() {
-    if (capped) ::setrlimit(RLIMIT_FSIZE, &saved);
-    ::sigaction(SIGXFSZ, &old_action, nullptr);
-  }
-  file_size_capped(file_size_capped const&) = delete;
-  file_size_capped& operator=(file_size_capped const&) = delete;
-};
-
 // Every block written from its own random source, read back into fresh buffers, compared.
 void round_trip(file_store& store, pool& p, std::uint64_t seed) {
   std::size_t const n = store.block_bytes();
@@ -392,7 +366,7 @@ TEST_CASE("a write past the file size limit fails with EFBIG, loses nothing, and
     fill(below, n, 501);
     std::vector<unsigned char> const before(src, src + n);
     {
-      file_size_capped const cap(2_MiB + 64_KiB);  // inside block 2
+      tide::test::file_size_capped const cap(2_MiB + 64_KiB);  // inside block 2
       REQUIRE(cap.capped);
       auto const st0 = store.stats();
       auto const t = store.write_async(2, src);

@@ -1,12 +1,10 @@
 // make_trainer: offloading, loss scaling and the deferred optimizer change no bits; an overflow
 // skips the step and leaves everything as it was; accumulation averages micro-batches.
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <doctest/doctest.h>
 
-#include <csignal>
 #include <cfloat>
 #include <cstdio>
 #include <filesystem>
@@ -139,26 +137,6 @@ off::chunked<off::belady> spilling(std::filesystem::path const& folder, std::siz
   return o;
 }
 
-// Ignores SIGXFSZ and caps the size of files this process writes, for one scope: a write past
-// the cap then fails with EFBIG, as on a full drive.
-struct file_size_cap {
-  ::rlimit saved{};
-  void (*handler)(int) = nullptr;
-  explicit file_size_cap(::rlim_t bytes) {
-    handler = std::signal(SIGXFSZ, SIG_IGN);
-    ::getrlimit(RLIMIT_FSIZE, &saved);
-    ::rlimit capped = saved;
-    capped.rlim_cur = bytes;
-    ::setrlimit(RLIMIT_FSIZE, &capped);
-  }
-  ~file_size_cap() {
-    ::setrlimit(RLIMIT_FSIZE, &saved);
-    std::signal(SIGXFSZ, handler);
-  }
-  file_size_cap(file_size_cap const&) = delete;
-  file_size_cap& operator=(file_size_cap const&) = delete;
-};
-
 }  // namespace
 
 TEST_CASE("the NVMe tier: optimizer state past the host budget lives in a file, and training is bit-identical") {
@@ -222,7 +200,8 @@ TEST_CASE("the NVMe tier: a write that fails is a clear error, loses nothing, an
   for (int s = 0; s < 2; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
   auto const before = params_of(t);
   {
-    file_size_cap const cap(4096);  // every write of a step lies past it (the first block is zeros' slot 0)
+    tide::test::file_size_capped const cap(4096);  // every write of a step lies past it
+    REQUIRE(cap.capped);
     try {
       (void)t.step(view_of<decltype(t)>(data_of(2)));
       FAIL("expected an I/O error");
