@@ -26,6 +26,8 @@
 //                             resident, steps interleaved. Goal 0.7.
 //   activation_offload_vs_resident  tokens/s with every block's saved activations offloaded to the
 //                             host (and fetched back one block ahead) over all kept. Goal 0.85.
+//   wte_pieces_vs_whole       tokens/s with wte in 4 row pieces (gpt_config::wte_pieces) over wte
+//                             whole, resident, steps interleaved. Goal 0.95.
 //
 // Activation bytes come from nn::gpt's own lifetime plan, without allocating parameters (see
 // activation_model). The device minimum of a shape is the schedulers' own minimum_device_bytes
@@ -617,6 +619,41 @@ int main() {
            lr);
     report(moved, "activation_offload_vs_resident",
            "every activation kept on the device (resident, same model and data, steps interleaved)", 0.85, lm);
+  }
+
+  // ---- (e) wte in row pieces against wte whole ------------------------------------------------
+  {
+    constexpr int pieces = 4;
+    tide::nn::gpt_config cut = s.config;
+    cut.wte_pieces = pieces;
+    std::size_t const room = 2 * model_data + 2 * act + 64_MiB;
+    trainer<off::resident> whole{ex, s.config, room, {}};
+    trainer<off::resident> in_pieces{ex, cut, room, {}};
+    float lw = 0, lp = 0;
+    for (int k = 0; k < warm_steps + measured; ++k) {  // interleaved, as above
+      lw = whole.step(ex, s, k);
+      lp = in_pieces.step(ex, s, k);
+    }
+    figure w{.bench = "offload",
+             .name = "wte_pieces_vs_whole",
+             .value = tokens / median(tail(in_pieces.seconds)),
+             .unit = "tokens/s",
+             .anchor = "wte whole (resident, same model and data, steps interleaved)",
+             .anchor_value = tokens / median(tail(whole.seconds)),
+             .higher_is_better = true,
+             .goal = 0.95,
+             .detail = {{"wte_pieces", pieces},
+                        {"padded_vocab", double(tide::nn::padded_vocab_of(s.config))},
+                        {"channels", s.config.channels},
+                        {"batch", double(s.B)},
+                        {"seq", double(s.T)},
+                        {"ms_per_step", 1e3 * median(tail(in_pieces.seconds))},
+                        {"whole_ms_per_step", 1e3 * median(tail(whole.seconds))},
+                        {"loss_relative_difference", std::abs(double(lp) - double(lw)) / std::abs(double(lw))},
+                        {"measured_steps", measured},
+                        {"loadavg_1min_after", load_average()}}};
+    print_figure(w, {{"note", "the head runs one GEMM per piece and copies each piece's logits columns in and out; "
+                              "the loss differs by the head's fp32 reassociation only"}});
   }
 
   if (char const* svg = std::getenv("TIDE_BENCH_SVG"); svg != nullptr && svg[0] != '\0') {

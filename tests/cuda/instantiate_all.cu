@@ -103,6 +103,8 @@ void activations_of(cuda_exec const& ex) {
 
   k::encoder_forward(ex, y, tokens, x, x);
   k::encoder_backward(ex, device_view<float>{}, device_view<float>{}, x, tokens);
+  k::encoder_forward(ex, y, tokens, k::row_table<T const>{}, x);  // a table in row pieces
+  k::encoder_backward(ex, k::row_table<T>{}, device_view<T>{}, x, tokens);
 
   k::matmul_forward(ex, y, x, x);
   k::matmul_forward(ex, y, x, x, x);

@@ -210,3 +210,59 @@ TEST_CASE("embedding: tokens out of range and bad shapes throw tide::error(usage
   CHECK(same_bits(dwte, dwte0));
   CHECK(same_bits(dwpe, dwpe0));
 }
+
+TEST_CASE_TEMPLATE("embedding: a table in row pieces gives the bits of the whole table", T, float, bf16) {
+  // The pieces live in separate buffers; every element is read or summed exactly as from the
+  // whole table, so forward and backward give the same bits. Pieces of 1, 2, 3 and 4 rows
+  // (the last piece short: one piece per row at 1), and the whole table as one piece.
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> ex{pool};
+  dims const d{3, 7, 17, 10, 9};
+  auto const wte = random_values<T>(d.v * d.c, 1.f, 1);
+  auto const wpe = random_values<T>(d.max_t * d.c, 1.f, 2);
+  auto const tok = random_tokens(d.b * d.t, d.v, 3);
+  auto const dout = random_values<T>(d.b * d.t * d.c, 1.f, 4);
+  tensor_view<std::int32_t const> tv{tok.data(), {d.b, d.t}};
+  tensor_view<T const> te{wte.data(), {d.v, d.c}}, pe{wpe.data(), {d.max_t, d.c}}, go{dout.data(), {d.b, d.t, d.c}};
+  std::vector<T> out(static_cast<std::size_t>(d.b * d.t * d.c));
+  k::encoder_forward(ex, tensor_view<T>{out.data(), {d.b, d.t, d.c}}, tv, te, pe);
+  std::vector<T> gte(wte.size(), tide::from_float<T>(0.5f)), gpe(wpe.size(), tide::from_float<T>(0.25f));
+  auto const gpe0 = gpe;
+  k::encoder_backward(ex, tensor_view<T>{gte.data(), {d.v, d.c}}, tensor_view<T>{gpe.data(), {d.max_t, d.c}}, go, tv);
+  for (index_t rows : {index_t{1}, index_t{2}, index_t{3}, index_t{4}, d.v}) {
+    CAPTURE(rows);
+    int const pieces = static_cast<int>((d.v + rows - 1) / rows);
+    std::vector<std::vector<T>> table(static_cast<std::size_t>(pieces)), grad(table.size());
+    k::row_table<T const> rt{.piece_rows = rows, .rows = d.v, .cols = d.c, .pieces = pieces};
+    k::row_table<T> rg{.piece_rows = rows, .rows = d.v, .cols = d.c, .pieces = pieces};
+    for (int j = 0; j < pieces; ++j) {
+      auto const r0 = static_cast<std::size_t>(j * rows * d.c), n = static_cast<std::size_t>(rt.rows_of(j) * d.c);
+      table[static_cast<std::size_t>(j)].assign(wte.begin() + static_cast<std::ptrdiff_t>(r0),
+                                                wte.begin() + static_cast<std::ptrdiff_t>(r0 + n));
+      grad[static_cast<std::size_t>(j)].assign(n, tide::from_float<T>(0.5f));
+      rt.piece[j] = table[static_cast<std::size_t>(j)].data();
+      rg.piece[j] = grad[static_cast<std::size_t>(j)].data();
+    }
+    std::vector<T> out2(out.size());
+    k::encoder_forward(ex, tensor_view<T>{out2.data(), {d.b, d.t, d.c}}, tv, rt, pe);
+    CHECK(same_bits(out2, out));
+    std::vector<T> gpe2 = gpe0;
+    k::encoder_backward(ex, rg, tensor_view<T>{gpe2.data(), {d.max_t, d.c}}, go, tv);
+    std::vector<T> joined;
+    for (auto const& g : grad) joined.insert(joined.end(), g.begin(), g.end());
+    CHECK(same_bits(joined, gte));
+    CHECK(same_bits(gpe2, gpe));
+  }
+  // A table whose pieces do not cover its rows, or a piece without an address, throws.
+  k::row_table<T const> bad{.piece_rows = 3, .rows = d.v, .cols = d.c, .pieces = 3};  // 9 < 10 rows
+  for (int j = 0; j < 3; ++j) bad.piece[j] = wte.data() + j * 3 * d.c;
+  std::vector<T> out3(out.size());
+  CHECK(throws_usage([&] { k::encoder_forward(ex, tensor_view<T>{out3.data(), {d.b, d.t, d.c}}, tv, bad, pe); }));
+  bad.pieces = 4;  // 4 x 3 >= 10, but piece 3 has no address
+  CHECK(throws_usage([&] { k::encoder_forward(ex, tensor_view<T>{out3.data(), {d.b, d.t, d.c}}, tv, bad, pe); }));
+  bad.piece[3] = wte.data() + 8 * d.c;  // rows 8 .. 9 of the table: overlaps piece 2 (rows 6 .. 8)
+  CHECK(throws_usage([&] { k::encoder_forward(ex, tensor_view<T>{out3.data(), {d.b, d.t, d.c}}, tv, bad, pe); }));
+  bad.piece[3] = wte.data() + 9 * d.c;  // now disjoint: accepted
+  k::encoder_forward(ex, tensor_view<T>{out3.data(), {d.b, d.t, d.c}}, tv, bad, pe);
+  CHECK(same_bits(out3, out));
+}

@@ -7,6 +7,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <tide/kernels/adamw/adamw.hpp>
@@ -778,6 +779,203 @@ TEST_CASE("gpt: init is deterministic, GPT-2 shaped, and independent of the thre
   auto const wte = a.param("wte");
   CHECK(std::all_of(wte.data() + 100 * 32, wte.data() + 128 * 32, [](float x) { return x == 0.f; }));
   CHECK(std::any_of(wte.data(), wte.data() + 100 * 32, [](float x) { return x != 0.f; }));
+}
+
+// ---- wte in row pieces ------------------------------------------------------------------------
+
+namespace {
+
+template <class F>
+void expect_usage(F&& f) {
+  try {
+    f();
+    FAIL("no error");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::usage);
+  }
+}
+
+// Every parameter's values in list order (no alignment gaps): wte's pieces join into wte.
+std::vector<float> logical_params(host_gpt const& m) {
+  std::vector<float> v;
+  for (tide::parameter const& p : m.parameters().all()) {
+    auto const x = m.param(p);
+    v.insert(v.end(), x.data(), x.data() + x.size());
+  }
+  return v;
+}
+
+// The gradients of one forward and backward from the seed-42 initialisation, in logical order,
+// and the loss.
+float logical_grads(tide::exec<tide::host> const& ex, gpt_config const& c, int B, int T, std::vector<std::vector<float>>& g,
+                    tide::nn::gpt_options const& options = {.seed = 42}) {
+  tide::memory::device_arena<tide::host> arena{{.budget = 64_MiB}};
+  host_gpt m(c, arena, options);
+  auto const tok = random_ids(static_cast<std::size_t>(B * T), c.vocab, 77);
+  auto const tgt = random_ids(static_cast<std::size_t>(B * T), c.vocab, 78);
+  m.zero_grad(ex);
+  float const loss = m.forward(ex, ids_view(tok, B, T), ids_view(tgt, B, T));
+  m.backward(ex);
+  g.clear();
+  std::vector<float> wte;  // the pieces joined
+  for (tide::parameter const& p : m.parameters().all()) {
+    auto const x = m.grad(p);
+    if (p.name().starts_with("wte")) {
+      wte.insert(wte.end(), x.data(), x.data() + x.size());
+      continue;
+    }
+    if (!wte.empty()) g.push_back(std::exchange(wte, {}));
+    g.emplace_back(x.data(), x.data() + x.size());
+  }
+  return loss;
+}
+
+// Losses of `steps` AdamW steps (per-parameter AdamW state, so no flat layout is assumed), and
+// the final parameters in logical order.
+std::vector<float> train_logical(tide::exec<tide::host> const& ex, gpt_config const& c, int B, int T, int steps,
+                                 std::vector<float>& final_params) {
+  tide::memory::device_arena<tide::host> arena{{.budget = 64_MiB}};
+  host_gpt m(c, arena, {.seed = 42});
+  auto const tok = random_ids(static_cast<std::size_t>(B * T), c.vocab, 77);
+  auto const tgt = random_ids(static_cast<std::size_t>(B * T), c.vocab, 78);
+  auto const all = m.parameters().all();
+  std::vector<std::vector<float>> mom(all.size()), var(all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    mom[i].assign(static_cast<std::size_t>(all[i].numel()), 0.f);
+    var[i].assign(mom[i].size(), 0.f);
+  }
+  std::vector<float> losses;
+  for (int step = 1; step <= steps; ++step) {
+    m.zero_grad(ex);
+    losses.push_back(m.forward(ex, ids_view(tok, B, T), ids_view(tgt, B, T)));
+    m.backward(ex);
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      auto const n = static_cast<index_t>(mom[i].size());
+      auto const flat = [n](auto v) { return tide::tensor_view<float>(v.data(), {n}); };
+      tide::kernels::adamw(ex, {.lr = 1e-2f, .weight_decay = 0.0f}, step, flat(m.param(all[i])), flat(m.grad(all[i])),
+                           tide::tensor_view<float>(mom[i].data(), {n}), tide::tensor_view<float>(var[i].data(), {n}),
+                           1.0f);
+    }
+  }
+  final_params = logical_params(m);
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("gpt: wte in row pieces: the same model, initialised alike, gradients within the head's reassociation") {
+  // Vp = 384 rows of C = 64: 2 pieces of 192, 3 of 128, 5 of 77 (the last 76), 7 of 55 (the last 54).
+  gpt_config const whole{.layers = 2, .heads = 4, .channels = 64, .vocab = 300, .max_seq = 32};
+  int const B = 4, T = 32;
+  tide::thread_pool two{2};
+  tide::exec<tide::host> const ex{two};
+  std::vector<float> base_params;
+  auto const base = train_logical(ex, whole, B, T, 3, base_params);
+  std::vector<std::vector<float>> base_grads;
+  float const base_loss = logical_grads(ex, whole, B, T, base_grads);
+  tide::memory::device_arena<tide::host> arena{{.budget = 64_MiB}};
+  host_gpt const w(whole, arena, {.seed = 42});
+  for (int k : {2, 3, 5, 7}) {
+    CAPTURE(k);
+    gpt_config c = whole;
+    c.wte_pieces = k;
+    auto const list = tide::nn::gpt_parameters(c, tide::dtype::f32);
+    REQUIRE(list.size() == tide::nn::gpt_parameters(whole, tide::dtype::f32).size() + static_cast<std::size_t>(k - 1));
+    CHECK(list.count() == tide::nn::parameter_count(whole));
+    CHECK(list[0].name() == "wte.0");
+    CHECK(list[static_cast<std::size_t>(k - 1)].shape ==
+          tide::shape(384 - (k - 1) * tide::nn::wte_piece_rows(c), 64));
+    CHECK(list[static_cast<std::size_t>(k)].name() == "wpe");
+    // The head block reads every piece.
+    auto const uses = tide::nn::gpt_block_uses(c);
+    auto const head = uses.of(tide::nn::head_block(c));
+    for (int j = 0; j < k; ++j) CHECK(std::ranges::find(head, static_cast<std::uint32_t>(j)) != head.end());
+    // The same initial values, parameter for parameter (the pieces draw from wte's stream).
+    host_gpt const m(c, arena, {.seed = 42});
+    CHECK(same_bits(logical_params(m), logical_params(w)));
+    // The forward computes the same dot products over C per logit (the same bits with the
+    // OpenBLAS here, but a BLAS may order a dot product by the output's width): the loss within
+    // 1e-6 relative. The backward's d lnf sums over the vocabulary in k GEMMs, one per piece,
+    // instead of one: fp32 reassociation of Vp = 384 terms, at most about Vp u = 2.3e-5 of the
+    // terms' sum per element, carried into every gradient below the head. Each gradient stays
+    // within 1e-4 of its tensor's largest element (measured: under 1e-6); a piece cut at the
+    // wrong row, or missing, is off by the size of the gradient itself. Also with dlogits kept
+    // apart and the head's share of wte's gradient in the tied buffer (k = 3).
+    std::vector<tide::nn::gpt_options> variants{{.seed = 42}};
+    if (k == 3) variants.push_back({.seed = 42, .keep_logits = true, .separate_tied_grad = true});
+    for (auto const& o : variants) {
+      std::vector<std::vector<float>> g;
+      CHECK(logical_grads(ex, c, B, T, g, o) == doctest::Approx(base_loss).epsilon(1e-6));
+      REQUIRE(g.size() == base_grads.size());
+      double worst = 0;
+      for (std::size_t t = 0; t < g.size(); ++t) {
+        REQUIRE(g[t].size() == base_grads[t].size());
+        double top = 0, diff = 0;
+        for (std::size_t i = 0; i < g[t].size(); ++i) {
+          top = std::max(top, static_cast<double>(std::abs(base_grads[t][i])));
+          diff = std::max(diff, static_cast<double>(std::abs(g[t][i] - base_grads[t][i])));
+        }
+        CHECK(diff <= 1e-4 * top);
+        worst = std::max(worst, top > 0 ? diff / top : diff);
+      }
+      MESSAGE("wte_pieces = " << k << std::string(o.keep_logits ? " (keep_logits, tied buffer)" : "")
+                              << ": largest gradient difference " << worst << " of its tensor's largest");
+    }
+    // Three AdamW steps: the losses stay within 1e-5 relative.
+    std::vector<float> params;
+    auto const losses = train_logical(ex, c, B, T, 3, params);
+    CHECK(losses[0] == doctest::Approx(base[0]).epsilon(1e-6));
+    for (std::size_t i = 1; i < losses.size(); ++i) CHECK(losses[i] == doctest::Approx(base[i]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("gpt: wte in pieces initialises to wte's values at odd widths, with padding rows across pieces") {
+  // C = 9 and R odd: pieces start at odd elements of wte's stream (half a normal pair); Vp = 37
+  // rows of which 14 are padding, spread over the last pieces.
+  gpt_config const whole{.layers = 1, .heads = 3, .channels = 9, .vocab = 23, .padded_vocab = 37, .max_seq = 8};
+  tide::memory::device_arena<tide::host> arena{{.budget = 16_MiB}};
+  tide::thread_pool two{2};
+  host_gpt const w(whole, arena, {.seed = 5});
+  for (int k = 1; k <= 7; ++k) {
+    CAPTURE(k);
+    gpt_config c = whole;
+    c.wte_pieces = k;
+    host_gpt m(c, arena, {.seed = 5});
+    CHECK(same_bits(logical_params(m), logical_params(w)));
+    m.init(tide::exec<tide::host>{two}, 5);  // threaded: the same again
+    CHECK(same_bits(logical_params(m), logical_params(w)));
+  }
+}
+
+TEST_CASE("gpt: wte_pieces is checked, and wte_pieces_within finds the fewest that fit a chunk") {
+  gpt_config c{.layers = 1, .heads = 2, .channels = 64, .vocab = 300, .max_seq = 16};  // Vp 384
+  for (int bad : {0, -1, 65}) {
+    c.wte_pieces = bad;
+    expect_usage([&] { (void)tide::nn::resolve(c); });
+  }
+  c.wte_pieces = 383;  // 1 row each would do, but more than 64 pieces
+  expect_usage([&] { (void)tide::nn::resolve(c); });
+  gpt_config tiny_v{.layers = 1, .heads = 1, .channels = 4, .vocab = 9, .padded_vocab = 9, .max_seq = 4};
+  tiny_v.wte_pieces = 4;  // ceil(9 / 4) = 3 rows each: 3 + 3 + 3 leaves piece 3 empty
+  expect_usage([&] { (void)tide::nn::resolve(tiny_v); });
+  tiny_v.wte_pieces = 5;  // 2 rows each: 2 + 2 + 2 + 2 + 1
+  CHECK(tide::nn::resolve(tiny_v).wte_pieces == 5);
+  c.wte_pieces = 1;
+  CHECK(tide::nn::wte_pieces_within(c, 384 * 64) == 1);
+  CHECK(tide::nn::wte_pieces_within(c, 384 * 64 - 1) == 2);  // 383 rows fit: 2 of 192
+  CHECK(tide::nn::wte_pieces_within(c, 100 * 64) == 4);      // 100 rows: 4 of 96
+  CHECK(tide::nn::wte_pieces_within(c, 77 * 64) == 5);       // 77 rows: 5 of 77
+  expect_usage([&] { (void)tide::nn::wte_pieces_within(c, 63); });      // not one row
+  expect_usage([&] { (void)tide::nn::wte_pieces_within(c, 5 * 64); });  // 77 pieces of 5 rows
+  // The pieces found fit: every piece's elements <= the chunk.
+  for (std::size_t chunk : {std::size_t{384 * 64}, std::size_t{6000}, std::size_t{1000}}) {
+    gpt_config d = c;
+    d.wte_pieces = tide::nn::wte_pieces_within(c, chunk);
+    auto const list = tide::nn::gpt_parameters(d, tide::dtype::f32);
+    for (tide::parameter const& p : list.all())
+      if (p.layer == tide::nn::embedding_block && p.name() != "wpe")
+        CHECK(static_cast<std::size_t>(p.numel()) <= chunk);
+  }
 }
 
 // ---- sampling -------------------------------------------------------------------------------

@@ -118,6 +118,62 @@ TEST_CASE("recompute and activation offload under chunked<belady>: a smaller bud
   CHECK_THROWS_AS(train(low, clipped, 1), tide::error);
 }
 
+TEST_CASE("a wte larger than a chunk: cut in row pieces, it trains under chunked<belady> as resident does") {
+  // V = 256: wte (256, 32) is 32 KiB, the largest tensor; mlp.fc.w (128, 32) 16 KiB. Chunks of
+  // 20 KiB hold every tensor but wte.
+  tide::nn::gpt_config const wide{.layers = 2, .heads = 2, .channels = 32, .vocab = 256, .max_seq = 16};
+  std::size_t const chunk = 20_KiB;
+  tide::nn::gpt_config cut = wide;
+  cut.wte_pieces = tide::nn::wte_pieces_within(wide, chunk / sizeof(float));
+  CHECK(cut.wte_pieces == 2);
+  tide::nn::gpt_spec<host> const whole_spec{.config = wide, .options = {.seed = 3}};
+  tide::nn::gpt_spec<host> const cut_spec{.config = cut, .options = {.seed = 3}};
+  CHECK(whole_spec.parameters()[0].bytes > chunk);
+  for (std::uint32_t j = 0; j < 2; ++j) CHECK(cut_spec.parameters()[j].bytes <= chunk);
+  off::chunked<off::belady> low{.chunk_bytes = chunk};
+  low.device_budget = tide::test::scheduler_minimum(cut, low, batch, seq) + 16_KiB;
+  // The whole table does not fit a chunk: refused, naming wte and the way out.
+  try {
+    (void)train(low, clipped, 1, nullptr, whole_spec);
+    FAIL("a tensor larger than the chunk was accepted");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::usage);
+    CHECK(std::string(e.what()).find("\"wte\"") != std::string::npos);
+    CHECK(std::string(e.what()).find("wte_pieces") != std::string::npos);
+  }
+  // In pieces: every piece its own chunk, moved like any other; the same bits as resident.
+  std::vector<float> losses, whole_losses;
+  auto const resident = train(off::resident{}, clipped, 6, nullptr, cut_spec);
+  auto const chunked = train(low, clipped, 6, &losses, cut_spec);
+  CHECK(same(chunked, resident));
+  // The same model as with wte whole: the losses within the head's fp32 reassociation
+  // (tests/nn/gpt.cpp bounds it per gradient).
+  (void)train(off::resident{}, clipped, 6, &whole_losses, whole_spec);
+  CHECK(losses[0] == doctest::Approx(whole_losses[0]).epsilon(1e-6));
+  for (std::size_t i = 1; i < losses.size(); ++i) CHECK(losses[i] == doctest::Approx(whole_losses[i]).epsilon(1e-5));
+  CHECK(losses.back() < losses.front());
+  // Checkpoints hold the pieces by name: a resumed run equals the straight one; a checkpoint of
+  // the whole-table model is refused by the model in pieces, which keeps its parameters.
+  tide::test::scratch_dir dir{"wte_pieces"};
+  {
+    auto a = tide::train::make_trainer(cut_spec, low, clipped);
+    for (int s = 0; s < 3; ++s) (void)a.step(view_of<decltype(a)>(data_of(s)));
+    a.save(dir.path / "cut");
+    auto w = tide::train::make_trainer(whole_spec, off::resident{}, clipped);
+    w.save(dir.path / "whole");
+  }
+  auto b = tide::train::make_trainer(cut_spec, low, clipped);
+  auto const before = params_of(b);
+  CHECK_THROWS_AS(b.load(dir.path / "whole"), tide::error);
+  CHECK(same(params_of(b), before));
+  b.load(dir.path / "cut");
+  for (int s = 3; s < 6; ++s) {
+    float const loss = b.step(view_of<decltype(b)>(data_of(s))).loss;
+    CHECK(std::memcmp(&loss, &losses[std::size_t(s)], sizeof(float)) == 0);
+  }
+  CHECK(same(params_of(b), chunked));
+}
+
 // ---- the NVMe tier: optimizer state in a file past the host budget ---------------------------
 
 namespace {

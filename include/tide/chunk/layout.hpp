@@ -150,7 +150,8 @@ inline void check_pack(tide::parameter_list const& params, std::size_t chunk_ele
     TIDE_FAIL(usage, "pack: tensor \"", first.name(), "\" takes ", bytes_text(s.elements, first.type),
               " but chunk_bytes = ", bytes_text(chunk_elements, first.type),
               "; every tensor must fit one chunk: pass chunk_bytes >= ", need_bytes, " B (the smallest valid chunk, ",
-              s.elements, " elements), or let search_chunk_size pick the size (chunk_bytes = 0 in a scheduler)");
+              s.elements, " elements), let search_chunk_size pick the size (chunk_bytes = 0 in a scheduler), or cut "
+              "the tensor into pieces that fit (a GPT's wte: nn::gpt_config::wte_pieces, nn::wte_pieces_within)");
   TIDE_FAIL(usage, "pack(one_layer_per_chunk): layer ", first.layer, "'s block (", s.last - s.first, " tensors, \"",
             first.name(), "\" .. \"", params[s.last - 1].name(), "\") spans ", bytes_text(s.elements, first.type),
             " but chunk_bytes = ", bytes_text(chunk_elements, first.type), "; pass chunk_bytes >= ", need_bytes,
@@ -224,8 +225,9 @@ inline chunk_search_result search_chunk_size(tide::parameter_list const& params,
              2 * min * o.element_bytes, " B (", bytes_of{2 * min * o.element_bytes}, ") but two_chunk_budget is ",
              o.two_chunk_budget, " B (", bytes_of{o.two_chunk_budget}, ")",
              "; raise two_chunk_budget to at least ", 2 * min * o.element_bytes,
-             " B (a scheduler with chunk_bytes = 0 searches with a quarter of device_budget), or set chunk_bytes >= ",
-             min * size_of(first.type), " B yourself");
+             " B (a scheduler with chunk_bytes = 0 searches with a quarter of device_budget), set chunk_bytes >= ",
+             min * size_of(first.type), " B yourself, or cut the largest tensor into pieces (a GPT's wte: "
+             "nn::gpt_config::wte_pieces, nn::wte_pieces_within)");
   std::size_t best = min, best_capacity = std::numeric_limits<std::size_t>::max(), tried = 0;
   for (std::size_t c = min; within_budget(c); c += step) {
     ++tried;

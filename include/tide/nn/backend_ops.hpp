@@ -1,9 +1,9 @@
 #pragma once
 // The few operations nn/ needs besides the kernels: fill with zeros, scale in place (loss
-// scaling), add in place (the tied gradient), sum the per-row losses, check token ids. Only the
-// host overloads exist. CUDA counterparts taking exec<cuda> (cudaMemsetAsync, a copy back of the
-// losses, no token check: the ids are in device memory) are not written yet; with them the model
-// would call the same names on either backend.
+// scaling), add in place (the tied gradient), copy a wte piece's columns of the logits, sum the
+// per-row losses, check token ids. Only the host overloads exist. CUDA counterparts taking
+// exec<cuda> (cudaMemsetAsync, a copy back of the losses, no token check: the ids are in device
+// memory) are not written yet; with them the model would call the same names on either backend.
 
 #include <cstddef>
 #include <cstdint>
@@ -39,6 +39,32 @@ void add_in_place(exec<host> const& ex, tensor_view<T> x, tensor_view<T const> y
   T const* q = y.data();
   parallel_for(ex.pool, static_cast<std::size_t>(x.size()), [=](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; ++i) p[i] = from_float<T>(to_float(p[i]) + to_float(q[i]));
+  });
+}
+
+// wide[:, col : col + w] = narrow, wide (N, W), narrow (N, w): the LM head's logits of one wte piece.
+template <class T>
+void scatter_columns(exec<host> const& ex, tensor_view<T> wide, index_t col, tensor_view<T const> narrow) {
+  index_t const W = wide.extent(1), w = narrow.extent(1);
+  TIDE_REQUIRE(wide.extent(0) == narrow.extent(0) && col >= 0 && col + w <= W, "scatter_columns: columns [", col, ", ",
+               col + w, ") of ", narrow.extent(0), " rows do not fit (", wide.extent(0), ", ", W, ")");
+  T* p = wide.data();
+  T const* q = narrow.data();
+  parallel_for(ex.pool, static_cast<std::size_t>(wide.extent(0)), [=](std::size_t b, std::size_t e) {
+    for (std::size_t r = b; r < e; ++r) std::memcpy(p + r * W + col, q + r * w, static_cast<std::size_t>(w) * sizeof(T));
+  });
+}
+
+// narrow = wide[:, col : col + w]: the gradient of one wte piece's logits.
+template <class T>
+void gather_columns(exec<host> const& ex, tensor_view<T> narrow, tensor_view<T const> wide, index_t col) {
+  index_t const W = wide.extent(1), w = narrow.extent(1);
+  TIDE_REQUIRE(wide.extent(0) == narrow.extent(0) && col >= 0 && col + w <= W, "gather_columns: columns [", col, ", ",
+               col + w, ") of ", narrow.extent(0), " rows do not fit (", wide.extent(0), ", ", W, ")");
+  T* p = narrow.data();
+  T const* q = wide.data();
+  parallel_for(ex.pool, static_cast<std::size_t>(wide.extent(0)), [=](std::size_t b, std::size_t e) {
+    for (std::size_t r = b; r < e; ++r) std::memcpy(p + r * w, q + r * W + col, static_cast<std::size_t>(w) * sizeof(T));
   });
 }
 

@@ -381,18 +381,39 @@ class gpt {
                  ": the gradients are not allocated yet; call zero_grad(ex) or backward(ex) first");
     return grads_;
   }
-  [[nodiscard]] parameter const& wte() const noexcept { return params_list_[0]; }
-  [[nodiscard]] parameter const& wpe() const noexcept { return params_list_[1]; }
+  [[nodiscard]] parameter const& wpe() const noexcept { return params_list_[static_cast<std::size_t>(config_.wte_pieces)]; }
+  // wte (its pieces: parameters 0 .. wte_pieces - 1) and its gradient as row tables.
+  template <class U, class ViewOf>
+  [[nodiscard]] kernels::row_table<U> wte_table(ViewOf view_of) const {
+    kernels::row_table<U> t{.piece_rows = wte_piece_rows(config_), .rows = index_t{config_.padded_vocab},
+                            .cols = index_t{config_.channels}, .pieces = config_.wte_pieces};
+    for (int j = 0; j < config_.wte_pieces; ++j) t.piece[j] = view_of(params_list_[static_cast<std::size_t>(j)]).data();
+    return t;
+  }
+  [[nodiscard]] kernels::row_table<T const> wte() const {
+    return wte_table<T const>([this](parameter const& p) { return cparam(p); });
+  }
+  [[nodiscard]] kernels::row_table<T> dwte() const {
+    return wte_table<T>([this](parameter const& p) { return dparam(p); });
+  }
+  // A contiguous (Vp, C) buffer (the tied gradient) as a table cut like wte.
+  [[nodiscard]] kernels::row_table<T> cut_like_wte(view<T> whole) const {
+    kernels::row_table<T> t = kernels::row_table_of(whole);
+    t.piece_rows = wte_piece_rows(config_);
+    t.pieces = config_.wte_pieces;
+    for (int j = 0; j < t.pieces; ++j) t.piece[j] = whole.data() + j * t.piece_rows * t.cols;
+    return t;
+  }
   [[nodiscard]] parameter const& lnf_w() const noexcept { return params_list_[params_list_.size() - 2]; }
   [[nodiscard]] parameter const& lnf_b() const noexcept { return params_list_[params_list_.size() - 1]; }
   [[nodiscard]] view<T const> cparam(parameter const& p) const { return param(p); }
   [[nodiscard]] view<T> dparam(parameter const& p) const { return tensor_at(grads_, p, true); }
   // Block l's parameters (or gradients): asked for inside its hooks, where they are resident.
   [[nodiscard]] auto weights(int l) const {
-    return detail::block_params_of(params_list_, l, [this](parameter const& p) { return cparam(p); });
+    return detail::block_params_of(config_, params_list_, l, [this](parameter const& p) { return cparam(p); });
   }
   [[nodiscard]] auto weight_grads(int l) const {
-    return detail::block_params_of(params_list_, l, [this](parameter const& p) { return dparam(p); });
+    return detail::block_params_of(config_, params_list_, l, [this](parameter const& p) { return dparam(p); });
   }
 
   void initialise(thread_pool* pool, std::uint64_t seed) {
@@ -440,13 +461,13 @@ class gpt {
     slot_state& s = slot(micro);
     if (b == embedding_block) {
       kernels::encoder_forward(ex, act<T>(plan_.encoded, micro, {batch_, seq_, index_t{config_.channels}}), s.tokens,
-                               cparam(wte()), cparam(wpe()));
+                               wte(), cparam(wpe()));
     } else if (b < config_.layers) {
       detail::block_forward(ex, residual_in(b, micro, false), block_acts(b, micro, false), weights(b),
                             index_t{config_.heads});
     } else {
       auto const h = head_acts(micro);
-      detail::head_forward(ex, residual_in(b, micro, false), h, cparam(lnf_w()), cparam(lnf_b()), cparam(wte()));
+      detail::head_forward(ex, residual_in(b, micro, false), h, cparam(lnf_w()), cparam(lnf_b()), wte());
       if (!with_targets) return;
       kernels::fused_classifier(ex, h.dlogits, h.losses, view<T const>(h.logits), s.targets, index_t{config_.vocab});
       double const sum = detail::ordered_sum(ex, view<float const>(h.losses));
@@ -481,8 +502,8 @@ class gpt {
       auto const h = head_acts(micro);
       // The head's share of wte's gradient: its own buffer (overwritten), or wte's gradient (+=).
       if (plan_.has_tied()) detail::zero_fill(ex, h.tied);
-      detail::head_backward(ex, dres, residual_in(b, micro, true), h, cparam(lnf_w()), cparam(wte()),
-                            plan_.has_tied() ? h.tied : dparam(wte()), dparam(lnf_w()), dparam(lnf_b()));
+      detail::head_backward(ex, dres, residual_in(b, micro, true), h, cparam(lnf_w()), wte(),
+                            plan_.has_tied() ? cut_like_wte(h.tied) : dwte(), dparam(lnf_w()), dparam(lnf_b()));
     } else if (b >= 0) {
       auto const x = residual_in(b, micro, true);
       auto const a = block_acts(b, micro, true);
@@ -491,9 +512,13 @@ class gpt {
     } else {
       // The head's share of wte's gradient first, then the embedding's: one order of additions
       // per micro-batch, however stages of other micro-batches interleave.
-      auto const dwte = dparam(wte());
-      if (plan_.has_tied()) detail::add_in_place(ex, dwte, view<T const>(head_acts(micro).tied));
-      kernels::encoder_backward(ex, dwte, dparam(wpe()), view<T const>(dres), slot(micro).tokens);
+      auto const g = dwte();
+      if (plan_.has_tied()) {
+        auto const tied = cut_like_wte(head_acts(micro).tied);
+        for (int j = 0; j < g.pieces; ++j)
+          detail::add_in_place(ex, detail::piece_view<B>(g, j), view<T const>(detail::piece_view<B>(tied, j)));
+      }
+      kernels::encoder_backward(ex, g, dparam(wpe()), view<T const>(dres), slot(micro).tokens);
     }
   }
 

@@ -1,7 +1,7 @@
 #pragma once
 // The activation plan of tide::nn::gpt: every activation and activation gradient of one
 // micro-batch's step (forward, then backward) as a tensor of a memory::lifetime_planner, with
-// its op range. The tensors and lifetimes depend on L and keep_logits only; the sizes follow
+// its op range. The tensors and lifetimes depend on the config and the options; the sizes follow
 // (B, T). The model keeps one copy of the plan per in-flight micro-batch (its slots), so the
 // plan's op order is one micro-batch's, whichever stages of other micro-batches run in between.
 
@@ -66,12 +66,13 @@ struct head_views {
   tensor_view<float, B> lnf_mean, lnf_rstd, losses;  // (B, T)
   tensor_view<T, B> dlnf;                  // (B, T, C)
   tensor_view<T, B> tied;                  // (Vp, C): the head's share of wte's gradient; empty without the buffer
+  tensor_view<T, B> piece;                 // (B, T, R): one wte piece's logits; empty when wte is whole
 };
 
 class gpt_activation_plan {
  public:
   // How an activation's size follows (B, T); vpc (the head's wte gradient) does not.
-  enum class extent : std::uint8_t { btc, bt, bt3c, bt4c, bnht, btvp, vpc };
+  enum class extent : std::uint8_t { btc, bt, bt3c, bt4c, bnht, btvp, vpc, btr };
 
   // tied_buffer: the head's share of wte's gradient gets its own tensor (has_tied_buffer).
   // recompute, offload: gpt_options::recompute and offload_activations (checked).
@@ -166,12 +167,13 @@ class gpt_activation_plan {
     auto const f = [&](memory::tensor_id id, shape s) { return view_at<float, B>(base, id, s); };
     return {t(lnf, btc),     t(logits, btv), t(dlogits, btv), f(lnf_mean, bt),
             f(lnf_rstd, bt), f(losses, bt),  t(dlnf, btc),
-            has_tied_ ? t(tied, {Vp, C}) : tensor_view<T, B>{}};
+            has_tied_ ? t(tied, {Vp, C}) : tensor_view<T, B>{},
+            config_.wte_pieces > 1 ? t(piece, {Bn, Tn, wte_piece_rows(config_)}) : tensor_view<T, B>{}};
   }
 
-  // The tensors around the blocks; `tied` only when has_tied(). encoded_back: x_0 as the
-  // backward reads it (encoded unless the embedding block is offloaded).
-  memory::tensor_id encoded, encoded_back, lnf, lnf_mean, lnf_rstd, logits, dlogits, losses, dlnf, dres, tied;
+  // The tensors around the blocks; `tied` only when has_tied(), `piece` only with wte in pieces.
+  // encoded_back: x_0 as the backward reads it (encoded unless the embedding block is offloaded).
+  memory::tensor_id encoded, encoded_back, lnf, lnf_mean, lnf_rstd, logits, dlogits, losses, dlnf, dres, tied, piece;
 
  private:
   memory::tensor_id add(std::string const& name, extent kind, std::size_t element_bytes, int first, int last) {
@@ -262,6 +264,8 @@ class gpt_activation_plan {
     // The head's share of wte's gradient, kept apart until the embedding's backward adds it
     // (the tied gradient: one order of additions for the whole model and for stages).
     if (has_tied_) tied = add("tied.dwte", extent::vpc, t, op.head_bwd(), last);
+    // One wte piece's logits (forward) or their gradient (backward), in turn.
+    if (config_.wte_pieces > 1) piece = add("logits.piece", extent::btr, t, op.head(), op.head_bwd());
   }
 
   struct kind_bytes {
@@ -280,6 +284,7 @@ class gpt_activation_plan {
       case extent::bnht: n = Bn * config_.heads * Tn; break;
       case extent::btvp: n = Bn * Tn * config_.padded_vocab; break;
       case extent::vpc: n = index_t{config_.padded_vocab} * C; break;
+      case extent::btr: n = Bn * Tn * wte_piece_rows(config_); break;
     }
     return static_cast<std::size_t>(n) * a.element_bytes;
   }

@@ -98,7 +98,8 @@ inline std::pair<double, double> normal_pair(std::uint64_t key, std::uint64_t pa
 
 // GPT-2's initialisation of parameter i (`p`, at host-writable x): weights N(0, 0.02), the
 // residual projections' N(0, 0.02 / sqrt(2L)), biases 0, LayerNorm weights 1, wte's padding
-// rows 0. Element j is sample j of stream (seed, i): the same bits on any thread count.
+// rows 0. Element j is sample j of stream (seed, i): the same bits on any thread count, and the
+// same values whatever wte_pieces (i counts wte once).
 template <class T>
 void initialise_parameter(thread_pool* pool, gpt_config const& c, std::size_t i, parameter const& p, T* x,
                           std::uint64_t seed) {
@@ -113,20 +114,30 @@ void initialise_parameter(thread_pool* pool, gpt_config const& c, std::size_t i,
     return;
   }
   double const std_dev = name.ends_with("proj.w") ? 0.02 / std::sqrt(2.0 * c.layers) : 0.02;
-  // wte's padding rows stay 0: no token selects them and the head's loss ignores them.
-  std::size_t const real = name == "wte" ? static_cast<std::size_t>(c.vocab * c.channels) : n;
+  // A piece of wte (i < wte_pieces) is elements [first, first + n) of wte's stream (i = 0): the
+  // same values whatever the pieces. wte's padding rows stay 0: no token selects them and the
+  // head's loss ignores them.
+  bool const wte = i < static_cast<std::size_t>(c.wte_pieces);
+  std::size_t const first = wte ? i * static_cast<std::size_t>(wte_piece_rows(c) * c.channels) : 0;
+  std::size_t const total = wte ? static_cast<std::size_t>(c.vocab * c.channels) : n;
+  std::size_t const real = std::min(n, total > first ? total - first : 0);
   std::fill(x + real, x + n, from_float<T>(0.0f));
-  std::uint64_t const key = splitmix64(seed ^ splitmix64(0xA11CE + i));
+  // The stream of a parameter is its number in the list of a whole wte (pieces share wte's, 0).
+  std::size_t const stream = wte ? 0 : i + 1 - static_cast<std::size_t>(c.wte_pieces);
+  std::uint64_t const key = splitmix64(seed ^ splitmix64(0xA11CE + stream));
+  // Element e of the stream is component e % 2 of pair e / 2; this tensor holds [first, first + real).
+  std::size_t const end = first + real;
   auto fill = [=](std::size_t b, std::size_t e) {
     for (std::size_t pair = b; pair < e; ++pair) {
       auto const [z0, z1] = normal_pair(key, pair);
-      x[2 * pair] = from_float<T>(static_cast<float>(std_dev * z0));
-      if (2 * pair + 1 < real) x[2 * pair + 1] = from_float<T>(static_cast<float>(std_dev * z1));
+      if (2 * pair >= first) x[2 * pair - first] = from_float<T>(static_cast<float>(std_dev * z0));
+      if (2 * pair + 1 < end) x[2 * pair + 1 - first] = from_float<T>(static_cast<float>(std_dev * z1));
     }
   };
-  std::size_t const pairs = (real + 1) / 2;
-  if (pool != nullptr) parallel_for(*pool, pairs, fill);
-  else fill(0, pairs);
+  std::size_t const p0 = first / 2, pairs = (end + 1) / 2 - p0;
+  if (real == 0) return;
+  if (pool != nullptr) parallel_for(*pool, pairs, [&](std::size_t b, std::size_t e) { fill(p0 + b, p0 + e); });
+  else fill(p0, p0 + pairs);
 }
 
 // A token from softmax(row[:V] / temperature) at quantile u in (0, 1); temperature <= 0: argmax.
@@ -214,13 +225,12 @@ struct block_params {
   [[nodiscard]] V const& operator[](block_param k) const noexcept { return at[static_cast<int>(k)]; }
 };
 
-// Block l's parameters (or gradients) as view_of(record) gives them; the list is wte, wpe, 12
-// per block, lnf.w, lnf.b.
+// Block l's parameters (or gradients) as view_of(record) gives them; the list is wte (or its
+// pieces), wpe, 12 per block, lnf.w, lnf.b (block_param_index).
 template <class ViewOf>
-auto block_params_of(parameter_list const& list, int l, ViewOf view_of) {
+auto block_params_of(gpt_config const& c, parameter_list const& list, int l, ViewOf view_of) {
   block_params<decltype(view_of(list[0]))> p;
-  for (int k = 0; k < params_per_block; ++k)
-    p.at[k] = view_of(list[static_cast<std::size_t>(2 + params_per_block * l + k)]);
+  for (int k = 0; k < params_per_block; ++k) p.at[k] = view_of(list[block_param_index(c, l, k)]);
   return p;
 }
 
@@ -280,23 +290,51 @@ void block_backward(exec<B> const& ex, tensor_view<T, B> dres, tensor_view<T con
 
 // ---- the head: final LayerNorm, LM head tied to wte, loss -------------------------------------
 
-// logits = layernorm(x_L) wte^T.
+// Piece j of a table cut into row pieces, as a (rows, C) view.
+template <Backend B, class T>
+tensor_view<T, B> piece_view(kernels::row_table<T> const& t, int j) noexcept {
+  return tensor_view<T, B>(t.piece[j], {t.rows_of(j), t.cols});
+}
+
+// logits = layernorm(x_L) wte^T. wte in pieces: each piece's columns of the logits go through
+// h.piece (B, T, rows of a piece), one GEMM per piece.
 template <Backend B, class T>
 void head_forward(exec<B> const& ex, tensor_view<T const, B> x, head_views<B, T> const& h,
-                  tensor_view<T const, B> lnf_w, tensor_view<T const, B> lnf_b, tensor_view<T const, B> wte) {
+                  tensor_view<T const, B> lnf_w, tensor_view<T const, B> lnf_b, kernels::row_table<T const> const& wte) {
   kernels::layernorm_forward(ex, h.lnf, h.lnf_mean, h.lnf_rstd, x, lnf_w, lnf_b);
-  kernels::matmul_forward(ex, h.logits, tensor_view<T const, B>(h.lnf), wte);
+  tensor_view<T const, B> const lnf(h.lnf);
+  if (wte.pieces == 1) return kernels::matmul_forward(ex, h.logits, lnf, piece_view<B>(wte, 0));
+  index_t const N = h.logits.extent(0) * h.logits.extent(1), Vp = h.logits.extent(2);
+  tensor_view<T const, B> const x2(h.lnf.data(), {N, wte.cols});
+  for (int j = 0; j < wte.pieces; ++j) {
+    tensor_view<T, B> const part(h.piece.data(), {N, wte.rows_of(j)});
+    kernels::matmul_forward(ex, part, x2, piece_view<B>(wte, j));
+    scatter_columns(ex, tensor_view<T, B>(h.logits.data(), {N, Vp}), j * wte.piece_rows, tensor_view<T const, B>(part));
+  }
 }
 
 // dres = d x_L (overwritten); dwte += the head's share of wte's gradient (into the tied buffer,
-// zeroed by the caller, or into wte's gradient itself); dlnf_w, dlnf_b +=.
+// zeroed by the caller, or into wte's gradient itself); dlnf_w, dlnf_b +=. wte in pieces: dlnf
+// sums the pieces' products in piece order (so not the bits of one GEMM over all of Vp), and a
+// bf16 / f16 dlnf is rounded once per piece.
 template <Backend B, class T>
 void head_backward(exec<B> const& ex, tensor_view<T, B> dres, tensor_view<T const, B> x, head_views<B, T> const& h,
-                   tensor_view<T const, B> lnf_w, tensor_view<T const, B> wte, tensor_view<T, B> dwte,
-                   tensor_view<T, B> dlnf_w, tensor_view<T, B> dlnf_b) {
+                   tensor_view<T const, B> lnf_w, kernels::row_table<T const> const& wte,
+                   kernels::row_table<T> const& dwte, tensor_view<T, B> dlnf_w, tensor_view<T, B> dlnf_b) {
   using cview = tensor_view<T const, B>;
   zero_fill(ex, h.dlnf);
-  kernels::matmul_backward(ex, h.dlnf, dwte, tensor_view<T, B>{}, cview(h.dlogits), cview(h.lnf), wte);
+  if (wte.pieces == 1) {
+    kernels::matmul_backward(ex, h.dlnf, piece_view<B>(dwte, 0), tensor_view<T, B>{}, cview(h.dlogits), cview(h.lnf),
+                             piece_view<B>(wte, 0));
+  } else {
+    index_t const N = h.dlogits.extent(0) * h.dlogits.extent(1), Vp = h.dlogits.extent(2), C = wte.cols;
+    for (int j = 0; j < wte.pieces; ++j) {
+      tensor_view<T, B> const part(h.piece.data(), {N, wte.rows_of(j)});
+      gather_columns(ex, part, cview(h.dlogits.data(), {N, Vp}), j * wte.piece_rows);
+      kernels::matmul_backward(ex, tensor_view<T, B>(h.dlnf.data(), {N, C}), piece_view<B>(dwte, j),
+                               tensor_view<T, B>{}, cview(part), cview(h.lnf.data(), {N, C}), piece_view<B>(wte, j));
+    }
+  }
   zero_fill(ex, dres);
   kernels::layernorm_backward(ex, dres, dlnf_w, dlnf_b, cview(h.dlnf), x, lnf_w,
                               tensor_view<float const, B>(h.lnf_mean), tensor_view<float const, B>(h.lnf_rstd));

@@ -18,6 +18,7 @@
 #include "tide/core/error.hpp"
 #include "tide/core/parameters.hpp"
 #include "tide/core/tensor_view.hpp"
+#include "tide/kernels/embedding/row_table.hpp"
 #include "tide/memory/device_arena.hpp"
 
 namespace tide::nn {
@@ -31,6 +32,10 @@ struct gpt_config {
   int vocab = 50257;      // V
   int padded_vocab = 0;   // Vp >= V, the rows of wte; 0: V rounded up to a multiple of 128
   int max_seq = 1024;     // maxT, the rows of wpe
+  // wte stored as this many row pieces, each its own parameter ("wte.0" .. ), so that the table
+  // need not fit one offload chunk (docs/offload.md, "Tensors larger than a chunk"). The model is
+  // the same; the head's sums over the vocabulary are cut at the pieces (not bit-identical to 1).
+  int wte_pieces = 1;
   friend constexpr bool operator==(gpt_config const&, gpt_config const&) = default;
 };
 
@@ -51,6 +56,15 @@ constexpr std::int64_t parameter_count(gpt_config const& c) noexcept {
 
 static_assert(parameter_count({12, 12, 768, 50257, 50304, 1024}) == 124'475'904);
 
+// The most pieces wte may be cut into (the kernels take the piece addresses by value).
+inline constexpr int max_wte_pieces = kernels::row_table<float>::max_pieces;
+
+// Rows of every wte piece but the last (which holds the rest): ceil(Vp / wte_pieces).
+constexpr index_t wte_piece_rows(gpt_config const& c) noexcept {
+  index_t const k = c.wte_pieces < 1 ? 1 : c.wte_pieces;
+  return (padded_vocab_of(c) + k - 1) / k;
+}
+
 // The config with padded_vocab filled in. Throws tide::error(usage) for an impossible one.
 inline gpt_config resolve(gpt_config c) {
   TIDE_REQUIRE(c.layers >= 1 && c.heads >= 1 && c.channels >= 1 && c.vocab >= 1 && c.max_seq >= 1,
@@ -61,9 +75,32 @@ inline gpt_config resolve(gpt_config c) {
   TIDE_REQUIRE(c.padded_vocab == 0 || c.padded_vocab >= c.vocab, "gpt_config: padded_vocab = ", c.padded_vocab,
                " is below vocab = ", c.vocab, "; pass 0 to round vocab up to a multiple of ", vocab_padding);
   c.padded_vocab = static_cast<int>(padded_vocab_of(c));
+  TIDE_REQUIRE(c.wte_pieces >= 1 && c.wte_pieces <= max_wte_pieces, "gpt_config: wte_pieces = ", c.wte_pieces,
+               "; pass 1 (wte whole) to ", max_wte_pieces, " row pieces");
+  TIDE_REQUIRE((c.wte_pieces - 1) * wte_piece_rows(c) < c.padded_vocab, "gpt_config: wte_pieces = ", c.wte_pieces,
+               " pieces of ", wte_piece_rows(c), " rows leave the last of the ", c.padded_vocab,
+               " rows of wte empty; pass fewer pieces");
   return c;
 }
 
+// The fewest wte pieces whose largest fits `chunk_elements` (a chunk's capacity in elements),
+// e.g. to train a model whose wte is larger than the chunks an offload budget allows. Throws
+// tide::error(usage) when even max_wte_pieces pieces, or one row, do not fit.
+inline int wte_pieces_within(gpt_config config, std::size_t chunk_elements) {
+  config.wte_pieces = 1;
+  gpt_config c = resolve(config);
+  auto const C = static_cast<std::size_t>(c.channels);
+  TIDE_REQUIRE(chunk_elements >= C, "wte_pieces_within: a chunk of ", chunk_elements,
+               " elements holds no row of wte (", C, " elements); raise the chunk size");
+  auto const rows = static_cast<index_t>(chunk_elements / C);
+  // The fewest pieces of at most `rows` rows that leave no piece empty.
+  for (int k = 1; k <= max_wte_pieces; ++k) {
+    c.wte_pieces = k;
+    if (wte_piece_rows(c) <= rows && (k - 1) * wte_piece_rows(c) < c.padded_vocab) return k;
+  }
+  TIDE_FAIL(usage, "wte_pieces_within: wte (", c.padded_vocab, " x ", C, ") needs more than ", max_wte_pieces,
+            " pieces of at most ", rows, " rows to fit chunks of ", chunk_elements, " elements; raise the chunk size");
+}
 // Block numbers, for parameters (layer_of) and hooks: the embeddings are block -1, the
 // transformer blocks 0 .. L-1, the final LayerNorm + LM head + loss block L.
 inline constexpr int embedding_block = -1;
@@ -78,7 +115,14 @@ inline constexpr std::string_view block_param_names[params_per_block] = {
     "ln1.w", "ln1.b", "attn.qkv.w", "attn.qkv.b", "attn.proj.w", "attn.proj.b",
     "ln2.w", "ln2.b", "mlp.fc.w",   "mlp.fc.b",   "mlp.proj.w",  "mlp.proj.b"};
 
-// The parameter list of a config, in order: "wte" (Vp, C), "wpe" (maxT, C) in block -1; per
+// Parameter numbers: wte's pieces 0 .. k-1 (k = wte_pieces), wpe k, then block l's parameter p
+// at block_param_index(c, l, p), lnf.w and lnf.b last.
+constexpr std::size_t block_param_index(gpt_config const& c, int l, int p) noexcept {
+  return static_cast<std::size_t>(c.wte_pieces + 1 + params_per_block * l + p);
+}
+
+// The parameter list of a config, in order: "wte" (Vp, C) (or, with wte_pieces = k > 1, "wte.0"
+// .. "wte.{k-1}", rows [j R, min(Vp, (j + 1) R)) of it, R = wte_piece_rows), "wpe" (maxT, C) in block -1; per
 // block l "h{l}.ln1.w" (C), "h{l}.ln1.b", "h{l}.attn.qkv.w" (3C, C), "h{l}.attn.qkv.b" (3C),
 // "h{l}.attn.proj.w" (C, C), "h{l}.attn.proj.b", "h{l}.ln2.w", "h{l}.ln2.b", "h{l}.mlp.fc.w"
 // (4C, C), "h{l}.mlp.fc.b" (4C), "h{l}.mlp.proj.w" (C, 4C), "h{l}.mlp.proj.b" (C); "lnf.w",
@@ -88,7 +132,14 @@ inline parameter_list gpt_parameters(gpt_config const& config, dtype type,
   gpt_config const c = resolve(config);
   index_t const C = c.channels;
   parameter_list list(alignment);
-  list.add("wte", embedding_block, {index_t{c.padded_vocab}, C}, type);
+  if (c.wte_pieces == 1) {
+    list.add("wte", embedding_block, {index_t{c.padded_vocab}, C}, type);
+  } else {
+    index_t const R = wte_piece_rows(c);
+    for (int j = 0; j < c.wte_pieces; ++j)
+      list.add(tide::detail::concat("wte.", j), embedding_block, {std::min<index_t>(R, c.padded_vocab - j * R), C},
+               type);
+  }
   list.add("wpe", embedding_block, {index_t{c.max_seq}, C}, type);
   shape const shapes[params_per_block] = {{C}, {C}, {3 * C, C}, {3 * C}, {C, C}, {C},
                                           {C}, {C}, {4 * C, C}, {4 * C}, {C, 4 * C}, {C}};
@@ -133,14 +184,15 @@ concept ParameterStorage = requires(H& h, std::uint32_t i) {
 };
 
 // The blocks of a gpt and what each reads: block b's own parameters; the head block (L) also
-// reads wte (the tied LM head).
+// reads wte (the tied LM head), every piece of it.
 inline block_uses gpt_block_uses(gpt_config const& config) {
   gpt_config const c = resolve(config);
   parameter_list const list = gpt_parameters(c, dtype::f32);
   block_uses u{embedding_block, std::vector<std::vector<std::uint32_t>>(static_cast<std::size_t>(c.layers + 2))};
   for (std::uint32_t i = 0; i < list.size(); ++i)
     u.params[static_cast<std::size_t>(list[i].layer - embedding_block)].push_back(i);
-  u.params.back().insert(u.params.back().begin(), 0u);  // wte, index 0
+  for (int j = c.wte_pieces - 1; j >= 0; --j)  // wte's pieces, indices 0 .. k-1
+    u.params.back().insert(u.params.back().begin(), static_cast<std::uint32_t>(j));
   return u;
 }
 

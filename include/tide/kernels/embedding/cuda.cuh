@@ -32,6 +32,7 @@
 #include "tide/core/exec.cuh"
 #include "tide/core/tensor_view.hpp"
 #include "tide/kernels/embedding/check.hpp"
+#include "tide/kernels/embedding/row_table.hpp"
 
 namespace tide::kernels {
 
@@ -52,7 +53,7 @@ struct alignas(sizeof(T) * Pack) encoder_pack {
 
 template <int Pack, class T>
 __global__ void __launch_bounds__(encoder_cuda_tuning::block)
-    encoder_forward_kernel(T* out, std::int32_t const* tokens, T const* wte, T const* wpe, index_t n, index_t t_len,
+    encoder_forward_kernel(T* out, std::int32_t const* tokens, row_table<T const> wte, T const* wpe, index_t n, index_t t_len,
                            index_t c_len, index_t vocab) {
   index_t const packs_per_row = c_len / Pack;
   index_t const total = n * packs_per_row;
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(encoder_cuda_tuning::block)
     std::int32_t const v = tokens[row];
     encoder_pack<T, Pack> y;
     if (v >= 0 && v < vocab) {
-      auto const a = reinterpret_cast<encoder_pack<T, Pack> const*>(wte + index_t{v} * c_len)[p];
+      auto const a = reinterpret_cast<encoder_pack<T, Pack> const*>(wte.row(index_t{v}))[p];
       auto const b = reinterpret_cast<encoder_pack<T, Pack> const*>(wpe + (row % t_len) * c_len)[p];
 #pragma unroll
       for (int k = 0; k < Pack; ++k) y.v[k] = from_float<T>(to_float(a.v[k]) + to_float(b.v[k]));
@@ -89,7 +90,7 @@ __global__ void encoder_sort_input_kernel(std::uint32_t* keys, std::int32_t* pos
 // dout[positions[j], c] over the run, for the chunk's channels c.
 template <class G, class D>
 __global__ void __launch_bounds__(encoder_cuda_tuning::block)
-    encoder_backward_wte_kernel(G* dwte, D const* dout, std::uint32_t const* keys, std::int32_t const* positions,
+    encoder_backward_wte_kernel(row_table<G> dwte, D const* dout, std::uint32_t const* keys, std::int32_t const* positions,
                                 index_t n, index_t c_len, index_t vocab) {
   index_t const i = blockIdx.x;
   std::uint32_t const v = keys[i];
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(encoder_cuda_tuning::block)
        c += static_cast<index_t>(gridDim.y) * blockDim.x) {
     float acc = 0.f;
     for (index_t j = i; j < n && keys[j] == v; ++j) acc += to_float(dout[index_t{positions[j]} * c_len + c]);
-    G* g = dwte + index_t{v} * c_len + c;
+    G* g = dwte.row(index_t{v}) + c;
     *g = from_float<G>(to_float(*g) + acc);
   }
 }
@@ -132,36 +133,50 @@ TIDE_ABI_NAMESPACE_BEGIN
 template <Element T>
 void encoder_forward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> out,
                      tensor_view<std::int32_t const, tide::cuda> tokens,
-                     std::type_identity_t<tensor_view<T const, tide::cuda>> wte,
+                     std::type_identity_t<row_table<T const>> const& wte,
                      std::type_identity_t<tensor_view<T const, tide::cuda>> wpe) {
   char const* what = "encoder_forward";
-  detail::encoder_check_shapes(what, "out", out, tokens, wte, wpe);
-  TIDE_REQUIRE(detail::encoder_disjoint(out, wte) && detail::encoder_disjoint(out, wpe), what,
+  detail::encoder_check_act(what, "out", out, tokens, wpe);
+  detail::check_row_table(what, "the token table", wte, out.extent(2));
+  TIDE_REQUIRE(detail::disjoint_from(wte, out.data(), out.bytes()) && detail::encoder_disjoint(out, wpe), what,
                ": out overlaps an embedding table; pass a separate buffer");
   index_t const n = tokens.size(), t_len = out.extent(1), c_len = out.extent(2);
   if (n == 0 || c_len == 0) return;
   constexpr int pack = 16 / static_cast<int>(sizeof(T));
   auto const aligned = [](void const* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  if (c_len % pack == 0 && aligned(out.data()) && aligned(wte.data()) && aligned(wpe.data()))
+  bool packed = c_len % pack == 0 && aligned(out.data()) && aligned(wpe.data());
+  for (int j = 0; j < wte.pieces; ++j) packed = packed && aligned(wte.piece[j]);
+  if (packed)
     detail::encoder_forward_kernel<pack>
         <<<detail::encoder_grid(n * c_len / pack), encoder_cuda_tuning::block, 0, ex.stream>>>(
-            out.data(), tokens.data(), wte.data(), wpe.data(), n, t_len, c_len, wte.extent(0));
+            out.data(), tokens.data(), wte, wpe.data(), n, t_len, c_len, wte.rows);
   else
     detail::encoder_forward_kernel<1><<<detail::encoder_grid(n * c_len), encoder_cuda_tuning::block, 0, ex.stream>>>(
-        out.data(), tokens.data(), wte.data(), wpe.data(), n, t_len, c_len, wte.extent(0));
+        out.data(), tokens.data(), wte, wpe.data(), n, t_len, c_len, wte.rows);
   TIDE_CUDA_CHECK(cudaGetLastError());
+}
+
+template <Element T>
+void encoder_forward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> out,
+                     tensor_view<std::int32_t const, tide::cuda> tokens,
+                     std::type_identity_t<tensor_view<T const, tide::cuda>> wte,
+                     std::type_identity_t<tensor_view<T const, tide::cuda>> wpe) {
+  detail::encoder_check_shapes("encoder_forward", "out", out, tokens, wte, wpe);
+  encoder_forward(ex, out, tokens, row_table_of(wte), wpe);
 }
 
 template <Element G, class D>
   requires Element<std::remove_const_t<D>>
-void encoder_backward(exec<tide::cuda> const& ex, tensor_view<G, tide::cuda> dwte, tensor_view<G, tide::cuda> dwpe,
+void encoder_backward(exec<tide::cuda> const& ex, row_table<G> const& dwte, tensor_view<G, tide::cuda> dwpe,
                       tensor_view<D, tide::cuda> dout, tensor_view<std::int32_t const, tide::cuda> tokens) {
   char const* what = "encoder_backward";
-  detail::encoder_check_shapes(what, "dout", dout, tokens, dwte, dwpe);
-  TIDE_REQUIRE(detail::encoder_disjoint(dwte, dwpe), what, ": dwte and dwpe overlap; pass separate tables");
-  TIDE_REQUIRE(detail::encoder_disjoint(dout, dwte) && detail::encoder_disjoint(dout, dwpe), what,
+  detail::encoder_check_act(what, "dout", dout, tokens, dwpe);
+  detail::check_row_table(what, "the token table", dwte, dout.extent(2));
+  TIDE_REQUIRE(detail::disjoint_from(dwte, dwpe.data(), dwpe.bytes()), what,
+               ": dwte and dwpe overlap; pass separate tables");
+  TIDE_REQUIRE(detail::disjoint_from(dwte, dout.data(), dout.bytes()) && detail::encoder_disjoint(dout, dwpe), what,
                ": dout overlaps a gradient table; pass a separate buffer");
-  index_t const b_len = dout.extent(0), t_len = dout.extent(1), c_len = dout.extent(2), vocab = dwte.extent(0);
+  index_t const b_len = dout.extent(0), t_len = dout.extent(1), c_len = dout.extent(2), vocab = dwte.rows;
   index_t const n = b_len * t_len;
   if (n == 0 || c_len == 0) return;
   TIDE_REQUIRE(n < (index_t{1} << 31) && vocab < (index_t{1} << 31) - 1, what, ": ", n,
@@ -193,7 +208,7 @@ void encoder_backward(exec<tide::cuda> const& ex, tensor_view<G, tide::cuda> dwt
   if (status == cudaSuccess) {
     index_t const chunks = (c_len + encoder_cuda_tuning::block - 1) / encoder_cuda_tuning::block;
     dim3 const grid(static_cast<unsigned>(n), static_cast<unsigned>(std::min<index_t>(chunks, 65535)));
-    detail::encoder_backward_wte_kernel<<<grid, encoder_cuda_tuning::block, 0, stream>>>(dwte.data(), dout.data(), keys,
+    detail::encoder_backward_wte_kernel<<<grid, encoder_cuda_tuning::block, 0, stream>>>(dwte, dout.data(), keys,
                                                                                          pos, n, c_len, vocab);
     status = cudaGetLastError();
   }
@@ -205,6 +220,14 @@ void encoder_backward(exec<tide::cuda> const& ex, tensor_view<G, tide::cuda> dwt
   cudaError_t const freed = cudaFreeAsync(scratch, stream);
   TIDE_CUDA_CHECK(status);
   TIDE_CUDA_CHECK(freed);
+}
+
+template <Element G, class D>
+  requires Element<std::remove_const_t<D>>
+void encoder_backward(exec<tide::cuda> const& ex, tensor_view<G, tide::cuda> dwte, tensor_view<G, tide::cuda> dwpe,
+                      tensor_view<D, tide::cuda> dout, tensor_view<std::int32_t const, tide::cuda> tokens) {
+  detail::encoder_check_shapes("encoder_backward", "dout", dout, tokens, dwte, dwpe);
+  encoder_backward(ex, row_table_of(dwte), dwpe, dout, tokens);
 }
 
 TIDE_ABI_NAMESPACE_END

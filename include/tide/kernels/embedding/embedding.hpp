@@ -6,6 +6,9 @@
 //   encoder_forward(ex, x, tokens, wte, wpe);       // x (B, T, C) = wte[tokens] + wpe[:T]
 //   encoder_backward(ex, dwte, dwpe, dx, tokens);   // dwte (V, C) +=, dwpe (maxT, C) +=
 //
+// wte / dwte may also be a row_table (row_table.hpp): the table in row pieces anywhere in memory,
+// read and written with the same sums and roundings, so the same bits.
+//
 // Element types: activations and tables float, tide::bf16 or tide::f16 (the gradient tables may
 // have another type than dout), float arithmetic; tokens std::int32_t.
 //

@@ -22,6 +22,7 @@
 #include "tide/core/tensor_view.hpp"
 #include "tide/kernels/detail/scratch.hpp"
 #include "tide/kernels/embedding/check.hpp"
+#include "tide/kernels/embedding/row_table.hpp"
 
 namespace tide::kernels {
 
@@ -77,51 +78,61 @@ void encoder_add_into(G* __restrict g, float const* __restrict acc, index_t n) n
 
 }  // namespace detail
 
-// out (B, T, C) = wte[tokens[b, t]] + wpe[t]. tokens (B, T) in [0, V), wte (V, C), wpe (maxT, C)
-// with maxT >= T. A token outside [0, V) throws tide::error(usage) before anything is written.
+// out (B, T, C) = wte[tokens[b, t]] + wpe[t]. tokens (B, T) in [0, V), wte (V, C) (a contiguous
+// table, or a row_table of pieces), wpe (maxT, C) with maxT >= T. A token outside [0, V) throws
+// tide::error(usage) before anything is written.
 template <Element T>
 void encoder_forward(exec<host> const& ex, tensor_view<T> out, tensor_view<std::int32_t const> tokens,
-                     std::type_identity_t<tensor_view<T const>> wte, std::type_identity_t<tensor_view<T const>> wpe) {
+                     std::type_identity_t<row_table<T const>> const& wte, std::type_identity_t<tensor_view<T const>> wpe) {
   char const* what = "encoder_forward";
-  detail::encoder_check_shapes(what, "out", out, tokens, wte, wpe);
-  TIDE_REQUIRE(detail::encoder_disjoint(out, wte) && detail::encoder_disjoint(out, wpe), what,
+  detail::encoder_check_act(what, "out", out, tokens, wpe);
+  detail::check_row_table(what, "the token table", wte, out.extent(2));
+  TIDE_REQUIRE(detail::disjoint_from(wte, out.data(), out.bytes()) && detail::encoder_disjoint(out, wpe), what,
                ": out overlaps an embedding table; pass a separate buffer");
-  detail::encoder_check_tokens(what, tokens, wte.extent(0));
+  detail::encoder_check_tokens(what, tokens, wte.rows);
   index_t const t_len = out.extent(1), c_len = out.extent(2);
   T* o = out.data();
   std::int32_t const* tok = tokens.data();
-  T const* te = wte.data();
   T const* pe = wpe.data();
   parallel_for(ex.pool, static_cast<std::size_t>(tokens.size()), [&](std::size_t begin, std::size_t end) {
     for (auto i = static_cast<index_t>(begin); i < static_cast<index_t>(end); ++i) {
       T* __restrict y = o + i * c_len;
-      T const* __restrict a = te + index_t{tok[i]} * c_len;
+      T const* __restrict a = wte.row(index_t{tok[i]});
       T const* __restrict p = pe + (i % t_len) * c_len;
       for (index_t c = 0; c < c_len; ++c) y[c] = from_float<T>(to_float(a[c]) + to_float(p[c]));
     }
   });
 }
 
+template <Element T>
+void encoder_forward(exec<host> const& ex, tensor_view<T> out, tensor_view<std::int32_t const> tokens,
+                     std::type_identity_t<tensor_view<T const>> wte, std::type_identity_t<tensor_view<T const>> wpe) {
+  detail::encoder_check_shapes("encoder_forward", "out", out, tokens, wte, wpe);
+  encoder_forward(ex, out, tokens, row_table_of(wte), wpe);
+}
+
 // dwte (V, C) += the sum of dout rows over the positions of each token; dwpe (maxT, C): row t
-// += sum over b of dout[b, t]. dout (B, T, C), tokens (B, T). Deterministic (see above); sums in
-// float, one rounding into a bf16 / f16 table. A token outside [0, V) throws before any write.
+// += sum over b of dout[b, t]. dout (B, T, C), tokens (B, T); dwte contiguous or a row_table.
+// Deterministic (see above); sums in float, one rounding into a bf16 / f16 table. A token outside
+// [0, V) throws before any write.
 template <Element G, class D>
   requires Element<std::remove_const_t<D>>
-void encoder_backward(exec<host> const& ex, tensor_view<G> dwte, tensor_view<G> dwpe, tensor_view<D> dout,
+void encoder_backward(exec<host> const& ex, row_table<G> const& dwte, tensor_view<G> dwpe, tensor_view<D> dout,
                       tensor_view<std::int32_t const> tokens) {
   char const* what = "encoder_backward";
-  detail::encoder_check_shapes(what, "dout", dout, tokens, dwte, dwpe);
-  TIDE_REQUIRE(detail::encoder_disjoint(dwte, dwpe), what, ": dwte and dwpe overlap; pass separate tables");
-  TIDE_REQUIRE(detail::encoder_disjoint(dout, dwte) && detail::encoder_disjoint(dout, dwpe), what,
+  detail::encoder_check_act(what, "dout", dout, tokens, dwpe);
+  detail::check_row_table(what, "the token table", dwte, dout.extent(2));
+  TIDE_REQUIRE(detail::disjoint_from(dwte, dwpe.data(), dwpe.bytes()), what,
+               ": dwte and dwpe overlap; pass separate tables");
+  TIDE_REQUIRE(detail::disjoint_from(dwte, dout.data(), dout.bytes()) && detail::encoder_disjoint(dout, dwpe), what,
                ": dout overlaps a gradient table; pass a separate buffer");
-  detail::encoder_check_tokens(what, tokens, dwte.extent(0));
+  detail::encoder_check_tokens(what, tokens, dwte.rows);
   index_t const b_len = dout.extent(0), t_len = dout.extent(1), c_len = dout.extent(2);
   index_t const n = b_len * t_len;
   if (n == 0 || c_len == 0) return;
   detail::token_runs const runs = detail::encoder_token_runs(tokens.data(), n);
   std::int32_t const* tok = tokens.data();
   std::remove_const_t<D> const* d = dout.data();
-  G* gte = dwte.data();
   G* gpe = dwpe.data();
   constexpr index_t block = encoder_tuning::channel_block;
   index_t const blocks = (c_len + block - 1) / block;
@@ -134,7 +145,7 @@ void encoder_backward(exec<host> const& ex, tensor_view<G> dwte, tensor_view<G> 
       for (std::int32_t i = runs.starts[k]; i < runs.starts[k + 1]; ++i)
         detail::encoder_accumulate(acc, d + index_t{runs.order[static_cast<std::size_t>(i)]} * c_len + c0, width);
       index_t const v = tok[runs.order[static_cast<std::size_t>(runs.starts[k])]];
-      detail::encoder_add_into(gte + v * c_len + c0, acc, width);
+      detail::encoder_add_into(dwte.row(v) + c0, acc, width);
     }
     for (index_t t = 0; t < t_len; ++t) {
       std::fill_n(acc, width, 0.f);
@@ -142,6 +153,14 @@ void encoder_backward(exec<host> const& ex, tensor_view<G> dwte, tensor_view<G> 
       detail::encoder_add_into(gpe + t * c_len + c0, acc, width);
     }
   });
+}
+
+template <Element G, class D>
+  requires Element<std::remove_const_t<D>>
+void encoder_backward(exec<host> const& ex, tensor_view<G> dwte, tensor_view<G> dwpe, tensor_view<D> dout,
+                      tensor_view<std::int32_t const> tokens) {
+  detail::encoder_check_shapes("encoder_backward", "dout", dout, tokens, dwte, dwpe);
+  encoder_backward(ex, row_table_of(dwte), dwpe, dout, tokens);
 }
 
 }  // namespace tide::kernels
