@@ -10,6 +10,7 @@
 //                        [--data PATH] [--checkpoint-dir DIR] [--checkpoint-every N] [--resume]
 //                        [--batch N] [--seq N] [--lr X] [--warmup N] [--seed N] [--threads N]
 //                        [--eval-every N] [--sample N] [--prompt TEXT] [--check-falls MARGIN]
+//                        [--recompute] [--offload-activations] [--host-budget SIZE --spill-folder DIR]
 //
 // --help prints the defaults (read from `options`). Each run writes to a folder of its own,
 // DIR/run-001, run-002, ...; --resume continues the latest one that has a checkpoint.
@@ -71,6 +72,10 @@ struct options {
   int sample = 200;
   std::string prompt = "The ";
   double check_falls = -1;  // off
+  bool recompute = false;             // every block's activations recomputed in backward
+  bool offload_activations = false;   // every block's saved activations to host memory
+  std::size_t host_budget = 0;        // bytes of pinned host memory for chunks; 0: no limit
+  std::string spill_folder;           // where optimizer state past host_budget goes
 };
 
 // --help: the defaults come from options{}, so the text cannot drift from the code.
@@ -104,6 +109,11 @@ std::string usage() {
       "  --prompt TEXT         the sample's prompt [\"", d.prompt, "\"]\n",
       "  --check-falls M       exit 1 unless the last 5 steps' mean loss < the first loss - M [",
       d.check_falls < 0 ? std::string("off") : tide::detail::concat(d.check_falls), "]\n",
+      "  --recompute           recompute every block's activations in backward (activation checkpointing)\n",
+      "  --offload-activations move every block's saved activations to host memory between forward and backward\n",
+      "  --host-budget SIZE    pinned host memory for chunks (chunked schedulers); past it the optimizer state\n",
+      "                        goes to files under --spill-folder (the NVMe tier) [no limit]\n",
+      "  --spill-folder DIR    the folder for that state, on a fast drive\n",
       "  --help                this text\n",
       "Flags also take --flag=VALUE. Sizes in the output are binary (KiB, MiB, GiB). Bad input exits 2\n",
       "with one line on stderr.\n");
@@ -121,6 +131,7 @@ constexpr flag flags[] = {
     {"--batch", true},      {"--seq", true},        {"--lr", true},         {"--warmup", true},
     {"--seed", true},       {"--threads", true},    {"--eval-every", true}, {"--sample", true},
     {"--prompt", true},     {"--check-falls", true}, {"--help", false},     {"-h", false},
+    {"--recompute", false}, {"--offload-activations", false}, {"--host-budget", true}, {"--spill-folder", true},
 };
 
 flag const* find_flag(std::string_view name) {
@@ -225,7 +236,9 @@ options parse(int argc, char** argv) {
     }
     if (!f->takes_value) {
       TIDE_CHECK(!has_inline, usage, k, " takes no value, got '", inline_value, "'");
-      o.resume = true;  // the one switch
+      if (k == "--resume") o.resume = true;
+      else if (k == "--recompute") o.recompute = true;
+      else if (k == "--offload-activations") o.offload_activations = true;
       continue;
     }
     if (!has_inline) {
@@ -251,7 +264,13 @@ options parse(int argc, char** argv) {
     else if (k == "--sample") o.sample = whole_number(k, v, 0, 1 << 20);
     else if (k == "--prompt") o.prompt = v;
     else if (k == "--check-falls") o.check_falls = real_number(k, v);
+    else if (k == "--host-budget") o.host_budget = size_from(k, v);
+    else if (k == "--spill-folder") o.spill_folder = v;
   }
+  TIDE_REQUIRE((o.host_budget == 0) == o.spill_folder.empty(), "--host-budget and --spill-folder go together: the "
+               "optimizer state past the host budget needs a folder, and a folder needs a budget to spill past");
+  TIDE_REQUIRE(o.host_budget == 0 || o.scheduler == "chunked" || o.scheduler == "chunked-lru", "--host-budget: the "
+               "NVMe tier is part of the chunked schedulers; pass --scheduler chunked or chunked-lru");
   TIDE_REQUIRE(o.lr > 0.f && o.lr <= 1.f, "--lr must be above 0 and at most 1, got ", o.lr);
   TIDE_REQUIRE(o.check_falls >= 0 || o.check_falls == options{}.check_falls, "--check-falls must be >= 0, got ",
                o.check_falls);
@@ -352,15 +371,23 @@ struct batch {
   tide::tensor_view<std::int32_t const> labels() const { return {targets.data(), {B, T}}; }
 };
 
+// The model's options: the seed, and --recompute / --offload-activations for every block.
+tide::nn::gpt_options model_options(options const& opt, tide::nn::gpt_config const& config) {
+  tide::nn::gpt_options o{.seed = opt.seed};
+  if (opt.recompute) o.recompute = tide::nn::block_set::all(config.layers);
+  if (opt.offload_activations) o.offload_activations = tide::nn::block_set::range(tide::nn::embedding_block, config.layers - 1);
+  return o;
+}
+
 // Bytes of the activations of one (B, T) step: the non-model data the budget must also hold.
 // Measured in an arena of a quarter of the machine's memory (it touches only what it uses).
-std::size_t activation_bytes(tide::nn::gpt_config const& config, int B, int T) {
+std::size_t activation_bytes(tide::nn::gpt_config const& config, tide::nn::gpt_options const& options, int B, int T) {
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   std::size_t const quarter = std::min(physical_memory() / 4, 256_GiB);
   tide::memory::device_arena<tide::host> arena{{.budget = quarter}};
   try {
-    tide::nn::gpt<tide::host> model{config, arena, {}};
+    tide::nn::gpt<tide::host> model{config, arena, options};
     std::vector<std::int32_t> zeros(std::size_t(B) * std::size_t(T), 0);
     model.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {B, T}));
     return tide::round_up(model.activations().footprint, 256);
@@ -377,7 +404,7 @@ std::size_t activation_bytes(tide::nn::gpt_config const& config, int B, int T) {
 template <class Offload>
 std::size_t device_budget(options const& opt, tide::nn::gpt_config const& config, Offload const& offload,
                           std::size_t model_data) {
-  std::size_t const activations = activation_bytes(config, opt.batch, opt.seq);
+  std::size_t const activations = activation_bytes(config, model_options(opt, config), opt.batch, opt.seq);
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   tide::memory::device_arena<tide::host> arena{{.budget = 1_MiB}};
@@ -435,7 +462,7 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
     }
   }
 
-  tide::train::trainer trainer{tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = opt.seed}},
+  tide::train::trainer trainer{tide::nn::gpt_spec<tide::host>{.config = config, .options = model_options(opt, config)},
                                offload,
                                tide::optim::adamw{.lr = opt.lr,
                                                   .beta2 = 0.99f,
@@ -561,6 +588,10 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
               train_seconds > 0 ? double(tokens) / train_seconds : 0.0, double(off.bytes_moved()) / double(1_MiB),
               off.fetches, off.evictions, off.prefetch_hits, off.stall_ms, double(off.peak_device_bytes) / double(1_MiB),
               double(budget) / double(1_MiB), tide::detail::concat(tide::bytes_of{progress.bytes_moved()}).c_str());
+  if (off.nvme_read_bytes + off.nvme_write_bytes > 0)
+    std::printf("NVMe tier: the last step read %.1f MiB and wrote %.1f MiB of optimizer state under %s\n",
+                double(off.nvme_read_bytes) / double(1_MiB), double(off.nvme_write_bytes) / double(1_MiB),
+                opt.spill_folder.c_str());
   std::printf("pictures: %s (memory tide of the last step), %s (loss); timeline: %s (open in ui.perfetto.dev)\n",
               tide_svg.c_str(), loss_svg.c_str(), trace_json.c_str());
   if (opt.checkpoint_every > 0)
@@ -590,6 +621,7 @@ int train_gpt(int argc, char** argv) {
                    opt.scheduler == "static" || opt.scheduler == "resident",
                "--scheduler ", opt.scheduler, ": pass chunked, chunked-lru, layer-window, static or resident");
   run_place const place = find_run_place(opt);  // before any work: a bad folder or --resume fails at once
+  if (!opt.spill_folder.empty()) fs::create_directories(opt.spill_folder);
   std::size_t const params = static_cast<std::size_t>(tide::nn::parameter_count(tide::nn::resolve(config)));
   std::size_t const model_data = 16 * params;  // parameters, gradients, AdamW m and v: fp32 each
   namespace off = tide::offload;
@@ -597,8 +629,11 @@ int train_gpt(int argc, char** argv) {
   std::size_t largest = 0;
   for (auto const& p : tide::nn::gpt_parameters(config, tide::dtype::f32)) largest = std::max(largest, p.bytes);
   std::size_t const chunk = tide::round_up(std::max(largest, params * sizeof(float) / 16), 64_KiB);
-  if (opt.scheduler == "chunked") return run(opt, place, off::chunked<off::belady>{.chunk_bytes = chunk}, config, model_data);
-  if (opt.scheduler == "chunked-lru") return run(opt, place, off::chunked<off::lru>{.chunk_bytes = chunk}, config, model_data);
+  auto const chunked = [&]<class Policy>(Policy) {
+    return off::chunked<Policy>{.chunk_bytes = chunk, .host_budget = opt.host_budget, .spill_folder = opt.spill_folder};
+  };
+  if (opt.scheduler == "chunked") return run(opt, place, chunked(off::belady{}), config, model_data);
+  if (opt.scheduler == "chunked-lru") return run(opt, place, chunked(off::lru{}), config, model_data);
   if (opt.scheduler == "layer-window") return run(opt, place, off::layer_window<>{}, config, model_data);
   if (opt.scheduler == "static") return run(opt, place, off::static_partition{.chunk_bytes = chunk}, config, model_data);
   return run(opt, place, off::resident{.chunk_bytes = chunk}, config, model_data);
