@@ -42,29 +42,20 @@ void add_in_place(exec<host> const& ex, tensor_view<T> x, tensor_view<T const> y
   });
 }
 
-// wide[:, col : col + w] = narrow, wide (N, W), narrow (N, w): the LM head's logits of one wte piece.
+// dst[:, dst_col : dst_col + w] = src[:, src_col : src_col + w] for (N, *) views with the same
+// rows: one wte piece's columns of the logits, out (forward) or in (backward).
 template <class T>
-void scatter_columns(exec<host> const& ex, tensor_view<T> wide, index_t col, tensor_view<T const> narrow) {
-  index_t const W = wide.extent(1), w = narrow.extent(1);
-  TIDE_REQUIRE(wide.extent(0) == narrow.extent(0) && col >= 0 && col + w <= W, "scatter_columns: columns [", col, ", ",
-               col + w, ") of ", narrow.extent(0), " rows do not fit (", wide.extent(0), ", ", W, ")");
-  T* p = wide.data();
-  T const* q = narrow.data();
-  parallel_for(ex.pool, static_cast<std::size_t>(wide.extent(0)), [=](std::size_t b, std::size_t e) {
-    for (std::size_t r = b; r < e; ++r) std::memcpy(p + r * W + col, q + r * w, static_cast<std::size_t>(w) * sizeof(T));
-  });
-}
-
-// narrow = wide[:, col : col + w]: the gradient of one wte piece's logits.
-template <class T>
-void gather_columns(exec<host> const& ex, tensor_view<T> narrow, tensor_view<T const> wide, index_t col) {
-  index_t const W = wide.extent(1), w = narrow.extent(1);
-  TIDE_REQUIRE(wide.extent(0) == narrow.extent(0) && col >= 0 && col + w <= W, "gather_columns: columns [", col, ", ",
-               col + w, ") of ", narrow.extent(0), " rows do not fit (", wide.extent(0), ", ", W, ")");
-  T* p = narrow.data();
-  T const* q = wide.data();
-  parallel_for(ex.pool, static_cast<std::size_t>(wide.extent(0)), [=](std::size_t b, std::size_t e) {
-    for (std::size_t r = b; r < e; ++r) std::memcpy(p + r * w, q + r * W + col, static_cast<std::size_t>(w) * sizeof(T));
+void copy_columns(exec<host> const& ex, tensor_view<T> dst, index_t dst_col, tensor_view<T const> src, index_t src_col,
+                  index_t w) {
+  index_t const D = dst.extent(1), S = src.extent(1);
+  TIDE_REQUIRE(dst.extent(0) == src.extent(0) && w >= 0 && dst_col >= 0 && src_col >= 0 && dst_col + w <= D &&
+                   src_col + w <= S,
+               "copy_columns: columns [", src_col, ", ", src_col + w, ") of (", src.extent(0), ", ", S, ") to [",
+               dst_col, ", ", dst_col + w, ") of (", dst.extent(0), ", ", D, ") do not fit");
+  T* p = dst.data() + dst_col;
+  T const* q = src.data() + src_col;
+  parallel_for(ex.pool, static_cast<std::size_t>(dst.extent(0)), [=](std::size_t b, std::size_t e) {
+    for (std::size_t r = b; r < e; ++r) std::memcpy(p + r * D, q + r * S, static_cast<std::size_t>(w) * sizeof(T));
   });
 }
 

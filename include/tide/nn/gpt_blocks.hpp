@@ -309,7 +309,8 @@ void head_forward(exec<B> const& ex, tensor_view<T const, B> x, head_views<B, T>
   for (int j = 0; j < wte.pieces; ++j) {
     tensor_view<T, B> const part(h.piece.data(), {N, wte.rows_of(j)});
     kernels::matmul_forward(ex, part, x2, piece_view<B>(wte, j));
-    scatter_columns(ex, tensor_view<T, B>(h.logits.data(), {N, Vp}), j * wte.piece_rows, tensor_view<T const, B>(part));
+    copy_columns(ex, tensor_view<T, B>(h.logits.data(), {N, Vp}), j * wte.piece_rows, tensor_view<T const, B>(part), 0,
+                 part.extent(1));
   }
 }
 
@@ -330,7 +331,7 @@ void head_backward(exec<B> const& ex, tensor_view<T, B> dres, tensor_view<T cons
     index_t const N = h.dlogits.extent(0) * h.dlogits.extent(1), Vp = h.dlogits.extent(2), C = wte.cols;
     for (int j = 0; j < wte.pieces; ++j) {
       tensor_view<T, B> const part(h.piece.data(), {N, wte.rows_of(j)});
-      gather_columns(ex, part, cview(h.dlogits.data(), {N, Vp}), j * wte.piece_rows);
+      copy_columns(ex, part, 0, cview(h.dlogits.data(), {N, Vp}), j * wte.piece_rows, part.extent(1));
       kernels::matmul_backward(ex, tensor_view<T, B>(h.dlnf.data(), {N, C}), piece_view<B>(dwte, j),
                                tensor_view<T, B>{}, cview(part), cview(h.lnf.data(), {N, C}), piece_view<B>(wte, j));
     }
