@@ -276,6 +276,52 @@ TEST_CASE("the NVMe tier: a write that fails is a clear error, loses nothing, an
   CHECK(same(params_of(t), straight));
 }
 
+TEST_CASE("the NVMe tier: a read that fails is a clear error, loses nothing, and the state put back goes on") {
+  // The spill file is cut to nothing behind tide's back: the next step's reads (started as each
+  // chunk's update is queued) find the end of the file. Put the file back, and the run goes on
+  // as if the failed step never was.
+  tide::test::scratch_dir const dir("spill_read_fail");
+  auto const o = spilling(dir.path);
+  std::vector<std::vector<float>> straight;
+  {
+    tide::test::scratch_dir const other("spill_read_straight");
+    auto a = tide::train::make_trainer(spec, spilling(other.path), clipped);
+    for (int s = 0; s < 5; ++s) (void)a.step(view_of<decltype(a)>(data_of(s)));
+    straight = params_of(a);
+  }
+  auto t = tide::train::make_trainer(spec, o, clipped);
+  for (int s = 0; s < 2; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
+  auto const before = params_of(t);
+  std::filesystem::path file;
+  for (auto const& e : std::filesystem::directory_iterator(dir.path))
+    if (e.is_regular_file()) file = e.path();
+  REQUIRE(!file.empty());
+  auto const size = std::filesystem::file_size(file);
+  std::string const bytes = tide::test::file_text(file);
+  REQUIRE(bytes.size() == size);
+  std::filesystem::resize_file(file, 0);
+  try {
+    (void)t.step(view_of<decltype(t)>(data_of(2)));
+    FAIL("expected an I/O error");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::io);
+    std::string const what = e.what();
+    INFO(what);
+    CHECK(what.find("tide-store-") != std::string::npos);
+    CHECK(what.find("end of file") != std::string::npos);
+  }
+  CHECK(same(params_of(t), before));
+  CHECK(t.steps() == 2);
+  {
+    std::FILE* f = std::fopen(file.c_str(), "r+b");
+    REQUIRE(f != nullptr);
+    CHECK(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
+    std::fclose(f);
+  }
+  for (int s = 2; s < 5; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
+  CHECK(same(params_of(t), straight));
+}
+
 TEST_CASE("the NVMe tier: host budgets that cannot work are refused, saying what to set") {
   tide::test::scratch_dir const dir("spill_refused");
   auto o = spilling(dir.path);

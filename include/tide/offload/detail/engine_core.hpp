@@ -513,8 +513,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     optim::update_args args{};
     trace_recorder* recorder = nullptr;
     undo_record* undo = nullptr;  // where the state before the update goes (undo_on_error)
-    // NVMe tier: the state is read from its current slot into staging, written to the other one.
+    // NVMe tier: the state is read from its current slot into staging (the read started when the
+    // job was staged: `reading`), updated, and written to the other slot.
     std::byte* staging = nullptr;
+    state_spill::pending* reading = nullptr;
     std::array<std::size_t, optim::max_state_lists> from{}, to{};
     std::exception_ptr spill_failure;  // read by the engine after the optimizer stream drained
     void operator()() {
@@ -523,7 +525,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       double const start = recorder != nullptr ? trace_recorder::now_us() : 0;
       if (staging != nullptr) {
         try {
-          self->spill_.read(from.data(), staging);
+          self->spill_.finish(*reading);
         } catch (...) {  // no state, no update: the step fails when it ends, and nothing changed
           spill_failure = std::current_exception();
           return;
@@ -598,8 +600,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       return;
     }
     host_job& job = jobs_[c];
-    job = {this, c, update_of(c), targets_of(c), args, this->tracing() ? this->trace_ : nullptr, undo, nullptr, {}, {},
-           nullptr};
+    job = {this, c, update_of(c), targets_of(c), args, this->tracing() ? this->trace_ : nullptr, undo, nullptr, nullptr,
+           {}, {}, nullptr};
     if (spill_.spilled(c)) stage_spilled(job);
     this->param_.transition_chunk(c, chunk::tensor_state::hold);
     this->grad_.transition_chunk(c, chunk::tensor_state::free);
@@ -625,6 +627,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // A spilled chunk's host step: one of two staging blocks for its state (the update two spilled
   // chunks back must have finished with it: back-pressure on backward when the worker lags), and
   // its slots. So the host holds two chunks' state beyond host_budget, not every spilled chunk's.
+  // The state's read starts here, so it overlaps the updates queued before this one on the worker
+  // (with deferred steps, the next spilled chunk's read runs beside the current update).
   void stage_spilled(host_job& job) {
     std::uint32_t const c = job.c;
     std::size_t const r = spill_next_++ % spill_ring_.size();
@@ -634,8 +638,17 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       this->cur_.stall_ms += ms_since(t0);
     }
     spill_user_[r] = c;
+    // A read its update never waited for (the update was not launched: the step failed) ends
+    // before the block is read into again; its outcome no longer matters.
+    if (spill_reads_[r].issued > 0) {
+      try {
+        spill_.finish(spill_reads_[r]);
+      } catch (...) {
+      }
+    }
     std::byte* const staging = spill_ring_[r]->data;
     job.staging = staging;
+    job.reading = &spill_reads_[r];
     for (std::size_t k = 0; k < state_lists; ++k) {
       auto* const list = reinterpret_cast<float*>(staging + k * spill_.block_bytes());
       job.whole.state[k] = list;
@@ -643,6 +656,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       job.from[k] = spill_.block(c, k, false);
       job.to[k] = spill_.block(c, k, true);
     }
+    spill_.start_read(job.from.data(), staging, spill_reads_[r]);
     spill_.mark_written(c);
     spill_jobs_.push_back(c);
     this->cur_.nvme_read_bytes += spill_.staging_bytes();
@@ -768,7 +782,15 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   }
   // The staging blocks back to the pool (destruction: the worker is idle).
   void free_spill_staging() noexcept {
-    for (auto& r : spill_ring_) r.reset();
+    for (std::size_t r = 0; r < spill_ring_.size(); ++r) {
+      if (spill_reads_[r].issued > 0) {  // no read may outlive its block
+        try {
+          spill_.finish(spill_reads_[r]);
+        } catch (...) {
+        }
+      }
+      spill_ring_[r].reset();
+    }
   }
   undo_record* begin_undo(std::uint32_t c, index_t n) {
     return options_.undo_on_error ? undo_.begin(c, static_cast<std::size_t>(n), targets_of(c)) : nullptr;
@@ -868,6 +890,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   state_spill spill_;                      // the NVMe tier (host_budget)
   std::array<std::optional<spill_staging>, 2> spill_ring_;  // staging for spilled updates, reused in turn
   std::array<std::uint32_t, 2> spill_user_{};               // the chunk whose update last used each
+  std::array<state_spill::pending, 2> spill_reads_{};       // the read into each, started when staged
   std::size_t spill_next_ = 0;
   std::vector<std::uint32_t> spill_jobs_;  // the spilled chunks updated in this step
   std::vector<std::uint32_t> touched_, on_host_, released_;

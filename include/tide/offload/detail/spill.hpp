@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "tide/core/error.hpp"
@@ -65,10 +66,37 @@ class state_spill {
   // Every list of chunk c, from the slot given by `blocks` (block(c, k, ..)), into or out of
   // staging (lists one after another, block_bytes() each). Blocks; throws tide::error(io).
   void read(std::size_t const* blocks, std::byte* staging) {
-    move(blocks, staging, false);
+    pending io;
+    start(blocks, staging, false, io);
+    finish(io);
   }
   void write(std::size_t const* blocks, std::byte const* staging) {
-    move(blocks, const_cast<std::byte*>(staging), true);
+    pending io;
+    start(blocks, const_cast<std::byte*>(staging), true, io);
+    finish(io);
+  }
+
+  // A read started ahead of the update that needs it: start_read issues the requests and never
+  // throws (a request the store refuses is kept in `failure`); finish waits for every issued
+  // one, then throws the first failure. finish must run before staging is used or reused.
+  struct pending {
+    std::array<memory::file_store::ticket, max_lists> tickets{};  // a step allocates nothing
+    std::size_t issued = 0;
+    std::exception_ptr failure;
+  };
+  void start_read(std::size_t const* blocks, std::byte* staging, pending& io) noexcept {
+    start(blocks, staging, false, io);
+  }
+  void finish(pending& io) {
+    for (std::size_t k = 0; k < io.issued; ++k) {  // every request is waited for: none outlives staging
+      try {
+        store_->wait(io.tickets[k]);
+      } catch (...) {
+        if (!io.failure) io.failure = std::current_exception();
+      }
+    }
+    io.issued = 0;
+    if (io.failure) std::rethrow_exception(std::exchange(io.failure, nullptr));
   }
 
   // Chunk c's update wrote its other slot: current at commit().
@@ -95,26 +123,18 @@ class state_spill {
   }
 
  private:
-  void move(std::size_t const* blocks, std::byte* staging, bool write) {
-    std::array<memory::file_store::ticket, max_lists> t{};  // a step allocates nothing
-    std::size_t issued = 0;
-    std::exception_ptr failure;
+  void start(std::size_t const* blocks, std::byte* staging, bool write, pending& io) noexcept {
+    io.issued = 0;
+    io.failure = nullptr;
     try {
-      for (; issued < lists_; ++issued) {
-        std::byte* const at = staging + issued * block_bytes();
-        t[issued] = write ? store_->write_async(blocks[issued], at) : store_->read_async(blocks[issued], at);
+      for (; io.issued < lists_; ++io.issued) {
+        std::byte* const at = staging + io.issued * block_bytes();
+        io.tickets[io.issued] =
+            write ? store_->write_async(blocks[io.issued], at) : store_->read_async(blocks[io.issued], at);
       }
     } catch (...) {
-      failure = std::current_exception();
+      io.failure = std::current_exception();
     }
-    for (std::size_t k = 0; k < issued; ++k) {  // every request is waited for: none outlives staging
-      try {
-        store_->wait(t[k]);
-      } catch (...) {
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    if (failure) std::rethrow_exception(failure);
   }
 
   std::optional<memory::file_store> store_;
