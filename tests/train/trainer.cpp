@@ -540,12 +540,37 @@ TEST_CASE("bf16 parameters with fp32 masters: offloaded equals resident, bit for
     return std::pair{losses, params};
   };
   auto const [lr, pr] = run(off::resident{});
-  auto const [lc, pc] = run(tight<off::chunked<off::belady>, tide::bf16>({.chunk_bytes = 10_KiB}));
+  auto const chunked = tight<off::chunked<off::belady>, tide::bf16>({.chunk_bytes = 10_KiB});
+  auto const [lc, pc] = run(chunked);
   CHECK(lr.back() < lr.front() - 0.2f);  // it learns in bf16
   CHECK(std::memcmp(lr.data(), lc.data(), lr.size() * sizeof(float)) == 0);
   REQUIRE(pr.size() == pc.size());
   for (std::size_t i = 0; i < pr.size(); ++i)
     CHECK(std::memcmp(pr[i].data(), pc[i].data(), pr[i].size() * sizeof(tide::bf16)) == 0);
+  // The NVMe tier with fp32 masters: the masters stay on the host with the bf16 chunks, m and v
+  // of about half the chunks go to file. The same bits again.
+  tide::test::scratch_dir const dir("spill_bf16");
+  auto spilled = chunked;
+  {
+    tide::thread_pool pool{1};
+    tide::exec<host> ex{pool};
+    tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+    off::scheduler<host, tide::bf16, off::chunked<off::belady>> probe{ex, arena, spec16.parameters(), spec16.uses(),
+                                                                      chunked};
+    std::size_t const n = probe.layout().chunks(), half = tide::round_up(probe.chunk_bytes(), 256),
+                      list = tide::round_up(2 * probe.chunk_bytes(), 256);  // an fp32 list of the chunk
+    spilled.host_budget = n * (half + list) + (n / 2) * 2 * list;  // bf16 chunks, masters, m and v of n / 2
+    spilled.spill_folder = dir.path;
+  }
+  auto t = tide::train::make_trainer(spec16, spilled, clipped);
+  std::vector<float> ls;
+  for (int s = 0; s < 8; ++s) ls.push_back(t.step(view_of<decltype(t)>(data_of(s))).loss);
+  CHECK(t.scheduler().last_step().nvme_read_bytes > 0);
+  CHECK(std::memcmp(lr.data(), ls.data(), lr.size() * sizeof(float)) == 0);
+  for (std::uint32_t i = 0; i < pr.size(); ++i) {
+    auto const p = t.scheduler().read_param(i);
+    CHECK(std::memcmp(pr[i].data(), p.data(), pr[i].size() * sizeof(tide::bf16)) == 0);
+  }
 }
 
 TEST_CASE("f16 with loss scaling: overflowing steps are skipped, the scale halves, nothing changes; then it learns") {

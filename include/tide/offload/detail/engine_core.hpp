@@ -701,9 +701,6 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     TIDE_REQUIRE(!options_.spill_folder.empty(), "offload::scheduler: the model data (", bytes_of{kept + state},
                  ") exceeds host_budget ", bytes_of{options_.host_budget},
                  " and no spill_folder is set; set spill_folder to a folder on a fast drive, or raise host_budget");
-    if constexpr (store::has_master)
-      TIDE_FAIL(usage, "offload::scheduler: host_budget spills optimizer state to file for fp32 parameters only so "
-                       "far; use T = float, or host_budget = 0");
     std::size_t const over = kept + state - options_.host_budget;
     std::size_t const spilled = std::min(owned.size(), (over + per_chunk - 1) / per_chunk);
     std::vector<std::uint32_t> chunks(owned.end() - static_cast<std::ptrdiff_t>(spilled), owned.end());
