@@ -74,7 +74,7 @@ struct options {
   double check_falls = -1;  // off
   bool recompute = false;             // every block's activations recomputed in backward
   bool offload_activations = false;   // every block's saved activations to host memory
-  std::size_t host_budget = 0;        // bytes of pinned host memory for chunks; 0: no limit
+  std::size_t host_budget = 0;        // bytes of model data the host keeps between steps; 0: no limit
   std::string spill_folder;           // where optimizer state past host_budget goes
 };
 
@@ -109,11 +109,15 @@ std::string usage() {
       "  --prompt TEXT         the sample's prompt [\"", d.prompt, "\"]\n",
       "  --check-falls M       exit 1 unless the last 5 steps' mean loss < the first loss - M [",
       d.check_falls < 0 ? std::string("off") : tide::detail::concat(d.check_falls), "]\n",
-      "  --recompute           recompute every block's activations in backward (activation checkpointing)\n",
-      "  --offload-activations move every block's saved activations to host memory between forward and backward\n",
-      "  --host-budget SIZE    pinned host memory for chunks (chunked schedulers); past it the optimizer state\n",
-      "                        goes to files under --spill-folder (the NVMe tier) [no limit]\n",
-      "  --spill-folder DIR    the folder for that state, on a fast drive\n",
+      "  --recompute           recompute every block's activations in backward (activation checkpointing) [",
+      d.recompute ? "on" : "off", "]\n",
+      "  --offload-activations move every block's saved activations to host memory between forward and backward [",
+      d.offload_activations ? "on" : "off", "]\n",
+      "  --host-budget SIZE    model data the host keeps between steps (chunked schedulers); past it the optimizer\n",
+      "                        state goes to files under --spill-folder (the NVMe tier) [",
+      d.host_budget == 0 ? std::string("no limit") : tide::detail::concat(tide::bytes_of{d.host_budget}), "]\n",
+      "  --spill-folder DIR    the folder for that state, on a fast drive; created if missing [",
+      d.spill_folder.empty() ? "none" : d.spill_folder.c_str(), "]\n",
       "  --help                this text\n",
       "Flags also take --flag=VALUE. Sizes in the output are binary (KiB, MiB, GiB). Bad input exits 2\n",
       "with one line on stderr.\n");
@@ -269,8 +273,6 @@ options parse(int argc, char** argv) {
   }
   TIDE_REQUIRE((o.host_budget == 0) == o.spill_folder.empty(), "--host-budget and --spill-folder go together: the "
                "optimizer state past the host budget needs a folder, and a folder needs a budget to spill past");
-  TIDE_REQUIRE(o.host_budget == 0 || o.scheduler == "chunked" || o.scheduler == "chunked-lru", "--host-budget: the "
-               "NVMe tier is part of the chunked schedulers; pass --scheduler chunked or chunked-lru");
   TIDE_REQUIRE(o.lr > 0.f && o.lr <= 1.f, "--lr must be above 0 and at most 1, got ", o.lr);
   TIDE_REQUIRE(o.check_falls >= 0 || o.check_falls == options{}.check_falls, "--check-falls must be >= 0, got ",
                o.check_falls);
@@ -620,8 +622,15 @@ int train_gpt(int argc, char** argv) {
   TIDE_REQUIRE(opt.scheduler == "chunked" || opt.scheduler == "chunked-lru" || opt.scheduler == "layer-window" ||
                    opt.scheduler == "static" || opt.scheduler == "resident",
                "--scheduler ", opt.scheduler, ": pass chunked, chunked-lru, layer-window, static or resident");
+  TIDE_REQUIRE(opt.host_budget == 0 || opt.scheduler == "chunked" || opt.scheduler == "chunked-lru", "--host-budget: "
+               "the NVMe tier is part of the chunked schedulers; pass --scheduler chunked or chunked-lru");
   run_place const place = find_run_place(opt);  // before any work: a bad folder or --resume fails at once
-  if (!opt.spill_folder.empty()) fs::create_directories(opt.spill_folder);
+  if (!opt.spill_folder.empty()) {
+    std::error_code ec;
+    fs::create_directories(opt.spill_folder, ec);
+    TIDE_CHECK(!ec, io, "--spill-folder ", opt.spill_folder, ": cannot create it: ", ec.message());
+    TIDE_CHECK(fs::is_directory(opt.spill_folder, ec), io, "--spill-folder ", opt.spill_folder, ": not a folder");
+  }
   std::size_t const params = static_cast<std::size_t>(tide::nn::parameter_count(tide::nn::resolve(config)));
   std::size_t const model_data = 16 * params;  // parameters, gradients, AdamW m and v: fp32 each
   namespace off = tide::offload;

@@ -52,6 +52,7 @@ void copy_columns(exec<host> const& ex, tensor_view<T> dst, index_t dst_col, ten
                    src_col + w <= S,
                "copy_columns: columns [", src_col, ", ", src_col + w, ") of (", src.extent(0), ", ", S, ") to [",
                dst_col, ", ", dst_col + w, ") of (", dst.extent(0), ", ", D, ") do not fit");
+  if (dst.extent(0) == 0 || w == 0) return;
   T* p = dst.data() + dst_col;
   T const* q = src.data() + src_col;
   parallel_for(ex.pool, static_cast<std::size_t>(dst.extent(0)), [=](std::size_t b, std::size_t e) {
