@@ -193,6 +193,21 @@ off::chunked<off::belady> spilling(std::filesystem::path const& folder, std::siz
   return o;
 }
 
+// Step s of t fails with tide::error(io) naming the spill file and `reason`.
+template <class Trainer>
+void step_fails_on_file(Trainer& t, int s, char const* reason) {
+  try {
+    (void)t.step(view_of<Trainer>(data_of(s)));
+    FAIL("expected an I/O error");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::io);
+    std::string const what = e.what();
+    INFO(what);
+    CHECK(what.find("tide-store-") != std::string::npos);  // names the file
+    CHECK(what.find(reason) != std::string::npos);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("the NVMe tier: optimizer state past the host budget lives in a file, and training is bit-identical") {
@@ -258,16 +273,7 @@ TEST_CASE("the NVMe tier: a write that fails is a clear error, loses nothing, an
   {
     tide::test::file_size_capped const cap(4096);  // every write of a step lies past it
     REQUIRE(cap.capped);
-    try {
-      (void)t.step(view_of<decltype(t)>(data_of(2)));
-      FAIL("expected an I/O error");
-    } catch (tide::error const& e) {
-      CHECK(e.category() == tide::errc::io);
-      std::string const what = e.what();
-      INFO(what);
-      CHECK(what.find("tide-store-") != std::string::npos);  // names the file
-      CHECK(what.find("File too large") != std::string::npos);
-    }
+    step_fails_on_file(t, 2, "File too large");
   }
   CHECK(same(params_of(t), before));
   CHECK(t.steps() == 2);
@@ -300,16 +306,7 @@ TEST_CASE("the NVMe tier: a read that fails is a clear error, loses nothing, and
   std::string const bytes = tide::test::file_text(file);
   REQUIRE(bytes.size() == size);
   std::filesystem::resize_file(file, 0);
-  try {
-    (void)t.step(view_of<decltype(t)>(data_of(2)));
-    FAIL("expected an I/O error");
-  } catch (tide::error const& e) {
-    CHECK(e.category() == tide::errc::io);
-    std::string const what = e.what();
-    INFO(what);
-    CHECK(what.find("tide-store-") != std::string::npos);
-    CHECK(what.find("end of file") != std::string::npos);
-  }
+  step_fails_on_file(t, 2, "end of file");
   CHECK(same(params_of(t), before));
   CHECK(t.steps() == 2);
   {
