@@ -33,8 +33,6 @@ struct row_table {
     index_t const left = rows - index_t{j} * piece_rows;
     return left < piece_rows ? left : piece_rows;
   }
-  [[nodiscard]] index_t extent(int d) const noexcept { return d == 0 ? rows : cols; }
-  [[nodiscard]] int rank() const noexcept { return 2; }
 };
 
 // The whole contiguous (rows, cols) table as one piece.
