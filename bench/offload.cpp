@@ -28,6 +28,11 @@
 //                             host (and fetched back one block ahead) over all kept. Goal 0.85.
 //   wte_pieces_vs_whole       tokens/s with wte in 4 row pieces (gpt_config::wte_pieces) over wte
 //                             whole, resident, steps interleaved. Goal 0.95.
+//   grad_slot_reuse_bytes_per_param  a bf16 model's peak model data per parameter under
+//                             chunked<belady> with the optimizer deferred to step() (as clipping
+//                             runs it), with reuse_grad_slots over without, both without host
+//                             copies of device-resident parameter chunks (with them: detail),
+//                             same budget, steps interleaved. Goal 14/16 (PatrickStar: 14 vs 16).
 //
 // Activation bytes come from nn::gpt's own lifetime plan, without allocating parameters (see
 // activation_model). The device minimum of a shape is the schedulers' own minimum_device_bytes
@@ -242,23 +247,27 @@ std::vector<std::int32_t> batch_of(shape const& s, int step) {
   return v;
 }
 
-template <class Config>
+template <class Config, class T = float>
 struct trainer {
-  using sched_t = off::scheduler<host, float, Config>;
+  using sched_t = off::scheduler<host, T, Config>;
   tide::memory::device_arena<host> arena;
   sched_t sched;
-  tide::nn::gpt<host, float, off::hooks<sched_t>> model;
+  tide::nn::gpt<host, T, off::hooks<sched_t>> model;
   std::vector<double> seconds;
   std::vector<off::offload_stats> stats;
   std::vector<off::tide_sample> last_tide;
 
   trainer(tide::exec<host> const& ex, tide::nn::gpt_config const& c, std::size_t budget, Config const& cfg,
-          bool undo = true, tide::nn::gpt_options options = {})
+          bool undo = true, tide::nn::gpt_options options = {}, off::scheduler_options so = {})
       : arena{{.budget = budget}},
-        sched{ex, arena, tide::nn::gpt_parameters(c, tide::dtype::f32), tide::nn::gpt_block_uses(c), cfg,
-              {.undo_on_error = undo}, tide::optim::adamw{.lr = 1e-4f, .weight_decay = 0.1f}},
+        sched{ex, arena, tide::nn::gpt_parameters(c, tide::dtype_of<T>), tide::nn::gpt_block_uses(c), cfg,
+              with_undo(so, undo), tide::optim::adamw{.lr = 1e-4f, .weight_decay = 0.1f}},
         model{c, arena, with_seed(std::move(options)), {&sched}} {}
 
+  static off::scheduler_options with_undo(off::scheduler_options o, bool undo) {
+    o.undo_on_error = undo;
+    return o;
+  }
   static tide::nn::gpt_options with_seed(tide::nn::gpt_options o) {
     o.seed = 1;
     return o;
@@ -590,7 +599,7 @@ int main() {
     }
     double const keep_tps = tokens / median(tail(keep.seconds));
     auto const report = [&](trainer<off::resident>& t, char const* name, char const* anchor, double goal, float loss) {
-      auto const a = t.model.activations();
+      auto const acts = t.model.activations();
       figure r{.bench = "offload",
                .name = name,
                .value = tokens / median(tail(t.seconds)),
@@ -603,11 +612,11 @@ int main() {
                           {"channels", s.config.channels},
                           {"batch", double(s.B)},
                           {"seq", double(s.T)},
-                          {"activation_bytes", double(a.footprint)},
+                          {"activation_bytes", double(acts.footprint)},
                           {"kept_activation_bytes", double(keep.model.activations().footprint)},
                           {"activation_bytes_over_kept",
-                           double(a.footprint) / double(keep.model.activations().footprint)},
-                          {"offloaded_host_bytes", double(a.host_bytes)},
+                           double(acts.footprint) / double(keep.model.activations().footprint)},
+                          {"offloaded_host_bytes", double(acts.host_bytes)},
                           {"ms_per_step", 1e3 * median(tail(t.seconds))},
                           {"kept_ms_per_step", 1e3 * median(tail(keep.seconds))},
                           {"same_loss_bits", loss == lk ? 1.0 : 0.0},
@@ -654,6 +663,68 @@ int main() {
                         {"loadavg_1min_after", load_average()}}};
     print_figure(w, {{"note", "the head runs one GEMM per piece and copies each piece's logits columns in and out; "
                               "the loss differs by the head's fp32 reassociation only"}});
+  }
+
+  // ---- (f) gradient-slot reuse: bf16 model data per parameter at its peak ---------------------
+  {
+    // The optimizer deferred to step(), as clipping and loss scaling run it: every gradient chunk
+    // lives until then, which is where the parameter slots save a copy of the model. The figure
+    // compares runs without host copies of device-resident parameter chunks (keep_host_copies =
+    // false), so that reuse is the only difference and the bytes are the model data itself; the
+    // default runs (host copies kept) are in detail.
+    using bf16_t = trainer<chunked_t, tide::bf16>;
+    off::scheduler_options const deferred{.defer_optimizer = true};
+    auto with = [&](bool reuse, bool copies) {
+      off::scheduler_options o = deferred;
+      o.reuse_grad_slots = reuse;
+      o.keep_host_copies = copies;
+      return o;
+    };
+    bf16_t plain{ex, s.config, budget, {}, true, {}, with(false, false)};
+    bf16_t reuse{ex, s.config, budget, {}, true, {}, with(true, false)};
+    bf16_t plain_copies{ex, s.config, budget, {}, true, {}, with(false, true)};
+    bf16_t reuse_copies{ex, s.config, budget, {}, true, {}, with(true, true)};
+    float lp = 0, lr = 0, lpc = 0, lrc = 0;
+    int const bf16_measured = q ? 1 : 3;  // the figure is bytes; the speed is a detail
+    for (int k = 0; k < warm_steps + bf16_measured; ++k) {  // interleaved, as above
+      lp = plain.step(ex, s, k);
+      lr = reuse.step(ex, s, k);
+      lpc = plain_copies.step(ex, s, k);
+      lrc = reuse_copies.step(ex, s, k);
+    }
+    auto const per_param = [&](bf16_t const& t) { return double(t.stats.back().peak_model_bytes) / double(params); };
+    auto const ms = [&](bf16_t const& t) {
+      return 1e3 * median(std::vector<double>(t.seconds.end() - bf16_measured, t.seconds.end()));
+    };
+    auto const& layout = reuse.sched.layout();
+    double const padded = double(layout.chunks() * reuse.sched.chunk_bytes()) / 2.0 / double(params);
+    figure g{.bench = "offload",
+             .name = "grad_slot_reuse_bytes_per_param",
+             .value = per_param(reuse),
+             .unit = "bytes/param",
+             .anchor = "the same bf16 chunked<belady> run without reuse_grad_slots, this run (PatrickStar: 14 vs 16)",
+             .anchor_value = per_param(plain),
+             .higher_is_better = false,
+             .goal = 14.0 / 16.0,
+             .detail = {{"parameters", double(params)},
+                        {"chunk_bytes", double(reuse.sched.chunk_bytes())},
+                        {"chunks_per_list", double(layout.chunks())},
+                        {"chunk_slots_per_parameter", padded},
+                        {"ideal_bytes_per_param", 14.0 * padded},
+                        {"ideal_plain_bytes_per_param", 16.0 * padded},
+                        {"with_host_copies_bytes_per_param", per_param(reuse_copies)},
+                        {"with_host_copies_plain_bytes_per_param", per_param(plain_copies)},
+                        {"budget_bytes", double(budget)},
+                        {"same_loss_bits", lp == lr && lp == lpc && lp == lrc ? 1.0 : 0.0},
+                        {"ms_per_step", ms(reuse)},
+                        {"plain_ms_per_step", ms(plain)},
+                        {"with_host_copies_ms_per_step", ms(reuse_copies)},
+                        {"with_host_copies_plain_ms_per_step", ms(plain_copies)},
+                        {"measured_steps", bf16_measured},
+                        {"loadavg_1min_after", load_average()}}};
+    print_figure(g, {{"note", "offload_stats::peak_model_bytes over a step: chunk payloads host and device, host "
+                              "copies of device-resident parameter chunks, blocks awaiting free; bf16 parameters and "
+                              "gradients, fp32 masters, Adam m and v. ideal_*: 14 or 16 B per chunk slot"}});
   }
 
   if (char const* svg = std::getenv("TIDE_BENCH_SVG"); svg != nullptr && svg[0] != '\0') {

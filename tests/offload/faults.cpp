@@ -33,7 +33,8 @@ constexpr tide::nn::gpt_config config{.layers = 2, .heads = 2, .channels = 32, .
 constexpr tide::index_t batch = 2, seq = 16;
 constexpr std::size_t chunk_bytes = 20_KiB;
 constexpr int steps = 3;
-tide::nn::gpt_spec<host> const spec{.config = config, .options = {.seed = 5}};
+template <class T = float>
+tide::nn::gpt_spec<host, T> const spec{.config = config, .options = {.seed = 5}};
 tide::optim::adamw const overlapped{.lr = 3e-3f};                  // each chunk steps beside backward
 tide::optim::adamw const deferred{.lr = 3e-3f, .clip_norm = 0.5f};  // clipping: every step in step()
 
@@ -49,22 +50,23 @@ enum class fault { allocation, copy };
 
 // What a run without failures did: the parameters at the end, a checkpoint before each step, and
 // how many requests of each kind each step made.
+template <class T>
 struct clean_run {
-  std::vector<std::vector<float>> params;
+  std::vector<std::vector<T>> params;
   std::vector<std::size_t> allocations, copies;
 };
 
 template <class Trainer>
-std::vector<std::vector<float>> params_of(Trainer& t) {
-  std::vector<std::vector<float>> out;
+auto params_of(Trainer& t) {
+  std::vector<std::vector<typename Trainer::element_type>> out;
   for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) out.push_back(t.scheduler().read_param(i));
   return out;
 }
 
-template <class Offload>
-clean_run run_clean(Offload const& offload, tide::optim::adamw const& opt, fs::path const& dir) {
-  clean_run r;
-  auto t = tide::train::make_trainer(spec, offload, opt);
+template <class T, class Offload>
+clean_run<T> run_clean(Offload const& offload, tide::optim::adamw const& opt, fs::path const& dir) {
+  clean_run<T> r;
+  auto t = tide::train::make_trainer(spec<T>, offload, opt);
   for (int s = 0; s < steps; ++s) {
     t.save(dir / ("before-" + std::to_string(s)));
     std::size_t const a = t.arena().stats().allocations, c = t.scheduler().transfers().stats().copies;
@@ -80,10 +82,10 @@ clean_run run_clean(Offload const& offload, tide::optim::adamw const& opt, fs::p
 // bytes saved before it in the clean run, and is retried), or the scheduler absorbs the failure
 // (an arena refusal it answers by evicting); either way the run ends with the clean run's bits.
 // Returns whether the step threw.
-template <class Offload>
+template <class T, class Offload>
 bool inject(Offload const& offload, tide::optim::adamw const& opt, fault kind, int faulty, std::size_t n,
-            clean_run const& clean, fs::path const& dir) {
-  auto t = tide::train::make_trainer(spec, offload, opt);
+            clean_run<T> const& clean, fs::path const& dir) {
+  auto t = tide::train::make_trainer(spec<T>, offload, opt);
   bool threw = false;
   std::size_t moved = 0;
   for (int s = 0; s < steps; ++s) {
@@ -115,17 +117,17 @@ bool inject(Offload const& offload, tide::optim::adamw const& opt, fault kind, i
   REQUIRE(got.size() == clean.params.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
     INFO("parameter " << i);
-    CHECK(std::memcmp(got[i].data(), clean.params[i].data(), got[i].size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(got[i].data(), clean.params[i].data(), got[i].size() * sizeof(T)) == 0);
   }
   if (Offload::moves_data) CHECK(moved > 0);  // chunks really moved
   return threw;
 }
 
-template <class Offload>
+template <class Offload, class T = float>
 void check_faults(Offload const& offload, std::string const& name) {
   tide::test::scratch_dir dir{"faults"};
   for (auto const& opt : {overlapped, deferred}) {
-    clean_run const clean = run_clean(offload, opt, dir.path);
+    clean_run<T> const clean = run_clean<T>(offload, opt, dir.path);
     for (int faulty : {0, steps - 1})  // the warm-up (placement, trace) and a step replaying the trace
       for (fault kind : {fault::allocation, fault::copy}) {
         std::string const what = name + (opt.clip_norm > 0 ? ", deferred" : ", overlapped") + ", step " +
@@ -134,15 +136,16 @@ void check_faults(Offload const& offload, std::string const& name) {
         // Every request the step makes, and a few more (a retried step may make more).
         std::size_t const requests = (kind == fault::allocation ? clean.allocations : clean.copies)[std::size_t(faulty)];
         std::size_t threw = 0;
-        for (std::size_t n = 1; n <= requests + 2; ++n) threw += inject(offload, opt, kind, faulty, n, clean, dir.path);
+        for (std::size_t n = 1; n <= requests + 2; ++n) threw += inject<T>(offload, opt, kind, faulty, n, clean, dir.path);
         MESSAGE(what << ": " << requests << " requests, " << threw << " failed steps");
         CHECK((threw > 0) == (requests > 0));
       }
   }
 }
 
+template <class T = float>
 std::size_t tight(auto const& offload) {
-  return tide::test::scheduler_minimum(config, offload, batch, seq) + 8_KiB;
+  return tide::test::scheduler_minimum<std::remove_cvref_t<decltype(offload)>, T>(config, offload, batch, seq) + 8_KiB;
 }
 
 }  // namespace
@@ -151,6 +154,16 @@ TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: chunked
   off::chunked<off::belady> cfg{.chunk_bytes = chunk_bytes};
   cfg.device_budget = tight(cfg);
   check_faults(cfg, "chunked<belady>");
+}
+
+TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: bf16 with gradient-slot reuse") {
+  // The gradients hold the parameter slots when the failure comes: the step puts the parameters
+  // back from the masters, and the checkpoint after it is the bytes of the one before.
+  off::chunked<off::belady> cfg{.chunk_bytes = chunk_bytes / 2, .reuse_grad_slots = true};
+  cfg.device_budget = tight<tide::bf16>(cfg);
+  check_faults<decltype(cfg), tide::bf16>(cfg, "chunked<belady>, bf16, reuse_grad_slots");
+  cfg.keep_host_copies = false;  // every eviction of a parameter chunk is a copy
+  check_faults<decltype(cfg), tide::bf16>(cfg, "chunked<belady>, bf16, reuse_grad_slots, no host copies");
 }
 
 TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: layer_window<2>, static_partition, "

@@ -570,37 +570,165 @@ TEST_CASE("bf16 parameters with fp32 masters: offloaded equals resident, bit for
   }
 }
 
-TEST_CASE("f16 with loss scaling: overflowing steps are skipped, the scale halves, nothing changes; then it learns") {
-  tide::nn::gpt_spec<host, tide::f16> const spec16{.config = config, .options = {.seed = 3}};
-  auto opt = clipped;
-  opt.scaling = {.enabled = true, .initial = 16777216.f, .growth_interval = 1000};  // 2^24 overflows f16 (65504)
-  auto t = tide::train::make_trainer(spec16, tight<off::chunked<off::belady>, tide::f16>({.chunk_bytes = 10_KiB}), opt);
-  auto params = [&] {
-    std::vector<std::vector<tide::f16>> out;
-    for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) out.push_back(t.scheduler().read_param(i));
-    return out;
-  };
-  int skipped = 0;
+// ---- gradient-slot reuse ---------------------------------------------------------------------
+
+namespace {
+
+// A bf16 run of `steps` steps: its losses, its parameters and each step's peak model bytes.
+struct bf16_run {
   std::vector<float> losses;
-  for (int s = 0; s < 30; ++s) {
-    auto const before = params();
-    float const scale = t.scaler().scale();
-    auto const st = t.step(view_of<decltype(t)>(data_of(s)));
-    if (st.skipped) {
-      ++skipped;
-      CHECK(t.scaler().scale() == scale / 2);
-      auto const after = params();
-      for (std::size_t i = 0; i < before.size(); ++i)
-        CHECK(std::memcmp(before[i].data(), after[i].data(), before[i].size() * sizeof(tide::f16)) == 0);
-    } else {
-      losses.push_back(st.loss);
-    }
+  std::vector<std::vector<tide::bf16>> params;
+  std::vector<std::size_t> peaks;
+};
+template <class Offload>
+bf16_run run_bf16(Offload const& offload, tide::optim::adamw const& opt, int steps,
+                  tide::nn::gpt_config const& shape = config) {
+  tide::nn::gpt_spec<host, tide::bf16> const spec16{.config = shape, .options = {.seed = 3}};
+  auto t = tide::train::make_trainer(spec16, offload, opt);
+  bf16_run r;
+  for (int s = 0; s < steps; ++s) {
+    r.losses.push_back(t.step(view_of<decltype(t)>(data_of(s))).loss);
+    r.peaks.push_back(t.scheduler().last_step().peak_model_bytes);
   }
-  CHECK(skipped >= 1);  // 2^24 times a loss gradient of ~1/32 is past f16's range
-  CHECK(t.scaler().skipped() == skipped);
-  CHECK(t.scheduler().optimizer_steps() == 30 - skipped);
-  REQUIRE(losses.size() >= 10);
-  CHECK(losses.back() < losses.front() - 0.2f);
+  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) r.params.push_back(t.scheduler().read_param(i));
+  return r;
+}
+bool same_bits(bf16_run const& a, bf16_run const& b) {
+  if (a.losses.size() != b.losses.size() || a.params.size() != b.params.size()) return false;
+  if (std::memcmp(a.losses.data(), b.losses.data(), a.losses.size() * sizeof(float)) != 0) return false;
+  for (std::size_t i = 0; i < a.params.size(); ++i)
+    if (std::memcmp(a.params[i].data(), b.params[i].data(), a.params[i].size() * sizeof(tide::bf16)) != 0) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("gradient-slot reuse: bf16 gradients take their parameters' slots, the same bits, less memory") {
+  // Six layers in 10 KiB chunks: about 20 chunks, so that the chunks one moment works on are a
+  // small part of the model.
+  constexpr tide::nn::gpt_config deeper{.layers = 6, .heads = 2, .channels = 32, .vocab = 64, .max_seq = 16};
+  tide::nn::gpt_spec<host, tide::bf16> const spec16{.config = deeper, .options = {.seed = 3}};
+  off::chunked<off::belady> plain{.chunk_bytes = 10_KiB};
+  plain.device_budget = tide::test::scheduler_minimum<decltype(plain), tide::bf16>(deeper, plain, batch, seq) + 16_KiB;
+  auto reuse = plain;
+  reuse.reuse_grad_slots = true;
+  auto lean = reuse;  // and no host copies of device-resident parameter chunks
+  lean.keep_host_copies = false;
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  off::scheduler<host, tide::bf16, off::chunked<off::belady>> probe{ex, arena, spec16.parameters(), spec16.uses(), plain};
+  std::size_t const n = probe.layout().chunks(), chunk = probe.chunk_bytes();
+  tide::optim::adamw const overlapped{.lr = 3e-3f};  // each chunk steps beside backward
+  for (auto const& opt : {clipped, overlapped}) {
+    bool const deferred = opt.clip_norm > 0;
+    INFO(std::string(deferred ? "clipped: every gradient lives until step()" : "overlapped: chunks step as they complete"));
+    auto const a = run_bf16(plain, opt, 6, deeper);
+    auto const b = run_bf16(reuse, opt, 6, deeper);
+    auto const c = run_bf16(lean, opt, 6, deeper);
+    CHECK(a.losses.back() != a.losses.front());  // it trains
+    CHECK(same_bits(a, b));
+    CHECK(same_bits(a, c));
+    MESSAGE(std::string(deferred ? "clipped" : "overlapped") << ": peak model bytes " << a.peaks.back() << " plain, "
+            << b.peaks.back() << " with reuse, " << c.peaks.back() << " also without host copies; " << n
+            << " chunks of " << chunk << " B");
+    // Clipped, every chunk's gradients are alive at the end of backward: with reuse they sit in
+    // the parameter slots, so the peak is lower by most of one bf16 copy of the model.
+    if (deferred) CHECK(a.peaks.back() >= b.peaks.back() + n / 2 * chunk);
+    else CHECK(b.peaks.back() <= a.peaks.back());
+    CHECK(c.peaks.back() <= b.peaks.back());
+  }
+  // With the NVMe tier as well: m and v of half the chunks in a file, gradients in the slots.
+  tide::test::scratch_dir const dir("reuse_spill");
+  auto spilled = reuse;
+  std::size_t const half = tide::round_up(chunk, 256), list = tide::round_up(2 * chunk, 256);  // bf16, fp32 chunks
+  spilled.host_budget = n * (half + list) + (n / 2) * 2 * list;  // bf16 chunks, masters, m and v of n / 2
+  spilled.spill_folder = dir.path;
+  CHECK(same_bits(run_bf16(plain, clipped, 4, deeper), run_bf16(spilled, clipped, 4, deeper)));
+}
+
+namespace {
+struct zero_sink {  // the optimizer state sharded over two ranks (ZeRO), no exchange
+  [[nodiscard]] off::chunk_shard shard() const noexcept { return {0, 2}; }
+  template <tide::Backend B, class T>
+  bool reduce(off::ready_chunk<B, T> const&) {
+    return false;
+  }
+  template <class T>
+  void share_parameters(std::span<std::span<T> const>) {}
+};
+}  // namespace
+
+TEST_CASE("gradient-slot reuse is refused where it cannot be exact, saying why") {
+  auto reuse = tight_belady;
+  reuse.reuse_grad_slots = true;
+  auto refused = [](auto&& make, char const* says) {
+    try {
+      make();
+      FAIL("not refused");
+    } catch (tide::error const& e) {
+      CHECK(e.category() == tide::errc::usage);
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(says) != std::string::npos);
+    }
+  };
+  refused([&] { (void)tide::train::make_trainer(spec, reuse, clipped); }, "needs bf16 or f16 parameters");
+  tide::nn::gpt_spec<host, tide::bf16> const spec16{.config = config, .options = {.seed = 3}};
+  auto reuse16 = tight<off::chunked<off::belady>, tide::bf16>({.chunk_bytes = 10_KiB});
+  reuse16.reuse_grad_slots = true;
+  auto accumulating = clipped;
+  accumulating.micro_steps = 2;
+  refused([&] { (void)tide::train::make_trainer(spec16, reuse16, accumulating); }, "micro_steps = 2");
+  refused([&] {
+    tide::thread_pool pool{1};
+    tide::exec<host> ex{pool};
+    tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+    off::scheduler<host, tide::bf16, off::chunked<off::belady>, tide::optim::adamw, zero_sink> s{
+        ex, arena, spec16.parameters(), spec16.uses(), reuse16, {.reuse_grad_slots = true}};
+  }, "(ZeRO)");
+}
+
+TEST_CASE("f16 with loss scaling: overflowing steps are skipped, the scale halves, nothing changes; then it learns") {
+  // With gradient-slot reuse too: a skipped step rounds the masters back into the slots, and the
+  // run is the same bits as without.
+  std::vector<float> first_run;
+  for (bool const reuse : {false, true}) {
+    INFO("reuse_grad_slots = " << reuse);
+    tide::nn::gpt_spec<host, tide::f16> const spec16{.config = config, .options = {.seed = 3}};
+    auto opt = clipped;
+    opt.scaling = {.enabled = true, .initial = 16777216.f, .growth_interval = 1000};  // 2^24 overflows f16 (65504)
+    auto offload = tight<off::chunked<off::belady>, tide::f16>({.chunk_bytes = 10_KiB});
+    offload.reuse_grad_slots = reuse;
+    auto t = tide::train::make_trainer(spec16, offload, opt);
+    auto params = [&] {
+      std::vector<std::vector<tide::f16>> out;
+      for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) out.push_back(t.scheduler().read_param(i));
+      return out;
+    };
+    int skipped = 0;
+    std::vector<float> losses;
+    for (int s = 0; s < 30; ++s) {
+      auto const before = params();
+      float const scale = t.scaler().scale();
+      auto const st = t.step(view_of<decltype(t)>(data_of(s)));
+      if (st.skipped) {
+        ++skipped;
+        CHECK(t.scaler().scale() == scale / 2);
+        auto const after = params();
+        for (std::size_t i = 0; i < before.size(); ++i)
+          CHECK(std::memcmp(before[i].data(), after[i].data(), before[i].size() * sizeof(tide::f16)) == 0);
+      } else {
+        losses.push_back(st.loss);
+      }
+    }
+    CHECK(skipped >= 1);  // 2^24 times a loss gradient of ~1/32 is past f16's range
+    CHECK(t.scaler().skipped() == skipped);
+    CHECK(t.scheduler().optimizer_steps() == 30 - skipped);
+    REQUIRE(losses.size() >= 10);
+    CHECK(losses.back() < losses.front() - 0.2f);
+    if (!reuse) first_run = losses;
+    else CHECK(losses == first_run);
+  }
 }
 
 TEST_CASE("a checkpoint with one section of the wrong size loads nothing") {

@@ -28,9 +28,10 @@
 //   post_forward(b)  tensors -> HOLD_AFTER_FWD
 //   pre_backward(b)  parameter and gradient chunks resident (a FREE gradient chunk is created
 //                    zero-filled: no copy), tensors -> COMPUTE
-//   post_backward(b) tensors -> HOLD_AFTER_BWD; every chunk whose last backward use was b goes
-//                    to READY_FOR_REDUCE and to the sink, then is stepped (after the sink's
-//                    event): on the device when its state is there, else its parameter and
+//   post_backward(b) tensors -> HOLD_AFTER_BWD; every chunk whose last backward use was b
+//                    (reuse_grad_slots: its gradient block first becomes its parameter chunk's
+//                    payload) goes to READY_FOR_REDUCE and to the sink, then is stepped (after
+//                    the sink's event): on the device when its state is there, else its parameter and
 //                    gradient chunks are copied to the host and the host update runs on the
 //                    optimizer worker beside the rest of backward; the gradient chunk is freed
 //   step()           waits for the optimizer, ends the step (the warm-up step becomes the trace)
@@ -330,6 +331,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   // Gradients to zero: every gradient chunk becomes FREE (created zero-filled when next touched).
   void zero_grad() {
     this->drain();
+    this->return_grad_slots(false);  // reuse_grad_slots: the parameters back in their slots
     for (std::uint32_t c = 0; c < this->n_; ++c) this->release_grad(c);
   }
   // Waits for every copy, sink and optimizer step in flight.
@@ -400,6 +402,8 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     this->next_backward_ = block == this->uses_.first_block ? this->uses_.last_block() : block - 1;
     sample_non_model();
     if (this->backward_passes_ % this->options_.micro_steps != 0) return;  // gradients accumulate
+    this->take_grad_slots(block);  // reuse_grad_slots: the completed gradients move into their parameters' slots
+    sample_non_model();
     if (this->options_.defer_sink) return;  // hand_over_gradients() hands them over
     this->hand_to_sink(block);
     if (this->options_.defer_optimizer) return;  // step() runs it
@@ -415,10 +419,10 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     grads_out_.clear();  // reserved at construction: no allocation per step
     for (std::uint32_t i = 0; i < this->params_.size(); ++i) {
       std::uint32_t const c = this->layout_.chunk_of[i];
-      TIDE_REQUIRE(this->grad_[c].payload() != nullptr, "offload::scheduler::gradients: parameter \"",
+      TIDE_REQUIRE(this->grad_chunk(c).payload() != nullptr, "offload::scheduler::gradients: parameter \"",
                    this->params_[i].name(), "\" has no gradient yet (run backward first; after step() gradients are "
                    "freed)");
-      grads_out_.push_back({reinterpret_cast<T const*>(this->grad_.data(i)), this->params_[i].numel()});
+      grads_out_.push_back({reinterpret_cast<T const*>(this->grad_bytes(i)), this->params_[i].numel()});
     }
     return grads_out_;
   }
@@ -447,9 +451,9 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     TIDE_REQUIRE(this->options_.defer_optimizer, "offload::scheduler::gradient_of needs options.defer_optimizer "
                                                  "(without it the optimizer may already have used the gradient)");
     this->drain();
-    TIDE_REQUIRE(this->grad_[this->layout_.chunk_of[i]].payload() != nullptr, "offload::scheduler::gradient_of: "
+    TIDE_REQUIRE(this->grad_chunk(this->layout_.chunk_of[i]).payload() != nullptr, "offload::scheduler::gradient_of: "
                  "parameter \"", this->params_[i].name(), "\" has no gradient yet (run backward first)");
-    return {reinterpret_cast<T*>(this->grad_.data(i)), static_cast<std::size_t>(this->params_[i].numel())};
+    return {reinterpret_cast<T*>(this->grad_bytes(i)), static_cast<std::size_t>(this->params_[i].numel())};
   }
 
   // Ends an optimizer step: (deferred: runs the optimizer,) waits for it, ends the trace step,
@@ -488,6 +492,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
         this->undo_.restore(r, this->targets_of(r.c));
       }
       this->extra_undo_.restore(this->extra_);
+      this->return_grad_slots(false);  // after the masters were restored: parameters = round(master)
       for (std::uint32_t i = 0; i < this->params_.size(); ++i) {
         if (this->param_.tensor(i).state != chunk::tensor_state::hold)
           this->param_.transition(i, chunk::tensor_state::hold);
@@ -563,7 +568,9 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     this->moves_mark_ = {this->cur_.h2d_bytes, this->evicted_bytes_};
   }
   void sample_non_model() {
-    if (!this->evaluating_) this->tracer_.non_model(this->current_, this->non_model_now());
+    if (this->evaluating_) return;
+    this->tracer_.non_model(this->current_, this->non_model_now());
+    this->cur_.peak_model_bytes = std::max(this->cur_.peak_model_bytes, this->model_bytes_now());
   }
 
   void require_held(std::uint32_t i, char const* what) const {
@@ -592,6 +599,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     auto const t0 = std::chrono::steady_clock::now();
     this->drain();
     this->check_spill();  // a failed spill read or write fails the step; the file keeps the old state
+    this->return_grad_slots(apply);  // skipped: the parameters back from the masters
     this->cur_.stall_ms += detail::ms_since(t0);
     if (this->params_sharded_) this->release_params();  // ZeRO-3: gathered again when next used
     else if (apply) this->share_parameters();         // ZeRO-1/2: the parameters other ranks stepped

@@ -108,6 +108,12 @@ struct chunked {
   // a file under spill_folder.
   std::size_t host_budget = 0;
   std::filesystem::path spill_folder{};
+  // Gradient-slot reuse (make_trainer passes it to scheduler_options::reuse_grad_slots): bf16 /
+  // f16 gradients take their parameters' slots once complete, 14 bytes per parameter, not 16.
+  bool reuse_grad_slots = false;
+  // scheduler_options::keep_host_copies: false frees a fetched parameter chunk's host block
+  // (less host memory, a copy back per eviction).
+  bool keep_host_copies = true;
   static constexpr bool moves_data = true;
 
   static std::string name() { return tide::detail::concat("chunked<", Policy::name, ">"); }

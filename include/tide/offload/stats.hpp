@@ -40,6 +40,10 @@ struct offload_stats {
   std::size_t peak_device_bytes = 0;        // arena peak during the step
   std::size_t device_model_bytes = 0;       // model data on the device at the end of the step
   std::size_t host_model_bytes = 0;         // model data on the host at the end of the step
+  // Model data held at once, host and device, at the most (sampled at every block hook): every
+  // chunk's payload, the host copies of device-resident parameter chunks, and the blocks a copy
+  // or an update still reads before they are freed. Not the undo journal or the NVMe staging.
+  std::size_t peak_model_bytes = 0;
   double chunk_utilisation = 0;             // tensor bytes / chunk bytes over every chunk list
   std::size_t moments = 0;
   bool warm_up = false;                     // true for a step that recorded the trace
@@ -57,6 +61,7 @@ inline std::string to_json(offload_stats const& s) {
       ",\"optimizer_ms\":", s.optimizer_ms, ",\"host_optimizer_chunks\":", s.host_optimizer_chunks,
       ",\"device_optimizer_chunks\":", s.device_optimizer_chunks, ",\"peak_device_bytes\":", s.peak_device_bytes,
       ",\"device_model_bytes\":", s.device_model_bytes, ",\"host_model_bytes\":", s.host_model_bytes,
+      ",\"peak_model_bytes\":", s.peak_model_bytes,
       ",\"chunk_utilisation\":", s.chunk_utilisation, ",\"moments\":", s.moments,
       ",\"warm_up\":", s.warm_up ? "true" : "false", ",\"nvme_read_bytes\":", s.nvme_read_bytes,
       ",\"nvme_write_bytes\":", s.nvme_write_bytes, "}");

@@ -140,7 +140,9 @@ class trainer {
                     .defer_sink = staged,  // summed once every stage and replica ran backward
                     .decay_matrices_only = opt.decay_matrices_only,
                     .host_budget = host_budget_of(off),
-                    .spill_folder = spill_folder_of(off)},
+                    .spill_folder = spill_folder_of(off),
+                    .reuse_grad_slots = reuse_grad_slots_of(off),
+                    .keep_host_copies = keep_host_copies_of(off)},
                    opt, comm.sink(), comm.source()),
         model_(spec.build(arena_, staged ? hooks_type{&scheduler_, stage_.index.data(), elsewhere_.data()}
                                          : hooks_type{&scheduler_})),
@@ -149,7 +151,8 @@ class trainer {
   trainer(trainer const&) = delete;
   trainer& operator=(trainer const&) = delete;
 
-  // The NVMe tier of an offload policy that has one (offload::chunked: host_budget, spill_folder).
+  // The memory-scale options of an offload policy that has them (offload::chunked: host_budget,
+  // spill_folder, reuse_grad_slots, keep_host_copies).
   static std::size_t host_budget_of(Offload const& off) {
     if constexpr (requires { off.host_budget; }) return off.host_budget;
     else return 0;
@@ -157,6 +160,14 @@ class trainer {
   static std::filesystem::path spill_folder_of(Offload const& off) {
     if constexpr (requires { off.spill_folder; }) return off.spill_folder;
     else return {};
+  }
+  static bool reuse_grad_slots_of(Offload const& off) {
+    if constexpr (requires { off.reuse_grad_slots; }) return off.reuse_grad_slots;
+    else return false;
+  }
+  static bool keep_host_copies_of(Offload const& off) {
+    if constexpr (requires { off.keep_host_copies; }) return off.keep_host_copies;
+    else return true;
   }
 
   // One optimizer step over micro_steps micro-batches (one per micro-step). A step that throws

@@ -29,7 +29,9 @@ struct adamw_hparams {
 
 // One tensor of a multi-tensor step: fp32 master weights p, moments m and v, gradient g, and an
 // optional low-precision working copy (nullptr: none) rewritten from the new p. All n long, in
-// the memory of the backend that runs the step; the five arrays must not overlap.
+// the memory of the backend that runs the step. The arrays must not overlap, except that g may
+// be working itself (the offload engine's gradient-slot reuse: each element's gradient is read
+// before its working copy is written).
 template <Element Grad = float, Element Work = Grad>
 struct adamw_tensor {
   float* p = nullptr;

@@ -162,10 +162,12 @@ inline bool stateful_at(step_states<Step::states> const& s) {
 }
 
 // step_width elements at p, g, the states s (null when the step does not use them) and
-// working (unless null).
+// working (unless null). g and working may be the same array (the offload engine's
+// gradient-slot reuse): every gradient of the vector is read before any working element is
+// written, so neither is __restrict.
 template <class Step, class Grad, class Work>
-inline void step_vector(float* __restrict p, Grad const* __restrict g, step_states<Step::states> const& s,
-                        Work* __restrict working, typename Step::coefficients const& c) {
+inline void step_vector(float* __restrict p, Grad const* g, step_states<Step::states> const& s, Work* working,
+                        typename Step::coefficients const& c) {
   constexpr int S = Step::states;
   bool const stateful = stateful_at<Step>(s);
 #if TIDE_ELEMENTWISE_SIMD

@@ -29,7 +29,8 @@ struct sgd_hparams {
 // One tensor of a multi-tensor step: fp32 master weights p and momentum buffer buf, gradient g,
 // and an optional low-precision working copy (nullptr: none) rewritten from the new p. buf is
 // neither read nor written when momentum == 0 and may then be null. All n long, in the memory of
-// the backend that runs the step; the arrays must not overlap.
+// the backend that runs the step. The arrays must not overlap, except that g may be working
+// itself (gradient-slot reuse, as for adamw_tensor).
 template <Element Grad = float, Element Work = Grad>
 struct sgd_tensor {
   float* p = nullptr;

@@ -242,8 +242,8 @@ class chunk_store {
       close_span(span);
       (void)ch.detach();
       ch.attach(dev, chunk::tier::device);
-      if (id < n_) shadow_[id] = host;  // parameters change only in the optimizer: keep the host copy
-      else set_stale(id, host, chunk::tier::host);
+      if (id < n_ && keep_host_copies_) shadow_[id] = host;  // parameters change only in the optimizer
+      else set_stale(id, host, chunk::tier::host);             // freed once the copy landed
       in_flight_[id] = true;
       ++copies_in_flight_;
       ++cur_.fetches;
@@ -404,6 +404,7 @@ class chunk_store {
   // while the device copy is unchanged (clean), so evicting it needs no copy back.
   std::vector<std::byte*> shadow_;
   std::vector<bool> in_flight_;
+  bool keep_host_copies_ = true;  // scheduler_options::keep_host_copies
   std::size_t copies_in_flight_ = 0;
   std::vector<std::byte*> spare_;  // device blocks kept for reuse (keep_spare_blocks)
   std::size_t spare_limit_ = 0, spare_bytes_ = 0;

@@ -61,9 +61,23 @@ struct scheduler_options {
   // optimizer state of the last chunks lives in a file under spill_folder (a memory::file_store,
   // O_DIRECT where the filesystem has it): read before each host step of such a chunk, written
   // after it to a second slot that the step's end makes current, so a failed write loses nothing.
-  // fp32 parameters (T = float) only so far.
   std::size_t host_budget = 0;
   std::filesystem::path spill_folder{};
+  // Gradient-slot reuse (bf16 / f16 parameters): once a chunk's gradients are complete, its
+  // parameters are not read again before the update, and its fp32 master holds them exactly
+  // (parameter = round(master) between steps). So the gradient block becomes the parameter
+  // chunk's payload and the parameter block is freed: 14 bytes per parameter with Adam, not 16,
+  // when every gradient lives until step() (defer_optimizer: clipping, loss scaling). The update
+  // reads the gradient and writes the rounded parameter into the same slot; a step that is
+  // skipped or abandoned rounds the masters back into it. Refused where it cannot be exact:
+  // fp32 parameters (the parameter chunk is the master), micro_steps > 1 (the next micro-step's
+  // forward reads the parameters) and ZeRO (a rank keeps the masters of its own chunks only).
+  bool reuse_grad_slots = false;
+  // A parameter chunk fetched to the device keeps its host block while it is unchanged, so
+  // evicting it needs no copy (a clean drop). false: the host block is freed once the copy
+  // landed, and an eviction copies the chunk back: less host memory (by the device-resident
+  // parameter chunks), more copies.
+  bool keep_host_copies = true;
 };
 
 namespace detail {
@@ -96,7 +110,22 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         params_sharded_(shards_parameters_of(sink) && this->shard_.ranks > 1) {
     TIDE_REQUIRE(options_.micro_steps >= 1, "offload::scheduler: micro_steps = ", options_.micro_steps,
                  "; pass the number of backward passes per optimizer step, >= 1");
+    if (options_.reuse_grad_slots) {
+      TIDE_REQUIRE(store::has_master, "offload::scheduler: reuse_grad_slots needs bf16 or f16 parameters: with "
+                   "fp32 parameters the parameter chunk is the master, and a gradient in its slot would overwrite "
+                   "the weights; train in bf16 / f16, or leave reuse_grad_slots off");
+      TIDE_REQUIRE(options_.micro_steps == 1, "offload::scheduler: reuse_grad_slots with micro_steps = ",
+                   options_.micro_steps, ": gradients that accumulate over micro-steps cannot take the parameters' "
+                   "slots, because the next micro-step's forward still reads the parameters; use micro_steps = 1 "
+                   "(a larger batch), or leave reuse_grad_slots off");
+      TIDE_REQUIRE(this->shard_.ranks == 1, "offload::scheduler: reuse_grad_slots with a sink that shards the "
+                   "optimizer state over ", this->shard_.ranks, " ranks (ZeRO): a rank keeps the fp32 masters of "
+                   "its own chunks only, so it could not rebuild another rank's parameters after a skipped or failed "
+                   "step; use a sink that keeps every chunk's state on every rank, or leave reuse_grad_slots off");
+    }
     std::uint32_t const n = this->n_;
+    swapped_.assign(n, false);
+    this->keep_host_copies_ = options_.keep_host_copies;
     busy_.resize(n);
     reduced_.resize(n);
     block_free_.resize(n);
@@ -187,7 +216,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       if (!this->shard_.owns(c)) continue;  // another rank steps it: nothing moves here
       auto& list = os_on_device_[c] ? touched : on_host;
       list.push_back(c);
-      list.push_back(this->n_ + c);
+      if (!options_.reuse_grad_slots) list.push_back(this->n_ + c);  // reuse: the gradients are in c
     }
     std::ranges::sort(touched);
   }
@@ -203,6 +232,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // The chunk source fills parameter chunk c's device block (a handed-over block is free once the
   // copy stream passed the victim's copy out; the default source copies on that stream, in order).
   void fill_chunk(std::uint32_t c, std::byte* device, std::byte const* host, std::size_t bytes, bool handed_over) {
+    if (swapped_[c]) {  // it holds gradients (reuse_grad_slots), not what the source makes: a plain copy
+      this->engine_.copy_async(device, host, bytes, memory::copy_direction::host_to_device, this->ready_[c]);
+      return;
+    }
     memory::event<B> const* free_after = nullptr;
     if constexpr (!std::is_same_v<Src, host_source>) {
       if (handed_over) {
@@ -393,7 +426,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     auto const complete = this->completes_at(block);
     for (std::uint32_t c : complete) {
       this->grad_.transition_chunk(c, chunk::tensor_state::ready_for_reduce);
-      chunk::chunk& g = this->grad_[c];
+      chunk::chunk& g = grad_chunk(c);
       ready_chunk<B, T> r{c, {reinterpret_cast<T*>(g.payload()), g.capacity() / sizeof(T)}, g.tier(), nullptr,
                           &reduced_[c], t_, c == complete.back(), ++handed_ == sink_chunks_};
       if constexpr (extra_count > 0) {
@@ -467,7 +500,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     update_targets<T> const x = targets_of(c);
     optim::update_tensor<T> u;
     u.master = store::has_master ? x.master : reinterpret_cast<float*>(x.param);
-    u.grad = reinterpret_cast<T const*>(this->grad_[c].payload());
+    u.grad = reinterpret_cast<T const*>(grad_chunk(c).payload());  // reuse_grad_slots: u.grad == u.working
     u.state = x.state;
     u.working = store::has_master ? x.param : nullptr;
     u.n = step_elements(c);
@@ -562,8 +595,9 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     optim::update_args const args{t_, lr_, options_.grad_scale, true};
     if (os_on_device_[c]) {
       wait_reduced(c);  // the update runs here: the sink must have finished with the gradients
-      if (!this->on_device(c) || !this->on_device(this->n_ + c)) {  // deferred: they may have been evicted since
-        ids_pair_ = {c, this->n_ + c};
+      if (!this->on_device(c) || (!swapped_[c] && !this->on_device(this->n_ + c))) {  // deferred: evicted since?
+        ids_pair_.assign({c, this->n_ + c});
+        if (swapped_[c]) ids_pair_.pop_back();  // the gradients are in c
         this->make_resident(ids_pair_, this->current_);
       }
       auto const t0 = std::chrono::steady_clock::now();
@@ -615,7 +649,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       busy_[c].record(optimizer_stream_);
       optimizer_pending_[c] = true;
       // The gradient's host block is freed once the step read it (drain / the next use).
-      pending_grad_frees_.push_back({c, this->grad_[c].detach()});
+      if (!swapped_[c]) pending_grad_frees_.push_back({c, this->grad_[c].detach()});
     } else {
       wait_reduced(c);
       this->settle(c);
@@ -809,10 +843,86 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     }
   }
 
+  // ---- gradient-slot reuse (reuse_grad_slots) ------------------------------------------------
+  // The chunk that holds chunk c's gradients: its parameter chunk once they took its slot.
+  [[nodiscard]] chunk::chunk& grad_chunk(std::uint32_t c) { return swapped_[c] ? this->param_[c] : this->grad_[c]; }
+  [[nodiscard]] std::byte* grad_bytes(std::uint32_t i) {
+    std::uint32_t const c = this->layout_.chunk_of[i];
+    if (!swapped_[c]) return this->grad_.data(i);
+    return this->param_[c].payload() + this->layout_.offset_of[i] * sizeof(T);
+  }
+  // The block's completed chunks: each one's gradient block becomes its parameter chunk's payload
+  // (on whichever tier the gradients are), and the parameter block and its host copy are freed.
+  // Nothing is copied. Each completed chunk's gradient chunk is FREE after it.
+  void take_grad_slots(int block) {
+    if (!options_.reuse_grad_slots) return;
+    for (std::uint32_t c : this->completes_at(block)) {
+      chunk::chunk& p = this->param_[c];
+      chunk::chunk& g = this->grad_[c];
+      this->settle(c);
+      this->settle(this->n_ + c);  // a copy out of the gradients lands first
+      TIDE_ASSERT(g.payload() != nullptr && !swapped_[c]);
+      this->drop_shadow(c);
+      bool const was_on_device = this->on_device(c);
+      if (p.pinned() && g.tier() != chunk::tier::device) {  // a pinned chunk stays on the device
+        p.set_pinned(false);
+        this->ctx_.pinned_bytes -= this->block_bytes();
+      }
+      this->free_payload(p);
+      if (was_on_device) this->released(c);
+      chunk::tier const where = g.tier();
+      p.attach(g.detach(), where);
+      swapped_[c] = true;
+    }
+  }
+  // Parameter chunk c's parameters again, rounded from its master (a skipped or abandoned step:
+  // the slot held gradients). Exact: between steps a parameter is its master rounded.
+  void round_masters_back(std::uint32_t c) {
+    if constexpr (store::has_master) {
+      this->drop_shadow(c);  // the host copy of a device-resident chunk holds gradients
+      auto* const p = reinterpret_cast<T*>(this->param_[c].payload());
+      auto const* const m = reinterpret_cast<float const*>(this->master_[c].payload());
+      index_t const n = step_elements(c);
+      for (index_t k = 0; k < n; ++k) p[k] = from_float<T>(m[k]);
+    }
+  }
+  // The end of a step: `stepped` (every chunk was updated, and so holds parameters again) or
+  // not (skipped or abandoned: each chunk whose slot holds gradients gets its parameters back).
+  void return_grad_slots(bool stepped) {
+    for (std::uint32_t c = 0; c < this->n_; ++c) {
+      if (!swapped_[c]) continue;
+      if (!stepped) round_masters_back(c);
+      swapped_[c] = false;
+    }
+  }
+
+  // Model data held now, host and device (offload_stats::peak_model_bytes).
+  [[nodiscard]] std::size_t model_bytes_now() const {
+    std::size_t bytes = 0;
+    auto add = [&](chunk::chunk_list const& list) {
+      for (std::uint32_t c = 0; c < this->n_; ++c)
+        if (list[c].payload() != nullptr) bytes += list[c].capacity();
+    };
+    add(this->param_);
+    add(this->grad_);
+    add(this->master_);
+    for (auto const& l : this->state_) add(l);
+    for (auto const& l : this->extra_) add(l);
+    for (std::uint32_t c = 0; c < this->n_; ++c)
+      if (this->shadow_[c] != nullptr) bytes += this->param_[c].capacity();
+    for (std::uint32_t id = 0; id < this->ids_; ++id)
+      if (this->stale_[id] != nullptr) bytes += this->param_.chunk_bytes();  // parameter and gradient chunks: one size
+    bytes += pending_grad_frees_.size() * this->param_.chunk_bytes();
+    return bytes;
+  }
+
   // Gradient chunk c to FREE, its payload released.
   void release_grad(std::uint32_t c) {
     chunk::chunk& g = this->grad_[c];
-    if (g.payload() == nullptr && this->stale_[this->n_ + c] == nullptr) return;
+    if (g.payload() == nullptr && this->stale_[this->n_ + c] == nullptr) {
+      this->grad_.transition_chunk(c, chunk::tensor_state::free);  // reuse_grad_slots: the gradients were in c
+      return;
+    }
     this->settle(this->n_ + c);
     this->grad_.transition_chunk(c, chunk::tensor_state::free);
     this->free_payload(g);
@@ -879,6 +989,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   std::vector<memory::event<B>> reduced_;  // by chunk: the sink finished with its gradients
   std::vector<memory::event<B>> block_free_;  // by chunk: a handed-over block may be written (other sources)
   std::vector<bool> optimizer_pending_, reduce_pending_, os_on_device_;  // by chunk
+  std::vector<bool> swapped_;  // by chunk: its gradients hold its parameter chunk's slot (reuse_grad_slots)
   std::size_t sink_chunks_ = 0;  // chunks handed to the sink per step (those whose gradients complete)
   std::size_t handed_ = 0;       // of them, handed in this step
   std::vector<host_job> jobs_;
