@@ -22,6 +22,8 @@
 //                             detail.formula says how each side is computed. chunked now recomputes
 //                             every block and offloads its output; the largest chunked model at the
 //                             smallest budget is then trained for 2 steps under it (detail.trained_*).
+//                             detail.chunked_nvme_*: the same with Adam's state in the NVMe tier's
+//                             file (computed, not trained).
 //   recompute_overhead        tokens/s with every block recomputed over every activation kept,
 //                             resident, steps interleaved. Goal 0.7.
 //   activation_offload_vs_resident  tokens/s with every block's saved activations offloaded to the
@@ -49,6 +51,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -811,7 +814,10 @@ int main() {
   std::string const formula_here =
       "chunked<belady> (fp32 as tide runs today), every block recomputed and its output offloaded: device >= A + "
       "2 k S; host 4 n S - (D - A) + H <= 0.8 (MemAvailable - D), H = (L + 1) T C 4 bytes of offloaded block "
-      "outputs; chunked_keeping_activations: the same without recompute or offload (H = 0). "
+      "outputs; chunked_keeping_activations: the same without recompute or offload (H = 0); chunked_nvme (computed, "
+      "not trained): the first with Adam m and v in the NVMe tier's file, host 2 n S - (D - A) + H + 4 S (two "
+      "chunks' state in staging) <= 0.8 (MemAvailable - D), file 4 n S (two slots) <= 0.8 of the temp folder's "
+      "free space. "
       "static_partition: device >= A + n S + k S; host 3 n S <= 0.8 (MemAvailable - D). "
       "A = nn::gpt's planned activation buffer at B=1, T=1024 (with those options for chunked); S = chunk bytes from search_chunk_size with two "
       "chunks <= D/4; n = chunks per list; k = most chunks one block touches; D = device budget. GPT-2 family: "
@@ -819,23 +825,29 @@ int main() {
   for (double dg : budgets_gib) {
     auto const D = static_cast<std::size_t>(dg * gib);
     double const host_room = 0.8 * (double(available) - double(D));
+    double const disk_room = 0.8 * double(std::filesystem::space(std::filesystem::temp_directory_path()).available);
     // lean: every block recomputed and its output offloaded (their host bytes count too).
-    auto const fits_with = [&](which w, bool lean = false) {
-      return [&, w, lean](tide::nn::gpt_config const& c, std::size_t A, best_model& m) {
+    // nvme: the optimizer state (m, v) in the NVMe tier's file (two slots each), the host keeping
+    // the parameter and gradient chunks and two chunks' state in staging.
+    auto const fits_with = [&](which w, bool lean = false, bool nvme = false) {
+      return [&, w, lean, nvme](tide::nn::gpt_config const& c, std::size_t A, best_model& m) {
         auto const f = layout_of(c, D);
         if (!f) return false;
         std::size_t const need = minimum_of(w, *f, A);
-        double const all = 4.0 * double(f->chunks * f->chunk_bytes);
+        double const S = double(f->chunk_bytes), all = 4.0 * double(f->chunks) * S;
+        double const kept = nvme ? all / 2 : all, staging = nvme ? 2 * 2 * S : 0.0, disk = nvme ? all : 0.0;
         double const offloaded = lean ? double(lean_activations_of(c.layers).host_bytes(1, 1024, c, 4)) : 0.0;
-        double const host = w == which::chunked ? std::max(0.0, all - double(D - std::min(D, A))) + offloaded
-                                                : 0.75 * all;
+        double const host = w == which::chunked
+                                ? std::max(0.0, kept - double(D - std::min(D, A))) + offloaded + staging
+                                : 0.75 * all;
         m.device_bytes = double(need);
         m.host_bytes = host;
         m.chunk_bytes = double(f->chunk_bytes);
-        return need <= D && host <= host_room;
+        return need <= D && host <= host_room && disk <= disk_room;
       };
     };
     best_model const ch = largest(grid, D, 4, max_layers, fits_with(which::chunked, true), true);
+    best_model const nv = largest(grid, D, 4, max_layers, fits_with(which::chunked, true, true), true);
     best_model const kept = largest(grid, D, 4, max_layers, fits_with(which::chunked));
     best_model const st_m = largest(grid, D, 4, max_layers, fits_with(which::fixed));
     figure c{.bench = "offload",
@@ -853,6 +865,9 @@ int main() {
                         {"minimum_mismatches", cc.mismatches}}};
     add_model(c.detail, "chunked", ch, max_layers);
     add_model(c.detail, "chunked_keeping_activations", kept, max_layers);
+    add_model(c.detail, "chunked_nvme", nv, max_layers);
+    c.detail.emplace_back("chunked_nvme_over_static", st_m.params > 0 ? nv.params / st_m.params : 0.0);
+    c.detail.emplace_back("disk_room_bytes", disk_room);
     add_model(c.detail, "static", st_m, max_layers);
     text_fields text{{"formula", formula_here}};
     if (dg == budgets_gib.front()) prove_by_training(ex, q, ch, D, c, text);

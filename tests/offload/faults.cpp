@@ -164,6 +164,11 @@ TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: bf16 wi
   check_faults<decltype(cfg), tide::bf16>(cfg, "chunked<belady>, bf16, reuse_grad_slots");
   cfg.keep_host_copies = false;  // every eviction of a parameter chunk is a copy
   check_faults<decltype(cfg), tide::bf16>(cfg, "chunked<belady>, bf16, reuse_grad_slots, no host copies");
+  // static_partition pins the parameters again after each step's updates: a failure there comes
+  // after the slots hold parameters again, and the step is still undone.
+  off::static_partition part{.chunk_bytes = chunk_bytes / 2, .reuse_grad_slots = true};
+  part.device_budget = tight<tide::bf16>(part);
+  check_faults<decltype(part), tide::bf16>(part, "static_partition, bf16, reuse_grad_slots");
 }
 
 TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: layer_window<2>, static_partition, "

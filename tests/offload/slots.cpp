@@ -213,13 +213,16 @@ TEST_CASE_TEMPLATE("each optimizer, called per chunk by the engine, equals its k
 
 // Finishes each chunk later, on its own stream, after a short sleep, multiplying the gradients in
 // place: the optimizer must wait for it (an event per chunk), or it reads unscaled gradients.
+// (bf16 gradients too: a power-of-two factor scales them exactly.)
 struct delayed_scaling_sink {
   struct job {
     std::span<float> grads;
+    std::span<tide::bf16> grads16;
     float factor = 1;
     void operator()() const {
       std::this_thread::sleep_for(std::chrono::microseconds(300));
       for (float& g : grads) g *= factor;
+      for (tide::bf16& g : grads16) g = tide::from_float<tide::bf16>(tide::to_float(g) * factor);
     }
   };
   tide::memory::stream<host>* lane = nullptr;
@@ -228,10 +231,11 @@ struct delayed_scaling_sink {
   int* calls = nullptr;
   template <tide::Backend B, class T>
   bool reduce(off::ready_chunk<B, T> const& r) {
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, tide::bf16>) {
       if (r.valid_after != nullptr) lane->wait(*r.valid_after);
       job& j = (*jobs)[r.chunk];
-      j = {r.grads, factor};
+      if constexpr (std::is_same_v<T, float>) j = {r.grads, {}, factor};
+      else j = {{}, r.grads, factor};
       tide::memory::launch(*lane, j);
       r.done->record(*lane);
       ++*calls;
@@ -244,17 +248,18 @@ struct delayed_scaling_sink {
 static_assert(off::check_gradient_sink<delayed_scaling_sink>());
 
 // Parameters after `steps` steps of SGD with momentum (linear in the gradient, so a scale shows).
-template <class Policy, class Sink>
-std::vector<std::vector<float>> with_sink(Policy off, Sink sink, float loss_scale, int& calls) {
+template <class Policy, class Sink, class T = float>
+std::vector<std::vector<T>> with_sink(Policy off, Sink sink, float loss_scale, int& calls,
+                                      off::scheduler_options const& options = {}) {
   tide::thread_pool pool{2};
   tide::exec<host> ex{pool};
   tide::optim::sgd const o{.lr = 0.02f, .momentum = 0.9f};
-  off.device_budget = tide::test::scheduler_minimum<Policy, float>(config, off, batch, seq) + 16_KiB;
+  off.device_budget = tide::test::scheduler_minimum<Policy, T>(config, off, batch, seq) + 16_KiB;
   tide::memory::device_arena<host> arena{{.budget = Policy::moves_data ? off.device_budget : 64_MiB}};
-  using sched_t = off::scheduler<host, float, Policy, tide::optim::sgd, Sink>;
-  sched_t sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config), off,
-                {}, o, sink};
-  tide::nn::gpt<host, float, off::hooks<sched_t>> model{config, arena, {.seed = 3}, {&sched}};
+  using sched_t = off::scheduler<host, T, Policy, tide::optim::sgd, Sink>;
+  sched_t sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype_of<T>), tide::nn::gpt_block_uses(config), off,
+                options, o, sink};
+  tide::nn::gpt<host, T, off::hooks<sched_t>> model{config, arena, {.seed = 3}, {&sched}};
   std::size_t moved = 0;
   for (int s = 0; s < optimizer_steps; ++s) {
     auto const d = tide::test::token_runs(s, batch, seq, 64);
@@ -267,7 +272,7 @@ std::vector<std::vector<float>> with_sink(Policy off, Sink sink, float loss_scal
   if (Policy::moves_data) CHECK(moved > 0);
   calls = 0;
   if constexpr (!std::is_same_v<Sink, off::no_sink>) calls = *sched.sink().calls;
-  std::vector<std::vector<float>> out;
+  std::vector<std::vector<T>> out;
   for (std::uint32_t i = 0; i < sched.parameters().size(); ++i) out.push_back(sched.read_param(i));
   return out;
 }
@@ -289,6 +294,37 @@ TEST_CASE_TEMPLATE("a sink that finishes late and scales the gradients equals sc
   for (std::size_t i = 0; i < sunk.size(); ++i) {
     CHECK_MESSAGE(same_bits(sunk[i], scaled_loss[i]), Policy::name(), ": parameter ", i);
     differs = differs || !same_bits(unscaled[i], scaled_loss[i]);
+  }
+  CHECK(differs);
+}
+
+// Gradient-slot reuse with a sink that finishes late: the gradients sit in the parameter slots
+// while the sink scales them on its own lane, so every copy and update of such a slot must wait
+// for the sink's event, as for a gradient chunk. bf16 with reuse equals bf16 without it, and
+// scaling the gradients in the sink equals scaling the loss (a factor of 2 is exact in bf16).
+TEST_CASE_TEMPLATE("gradient-slot reuse with a sink that finishes late: the same bits as without reuse", Policy,
+                   off::resident, off::chunked<off::belady>, off::layer_window<2>, off::static_partition) {
+  Policy off{};
+  if constexpr (requires { off.chunk_bytes; }) off.chunk_bytes = 10_KiB;
+  off::scheduler_options const reuse{.reuse_grad_slots = true};
+  int calls = 0, none = 0;
+  auto const scaled_loss = with_sink<Policy, off::no_sink, tide::bf16>(off, off::no_sink{}, 2.f, none, reuse);
+  auto const unscaled = with_sink<Policy, off::no_sink, tide::bf16>(off, off::no_sink{}, 1.f, none, reuse);
+  tide::memory::stream<host> lane;
+  std::vector<delayed_scaling_sink::job> jobs(64);
+  int counted = 0;
+  delayed_scaling_sink const sink{&lane, &jobs, 2.f, &counted};
+  auto const plain = with_sink<Policy, delayed_scaling_sink, tide::bf16>(off, sink, 1.f, calls);
+  auto const reused = with_sink<Policy, delayed_scaling_sink, tide::bf16>(off, sink, 1.f, calls, reuse);
+  CHECK(calls > 0);
+  auto const same16 = [](std::vector<tide::bf16> const& a, std::vector<tide::bf16> const& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(tide::bf16)) == 0;
+  };
+  bool differs = false;  // scaling matters: the test could fail
+  for (std::size_t i = 0; i < reused.size(); ++i) {
+    CHECK_MESSAGE(same16(reused[i], plain[i]), Policy::name(), ": parameter ", i);
+    CHECK_MESSAGE(same16(reused[i], scaled_loss[i]), Policy::name(), ": parameter ", i);
+    differs = differs || !same16(unscaled[i], scaled_loss[i]);
   }
   CHECK(differs);
 }

@@ -236,6 +236,12 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     this->drain();
     require_held(i, "read_param");
     std::vector<T> out(static_cast<std::size_t>(this->params_[i].numel()));
+    std::uint32_t const c = this->layout_.chunk_of[i];
+    if (!this->holds_parameters(c)) {  // reuse_grad_slots, inside a step: the slot holds gradients
+      auto const* m = reinterpret_cast<float const*>(this->master_.data(i));
+      for (std::size_t k = 0; k < out.size(); ++k) out[k] = from_float<T>(m[k]);
+      return out;
+    }
     std::memcpy(out.data(), this->param_.data(i), this->params_[i].bytes);
     return out;
   }
@@ -492,7 +498,11 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
         this->undo_.restore(r, this->targets_of(r.c));
       }
       this->extra_undo_.restore(this->extra_);
-      this->return_grad_slots(false);  // after the masters were restored: parameters = round(master)
+      // reuse_grad_slots: the journal keeps no parameters; every chunk stepped or holding gradients
+      // gets round(master) back, after the masters were restored.
+      if (this->options_.reuse_grad_slots)
+        for (detail::undo_record const& r : this->undo_.records()) this->round_masters_back(r.c);
+      this->return_grad_slots(false);
       for (std::uint32_t i = 0; i < this->params_.size(); ++i) {
         if (this->param_.tensor(i).state != chunk::tensor_state::hold)
           this->param_.transition(i, chunk::tensor_state::hold);

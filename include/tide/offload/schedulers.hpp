@@ -59,6 +59,8 @@ struct resident {
   std::size_t device_budget = 0;
   std::size_t chunk_bytes = 0;  // 0: one chunk size from the search (only the layout; nothing moves)
   belady policy{};              // never asked: nothing is evicted
+  bool reuse_grad_slots = false;  // scheduler_options::reuse_grad_slots (through make_trainer)
+  bool keep_host_copies = true;   // scheduler_options::keep_host_copies (through make_trainer)
   static constexpr bool moves_data = false;
 
   static std::string name() { return "resident"; }
@@ -164,6 +166,8 @@ struct layer_window {
   int max_in_flight_copies = 4;
   belady policy{};  // a layer outside the window: the one used furthest ahead leaves
   int chosen = 0;   // the window in use: set at the first moment, chosen again after the warm-up (W = 0)
+  bool reuse_grad_slots = false;  // scheduler_options::reuse_grad_slots (through make_trainer)
+  bool keep_host_copies = true;   // scheduler_options::keep_host_copies (through make_trainer)
   static constexpr bool moves_data = true;
 
   static std::string name() {
@@ -220,6 +224,8 @@ struct static_partition {
   std::size_t chunk_bytes = 0;  // 0: searched as for chunked
   std::size_t reserved = 0;
   belady policy{};              // gradient chunks over the budget: the one used furthest ahead leaves
+  bool reuse_grad_slots = false;  // scheduler_options::reuse_grad_slots (through make_trainer)
+  bool keep_host_copies = true;   // scheduler_options::keep_host_copies (through make_trainer)
   static constexpr bool moves_data = true;
 
   static std::string name() { return "static_partition"; }

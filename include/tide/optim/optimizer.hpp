@@ -47,7 +47,10 @@ struct update_tensor {
   float* master = nullptr;   // (n) fp32 values updated in place (the parameter itself when T = float)
   T const* grad = nullptr;   // (n) the accumulated gradient, times grad_scale
   std::array<float*, max_state_lists> state{};  // (n) each; the first state_lists are set
-  T* working = nullptr;      // (n) bf16 / f16: the parameter, written with the rounded new master; else null
+  // (n) bf16 / f16: the parameter, written with the rounded new master; else null. May be the
+  // same array as grad (the offload engine's gradient-slot reuse): an update must read each
+  // element's gradient before it writes that element's working copy.
+  T* working = nullptr;
   index_t n = 0;
 };
 

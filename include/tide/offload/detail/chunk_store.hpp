@@ -3,8 +3,9 @@
 // pinned host tier, the copy stream and its events, and the moves themselves (fetch, copy out,
 // hand a victim's block over, evict, drop a clean chunk, settle, reclaim). No decision is made
 // here: what to fetch and what to evict come from the engine above it (CRTP: Engine provides
-// pick_victim(t, protect, beyond), before_fetch(id), fetched(id), and fill_chunk / released,
-// which ask its chunk source to fill a parameter chunk and tell it one left).
+// pick_victim(t, protect, beyond), before_fetch(id), before_copy_out(id), holds_parameters(c),
+// fetched(id), and fill_chunk / released, which ask its chunk source to fill a parameter chunk
+// and tell it one left).
 //
 // Trace ids: parameter chunk c is c, gradient chunk c is n + c (n chunks per list).
 //
@@ -242,8 +243,8 @@ class chunk_store {
       close_span(span);
       (void)ch.detach();
       ch.attach(dev, chunk::tier::device);
-      if (id < n_ && keep_host_copies_) shadow_[id] = host;  // parameters change only in the optimizer
-      else set_stale(id, host, chunk::tier::host);             // freed once the copy landed
+      if (id < n_ && keep_host_copies_ && self().holds_parameters(id)) shadow_[id] = host;  // changed by the optimizer only
+      else set_stale(id, host, chunk::tier::host);  // freed once the copy landed
       in_flight_[id] = true;
       ++copies_in_flight_;
       ++cur_.fetches;

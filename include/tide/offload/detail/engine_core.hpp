@@ -224,6 +224,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
  protected:
   // ---- what the store asks ------------------------------------------------------------------
   void before_fetch(std::uint32_t id) {
+    // Gradients (a gradient chunk, or a parameter chunk whose slot they took) are copied after
+    // the sink finished with them: the copy stream waits for its event, this thread does not.
+    std::uint32_t const c = id < this->n_ ? id : id - this->n_;
+    if ((id >= this->n_ || swapped_[c]) && reduce_pending_[c]) this->copy_stream_.wait(reduced_[c]);
     if (id >= this->n_) return;
     TIDE_CHECK(has_param(id), internal, "offload ", P::name(), ": parameter chunk ", id, " was to be fetched, but "
                "under ZeRO-3 this rank does not hold it (it is gathered only for the blocks that use it)");
@@ -250,9 +254,12 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // A gradient chunk the sink still works on leaves the device after the sink finished: the copy
   // stream waits for the sink's event, the calling thread does not.
   void before_copy_out(std::uint32_t id) {
-    if (id >= this->n_ && id < 2 * this->n_ && reduce_pending_[id - this->n_])
-      this->copy_stream_.wait(reduced_[id - this->n_]);
+    std::uint32_t const c = id < this->n_ ? id : id - this->n_;
+    if ((id >= this->n_ || swapped_[c]) && reduce_pending_[c]) this->copy_stream_.wait(reduced_[c]);
   }
+  // Whether parameter chunk c holds parameters (its host copy may be kept while unchanged), not
+  // gradients that a sink or gradient_of() may still write.
+  [[nodiscard]] bool holds_parameters(std::uint32_t c) const { return !swapped_[c]; }
   // Parameter chunk c's host update is still running (prefetch leaves it alone).
   [[nodiscard]] bool stepping(std::uint32_t c) { return optimizer_pending_[c] && !busy_[c].query(); }
   void require_intact() const {
@@ -461,6 +468,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     this->current_ = this->tracer_.at({block, chunk::phase::optimizer}, touched_, on_host_, released_);
     free_reduced_unowned(false);
     for (std::uint32_t c : this->completes_at(block)) optimizer_step(c, apply);
+    this->cur_.peak_model_bytes = std::max(this->cur_.peak_model_bytes, model_bytes_now());  // copies out in flight
   }
   // The gradients of chunks another rank steps, once the sink finished with them (wait: all).
   void free_reduced_unowned(bool wait) {
@@ -824,7 +832,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     }
   }
   undo_record* begin_undo(std::uint32_t c, index_t n) {
-    return options_.undo_on_error ? undo_.begin(c, static_cast<std::size_t>(n), targets_of(c)) : nullptr;
+    if (!options_.undo_on_error) return nullptr;
+    update_targets<T> x = targets_of(c);
+    if (options_.reuse_grad_slots) x.param = nullptr;  // the slot holds gradients: rounded back from the master
+    return undo_.begin(c, static_cast<std::size_t>(n), x);
   }
 
   // The masters start as the parameters the model initialised (or a checkpoint wrote): once,
