@@ -306,27 +306,71 @@ TEST_CASE_TEMPLATE("gradient-slot reuse with a sink that finishes late: the same
                    off::resident, off::chunked<off::belady>, off::layer_window<2>, off::static_partition) {
   Policy off{};
   if constexpr (requires { off.chunk_bytes; }) off.chunk_bytes = 10_KiB;
-  off::scheduler_options const reuse{.reuse_grad_slots = true};
-  int calls = 0, none = 0;
-  auto const scaled_loss = with_sink<Policy, off::no_sink, tide::bf16>(off, off::no_sink{}, 2.f, none, reuse);
-  auto const unscaled = with_sink<Policy, off::no_sink, tide::bf16>(off, off::no_sink{}, 1.f, none, reuse);
-  tide::memory::stream<host> lane;
-  std::vector<delayed_scaling_sink::job> jobs(64);
-  int counted = 0;
-  delayed_scaling_sink const sink{&lane, &jobs, 2.f, &counted};
-  auto const plain = with_sink<Policy, delayed_scaling_sink, tide::bf16>(off, sink, 1.f, calls);
-  auto const reused = with_sink<Policy, delayed_scaling_sink, tide::bf16>(off, sink, 1.f, calls, reuse);
-  CHECK(calls > 0);
   auto const same16 = [](std::vector<tide::bf16> const& a, std::vector<tide::bf16> const& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(tide::bf16)) == 0;
   };
-  bool differs = false;  // scaling matters: the test could fail
-  for (std::size_t i = 0; i < reused.size(); ++i) {
-    CHECK_MESSAGE(same16(reused[i], plain[i]), Policy::name(), ": parameter ", i);
-    CHECK_MESSAGE(same16(reused[i], scaled_loss[i]), Policy::name(), ": parameter ", i);
-    differs = differs || !same16(unscaled[i], scaled_loss[i]);
+  // Deferred too (as clipping runs it): a slot is then fetched for its update while the sink may
+  // still be scaling it.
+  for (bool const deferred : {false, true}) {
+    INFO("defer_optimizer = " << deferred);
+    off::scheduler_options const plain_options{.defer_optimizer = deferred};
+    off::scheduler_options reuse = plain_options;
+    reuse.reuse_grad_slots = true;
+    int calls = 0, none = 0;
+    auto const scaled_loss = with_sink<Policy, off::no_sink, tide::bf16>(off, off::no_sink{}, 2.f, none, reuse);
+    auto const unscaled = with_sink<Policy, off::no_sink, tide::bf16>(off, off::no_sink{}, 1.f, none, reuse);
+    tide::memory::stream<host> lane;
+    std::vector<delayed_scaling_sink::job> jobs(64);
+    int counted = 0;
+    delayed_scaling_sink const sink{&lane, &jobs, 2.f, &counted};
+    auto const plain = with_sink<Policy, delayed_scaling_sink, tide::bf16>(off, sink, 1.f, calls, plain_options);
+    auto const reused = with_sink<Policy, delayed_scaling_sink, tide::bf16>(off, sink, 1.f, calls, reuse);
+    CHECK(calls > 0);
+    bool differs = false;  // scaling matters: the test could fail
+    for (std::size_t i = 0; i < reused.size(); ++i) {
+      CHECK_MESSAGE(same16(reused[i], plain[i]), Policy::name(), ": parameter ", i);
+      CHECK_MESSAGE(same16(reused[i], scaled_loss[i]), Policy::name(), ": parameter ", i);
+      differs = differs || !same16(unscaled[i], scaled_loss[i]);
+    }
+    CHECK(differs);
   }
-  CHECK(differs);
+}
+
+// Inside a step, after backward, a slot holds gradients: read_param gives the parameters (the
+// master rounded), and a skipped step leaves exactly those.
+TEST_CASE("gradient-slot reuse: read_param between backward and step gives the parameters") {
+  tide::thread_pool pool{2};
+  tide::exec<host> ex{pool};
+  off::chunked<off::belady> policy{.chunk_bytes = 10_KiB};
+  policy.device_budget = tide::test::scheduler_minimum<decltype(policy), tide::bf16>(config, policy, batch, seq) + 16_KiB;
+  tide::memory::device_arena<host> arena{{.budget = policy.device_budget}};
+  using sched_t = off::scheduler<host, tide::bf16, off::chunked<off::belady>>;
+  sched_t sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::bf16), tide::nn::gpt_block_uses(config),
+                policy, {.defer_optimizer = true, .reuse_grad_slots = true}, tide::optim::adamw{.lr = 3e-3f}};
+  tide::nn::gpt<host, tide::bf16, off::hooks<sched_t>> model{config, arena, {.seed = 3}, {&sched}};
+  auto params = [&] {
+    std::vector<std::vector<tide::bf16>> out;
+    for (std::uint32_t i = 0; i < sched.parameters().size(); ++i) out.push_back(sched.read_param(i));
+    return out;
+  };
+  auto pass = [&](int s) {
+    auto const d = tide::test::token_runs(s, batch, seq, 64);
+    model.forward(ex, tide::tensor_view<std::int32_t const, host>(d.data(), {batch, seq}),
+                  tide::tensor_view<std::int32_t const, host>(d.data() + batch * seq, {batch, seq}));
+    model.backward(ex);
+  };
+  pass(0);
+  sched.step();
+  auto const before = params();
+  pass(1);
+  auto const mid = params();  // every chunk's slot holds gradients now
+  sched.skip_step();
+  auto const after = params();
+  REQUIRE(before.size() == mid.size());
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    CHECK(std::memcmp(before[i].data(), mid[i].data(), before[i].size() * sizeof(tide::bf16)) == 0);
+    CHECK(std::memcmp(before[i].data(), after[i].data(), before[i].size() * sizeof(tide::bf16)) == 0);
+  }
 }
 
 // A sink whose reductions wait on a latch that the test opens only after backward returned: if

@@ -250,7 +250,9 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     source_.fill(fill_request<B>{c, device, host, bytes, &this->engine_, &this->copy_stream_, free_after,
                                  &this->ready_[c]});
   }
-  void released(std::uint32_t c) noexcept { source_.released(c); }
+  void released(std::uint32_t c) noexcept {
+    if (!swapped_[c]) source_.released(c);  // a slot holding gradients was not filled by the source
+  }
   // A gradient chunk the sink still works on leaves the device after the sink finished: the copy
   // stream waits for the sink's event, the calling thread does not.
   void before_copy_out(std::uint32_t id) {
