@@ -68,6 +68,13 @@ Offload tight(Offload off) {
 off::chunked<off::belady> const tight_belady = tight(off::chunked<off::belady>{.chunk_bytes = 20_KiB});
 tide::optim::adamw const clipped{.lr = 3e-3f, .clip_norm = 0.5f, .schedule = {.warmup_steps = 3, .total_steps = 12}};
 
+// A host budget for a bf16 model of n chunks of `chunk` bytes that keeps the bf16 chunks and the
+// fp32 masters, and the m and v of half the chunks: the other half's state goes to file.
+std::size_t half_state_spilled(std::size_t n, std::size_t chunk) {
+  std::size_t const half = tide::round_up(chunk, 256), list = tide::round_up(2 * chunk, 256);  // bf16, fp32
+  return n * (half + list) + (n / 2) * 2 * list;
+}
+
 template <class Offload>
 std::vector<std::vector<float>> train(Offload const& off, tide::optim::adamw const& opt, int steps,
                                       std::vector<float>* losses = nullptr,
@@ -554,9 +561,7 @@ TEST_CASE("bf16 parameters with fp32 masters: offloaded equals resident, bit for
     tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
     off::scheduler<host, tide::bf16, off::chunked<off::belady>> probe{ex, arena, spec16.parameters(), spec16.uses(),
                                                                       chunked};
-    std::size_t const n = probe.layout().chunks(), half = tide::round_up(probe.chunk_bytes(), 256),
-                      list = tide::round_up(2 * probe.chunk_bytes(), 256);  // an fp32 list of the chunk
-    spilled.host_budget = n * (half + list) + (n / 2) * 2 * list;  // bf16 chunks, masters, m and v of n / 2
+    spilled.host_budget = half_state_spilled(probe.layout().chunks(), probe.chunk_bytes());
     spilled.spill_folder = dir.path;
   }
   auto t = tide::train::make_trainer(spec16, spilled, clipped);
@@ -641,8 +646,7 @@ TEST_CASE("gradient-slot reuse: bf16 gradients take their parameters' slots, the
   // With the NVMe tier as well: m and v of half the chunks in a file, gradients in the slots.
   tide::test::scratch_dir const dir("reuse_spill");
   auto spilled = reuse;
-  std::size_t const half = tide::round_up(chunk, 256), list = tide::round_up(2 * chunk, 256);  // bf16, fp32 chunks
-  spilled.host_budget = n * (half + list) + (n / 2) * 2 * list;  // bf16 chunks, masters, m and v of n / 2
+  spilled.host_budget = half_state_spilled(n, chunk);
   spilled.spill_folder = dir.path;
   CHECK(same_bits(run_bf16(plain, clipped, 4, deeper), run_bf16(spilled, clipped, 4, deeper)));
 }

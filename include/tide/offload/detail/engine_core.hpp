@@ -25,6 +25,7 @@
 
 #include "tide/chunk/memory_tracer.hpp"
 #include "tide/core/parallel.hpp"
+#include "tide/kernels/cast/host.hpp"
 #include "tide/offload/chunk_source.hpp"
 #include "tide/offload/detail/chunk_store.hpp"
 #include "tide/offload/detail/residency.hpp"
@@ -893,10 +894,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   void round_masters_back(std::uint32_t c) {
     if constexpr (store::has_master) {
       this->drop_shadow(c);  // the host copy of a device-resident chunk holds gradients
-      auto* const p = reinterpret_cast<T*>(this->param_[c].payload());
-      auto const* const m = reinterpret_cast<float const*>(this->master_[c].payload());
-      index_t const n = step_elements(c);
-      for (index_t k = 0; k < n; ++k) p[k] = from_float<T>(m[k]);
+      kernels::detail::cast_contiguous(reinterpret_cast<float const*>(this->master_[c].payload()),
+                                       reinterpret_cast<T*>(this->param_[c].payload()), step_elements(c));
     }
   }
   // The end of a step: `stepped` (every chunk was updated, and so holds parameters again) or
