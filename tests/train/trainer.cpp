@@ -69,10 +69,12 @@ off::chunked<off::belady> const tight_belady = tight(off::chunked<off::belady>{.
 tide::optim::adamw const clipped{.lr = 3e-3f, .clip_norm = 0.5f, .schedule = {.warmup_steps = 3, .total_steps = 12}};
 
 // A host budget for a bf16 model of n chunks of `chunk` bytes that keeps the bf16 chunks and the
-// fp32 masters, and the m and v of half the chunks: the other half's state goes to file.
-std::size_t half_state_spilled(std::size_t n, std::size_t chunk) {
+// state of half the chunks: the other half's state goes to file, n - n / 2 chunks. The state is
+// m, v and the fp32 master; with reuse_grad_slots the masters stay on the host, and only m and v
+// go to file.
+std::size_t half_state_spilled(std::size_t n, std::size_t chunk, bool reuse) {
   std::size_t const half = tide::round_up(chunk, 256), list = tide::round_up(2 * chunk, 256);  // bf16, fp32
-  return n * (half + list) + (n / 2) * 2 * list;
+  return reuse ? n * (half + list) + (n / 2) * 2 * list : n * half + (n / 2) * 3 * list;
 }
 
 template <class Offload>
@@ -551,8 +553,8 @@ TEST_CASE("bf16 parameters with fp32 masters: offloaded equals resident, bit for
   REQUIRE(pr.size() == pc.size());
   for (std::size_t i = 0; i < pr.size(); ++i)
     CHECK(std::memcmp(pr[i].data(), pc[i].data(), pr[i].size() * sizeof(tide::bf16)) == 0);
-  // The NVMe tier with fp32 masters: the masters stay on the host with the bf16 chunks, m and v
-  // of about half the chunks go to file. The same bits again.
+  // The NVMe tier with fp32 masters: the masters, m and v of about half the chunks go to file.
+  // The same bits again.
   tide::test::scratch_dir const dir("spill_bf16");
   auto spilled = chunked;
   {
@@ -561,7 +563,7 @@ TEST_CASE("bf16 parameters with fp32 masters: offloaded equals resident, bit for
     tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
     off::scheduler<host, tide::bf16, off::chunked<off::belady>> probe{ex, arena, spec16.parameters(), spec16.uses(),
                                                                       chunked};
-    spilled.host_budget = half_state_spilled(probe.layout().chunks(), probe.chunk_bytes());
+    spilled.host_budget = half_state_spilled(probe.layout().chunks(), probe.chunk_bytes(), false);
     spilled.spill_folder = dir.path;
   }
   auto t = tide::train::make_trainer(spec16, spilled, clipped);
@@ -579,11 +581,17 @@ TEST_CASE("bf16 parameters with fp32 masters: offloaded equals resident, bit for
 
 namespace {
 
-// A bf16 run of `steps` steps: its losses, its parameters and each step's peak model bytes.
+// Six layers in 10 KiB bf16 chunks: about 20 chunks, so that the chunks one moment works on are
+// a small part of the model.
+constexpr tide::nn::gpt_config deeper{.layers = 6, .heads = 2, .channels = 32, .vocab = 64, .max_seq = 16};
+
+// A bf16 run of `steps` steps: its losses, its parameters and each step's peak model bytes; the
+// last step's NVMe traffic and the host bytes held at the end.
 struct bf16_run {
   std::vector<float> losses;
   std::vector<std::vector<tide::bf16>> params;
   std::vector<std::size_t> peaks;
+  std::size_t nvme_read = 0, nvme_written = 0, host_held = 0;
 };
 template <class Offload>
 bf16_run run_bf16(Offload const& offload, tide::optim::adamw const& opt, int steps,
@@ -595,6 +603,9 @@ bf16_run run_bf16(Offload const& offload, tide::optim::adamw const& opt, int ste
     r.losses.push_back(t.step(view_of<decltype(t)>(data_of(s))).loss);
     r.peaks.push_back(t.scheduler().last_step().peak_model_bytes);
   }
+  r.nvme_read = t.scheduler().last_step().nvme_read_bytes;
+  r.nvme_written = t.scheduler().last_step().nvme_write_bytes;
+  if constexpr (Offload::moves_data) r.host_held = t.scheduler().host_pool_stats().bytes_held;
   for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) r.params.push_back(t.scheduler().read_param(i));
   return r;
 }
@@ -609,9 +620,6 @@ bool same_bits(bf16_run const& a, bf16_run const& b) {
 }  // namespace
 
 TEST_CASE("gradient-slot reuse: bf16 gradients take their parameters' slots, the same bits, less memory") {
-  // Six layers in 10 KiB chunks: about 20 chunks, so that the chunks one moment works on are a
-  // small part of the model.
-  constexpr tide::nn::gpt_config deeper{.layers = 6, .heads = 2, .channels = 32, .vocab = 64, .max_seq = 16};
   tide::nn::gpt_spec<host, tide::bf16> const spec16{.config = deeper, .options = {.seed = 3}};
   off::chunked<off::belady> plain{.chunk_bytes = 10_KiB};
   plain.device_budget = tide::test::scheduler_minimum<decltype(plain), tide::bf16>(deeper, plain, batch, seq) + 16_KiB;
@@ -644,11 +652,121 @@ TEST_CASE("gradient-slot reuse: bf16 gradients take their parameters' slots, the
     CHECK(c.peaks.back() <= b.peaks.back());
   }
   // With the NVMe tier as well: m and v of half the chunks in a file, gradients in the slots.
+  // The masters stay on the host (a skipped step rounds the parameters back from them).
   tide::test::scratch_dir const dir("reuse_spill");
   auto spilled = reuse;
-  spilled.host_budget = half_state_spilled(n, chunk);
+  spilled.host_budget = half_state_spilled(n, chunk, true);
   spilled.spill_folder = dir.path;
-  CHECK(same_bits(run_bf16(plain, clipped, 4, deeper), run_bf16(spilled, clipped, 4, deeper)));
+  auto const with_file = run_bf16(spilled, clipped, 4, deeper);
+  CHECK(same_bits(run_bf16(plain, clipped, 4, deeper), with_file));
+  std::size_t const block = tide::round_up(tide::round_up(2 * chunk, 256), 4096);  // an fp32 list's file block
+  CHECK(with_file.nvme_read == (n - n / 2) * 2 * block);
+}
+
+TEST_CASE("the NVMe tier with bf16 parameters: the fp32 masters go to file with m and v; the same bits, resumable, "
+          "and a failed write or read loses nothing") {
+  tide::nn::gpt_spec<host, tide::bf16> const spec16{.config = deeper, .options = {.seed = 3}};
+  off::chunked<off::belady> plain{.chunk_bytes = 10_KiB};
+  plain.device_budget = tide::test::scheduler_minimum<decltype(plain), tide::bf16>(deeper, plain, batch, seq) + 16_KiB;
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  off::scheduler<host, tide::bf16, off::chunked<off::belady>> probe{ex, arena, spec16.parameters(), spec16.uses(), plain};
+  std::size_t const n = probe.layout().chunks(), chunk = probe.chunk_bytes();
+  std::size_t const list = tide::round_up(2 * chunk, 256), block = tide::round_up(list, 4096), k = n - n / 2;
+  tide::test::scratch_dir const dir("spill_masters");
+  auto spilled = plain;
+  spilled.host_budget = half_state_spilled(n, chunk, false);
+  spilled.spill_folder = dir.path;
+
+  // Bit-identical to resident; each step reads and writes three lists of each spilled chunk; the
+  // host keeps less by the spilled chunks' masters, m and v, less the two staging blocks. (That
+  // masters are what went to file is checked below, on the chunks' payloads: were the masters
+  // kept on the host, this budget could spill as many lists of m and v alone.)
+  auto const resident = run_bf16(off::resident{}, clipped, 6, deeper);
+  auto const unbounded = run_bf16(plain, clipped, 6, deeper);
+  auto const with_file = run_bf16(spilled, clipped, 6, deeper);
+  CHECK(resident.losses.back() < resident.losses.front());
+  CHECK(same_bits(resident, with_file));
+  CHECK(with_file.nvme_read == k * 3 * block);
+  CHECK(with_file.nvme_written == k * 3 * block);
+  INFO("host bytes held: " << with_file.host_held << " with the tier, " << unbounded.host_held << " without; " << k
+                           << " of " << n << " chunks spilled");
+  CHECK(with_file.host_held + (k - 2) * 3 * list <= unbounded.host_held + 3 * list);
+
+  // A checkpoint reads the masters from the file, a load writes them back: resumed, with the tier
+  // or without, a run is the same bits as the straight one.
+  {
+    auto a = tide::train::make_trainer(spec16, spilled, clipped);
+    for (int s = 0; s < 3; ++s) (void)a.step(view_of<decltype(a)>(data_of(s)));
+    a.save(dir.path / "ckpt");
+  }
+  for (bool spill_on_resume : {true, false}) {
+    INFO("resumed with the tier: " << spill_on_resume);
+    tide::test::scratch_dir const other("spill_masters_resume");
+    auto into = spilled;
+    into.spill_folder = other.path;
+    auto b = tide::train::make_trainer(spec16, spill_on_resume ? into : plain, clipped);
+    b.load(dir.path / "ckpt");
+    for (int s = 3; s < 6; ++s) {
+      float const loss = b.step(view_of<decltype(b)>(data_of(s))).loss;
+      CHECK(std::memcmp(&loss, &resident.losses[std::size_t(s)], sizeof(float)) == 0);
+    }
+  }
+
+  // A write that fails (the file may not grow) fails the step with tide::error(io) and changes
+  // no parameter; the masters on file are those before it, so the run goes on to the same bits.
+  auto t = tide::train::make_trainer(spec16, spilled, clipped);
+  auto params = [&] {
+    std::vector<std::vector<tide::bf16>> out;
+    for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) out.push_back(t.scheduler().read_param(i));
+    return out;
+  };
+  for (int s = 0; s < 2; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
+  // The last k chunks keep no master, m or v on the host between steps.
+  for (std::uint32_t c = 0; c < n; ++c) {
+    INFO("chunk " << c);
+    bool const on_file = c >= n - k;
+    CHECK((t.scheduler().list(tide::chunk::chunk_role::master)[c].payload() == nullptr) == on_file);
+    CHECK((t.scheduler().list(tide::chunk::chunk_role::exp_avg)[c].payload() == nullptr) == on_file);
+    CHECK((t.scheduler().list(tide::chunk::chunk_role::exp_avg_sq)[c].payload() == nullptr) == on_file);
+  }
+  auto const before = params();
+  {
+    tide::test::file_size_capped const cap(4096);  // every write of a step lies past it
+    REQUIRE(cap.capped);
+    step_fails_on_file(t, 2, "File too large");
+  }
+  CHECK(t.steps() == 2);
+  auto const after = params();
+  for (std::size_t i = 0; i < before.size(); ++i)
+    CHECK(std::memcmp(before[i].data(), after[i].data(), before[i].size() * sizeof(tide::bf16)) == 0);
+  // A read that fails (the file cut to nothing behind tide's back) does the same; with the file
+  // put back, the run goes on.
+  std::filesystem::path file;
+  for (auto const& e : std::filesystem::directory_iterator(dir.path))
+    if (e.is_regular_file() && e.path().filename().string().starts_with("tide-store-")) file = e.path();
+  REQUIRE(!file.empty());
+  std::string const bytes = tide::test::file_text(file);
+  REQUIRE(bytes.size() == std::filesystem::file_size(file));
+  std::filesystem::resize_file(file, 0);
+  step_fails_on_file(t, 2, "end of file");
+  CHECK(t.steps() == 2);
+  auto const unread = params();
+  for (std::size_t i = 0; i < before.size(); ++i)
+    CHECK(std::memcmp(before[i].data(), unread[i].data(), before[i].size() * sizeof(tide::bf16)) == 0);
+  {
+    std::FILE* f = std::fopen(file.c_str(), "r+b");
+    REQUIRE(f != nullptr);
+    CHECK(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
+    std::fclose(f);
+  }
+  std::vector<float> rest;
+  for (int s = 2; s < 6; ++s) rest.push_back(t.step(view_of<decltype(t)>(data_of(s))).loss);
+  CHECK(std::memcmp(rest.data(), resident.losses.data() + 2, rest.size() * sizeof(float)) == 0);
+  auto const last = params();
+  for (std::size_t i = 0; i < last.size(); ++i)
+    CHECK(std::memcmp(last[i].data(), resident.params[i].data(), last[i].size() * sizeof(tide::bf16)) == 0);
 }
 
 namespace {

@@ -106,8 +106,8 @@ struct chunked {
   int max_in_flight_copies = 4; // prefetch copies outstanding at once
   Policy policy{};
   // The NVMe tier (make_trainer passes them to scheduler_options): host bytes for the model data
-  // kept between steps (0: no limit); past them, the optimizer state of the last chunks lives in
-  // a file under spill_folder.
+  // kept between steps (0: no limit); past them, the optimizer state of the last chunks (with
+  // bf16 / f16 their fp32 masters too, unless reuse_grad_slots) lives in a file under spill_folder.
   std::size_t host_budget = 0;
   std::filesystem::path spill_folder{};
   // Gradient-slot reuse (make_trainer passes it to scheduler_options::reuse_grad_slots): bf16 /

@@ -59,7 +59,8 @@ struct scheduler_options {
   bool undo_on_error = true;
   // The NVMe tier. host_budget: host bytes the model data kept between steps may take (the
   // parameter chunks, the optimizer state, a sink's extra lists; 0: no limit). Past it, the
-  // optimizer state of the last chunks lives in a file under spill_folder (a memory::file_store,
+  // optimizer state of the last chunks (with bf16 / f16 their fp32 masters too, unless
+  // reuse_grad_slots) lives in a file under spill_folder (a memory::file_store,
   // O_DIRECT where the filesystem has it): read before each host step of such a chunk, written
   // after it to a second slot that the step's end makes current, so a failed write loses nothing.
   std::size_t host_budget = 0;
@@ -95,6 +96,9 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   static constexpr std::size_t extra_count = extra_lists_of<S>().size();
   // fp32-sized lists per chunk that live with the optimizer state (the minimum counts them so).
   static constexpr std::size_t fp32_lists = state_lists + (store::has_master ? 1 : 0) + extra_count;
+  // Lists a chunk may keep in the NVMe tier: the optimizer's moments, then the fp32 master.
+  static constexpr std::size_t max_spill_lists = optim::max_state_lists + 1;
+  static_assert(max_spill_lists <= state_spill::max_lists);
 
   engine_core(exec<B> const& ex, memory::device_arena<B>& arena, parameter_list params, block_uses uses,
               P const& policy, scheduler_options const& options, O const& optimizer, S const& sink,
@@ -561,7 +565,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     // job was staged: `reading`), updated, and written to the other slot.
     std::byte* staging = nullptr;
     state_spill::pending* reading = nullptr;
-    std::array<std::size_t, optim::max_state_lists> from{}, to{};
+    std::array<std::size_t, max_spill_lists> from{}, to{};
     std::exception_ptr spill_failure;  // read by the engine after the optimizer stream drained
     void operator()() {
       auto const t0 = std::chrono::steady_clock::now();
@@ -694,10 +698,15 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     std::byte* const staging = spill_ring_[r]->data;
     job.staging = staging;
     job.reading = &spill_reads_[r];
-    for (std::size_t k = 0; k < state_lists; ++k) {
+    for (std::size_t k = 0; k < spill_.lists(); ++k) {
       auto* const list = reinterpret_cast<float*>(staging + k * spill_.block_bytes());
-      job.whole.state[k] = list;
-      job.targets.state[k] = list;
+      if (k < state_lists) {
+        job.whole.state[k] = list;
+        job.targets.state[k] = list;
+      } else {  // the fp32 master (spill_master_); the journal keeps none of it: the file has it
+        job.whole.master = list;
+        job.targets.master = list;
+      }
       job.from[k] = spill_.block(c, k, false);
       job.to[k] = spill_.block(c, k, true);
     }
@@ -722,44 +731,54 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     spill_staging& operator=(spill_staging const&) = delete;
   };
   // At construction: when the model data kept between steps exceeds host_budget, the optimizer
-  // state of the last chunks this rank steps goes to file until the rest fits.
+  // state of the last chunks this rank steps goes to file until the rest fits: its moments, and
+  // with bf16 / f16 parameters its fp32 master, unless reuse_grad_slots keeps the masters on the
+  // host (a skipped or failed step rounds the parameters back from them, which must not fail).
   void open_spill() {
     if (options_.host_budget == 0) return;
-    std::size_t kept = 0, per_chunk = 0;
+    spill_master_ = store::has_master && !options_.reuse_grad_slots;
+    std::size_t const lists = state_lists + (spill_master_ ? 1 : 0);
+    std::size_t kept = 0;
     std::vector<std::uint32_t> owned;
     for (std::uint32_t c = 0; c < this->n_; ++c) {
       if (!params_sharded_ || this->shard_.owns(c)) kept += round_up(this->param_[c].capacity(), 256);  // ZeRO-3: own only
       for (auto& l : this->extra_) kept += round_up(l[c].capacity(), 256);
       if (!this->shard_.owns(c)) continue;
       owned.push_back(c);
-      if constexpr (store::has_master) kept += round_up(this->master_[c].capacity(), 256);
-      per_chunk = state_lists * this->state_block_bytes();
+      if constexpr (store::has_master)
+        if (!spill_master_) kept += round_up(this->master_[c].capacity(), 256);
     }
+    std::size_t const per_chunk = lists * this->state_block_bytes();
     std::size_t const state = owned.size() * per_chunk;
-    if (kept + state <= options_.host_budget) return;
-    TIDE_CHECK(kept < options_.host_budget && state_lists > 0, budget, "offload::scheduler: host_budget ",
+    if (kept + state <= options_.host_budget) {
+      spill_master_ = false;
+      return;
+    }
+    TIDE_CHECK(kept < options_.host_budget && lists > 0, budget, "offload::scheduler: host_budget ",
                bytes_of{options_.host_budget}, " is below the model data that stays on the host: ", bytes_of{kept},
-               " (the parameter chunks", store::has_master ? ", the fp32 masters" : "",
-               extra_count > 0 ? ", the sink's extra lists" : "",
-               "; only the optimizer state goes to file); raise host_budget to more than ", bytes_of{kept},
-               ", or set it to 0 for no limit");
+               " (the parameter chunks", store::has_master && !spill_master_ ? ", the fp32 masters" : "",
+               extra_count > 0 ? ", the sink's extra lists" : "", "; only the optimizer state",
+               spill_master_ ? " and the fp32 masters go" : " goes", " to file",
+               store::has_master && !spill_master_ ? ", and the masters stay with reuse_grad_slots" : "",
+               "); raise host_budget to more than ", bytes_of{kept}, ", or set it to 0 for no limit");
     TIDE_REQUIRE(!options_.spill_folder.empty(), "offload::scheduler: the model data (", bytes_of{kept + state},
                  ") exceeds host_budget ", bytes_of{options_.host_budget},
                  " and no spill_folder is set; set spill_folder to a folder on a fast drive, or raise host_budget");
     std::size_t const over = kept + state - options_.host_budget;
     std::size_t const spilled = std::min(owned.size(), (over + per_chunk - 1) / per_chunk);
     std::vector<std::uint32_t> chunks(owned.end() - static_cast<std::ptrdiff_t>(spilled), owned.end());
-    spill_.open(options_.spill_folder, chunks, this->n_, state_lists, this->state_block_bytes());
-    // Slot 0 of each holds the state now: zeros, as every chunk's state starts.
+    spill_.open(options_.spill_folder, chunks, this->n_, lists, this->state_block_bytes());
+    // Slot 0 of each holds the state now: zeros, as every chunk's moments start (the masters are
+    // written from the parameters by init_master, once the model initialised them).
     spill_staging const zeros(this->host_, spill_.staging_bytes());
     std::memset(zeros.data, 0, zeros.bytes);
-    std::array<std::size_t, optim::max_state_lists> blocks{};
+    std::array<std::size_t, max_spill_lists> blocks{};
     for (std::uint32_t c : chunks) {
-      for (std::size_t k = 0; k < state_lists; ++k) blocks[k] = spill_.block(c, k, false);
+      for (std::size_t k = 0; k < lists; ++k) blocks[k] = spill_.block(c, k, false);
       spill_.write(blocks.data(), zeros.data);
     }
     for (std::uint32_t c : chunks)
-      for (auto& l : this->state_) this->free_payload(l[c]);
+      for (std::size_t k = 0; k < lists; ++k) this->free_payload(spilled_list(k, c));
     this->host_.trim();  // the pool caches freed blocks: give the spilled state's back to the system
     for (auto& r : spill_ring_) r.emplace(this->host_, spill_.staging_bytes());
     spill_user_.fill(no_chunk);
@@ -769,21 +788,21 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   void materialize(std::uint32_t c) {
     if (!spill_.spilled(c) || spill_.materialized(c)) return;
     spill_staging const staging(this->host_, spill_.staging_bytes());
-    std::array<std::size_t, optim::max_state_lists> blocks{};
-    for (std::size_t k = 0; k < state_lists; ++k) blocks[k] = spill_.block(c, k, false);
+    std::array<std::size_t, max_spill_lists> blocks{};
+    for (std::size_t k = 0; k < spill_.lists(); ++k) blocks[k] = spill_.block(c, k, false);
     spill_.read(blocks.data(), staging.data);
-    std::array<std::byte*, optim::max_state_lists> lists{};
+    std::array<std::byte*, max_spill_lists> lists{};
+    std::size_t const bytes = spilled_list(0, c).capacity();  // every spilled list is an fp32 chunk
     try {
-      for (std::size_t k = 0; k < state_lists; ++k)
-        lists[k] = static_cast<std::byte*>(this->host_.allocate(this->state_[k][c].capacity(), 256));
+      for (std::size_t k = 0; k < spill_.lists(); ++k) lists[k] = static_cast<std::byte*>(this->host_.allocate(bytes, 256));
     } catch (...) {
       for (std::byte* p : lists)
-        if (p != nullptr) this->host_.deallocate(p, this->state_[0][c].capacity(), 256);
+        if (p != nullptr) this->host_.deallocate(p, bytes, 256);
       throw;
     }
-    for (std::size_t k = 0; k < state_lists; ++k) {
-      std::memcpy(lists[k], staging.data + k * spill_.block_bytes(), this->state_[k][c].capacity());
-      this->state_[k][c].attach(lists[k], chunk::tier::host);
+    for (std::size_t k = 0; k < spill_.lists(); ++k) {
+      std::memcpy(lists[k], staging.data + k * spill_.block_bytes(), bytes);
+      spilled_list(k, c).attach(lists[k], chunk::tier::host);
     }
     spill_.set_materialized(c, true);
   }
@@ -796,15 +815,16 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       if (!spill_.materialized(c)) continue;
       spill_staging const staging(this->host_, spill_.staging_bytes());
       std::memset(staging.data, 0, staging.bytes);
-      std::array<std::size_t, optim::max_state_lists> blocks{};
-      for (std::size_t k = 0; k < state_lists; ++k) {
-        std::memcpy(staging.data + k * spill_.block_bytes(), this->state_[k][c].payload(), this->state_[k][c].capacity());
+      std::array<std::size_t, max_spill_lists> blocks{};
+      for (std::size_t k = 0; k < spill_.lists(); ++k) {
+        chunk::chunk const& l = spilled_list(k, c);
+        std::memcpy(staging.data + k * spill_.block_bytes(), l.payload(), l.capacity());
         blocks[k] = spill_.block(c, k, true);
       }
       spill_.write(blocks.data(), staging.data);
       spill_.mark_written(c);
       spill_.commit_one(c);
-      for (auto& l : this->state_) this->free_payload(l[c]);
+      for (std::size_t k = 0; k < spill_.lists(); ++k) this->free_payload(spilled_list(k, c));
       spill_.set_materialized(c, false);
       flushed = true;
     }
@@ -842,19 +862,36 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   }
 
   // The masters start as the parameters the model initialised (or a checkpoint wrote): once,
-  // before the first update, while every chunk is still readable on the host.
+  // before the first update, while every chunk is still readable on the host. A master in the
+  // NVMe tier (spill_master_) is written to its chunk's current slot.
   void init_master() {
     if constexpr (store::has_master) {
       if (master_written_) return;
       drain();
-      for (std::uint32_t i = 0; i < this->params_.size(); ++i) {
-        if (!this->shard_.owns(this->layout_.chunk_of[i])) continue;  // another rank keeps its master
-        auto const* src = reinterpret_cast<T const*>(this->param_.data(i));
-        auto* dst = reinterpret_cast<float*>(this->master_.data(i));
-        for (index_t k = 0; k < this->params_[i].numel(); ++k) dst[k] = to_float(src[k]);
+      std::optional<spill_staging> staging;  // one block, for the masters that go to file
+      for (std::uint32_t c = 0; c < this->n_; ++c) {
+        if (!this->shard_.owns(c)) continue;  // another rank keeps its master
+        bool const to_file = spill_master_ && spill_.spilled(c) && !spill_.materialized(c);
+        if (to_file && !staging) staging.emplace(this->host_, spill_.block_bytes());
+        if (to_file) std::memset(staging->data, 0, staging->bytes);
+        for (std::uint32_t i = this->layout_.first_param[c]; i < this->layout_.first_param[c + 1]; ++i) {
+          auto const* src = reinterpret_cast<T const*>(this->param_.data(i));
+          auto* dst = to_file ? reinterpret_cast<float*>(staging->data) + this->layout_.offset_of[i]
+                              : reinterpret_cast<float*>(this->master_.data(i));
+          for (index_t k = 0; k < this->params_[i].numel(); ++k) dst[k] = to_float(src[k]);
+        }
+        if (to_file) spill_.write_one(spill_.block(c, state_lists, false), staging->data);
       }
       master_written_ = true;
+      if (staging) {
+        staging.reset();
+        this->host_.trim();  // the pool caches freed blocks: back under host_budget
+      }
     }
+  }
+  // The chunk of spilled list k of chunk c: an optimizer state list, then the master.
+  [[nodiscard]] chunk::chunk& spilled_list(std::size_t k, std::uint32_t c) {
+    return k < state_lists ? this->state_[k][c] : this->master_[c];
   }
 
   // ---- gradient-slot reuse (reuse_grad_slots) ------------------------------------------------
@@ -1008,6 +1045,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   std::vector<std::vector<optim::update_tensor<T>>> decayed_, plain_;  // by chunk (decay_matrices_only)
   std::vector<std::pair<std::uint32_t, std::byte*>> pending_grad_frees_;
   state_spill spill_;                      // the NVMe tier (host_budget)
+  bool spill_master_ = false;              // the spilled chunks' fp32 masters are in the file too
   std::array<std::optional<spill_staging>, 2> spill_ring_;  // staging for spilled updates, reused in turn
   std::array<std::uint32_t, 2> spill_user_{};               // the chunk whose update last used each
   std::array<state_spill::pending, 2> spill_reads_{};       // the read into each, started when staged

@@ -1,7 +1,8 @@
 #pragma once
 // The NVMe tier of the offload engine (scheduler_options::host_budget, spill_folder): the
-// optimizer state of the chunks the host budget cannot hold lives in a memory::file_store, one
-// file block per state list and slot, two slots per chunk. A host step of such a chunk reads its
+// optimizer state of the chunks the host budget cannot hold (their moments, and with bf16 / f16
+// parameters their fp32 masters) lives in a memory::file_store, one file block per list and
+// slot, two slots per chunk. A host step of such a chunk reads its
 // state from the current slot into a staging block, updates it, and writes it to the other slot;
 // the step's end makes the other slot current (commit). A step that fails, a failed write
 // included, leaves every current slot as it was: the state before the step is still on file.
@@ -75,6 +76,8 @@ class state_spill {
     start(blocks, const_cast<std::byte*>(staging), true, io);
     finish(io);
   }
+  // One list's block alone (the masters, written once from the parameters). Throws tide::error(io).
+  void write_one(std::size_t block, std::byte const* from) { store_->wait(store_->write_async(block, from)); }
 
   // A read started ahead of the update that needs it: start_read issues the requests and never
   // throws (a request the store refuses is kept in `failure`); finish waits for every issued

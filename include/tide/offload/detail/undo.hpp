@@ -1,8 +1,9 @@
 #pragma once
 // The undo journals of the offload engine (scheduler_options::undo_on_error): each chunk the
 // optimizer steps in a step first keeps a host copy of its parameters, fp32 master and optimizer
-// state, and each chunk handed to a sink with extra lists a copy of those, so a step that throws
-// can be put back (abort_step). The host blocks are acquired before
+// state (those on the host or device: the NVMe tier's file keeps its own lists' old slot, and
+// gradient-slot reuse rounds the parameters back from the master), and each chunk handed to a
+// sink with extra lists a copy of those, so a step that throws can be put back (abort_step). The host blocks are acquired before
 // the update runs; the copies are taken by whoever runs it (the optimizer worker for host steps).
 
 #include <array>
