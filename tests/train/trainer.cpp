@@ -236,6 +236,9 @@ TEST_CASE("the NVMe tier: optimizer state past the host budget lives in a file, 
   std::size_t const list = tide::round_up(t.scheduler().chunk_bytes(), 4096);
   CHECK(last.nvme_read_bytes == spilled * 2 * list);
   CHECK(last.nvme_write_bytes == spilled * 2 * list);
+  // Clipping defers the updates to step(): backward started the reads of the first two spilled
+  // chunks it completed, and the updates used them (read once each, above).
+  CHECK(last.nvme_early_reads == std::min<std::size_t>(2, spilled));
   // The host holds less by the spilled state, less the two staging blocks (the same run
   // without a host budget keeps every chunk's m and v).
   auto u = tide::train::make_trainer(spec, tight_belady, clipped);

@@ -409,6 +409,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     sample_non_model();
     if (this->backward_passes_ % this->options_.micro_steps != 0) return;  // gradients accumulate
     this->take_grad_slots(block);  // reuse_grad_slots: the completed gradients move into their parameters' slots
+    this->prefetch_spilled(block);  // deferred updates: the first spilled chunks' state reads start now
     sample_non_model();
     if (this->options_.defer_sink) return;  // hand_over_gradients() hands them over
     this->hand_to_sink(block);

@@ -49,6 +49,7 @@ struct offload_stats {
   bool warm_up = false;                     // true for a step that recorded the trace
   std::size_t nvme_read_bytes = 0;          // optimizer state read from the spill file (host_budget)
   std::size_t nvme_write_bytes = 0;         // optimizer state written to it
+  std::size_t nvme_early_reads = 0;         // spilled chunks whose state read backward started (deferred updates)
   [[nodiscard]] std::size_t bytes_moved() const noexcept { return h2d_bytes + d2h_bytes; }
 };
 
@@ -64,7 +65,7 @@ inline std::string to_json(offload_stats const& s) {
       ",\"peak_model_bytes\":", s.peak_model_bytes,
       ",\"chunk_utilisation\":", s.chunk_utilisation, ",\"moments\":", s.moments,
       ",\"warm_up\":", s.warm_up ? "true" : "false", ",\"nvme_read_bytes\":", s.nvme_read_bytes,
-      ",\"nvme_write_bytes\":", s.nvme_write_bytes, "}");
+      ",\"nvme_write_bytes\":", s.nvme_write_bytes, ",\"nvme_early_reads\":", s.nvme_early_reads, "}");
 }
 
 }  // namespace tide::offload

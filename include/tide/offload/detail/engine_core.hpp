@@ -293,6 +293,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     step_open_ = true;
     handed_ = 0;
     this->tracer_.begin_step();
+    spill_prefetched_.fill(no_chunk);  // a read a skipped or failed step started is finished before reuse
+    spill_prefetches_ = 0;
     this->ctx_.recording = this->tracer_.recording();
     this->arena_->reset_peak();
     this->tide_.clear();
@@ -677,24 +679,14 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // chunks back must have finished with it: back-pressure on backward when the worker lags), and
   // its slots. So the host holds two chunks' state beyond host_budget, not every spilled chunk's.
   // The state's read starts here, so it overlaps the updates queued before this one on the worker
-  // (with deferred steps, the next spilled chunk's read runs beside the current update).
+  // (with deferred steps, the next spilled chunk's read runs beside the current update), unless
+  // backward already started it (prefetch_spilled).
   void stage_spilled(host_job& job) {
     std::uint32_t const c = job.c;
     std::size_t const r = spill_next_++ % spill_ring_.size();
-    if (std::uint32_t const prev = spill_user_[r]; prev != no_chunk && optimizer_pending_[prev]) {
-      auto const t0 = std::chrono::steady_clock::now();
-      busy_[prev].synchronize();
-      this->cur_.stall_ms += ms_since(t0);
-    }
+    bool const prefetched = std::exchange(spill_prefetched_[r], no_chunk) == c;
+    if (!prefetched) claim_staging(r);
     spill_user_[r] = c;
-    // A read its update never waited for (the update was not launched: the step failed) ends
-    // before the block is read into again; its outcome no longer matters.
-    if (spill_reads_[r].issued > 0) {
-      try {
-        spill_.finish(spill_reads_[r]);
-      } catch (...) {
-      }
-    }
     std::byte* const staging = spill_ring_[r]->data;
     job.staging = staging;
     job.reading = &spill_reads_[r];
@@ -710,11 +702,48 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       job.from[k] = spill_.block(c, k, false);
       job.to[k] = spill_.block(c, k, true);
     }
-    spill_.start_read(job.from.data(), staging, spill_reads_[r]);
+    if (!prefetched) {
+      spill_.start_read(job.from.data(), staging, spill_reads_[r]);
+      this->cur_.nvme_read_bytes += spill_.staging_bytes();
+    }
     spill_.mark_written(c);
     spill_jobs_.push_back(c);
-    this->cur_.nvme_read_bytes += spill_.staging_bytes();
     this->cur_.nvme_write_bytes += spill_.staging_bytes();
+  }
+  // Staging block r for a new read: the update that last used it finished with it, and a read
+  // into it that no update waited for (a step that failed or skipped its updates) ended; that
+  // read's outcome no longer matters.
+  void claim_staging(std::size_t r) {
+    if (std::uint32_t const prev = spill_user_[r]; prev != no_chunk && optimizer_pending_[prev]) {
+      auto const t0 = std::chrono::steady_clock::now();
+      busy_[prev].synchronize();
+      this->cur_.stall_ms += ms_since(t0);
+    }
+    if (spill_reads_[r].issued > 0) {
+      try {
+        spill_.finish(spill_reads_[r]);
+      } catch (...) {
+      }
+    }
+  }
+  // Deferred updates (step() runs them, in the order backward completed the chunks): the state
+  // reads of the first spilled chunks to complete start as backward completes them, one per
+  // staging block, so that the first updates find their state read instead of waiting for it.
+  void prefetch_spilled(int block) {
+    if (!spill_.active() || !options_.defer_optimizer) return;
+    std::array<std::size_t, max_spill_lists> blocks{};
+    for (std::uint32_t c : this->completes_at(block)) {
+      if (spill_prefetches_ == spill_ring_.size()) return;
+      if (!spill_.spilled(c) || !this->shard_.owns(c) || os_on_device_[c]) continue;
+      std::size_t const r = (spill_next_ + spill_prefetches_++) % spill_ring_.size();
+      claim_staging(r);
+      spill_user_[r] = no_chunk;
+      for (std::size_t k = 0; k < spill_.lists(); ++k) blocks[k] = spill_.block(c, k, false);
+      spill_.start_read(blocks.data(), spill_ring_[r]->data, spill_reads_[r]);
+      spill_prefetched_[r] = c;
+      this->cur_.nvme_read_bytes += spill_.staging_bytes();
+      ++this->cur_.nvme_early_reads;
+    }
   }
 
   // ---- the NVMe tier ------------------------------------------------------------------------
@@ -1050,6 +1079,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   std::array<std::uint32_t, 2> spill_user_{};               // the chunk whose update last used each
   std::array<state_spill::pending, 2> spill_reads_{};       // the read into each, started when staged
   std::size_t spill_next_ = 0;
+  std::array<std::uint32_t, 2> spill_prefetched_{no_chunk, no_chunk};  // the chunk whose read each holds
+  std::size_t spill_prefetches_ = 0;  // reads started by backward in this step
   std::vector<std::uint32_t> spill_jobs_;  // the spilled chunks updated in this step
   std::vector<std::uint32_t> touched_, on_host_, released_;
   std::vector<std::uint32_t> unowned_grads_;  // ZeRO: gradients of chunks another rank steps, freed once reduced
