@@ -23,7 +23,8 @@
 //                             every block and offloads its output; the largest chunked model at the
 //                             smallest budget is then trained for 2 steps under it (detail.trained_*).
 //                             detail.chunked_nvme_*: the same with Adam's state in the NVMe tier's
-//                             file (computed, not trained).
+//                             file (computed; the one at the largest budget is trained for 2 steps
+//                             when TIDE_BENCH_TRAIN_NVME=1: detail.trained_nvme_*).
 //   recompute_overhead        tokens/s with every block recomputed over every activation kept,
 //                             resident, steps interleaved. Goal 0.7.
 //   activation_offload_vs_resident  tokens/s with every block's saved activations offloaded to the
@@ -45,6 +46,8 @@
 // TIDE_BENCH_SVG=path: the memory tide of a steady step of the offloaded run goes there.
 // TIDE_BENCH_QUICK=1 (the smoke test): tiny shapes, one budget, seconds.
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -59,6 +62,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -434,8 +438,12 @@ void add_model(std::vector<std::pair<std::string, double>>& d, std::string const
 // Trains the largest chunked model found at the smallest budget for 2 steps under that budget
 // (every block recomputed, its output offloaded) on one fixed batch: the formula, run. The
 // smoke run trains a small shape under 10 MiB instead (the 1 GiB model takes minutes).
+// spill (a folder): the chunked_nvme model instead, as its formula assumes: every chunk's Adam
+// state in the NVMe tier's file there (a host budget of the parameter chunks and one chunk more),
+// no host copies of device-resident parameter chunks, no undo copies. Its details are named
+// trained_nvme_*.
 void prove_by_training(tide::exec<host> const& ex, bool quick, best_model const& m, std::size_t budget,
-                       tide::bench::figure& f, text_fields& text) {
+                       tide::bench::figure& f, text_fields& text, std::filesystem::path const& spill = {}) {
   using chunked_t = off::chunked<off::belady>;
   shape s{gpt2_family(m.layers, m.channels), 1, 1024};
   // The smoke shape: 17 MB of model data under a 10 MiB budget (two 1 MiB wte chunks <= budget / 4).
@@ -443,27 +451,46 @@ void prove_by_training(tide::exec<host> const& ex, bool quick, best_model const&
   if (s.config.layers == 0) return;
   auto const options = lean_options(s.config.layers);
   if (quick) budget = 10_MiB;
+  bool const nvme = !spill.empty();
+  off::scheduler_options so{};
+  if (nvme) {
+    auto const facts = layout_of(tide::nn::resolve(s.config), budget);
+    TIDE_CHECK(facts.has_value(), internal, "bench_offload: no chunk layout for the model to train under the NVMe tier");
+    so.host_budget = (facts->chunks + 1) * tide::round_up(facts->chunk_bytes, 256);
+    so.spill_folder = spill;
+    so.keep_host_copies = false;
+  }
   auto const t0 = std::chrono::steady_clock::now();
-  trainer<chunked_t> t{ex, s.config, budget, {}, false, options};
+  trainer<chunked_t> t{ex, s.config, budget, {}, false, options, so};
   std::vector<float> losses;
   for (int k = 0; k < 2; ++k) losses.push_back(t.step(ex, s, 0));  // one batch: the loss must fall
   double const seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   bool const falling = std::isfinite(losses[0]) && std::isfinite(losses[1]) && losses[1] < losses[0];
-  f.detail.insert(f.detail.end(), {{"trained_layers", s.config.layers},
-                                   {"trained_channels", s.config.channels},
-                                   {"trained_params", double(tide::nn::parameter_count(tide::nn::resolve(s.config)))},
-                                   {"trained_budget_bytes", double(budget)},
-                                   {"trained_peak_device_bytes", double(t.stats.back().peak_device_bytes)},
-                                   {"trained_activation_bytes", double(t.model.activations().footprint)},
-                                   {"trained_offloaded_activation_bytes", double(t.model.activations().host_bytes)},
-                                   {"trained_loss_step1", losses[0]},
-                                   {"trained_loss_step2", losses[1]},
-                                   {"trained_losses_finite_and_falling", falling ? 1.0 : 0.0},
-                                   {"trained_seconds", seconds}});
-  text.emplace_back("trained", quick ? "a small shape (L 4, C 128, V 2048) under 10 MiB (smoke run)"
-                                     : "the chunked model of this figure, under this budget");
-  TIDE_CHECK(falling, internal, "bench_offload: the largest chunked model trained for 2 steps gave losses ",
-             losses[0], ", ", losses[1], ": not finite and falling");
+  std::string const p = nvme ? "trained_nvme_" : "trained_";
+  auto const& last = t.stats.back();
+  f.detail.insert(f.detail.end(), {{p + "layers", s.config.layers},
+                                   {p + "channels", s.config.channels},
+                                   {p + "params", double(tide::nn::parameter_count(tide::nn::resolve(s.config)))},
+                                   {p + "budget_bytes", double(budget)},
+                                   {p + "peak_device_bytes", double(last.peak_device_bytes)},
+                                   {p + "activation_bytes", double(t.model.activations().footprint)},
+                                   {p + "offloaded_activation_bytes", double(t.model.activations().host_bytes)},
+                                   {p + "loss_step1", losses[0]},
+                                   {p + "loss_step2", losses[1]},
+                                   {p + "losses_finite_and_falling", falling ? 1.0 : 0.0},
+                                   {p + "seconds", seconds}});
+  if (nvme)
+    f.detail.insert(f.detail.end(), {{p + "host_budget_bytes", double(so.host_budget)},
+                                     {p + "host_pool_bytes_held", double(t.sched.host_pool_stats().bytes_held)},
+                                     {p + "read_bytes_step2", double(last.nvme_read_bytes)},
+                                     {p + "write_bytes_step2", double(last.nvme_write_bytes)}});
+  text.emplace_back(nvme ? "trained_nvme" : "trained",
+                    quick ? "a small shape (L 4, C 128, V 2048) under 10 MiB (smoke run)"
+                          : "the chunked model of this figure, under this budget");
+  TIDE_CHECK(falling, internal, "bench_offload: the largest chunked model", nvme ? " with the NVMe tier" : "",
+             " trained for 2 steps gave losses ", losses[0], ", ", losses[1], ": not finite and falling");
+  TIDE_CHECK(!nvme || last.nvme_read_bytes > 0, internal, "bench_offload: the model trained with the NVMe tier read "
+             "nothing from its file");
 }
 
 }  // namespace
@@ -811,11 +838,13 @@ int main() {
   static constexpr double budgets_all[] = {1, 2, 4};
   std::span<int const> const grid(grid_all, q ? 2 : std::size(grid_all));
   std::span<double const> const budgets_gib(budgets_all, q ? 1 : std::size(budgets_all));
+  char const* const nvme_env = std::getenv("TIDE_BENCH_TRAIN_NVME");
+  bool const train_nvme = nvme_env != nullptr && std::string_view(nvme_env) == "1";
   std::string const formula_here =
       "chunked<belady> (fp32 as tide runs today), every block recomputed and its output offloaded: device >= A + "
       "2 k S; host 4 n S - (D - A) + H <= 0.8 (MemAvailable - D), H = (L + 1) T C 4 bytes of offloaded block "
-      "outputs; chunked_keeping_activations: the same without recompute or offload (H = 0); chunked_nvme (computed, "
-      "not trained): the first with Adam m and v in the NVMe tier's file, host 2 n S - (D - A) + H + 4 S (two "
+      "outputs; chunked_keeping_activations: the same without recompute or offload (H = 0); chunked_nvme (computed; "
+      "trained at the largest budget when TIDE_BENCH_TRAIN_NVME=1): the first with Adam m and v in the NVMe tier's file, host 2 n S - (D - A) + H + 4 S (two "
       "chunks' state in staging) <= 0.8 (MemAvailable - D), file 4 n S (two slots) <= 0.8 of the temp folder's "
       "free space; it assumes keep_host_copies = false and undo_on_error = false (else the device-resident "
       "parameter chunks and the stepped chunks' copies also take host memory). "
@@ -872,6 +901,20 @@ int main() {
     add_model(c.detail, "static", st_m, max_layers);
     text_fields text{{"formula", formula_here}};
     if (dg == budgets_gib.front()) prove_by_training(ex, q, ch, D, c, text);
+    // The NVMe model at the largest budget: trained when TIDE_BENCH_TRAIN_NVME=1 (at 4 GiB about
+    // 1.8 G parameters: minutes of compute and 30 GB of file), and always in the smoke run.
+    if (dg == budgets_gib.back() && (q || train_nvme)) {
+      auto const folder = std::filesystem::temp_directory_path() / tide::detail::concat("tide-bench-nvme-", ::getpid());
+      std::filesystem::create_directories(folder);
+      struct remove_after {
+        std::filesystem::path path;
+        ~remove_after() {
+          std::error_code ec;
+          std::filesystem::remove_all(path, ec);
+        }
+      } const cleanup{folder};
+      prove_by_training(ex, q, nv, D, c, text, folder);
+    }
     print_figure(c, text);
   }
 

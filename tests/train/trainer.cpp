@@ -295,8 +295,8 @@ TEST_CASE("the NVMe tier: a write that fails is a clear error, loses nothing, an
 }
 
 TEST_CASE("the NVMe tier: a read that fails is a clear error, loses nothing, and the state put back goes on") {
-  // The spill file is cut to nothing behind tide's back: the next step's reads (started as each
-  // chunk's update is queued) find the end of the file. Put the file back, and the run goes on
+  // The spill file is cut to nothing behind tide's back: the next step's reads (the first two
+  // started by backward, the rest as each chunk's update is queued) find the end of the file. Put the file back, and the run goes on
   // as if the failed step never was.
   tide::test::scratch_dir const dir("spill_read_fail");
   auto const o = spilling(dir.path);

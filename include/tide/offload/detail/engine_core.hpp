@@ -720,10 +720,12 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       this->cur_.stall_ms += ms_since(t0);
     }
     if (spill_reads_[r].issued > 0) {
+      auto const t0 = std::chrono::steady_clock::now();
       try {
         spill_.finish(spill_reads_[r]);
       } catch (...) {
       }
+      this->cur_.stall_ms += ms_since(t0);
     }
   }
   // Deferred updates (step() runs them, in the order backward completed the chunks): the state
