@@ -720,6 +720,11 @@ TEST_CASE("the NVMe tier with bf16 parameters: the fp32 masters go to file with 
   // A write that fails (the file may not grow) fails the step with tide::error(io) and changes
   // no parameter; the masters on file are those before it, so the run goes on to the same bits.
   auto t = tide::train::make_trainer(spec16, spilled, clipped);
+  // Built, the host never held the spilled state: the parameter chunks (whole pages), the state
+  // of the chunks that stay, and three staging blocks of a spilled chunk's lists (the zeros
+  // written at construction, and the two of the updates), one list of slack.
+  CHECK(t.scheduler().host_pool_stats().peak_bytes_held <=
+        n * tide::round_up(chunk, 4096) + (n - k) * 3 * list + 3 * 3 * block + block);
   auto params = [&] {
     std::vector<std::vector<tide::bf16>> out;
     for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) out.push_back(t.scheduler().read_param(i));

@@ -30,6 +30,7 @@
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cerrno>
@@ -60,6 +61,7 @@ struct pinned_pool_options {
 struct pinned_pool_stats {
   std::size_t bytes_requested = 0;  // asked for by the blocks handed out now
   std::size_t bytes_held = 0;       // of every block the pool holds: handed out and cached
+  std::size_t peak_bytes_held = 0;  // the most bytes_held has been
   std::size_t bytes_cached = 0;     // of the cached blocks
   std::size_t blocks = 0;           // held, handed out and cached
   std::size_t hits = 0;             // allocations served from the cache
@@ -241,6 +243,7 @@ class pinned_pool {
       }
       s.stats.bytes_requested += bytes;
       s.stats.bytes_held += size;
+      s.stats.peak_bytes_held = std::max(s.stats.peak_bytes_held, s.stats.bytes_held);
       ++s.stats.blocks;
       ++s.stats.misses;
       if (fresh.locked) ++s.stats.locked;

@@ -54,7 +54,7 @@ class chunk_store {
 
   chunk_store(exec<B> const& ex, memory::device_arena<B>& arena, parameter_list params, block_uses uses,
               chunk::chunk_layout layout, std::size_t state_lists, std::span<extra_list const> extras,
-              bool lock_pages, chunk_shard shard = {})
+              bool lock_pages, chunk_shard shard = {}, bool attach_state = true)
       : ex_(ex),
         arena_(&arena),
         params_(std::move(params)),
@@ -80,11 +80,12 @@ class chunk_store {
     shadow_.assign(n_, nullptr);
     in_flight_.assign(ids_, false);
     // Parameters and optimizer state start on the host, zeroed: the model initialises them there.
-    // Under ZeRO a rank keeps the master and optimizer state of its own chunks only.
+    // Under ZeRO a rank keeps the master and optimizer state of its own chunks only. Without
+    // attach_state the engine attaches the state itself (the NVMe tier keeps some of it on file).
     for (std::uint32_t c = 0; c < n_; ++c) {
       attach_host_zeroed(param_[c]);
       for (auto& l : extra_) attach_host_zeroed(l[c]);
-      if (!shard_.owns(c)) continue;
+      if (!shard_.owns(c) || !attach_state) continue;
       for (auto& l : state_) attach_host_zeroed(l[c]);
       if constexpr (has_master) attach_host_zeroed(master_[c]);
     }

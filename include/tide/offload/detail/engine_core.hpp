@@ -104,7 +104,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
               P const& policy, scheduler_options const& options, O const& optimizer, S const& sink,
               Src const& source)
       : base(ex, arena, std::move(params), std::move(uses), policy, state_lists, extra_lists_of<S>(),
-             options.lock_host_pages, shard_of(sink)),
+             options.lock_host_pages, shard_of(sink), options.host_budget == 0),
         optimizer_(optimizer),
         sink_(sink),
         source_(source),
@@ -161,6 +161,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     if constexpr (LayoutAwareSink<S>) sink_.bind_layout(this->layout_, this->params_.all());
     for (int b = this->uses_.first_block; b <= this->uses_.last_block(); ++b) sink_chunks_ += this->completes_at(b).size();
     open_spill();
+    if (options_.host_budget != 0) attach_host_state();
   }
 
   // ---- the placement members policies call ----------------------------------------------------
@@ -808,11 +809,20 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       for (std::size_t k = 0; k < lists; ++k) blocks[k] = spill_.block(c, k, false);
       spill_.write(blocks.data(), zeros.data);
     }
-    for (std::uint32_t c : chunks)
-      for (std::size_t k = 0; k < lists; ++k) this->free_payload(spilled_list(k, c));
-    this->host_.trim();  // the pool caches freed blocks: give the spilled state's back to the system
     for (auto& r : spill_ring_) r.emplace(this->host_, spill_.staging_bytes());
     spill_user_.fill(no_chunk);
+  }
+  // With a host budget the store attaches no optimizer state: here the state that stays on the
+  // host starts zeroed, after open_spill chose what goes to file, so that the host never holds
+  // the spilled state (a model whose state does not fit host memory can be built).
+  void attach_host_state() {
+    for (std::uint32_t c = 0; c < this->n_; ++c) {
+      if (!this->shard_.owns(c)) continue;
+      for (std::size_t k = 0; k < state_lists; ++k)
+        if (!spill_.spilled(c)) this->attach_host_zeroed(this->state_[k][c]);
+      if constexpr (store::has_master)
+        if (!spill_master_ || !spill_.spilled(c)) this->attach_host_zeroed(this->master_[c]);
+    }
   }
   // Spilled chunk c's state into host blocks attached to its chunks (for checkpoints), from its
   // current slot; flush_spilled() writes them back before the next step.

@@ -25,9 +25,10 @@ class residency : public chunk_store<B, T, Engine> {
 
  public:
   residency(exec<B> const& ex, memory::device_arena<B>& arena, parameter_list params, block_uses uses, P const& policy,
-            std::size_t state_lists, std::span<extra_list const> extras, bool lock_pages, chunk_shard shard = {})
+            std::size_t state_lists, std::span<extra_list const> extras, bool lock_pages, chunk_shard shard = {},
+            bool attach_state = true)
       : store(ex, arena, params, uses, policy.layout(params, uses, arena.config().budget, sizeof(T)), state_lists,
-              extras, lock_pages, shard),
+              extras, lock_pages, shard, attach_state),
         policy_(policy),
         tracer_({.device_budget = arena.config().budget, .reserved = policy.reserved_bytes()}) {
     tracer_.set_chunks(this->ids_);
