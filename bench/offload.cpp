@@ -844,8 +844,9 @@ int main() {
       "chunked<belady> (fp32 as tide runs today), every block recomputed and its output offloaded: device >= A + "
       "2 k S; host 4 n S - (D - A) + H <= 0.8 (MemAvailable - D), H = (L + 1) T C 4 bytes of offloaded block "
       "outputs; chunked_keeping_activations: the same without recompute or offload (H = 0); chunked_nvme (computed; "
-      "trained at the largest budget when TIDE_BENCH_TRAIN_NVME=1): the first with Adam m and v in the NVMe tier's file, host 2 n S - (D - A) + H + 4 S (two "
-      "chunks' state in staging) <= 0.8 (MemAvailable - D), file 4 n S (two slots) <= 0.8 of the temp folder's "
+      "trained at the largest budget when TIDE_BENCH_TRAIN_NVME=1): the first with Adam m and v in the NVMe tier's file, host 2 n S + H + 4 S (two "
+      "chunks' state in staging; nothing subtracted for what the device holds: the host updates bring every "
+      "parameter chunk back to the host, and a step was seen to need it) <= 0.8 (MemAvailable - D), file 4 n S (two slots) <= 0.8 of the temp folder's "
       "free space; it assumes keep_host_copies = false and undo_on_error = false (else the device-resident "
       "parameter chunks and the stepped chunks' copies also take host memory). "
       "static_partition: device >= A + n S + k S; host 3 n S <= 0.8 (MemAvailable - D). "
@@ -868,7 +869,7 @@ int main() {
         double const kept = nvme ? all / 2 : all, staging = nvme ? 2 * 2 * S : 0.0, disk = nvme ? all : 0.0;
         double const offloaded = lean ? double(lean_activations_of(c.layers).host_bytes(1, 1024, c, 4)) : 0.0;
         double const host = w == which::chunked
-                                ? std::max(0.0, kept - double(D - std::min(D, A))) + offloaded + staging
+                                ? std::max(0.0, kept - (nvme ? 0.0 : double(D - std::min(D, A)))) + offloaded + staging
                                 : 0.75 * all;
         m.device_bytes = double(need);
         m.host_bytes = host;
