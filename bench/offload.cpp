@@ -902,8 +902,8 @@ int main() {
     add_model(c.detail, "static", st_m, max_layers);
     text_fields text{{"formula", formula_here}};
     if (dg == budgets_gib.front()) prove_by_training(ex, q, ch, D, c, text);
-    // The NVMe model at the largest budget: trained when TIDE_BENCH_TRAIN_NVME=1 (at 4 GiB about
-    // 1.8 G parameters: minutes of compute and 30 GB of file), and always in the smoke run.
+    // The NVMe model at the largest budget: trained when TIDE_BENCH_TRAIN_NVME=1 (at 4 GiB here
+    // 1.4 G parameters: minutes of compute and a 22 GB file), and always in the smoke run.
     if (dg == budgets_gib.back() && (q || train_nvme)) {
       auto const folder = std::filesystem::temp_directory_path() / tide::detail::concat("tide-bench-nvme-", ::getpid());
       std::filesystem::create_directories(folder);

@@ -217,6 +217,27 @@ void step_fails_on_file(Trainer& t, int s, char const* reason) {
   }
 }
 
+// The spill file under `folder` cut to nothing behind tide's back (the next reads find its end),
+// until put_back() writes its bytes again.
+struct spill_file_cut {
+  std::filesystem::path file;
+  std::string bytes;
+  explicit spill_file_cut(std::filesystem::path const& folder) {
+    for (auto const& e : std::filesystem::directory_iterator(folder))
+      if (e.is_regular_file() && e.path().filename().string().starts_with("tide-store-")) file = e.path();
+    REQUIRE(!file.empty());
+    bytes = tide::test::file_text(file);
+    REQUIRE(bytes.size() == std::filesystem::file_size(file));
+    std::filesystem::resize_file(file, 0);
+  }
+  void put_back() const {
+    std::FILE* f = std::fopen(file.c_str(), "r+b");
+    REQUIRE(f != nullptr);
+    CHECK(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
+    std::fclose(f);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("the NVMe tier: optimizer state past the host budget lives in a file, and training is bit-identical") {
@@ -310,23 +331,11 @@ TEST_CASE("the NVMe tier: a read that fails is a clear error, loses nothing, and
   auto t = tide::train::make_trainer(spec, o, clipped);
   for (int s = 0; s < 2; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
   auto const before = params_of(t);
-  std::filesystem::path file;
-  for (auto const& e : std::filesystem::directory_iterator(dir.path))
-    if (e.is_regular_file()) file = e.path();
-  REQUIRE(!file.empty());
-  auto const size = std::filesystem::file_size(file);
-  std::string const bytes = tide::test::file_text(file);
-  REQUIRE(bytes.size() == size);
-  std::filesystem::resize_file(file, 0);
+  spill_file_cut const cut(dir.path);
   step_fails_on_file(t, 2, "end of file");
   CHECK(same(params_of(t), before));
   CHECK(t.steps() == 2);
-  {
-    std::FILE* f = std::fopen(file.c_str(), "r+b");
-    REQUIRE(f != nullptr);
-    CHECK(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
-    std::fclose(f);
-  }
+  cut.put_back();
   for (int s = 2; s < 5; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
   CHECK(same(params_of(t), straight));
 }
@@ -751,24 +760,13 @@ TEST_CASE("the NVMe tier with bf16 parameters: the fp32 masters go to file with 
     CHECK(std::memcmp(before[i].data(), after[i].data(), before[i].size() * sizeof(tide::bf16)) == 0);
   // A read that fails (the file cut to nothing behind tide's back) does the same; with the file
   // put back, the run goes on.
-  std::filesystem::path file;
-  for (auto const& e : std::filesystem::directory_iterator(dir.path))
-    if (e.is_regular_file() && e.path().filename().string().starts_with("tide-store-")) file = e.path();
-  REQUIRE(!file.empty());
-  std::string const bytes = tide::test::file_text(file);
-  REQUIRE(bytes.size() == std::filesystem::file_size(file));
-  std::filesystem::resize_file(file, 0);
+  spill_file_cut const cut(dir.path);
   step_fails_on_file(t, 2, "end of file");
   CHECK(t.steps() == 2);
   auto const unread = params();
   for (std::size_t i = 0; i < before.size(); ++i)
     CHECK(std::memcmp(before[i].data(), unread[i].data(), before[i].size() * sizeof(tide::bf16)) == 0);
-  {
-    std::FILE* f = std::fopen(file.c_str(), "r+b");
-    REQUIRE(f != nullptr);
-    CHECK(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
-    std::fclose(f);
-  }
+  cut.put_back();
   std::vector<float> rest;
   for (int s = 2; s < 6; ++s) rest.push_back(t.step(view_of<decltype(t)>(data_of(s))).loss);
   CHECK(std::memcmp(rest.data(), resident.losses.data() + 2, rest.size() * sizeof(float)) == 0);
