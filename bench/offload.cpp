@@ -439,7 +439,8 @@ void add_model(std::vector<std::pair<std::string, double>>& d, std::string const
 // (every block recomputed, its output offloaded) on one fixed batch: the formula, run. The
 // smoke run trains a small shape under 10 MiB instead (the 1 GiB model takes minutes).
 // spill (a folder): the chunked_nvme model instead, as its formula assumes: every chunk's Adam
-// state in the NVMe tier's file there (a host budget of the parameter chunks and one chunk more),
+// state in the NVMe tier's file there (a host budget of the parameter chunks, one chunk more and
+// the offloaded activations, reserved),
 // no host copies of device-resident parameter chunks, no undo copies. Its details are named
 // trained_nvme_*.
 void prove_by_training(tide::exec<host> const& ex, bool quick, best_model const& m, std::size_t budget,
@@ -456,7 +457,9 @@ void prove_by_training(tide::exec<host> const& ex, bool quick, best_model const&
   if (nvme) {
     auto const facts = layout_of(tide::nn::resolve(s.config), budget);
     TIDE_CHECK(facts.has_value(), internal, "bench_offload: no chunk layout for the model to train under the NVMe tier");
-    so.host_budget = (facts->chunks + 1) * tide::round_up(facts->chunk_bytes, 256);
+    // The offloaded block outputs take their host room from the scheduler's pool: reserved.
+    so.host_reserve = lean_activations_of(s.config.layers).host_bytes(s.B, s.T, tide::nn::resolve(s.config), 4);
+    so.host_budget = (facts->chunks + 1) * tide::round_up(facts->chunk_bytes, 256) + so.host_reserve;
     so.spill_folder = spill;
     so.keep_host_copies = false;
   }

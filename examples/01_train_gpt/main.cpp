@@ -114,7 +114,8 @@ std::string usage() {
       "  --offload-activations move every block's saved activations to host memory between forward and backward [",
       d.offload_activations ? "on" : "off", "]\n",
       "  --host-budget SIZE    model data the host keeps between steps (chunked schedulers); past it the optimizer\n",
-      "                        state goes to files under --spill-folder (the NVMe tier) [",
+      "                        state goes to files under --spill-folder (the NVMe tier); offloaded activations\n",
+      "                        get their host room on top of it [",
       d.host_budget == 0 ? std::string("no limit") : tide::detail::concat(tide::bytes_of{d.host_budget}), "]\n",
       "  --spill-folder DIR    the folder for that state, on a fast drive; created if missing [",
       d.spill_folder.empty() ? "none" : d.spill_folder.c_str(), "]\n",
@@ -381,9 +382,11 @@ tide::nn::gpt_options model_options(options const& opt, tide::nn::gpt_config con
   return o;
 }
 
-// Bytes of the activations of one (B, T) step: the non-model data the budget must also hold.
-// Measured in an arena of a quarter of the machine's memory (it touches only what it uses).
-std::size_t activation_bytes(tide::nn::gpt_config const& config, tide::nn::gpt_options const& options, int B, int T) {
+// The activations of one (B, T) step: their buffer (the non-model data the budget must also
+// hold) and the host bytes of the offloaded ones. Measured in an arena of a quarter of the
+// machine's memory (it touches only what it uses).
+tide::nn::activation_report activation_plan(tide::nn::gpt_config const& config, tide::nn::gpt_options const& options,
+                                            int B, int T) {
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   std::size_t const quarter = std::min(physical_memory() / 4, 256_GiB);
@@ -392,7 +395,7 @@ std::size_t activation_bytes(tide::nn::gpt_config const& config, tide::nn::gpt_o
     tide::nn::gpt<tide::host> model{config, arena, options};
     std::vector<std::int32_t> zeros(std::size_t(B) * std::size_t(T), 0);
     model.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {B, T}));
-    return tide::round_up(model.activations().footprint, 256);
+    return model.activations();
   } catch (tide::error const& e) {
     if (e.category() != tide::errc::budget) throw;
     TIDE_FAIL(budget, "--batch ", B, " --seq ", T, ": the activations alone need more than ", tide::bytes_of{quarter},
@@ -406,7 +409,8 @@ std::size_t activation_bytes(tide::nn::gpt_config const& config, tide::nn::gpt_o
 template <class Offload>
 std::size_t device_budget(options const& opt, tide::nn::gpt_config const& config, Offload const& offload,
                           std::size_t model_data) {
-  std::size_t const activations = activation_bytes(config, model_options(opt, config), opt.batch, opt.seq);
+  std::size_t const activations =
+      tide::round_up(activation_plan(config, model_options(opt, config), opt.batch, opt.seq).footprint, 256);
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   tide::memory::device_arena<tide::host> arena{{.budget = 1_MiB}};
@@ -638,8 +642,16 @@ int train_gpt(int argc, char** argv) {
   std::size_t largest = 0;
   for (auto const& p : tide::nn::gpt_parameters(config, tide::dtype::f32)) largest = std::max(largest, p.bytes);
   std::size_t const chunk = tide::round_up(std::max(largest, params * sizeof(float) / 16), 64_KiB);
+  // --host-budget is for the model data: the offloaded activations take their host copies from
+  // the scheduler's pool too, so the budget grows by them and keeps them as its reserve.
+  std::size_t const reserve =
+      opt.host_budget != 0 && opt.offload_activations
+          ? activation_plan(config, model_options(opt, config), opt.batch, opt.seq).host_bytes : 0;
   auto const chunked = [&]<class Policy>(Policy) {
-    return off::chunked<Policy>{.chunk_bytes = chunk, .host_budget = opt.host_budget, .spill_folder = opt.spill_folder};
+    return off::chunked<Policy>{.chunk_bytes = chunk,
+                                .host_budget = opt.host_budget == 0 ? 0 : opt.host_budget + reserve,
+                                .spill_folder = opt.spill_folder,
+                                .host_reserve = reserve};
   };
   if (opt.scheduler == "chunked") return run(opt, place, chunked(off::belady{}), config, model_data);
   if (opt.scheduler == "chunked-lru") return run(opt, place, chunked(off::lru{}), config, model_data);

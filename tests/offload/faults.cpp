@@ -64,9 +64,10 @@ auto params_of(Trainer& t) {
 }
 
 template <class T, class Offload>
-clean_run<T> run_clean(Offload const& offload, tide::optim::adamw const& opt, fs::path const& dir) {
+clean_run<T> run_clean(Offload const& offload, tide::optim::adamw const& opt, fs::path const& dir,
+                       tide::nn::gpt_spec<host, T> const& model) {
   clean_run<T> r;
-  auto t = tide::train::make_trainer(spec<T>, offload, opt);
+  auto t = tide::train::make_trainer(model, offload, opt);
   for (int s = 0; s < steps; ++s) {
     t.save(dir / ("before-" + std::to_string(s)));
     std::size_t const a = t.arena().stats().allocations, c = t.scheduler().transfers().stats().copies;
@@ -84,8 +85,8 @@ clean_run<T> run_clean(Offload const& offload, tide::optim::adamw const& opt, fs
 // Returns whether the step threw.
 template <class T, class Offload>
 bool inject(Offload const& offload, tide::optim::adamw const& opt, fault kind, int faulty, std::size_t n,
-            clean_run<T> const& clean, fs::path const& dir) {
-  auto t = tide::train::make_trainer(spec<T>, offload, opt);
+            clean_run<T> const& clean, fs::path const& dir, tide::nn::gpt_spec<host, T> const& model) {
+  auto t = tide::train::make_trainer(model, offload, opt);
   bool threw = false;
   std::size_t moved = 0;
   for (int s = 0; s < steps; ++s) {
@@ -124,10 +125,10 @@ bool inject(Offload const& offload, tide::optim::adamw const& opt, fault kind, i
 }
 
 template <class Offload, class T = float>
-void check_faults(Offload const& offload, std::string const& name) {
+void check_faults(Offload const& offload, std::string const& name, tide::nn::gpt_spec<host, T> const& model = spec<T>) {
   tide::test::scratch_dir dir{"faults"};
   for (auto const& opt : {overlapped, deferred}) {
-    clean_run<T> const clean = run_clean<T>(offload, opt, dir.path);
+    clean_run<T> const clean = run_clean<T>(offload, opt, dir.path, model);
     for (int faulty : {0, steps - 1})  // the warm-up (placement, trace) and a step replaying the trace
       for (fault kind : {fault::allocation, fault::copy}) {
         std::string const what = name + (opt.clip_norm > 0 ? ", deferred" : ", overlapped") + ", step " +
@@ -136,7 +137,7 @@ void check_faults(Offload const& offload, std::string const& name) {
         // Every request the step makes, and a few more (a retried step may make more).
         std::size_t const requests = (kind == fault::allocation ? clean.allocations : clean.copies)[std::size_t(faulty)];
         std::size_t threw = 0;
-        for (std::size_t n = 1; n <= requests + 2; ++n) threw += inject<T>(offload, opt, kind, faulty, n, clean, dir.path);
+        for (std::size_t n = 1; n <= requests + 2; ++n) threw += inject<T>(offload, opt, kind, faulty, n, clean, dir.path, model);
         MESSAGE(what << ": " << requests << " requests, " << threw << " failed steps");
         CHECK((threw > 0) == (requests > 0));
       }
@@ -154,6 +155,17 @@ TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: chunked
   off::chunked<off::belady> cfg{.chunk_bytes = chunk_bytes};
   cfg.device_budget = tight(cfg);
   check_faults(cfg, "chunked<belady>");
+}
+
+TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: activations offloaded through the "
+          "scheduler") {
+  // Every block's saved activations leave and come back on the scheduler's copy engine, between
+  // its chunk copies: a failed activation copy fails the step as a failed chunk copy does.
+  tide::nn::gpt_spec<host> const lean{
+      .config = config, .options = {.seed = 5, .offload_activations = tide::nn::block_set::range(-1, 1)}};
+  off::chunked<off::belady> cfg{.chunk_bytes = chunk_bytes};
+  cfg.device_budget = tide::test::scheduler_minimum(config, cfg, batch, seq, lean.options) + 8_KiB;
+  check_faults(cfg, "chunked<belady>, activations offloaded", lean);
 }
 
 TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: bf16 with gradient-slot reuse") {

@@ -127,6 +127,88 @@ TEST_CASE("recompute and activation offload under chunked<belady>: a smaller bud
   CHECK_THROWS_AS(train(low, clipped, 1), tide::error);
 }
 
+TEST_CASE("offloaded activations go through the scheduler: its copy engine, host pool, host budget and timeline") {
+  using tide::nn::block_set;
+  tide::nn::gpt_spec<host> const lean{.config = config,
+                                      .options = {.seed = 3, .offload_activations = block_set::range(-1, 1)}};
+  off::chunked<off::belady> low{.chunk_bytes = 20_KiB};
+  low.device_budget = tide::test::scheduler_minimum(config, low, batch, seq, lean.options) + 16_KiB;
+  auto const resident = train(off::resident{}, clipped, 6);
+
+  // The scheduler carries them: their bytes in its counters (apart from the model data's), their
+  // host copies in its pool, one span per block and direction on its copy lane.
+  auto t = tide::train::make_trainer(lean, low, clipped);
+  static_assert(decltype(t)::model_type::carried_by_hooks);
+  off::trace_recorder trace;
+  for (int s = 0; s < 6; ++s) {
+    if (s == 5) t.scheduler().set_trace(&trace);
+    (void)t.step(view_of<decltype(t)>(data_of(s)));
+  }
+  t.scheduler().set_trace(nullptr);
+  CHECK(same(params_of(t), resident));
+  auto const st = t.scheduler().last_step();
+  std::size_t const host_bytes = t.model().activations().host_bytes;
+  REQUIRE(host_bytes > 0);
+  CHECK(t.scheduler().activation_host_bytes() == host_bytes);
+  CHECK(st.activation_d2h_bytes > 0);
+  CHECK(st.activation_d2h_bytes == st.activation_h2d_bytes);  // each saved tensor out once, back once
+  CHECK(st.activation_d2h_bytes <= host_bytes);                // host_bytes rounds each one up
+  std::size_t outs = 0, backs = 0, activation_bytes = 0, chunk_bytes = 0;
+  for (auto const& e : trace.events()) {
+    if (e.where != off::lane::copy) continue;
+    bool const activation = e.name.starts_with("activations ");
+    (activation ? activation_bytes : chunk_bytes) += e.bytes;
+    outs += activation && e.name.ends_with(" out");
+    backs += activation && e.name.ends_with(" back");
+  }
+  CHECK(outs == 3);  // the embedding and both layers
+  CHECK(backs == 3);
+  CHECK(activation_bytes == st.activation_d2h_bytes + st.activation_h2d_bytes);
+  CHECK(chunk_bytes == st.h2d_bytes + st.d2h_bytes);
+  CHECK(st.h2d_bytes > 0);
+  // The same run with the model's own copy engine holds less in the scheduler's pool by them.
+  auto plain = tide::train::make_trainer(spec, low, clipped);
+  (void)plain.step(view_of<decltype(plain)>(data_of(0)));
+  CHECK(plain.scheduler().activation_host_bytes() == 0);
+  CHECK(plain.scheduler().last_step().activation_d2h_bytes == 0);
+
+  // Under a host budget they must fit beside the model data kept on the host. One that holds the
+  // model data only refuses them at the first forward, saying what to set, and loses nothing.
+  tide::test::scratch_dir const dir("spill_activations");
+  std::size_t const n = t.scheduler().layout().chunks(), block = tide::round_up(t.scheduler().chunk_bytes(), 256);
+  off::chunked<off::belady> bounded = low;
+  bounded.host_budget = n * block + n * 2 * block;  // parameters, m and v: nothing goes to file
+  bounded.spill_folder = dir.path;
+  {
+    auto u = tide::train::make_trainer(lean, bounded, clipped);
+    auto const before = params_of(u);
+    try {
+      (void)u.step(view_of<decltype(u)>(data_of(0)));
+      FAIL("activations beyond host_budget were accepted");
+    } catch (tide::error const& e) {
+      CHECK(e.category() == tide::errc::budget);
+      std::string const what = e.what();
+      INFO(what);
+      CHECK(what.find("offloaded activations") != std::string::npos);
+      CHECK(what.find("host_reserve") != std::string::npos);
+    }
+    CHECK(u.steps() == 0);
+    CHECK(same(params_of(u), before));
+  }
+  // host_reserve keeps room for them: the NVMe tier takes as many more chunks' state to file as
+  // that needs, and the run is the same bits.
+  bounded.host_reserve = host_bytes;
+  auto v = tide::train::make_trainer(lean, bounded, clipped);
+  for (int s = 0; s < 6; ++s) (void)v.step(view_of<decltype(v)>(data_of(s)));
+  CHECK(same(params_of(v), resident));
+  std::size_t const spilled = (host_bytes + 2 * block - 1) / (2 * block);
+  CHECK(v.scheduler().last_step().nvme_read_bytes == spilled * 2 * tide::round_up(v.scheduler().chunk_bytes(), 4096));
+  CHECK(v.scheduler().activation_host_bytes() == host_bytes);
+  // A reserve of the whole budget leaves nothing for the model data: refused at construction.
+  bounded.host_reserve = bounded.host_budget;
+  CHECK_THROWS_AS(tide::train::make_trainer(lean, bounded, clipped), tide::error);
+}
+
 TEST_CASE("a wte larger than a chunk: cut in row pieces, it trains under chunked<belady> as resident does") {
   // V = 256: wte (256, 32) is 32 KiB, the largest tensor; mlp.fc.w (128, 32) 16 KiB. Chunks of
   // 20 KiB hold every tensor but wte.

@@ -98,6 +98,13 @@ inline void streaming_copy(void* dst, void const* src, std::size_t n) noexcept {
 
 enum class copy_direction : std::uint8_t { host_to_device, device_to_host };
 
+// One copy of a batch issued together (a block's offloaded activations): memcpy(dst, src, bytes).
+struct copy_request {
+  void* dst = nullptr;
+  void const* src = nullptr;
+  std::size_t bytes = 0;
+};
+
 struct transfer_options {
   std::size_t max_in_flight = 4;          // copies outstanding before copy_async blocks (>= 1)
   std::size_t split_bytes = 4_MiB;        // host: copies this large use the helper lane; 0: never

@@ -25,10 +25,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -51,6 +53,46 @@
 
 namespace tide::nn {
 
+// Hooks that also carry the model's offloaded activations (gpt_options::offload_activations):
+// host room for them, their copies issued as one batch per block with an event recorded after
+// it, and a drain for a pass that throws. An offload scheduler's hooks do (offload::hooks): the
+// activations then share its copy stream and transfer engine, its host pool and host_budget, its
+// counters and its timeline. With other hooks the model carries them itself.
+template <class H, class B>
+concept ActivationCarrier = requires(H& h, std::byte* p, std::size_t n, int block, memory::copy_direction d,
+                                     std::span<memory::copy_request const> copies, memory::event<B>& done) {
+  { h.activation_host(n) } -> std::same_as<std::byte*>;
+  h.release_activation_host(p, n);
+  h.copy_activations(block, d, copies, done);
+  h.drain_activations();
+};
+
+namespace detail {
+// What a model whose hooks carry nothing moves its activations with: its own copy stream,
+// transfer engine and pinned pool.
+template <Backend B>
+struct own_activation_carrier {
+  memory::stream<B> copy{};
+  memory::transfer_engine<B> engine{copy, {.max_in_flight = 64}};
+  memory::pinned_pool<B> pool{};
+
+  std::byte* activation_host(std::size_t bytes) { return static_cast<std::byte*>(pool.allocate(bytes)); }
+  void release_activation_host(std::byte* p, std::size_t bytes) noexcept { pool.deallocate(p, bytes); }
+  void copy_activations(int, memory::copy_direction d, std::span<memory::copy_request const> copies,
+                        memory::event<B>& done) {
+    for (auto const& c : copies) engine.copy_async(c.dst, c.src, c.bytes, d);
+    done.record(copy);
+  }
+  void drain_activations() noexcept {
+    try {
+      engine.synchronize();
+    } catch (...) {  // a failed copy is the pass's error, already thrown or about to be
+    }
+  }
+};
+struct no_carrier {};
+}  // namespace detail
+
 template <Backend B, Element T, class Hooks>
 class gpt {
   static_assert(GptHooks<Hooks>, "gpt<B, T, Hooks>: Hooks must have pre_forward(int), post_forward(int), "
@@ -66,6 +108,8 @@ class gpt {
   using token_view = tensor_view<std::int32_t const, B>;
   // true when Hooks keep the parameters and gradients (ParameterStorage): an offload scheduler.
   static constexpr bool external_storage = ParameterStorage<Hooks, T>;
+  // true when Hooks carry the offloaded activations (ActivationCarrier): an offload scheduler.
+  static constexpr bool carried_by_hooks = ActivationCarrier<Hooks, B>;
 
   // Allocates the parameters from `arena` and initialises them (GPT-2, from options.seed).
   // Throws tide::error(usage) for a bad config or in_flight < 1, tide::error(budget) if the
@@ -85,6 +129,8 @@ class gpt {
     initialise(nullptr, options_.seed);
   }
 
+  // Returns the host copies of offloaded activations (to the hooks that gave them, if they did).
+  ~gpt() { release_activation_host(); }
   gpt(gpt const&) = delete;
   gpt& operator=(gpt const&) = delete;
 
@@ -305,7 +351,7 @@ class gpt {
     stages_.clear();
     for (slot_state& s : slots_) s = {};
     report_ = {};
-    if (mover_) mover_->release();  // no copy reads the old buffer any more
+    release_activation_host();  // no copy reads the old buffer any more
     activations_.release();
     plan_.replan(Bn, Tn);
     auto const n = static_cast<std::size_t>(options_.in_flight);
@@ -314,8 +360,7 @@ class gpt {
     activations_ = detail::arena_block<B>(*arena_, bytes, options_.alignment);
     if (!options_.offload_activations.empty()) {
       try {
-        if (!mover_) mover_ = std::make_unique<activation_mover>(config_.layers);
-        mover_->reserve(plan_.host_bytes());
+        reserve_activation_host(plan_.host_bytes());
       } catch (...) {  // no host memory for them: no activations either, as above
         activations_.release();
         throw;
@@ -440,7 +485,7 @@ class gpt {
       s.targets_given = false;
       if (targets != nullptr) s.targets = *targets;
     }
-    offloading const guard{mover_.get()};
+    offloading const guard{this};
     for (int b = first; b <= last; ++b) {
       hooks_.pre_forward(b);
       forward_block(ex, b, micro, b == last_block() && targets != nullptr);
@@ -451,7 +496,7 @@ class gpt {
       hooks_.post_forward(b);
       stages_.set(b, b, micro, true);
     }
-    if (mover_) mover_->engine.synchronize();
+    if (mover_) mover_->finish(mover_->sending, mover_->sent);
     if (head && targets == nullptr)  // no loss: nothing of this slot to go back through
       stages_.set(embedding_block, last, micro, false);
     return head ? loss_ : std::numeric_limits<float>::quiet_NaN();
@@ -481,8 +526,8 @@ class gpt {
     if (!external_storage && !grads_) zero_grad(ex);
     stages_.set(first, last, micro, false);  // one backward per forward
     if (last == last_block() && loss_scale != 1.f) detail::scale_in_place(ex, head_acts(micro).dlogits, loss_scale);
-    offloading const guard{mover_.get()};
-    if (mover_) mover_->begin_backward();
+    offloading const guard{this};
+    if (mover_) std::fill(mover_->fetching.begin(), mover_->fetching.end(), std::uint8_t{0});
     for (int b = last; b >= first; --b) {
       hooks_.pre_backward(b);
       if (mover_) {  // what block b reads arrives; what block b-1 reads starts to
@@ -493,7 +538,7 @@ class gpt {
       backward_block(ex, b, micro);
       hooks_.post_backward(b);
     }
-    if (mover_) mover_->engine.synchronize();
+    if (mover_) mover_->finish(mover_->fetching, mover_->fetched);
   }
 
   void backward_block(exec<B> const& ex, int b, int micro) {
@@ -524,14 +569,14 @@ class gpt {
 
   // ---- activation offload ---------------------------------------------------------------------
 
-  // The copy stream, its engine and the host copies of the offloaded activations; made by the
-  // first plan with gpt_options::offload_activations.
+  // The host copies of the offloaded activations and the events of their copies; made by the
+  // first plan with gpt_options::offload_activations. The copies go through carrier(): the
+  // hooks when they carry activations (an offload scheduler), else `own`.
   struct activation_mover {
-    memory::stream<B> copy{};
-    memory::transfer_engine<B> engine{copy, {.max_in_flight = 64}};
-    memory::pinned_pool<B> pool{};
+    [[no_unique_address]] std::conditional_t<carried_by_hooks, detail::no_carrier, detail::own_activation_carrier<B>> own;
     std::byte* host = nullptr;
     std::size_t host_bytes = 0;
+    std::vector<memory::copy_request> batch;      // one block's copies (reused: nothing allocated per step)
     std::vector<memory::event<B>> sent, fetched;  // by block + 1: after its copies out, back
     std::vector<std::uint8_t> sending, fetching;  // by block + 1: those copies are issued
 
@@ -540,27 +585,7 @@ class gpt {
           sending(static_cast<std::size_t>(layers + 1), 0), fetching(static_cast<std::size_t>(layers + 1), 0) {}
     activation_mover(activation_mover const&) = delete;
     activation_mover& operator=(activation_mover const&) = delete;
-    ~activation_mover() { release(); }
 
-    void reserve(std::size_t bytes) {
-      if (bytes != 0) host = static_cast<std::byte*>(pool.allocate(bytes));
-      host_bytes = bytes;
-    }
-    // Waits for every copy, then returns the host copies (no copy may touch them after).
-    void release() noexcept {
-      drain();
-      if (host != nullptr) pool.deallocate(host, host_bytes);
-      host = nullptr;
-      host_bytes = 0;
-    }
-    void drain() noexcept {
-      try {
-        engine.synchronize();
-      } catch (...) {  // a failed copy is the pass's error, already thrown or about to be
-      }
-      std::fill(sending.begin(), sending.end(), std::uint8_t{0});
-    }
-    void begin_backward() { std::fill(fetching.begin(), fetching.end(), std::uint8_t{0}); }
     static std::size_t at(int b) noexcept { return static_cast<std::size_t>(b - embedding_block); }
     void wait_sent(int b) {
       if (b >= embedding_block && sending[at(b)]) sent[at(b)].synchronize();
@@ -568,13 +593,44 @@ class gpt {
     void wait_fetched(int b) {
       if (b >= embedding_block && fetching[at(b)]) fetched[at(b)].synchronize();
     }
+    // Waits for every copy of the pass (rethrows a failed one): none runs on into the next.
+    void finish(std::vector<std::uint8_t> const& issued, std::vector<memory::event<B>>& events) {
+      for (std::size_t i = 0; i < issued.size(); ++i)
+        if (issued[i]) events[i].synchronize();
+    }
   };
+
+  [[nodiscard]] auto& carrier() noexcept {
+    if constexpr (carried_by_hooks) return hooks_;
+    else return mover_->own;
+  }
+  void reserve_activation_host(std::size_t bytes) {
+    if (!mover_) mover_ = std::make_unique<activation_mover>(config_.layers);
+    if (bytes != 0) mover_->host = carrier().activation_host(bytes);
+    mover_->host_bytes = bytes;
+    std::size_t most = 0;
+    for (int b = embedding_block; b < config_.layers; ++b) most = std::max(most, plan_.moves(b).size());
+    mover_->batch.reserve(most);
+  }
+  // Waits for every copy, then returns the host copies (no copy may touch them after).
+  void release_activation_host() noexcept {
+    if (!mover_) return;
+    drain_activations();
+    if (mover_->host != nullptr) carrier().release_activation_host(mover_->host, mover_->host_bytes);
+    mover_->host = nullptr;
+    mover_->host_bytes = 0;
+  }
+  void drain_activations() noexcept {
+    carrier().drain_activations();  // a failed copy is the pass's error, already thrown or about to be
+    std::fill(mover_->sending.begin(), mover_->sending.end(), std::uint8_t{0});
+    std::fill(mover_->fetching.begin(), mover_->fetching.end(), std::uint8_t{0});
+  }
 
   // Drains the copies of a pass that throws: none may run on into memory the next plan reuses.
   struct offloading {
-    activation_mover* mover;
+    gpt* model;
     ~offloading() {
-      if (mover != nullptr && std::uncaught_exceptions() > 0) mover->drain();
+      if (model->mover_ && std::uncaught_exceptions() > 0) model->drain_activations();
     }
   };
 
@@ -582,10 +638,11 @@ class gpt {
   void send(int b, int micro) {
     if (b >= config_.layers || plan_.moves(b).empty()) return;
     std::byte* const base = slot_base(micro);
+    mover_->batch.clear();
     for (auto const& m : plan_.moves(b))
-      mover_->engine.copy_async(mover_->host + m.host_offset, base + plan_.offset(m.forward), plan_.bytes(m.forward),
-                                memory::copy_direction::device_to_host);
-    mover_->sent[activation_mover::at(b)].record(mover_->copy);
+      mover_->batch.push_back({mover_->host + m.host_offset, base + plan_.offset(m.forward), plan_.bytes(m.forward)});
+    carrier().copy_activations(b, memory::copy_direction::device_to_host, mover_->batch,
+                               mover_->sent[activation_mover::at(b)]);
     mover_->sending[activation_mover::at(b)] = 1;
   }
   // Block b's saved activations back, once per backward.
@@ -593,10 +650,11 @@ class gpt {
     if (b < embedding_block || b >= config_.layers || plan_.moves(b).empty() || mover_->fetching[activation_mover::at(b)])
       return;
     std::byte* const base = slot_base(micro);
+    mover_->batch.clear();
     for (auto const& m : plan_.moves(b))
-      mover_->engine.copy_async(base + plan_.offset(m.backward), mover_->host + m.host_offset, plan_.bytes(m.forward),
-                                memory::copy_direction::host_to_device);
-    mover_->fetched[activation_mover::at(b)].record(mover_->copy);
+      mover_->batch.push_back({base + plan_.offset(m.backward), mover_->host + m.host_offset, plan_.bytes(m.forward)});
+    carrier().copy_activations(b, memory::copy_direction::host_to_device, mover_->batch,
+                               mover_->fetched[activation_mover::at(b)]);
     mover_->fetching[activation_mover::at(b)] = 1;
   }
 

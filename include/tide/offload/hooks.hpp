@@ -2,10 +2,16 @@
 // What a model sees of an offload engine: per-block hooks and the addresses of parameters and
 // gradients. A scheduler satisfies OffloadScheduler: pre_forward, post_forward, pre_backward,
 // post_backward (per block), step() (per optimizer step), and the addresses of every parameter
-// and gradient (the model asks for them between a block's pre_* and post_* hooks).
+// and gradient (the model asks for them between a block's pre_* and post_* hooks). hooks<S> also
+// carries a model's offloaded activations through the scheduler (nn::ActivationCarrier).
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
+#include <span>
+
+#include "tide/memory/stream.hpp"
+#include "tide/memory/transfer_engine.hpp"
 
 #include "tide/offload/stats.hpp"
 
@@ -52,6 +58,15 @@ struct hooks {
     return index[i] == no_index ? elsewhere : scheduler->grad_data(index[i]);
   }
   void zero_grad() { scheduler->zero_grad(); }
+  // The model's offloaded activations (nn::ActivationCarrier): host room from the scheduler's
+  // pool under its host_budget, copies on its copy stream, on its timeline and in its counters.
+  std::byte* activation_host(std::size_t bytes) { return scheduler->activation_host(bytes); }
+  void release_activation_host(std::byte* p, std::size_t bytes) noexcept { scheduler->release_activation_host(p, bytes); }
+  void copy_activations(int block, memory::copy_direction d, std::span<memory::copy_request const> copies,
+                        memory::event<typename S::backend>& done) {
+    scheduler->copy_activations(block, d, copies, done);
+  }
+  void drain_activations() noexcept { scheduler->drain_activations(); }
 };
 
 }  // namespace tide::offload

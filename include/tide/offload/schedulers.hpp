@@ -110,6 +110,8 @@ struct chunked {
   // bf16 / f16 their fp32 masters too, unless reuse_grad_slots) lives in a file under spill_folder.
   std::size_t host_budget = 0;
   std::filesystem::path spill_folder{};
+  // Of host_budget, the room kept for the model's offloaded activations (scheduler_options::host_reserve).
+  std::size_t host_reserve = 0;
   // Gradient-slot reuse (make_trainer passes it to scheduler_options::reuse_grad_slots): bf16 /
   // f16 gradients take their parameters' slots once complete, 14 bytes per parameter, not 16.
   bool reuse_grad_slots = false;

@@ -50,6 +50,8 @@ struct offload_stats {
   std::size_t nvme_read_bytes = 0;          // optimizer state read from the spill file (host_budget)
   std::size_t nvme_write_bytes = 0;         // optimizer state written to it
   std::size_t nvme_early_reads = 0;         // spilled chunks whose state read backward started (deferred updates)
+  std::size_t activation_d2h_bytes = 0;     // the model's offloaded activations, to the host (offload::hooks)
+  std::size_t activation_h2d_bytes = 0;     // and back (not in h2d_bytes / d2h_bytes, which are model data)
   [[nodiscard]] std::size_t bytes_moved() const noexcept { return h2d_bytes + d2h_bytes; }
 };
 
@@ -65,7 +67,8 @@ inline std::string to_json(offload_stats const& s) {
       ",\"peak_model_bytes\":", s.peak_model_bytes,
       ",\"chunk_utilisation\":", s.chunk_utilisation, ",\"moments\":", s.moments,
       ",\"warm_up\":", s.warm_up ? "true" : "false", ",\"nvme_read_bytes\":", s.nvme_read_bytes,
-      ",\"nvme_write_bytes\":", s.nvme_write_bytes, ",\"nvme_early_reads\":", s.nvme_early_reads, "}");
+      ",\"nvme_write_bytes\":", s.nvme_write_bytes, ",\"nvme_early_reads\":", s.nvme_early_reads,
+      ",\"activation_d2h_bytes\":", s.activation_d2h_bytes, ",\"activation_h2d_bytes\":", s.activation_h2d_bytes, "}");
 }
 
 }  // namespace tide::offload

@@ -141,6 +141,7 @@ class trainer {
                     .decay_matrices_only = opt.decay_matrices_only,
                     .host_budget = host_budget_of(off),
                     .spill_folder = spill_folder_of(off),
+                    .host_reserve = host_reserve_of(off),
                     .reuse_grad_slots = reuse_grad_slots_of(off),
                     .keep_host_copies = keep_host_copies_of(off)},
                    opt, comm.sink(), comm.source()),
@@ -152,7 +153,7 @@ class trainer {
   trainer& operator=(trainer const&) = delete;
 
   // The memory-scale options of an offload policy that has them (offload::chunked: host_budget,
-  // spill_folder, reuse_grad_slots, keep_host_copies).
+  // spill_folder, host_reserve, reuse_grad_slots, keep_host_copies).
   static std::size_t host_budget_of(Offload const& off) {
     if constexpr (requires { off.host_budget; }) return off.host_budget;
     else return 0;
@@ -160,6 +161,10 @@ class trainer {
   static std::filesystem::path spill_folder_of(Offload const& off) {
     if constexpr (requires { off.spill_folder; }) return off.spill_folder;
     else return {};
+  }
+  static std::size_t host_reserve_of(Offload const& off) {
+    if constexpr (requires { off.host_reserve; }) return off.host_reserve;
+    else return 0;
   }
   static bool reuse_grad_slots_of(Offload const& off) {
     if constexpr (requires { off.reuse_grad_slots; }) return off.reuse_grad_slots;

@@ -64,7 +64,7 @@ class chunk_store {
         grad_(chunk::chunk_role::grad, dtype_of<T>, layout_, params_),
         master_(chunk::chunk_role::master, dtype::f32, layout_, params_),
         host_(memory::pinned_pool_options{.lock_pages = lock_pages}),
-        engine_(copy_stream_, {.max_in_flight = 8}),
+        engine_(copy_stream_, {.max_in_flight = 64}),  // a model's activations: a copy per saved tensor
         shard_(shard) {
     TIDE_REQUIRE(shard.ranks >= 1 && shard.rank >= 0 && shard.rank < shard.ranks, "offload::scheduler: the sink's "
                  "shard is rank ", shard.rank, " of ", shard.ranks, "; needs 0 <= rank < ranks");
@@ -372,9 +372,13 @@ class chunk_store {
   };
   copy_span* open_span(std::uint32_t id, char const* what, std::size_t bytes) {
     if (!tracing()) return nullptr;
+    return open_span(tide::detail::concat(what, id < n_ ? "param " : "grad ", id < n_ ? id : id - n_), bytes);
+  }
+  copy_span* open_span(std::string name, std::size_t bytes) {
+    if (!tracing()) return nullptr;
     copy_span& sp = spans_.emplace_back();
     sp.recorder = trace_;
-    sp.name = tide::detail::concat(what, id < n_ ? "param " : "grad ", id < n_ ? id : id - n_);
+    sp.name = std::move(name);
     sp.bytes = bytes;
     memory::launch(copy_stream_, sp.begin);
     return &sp;
@@ -413,6 +417,7 @@ class chunk_store {
   std::size_t device_bytes_ = 0;   // model data on the device (payloads, stale blocks, spares, state)
   std::size_t evicted_bytes_ = 0;  // bytes that left the device (copied or dropped clean), ever
   offload_stats cur_{};            // the step in progress
+  std::size_t activation_copies_ = 0, activation_copy_bytes_ = 0;  // a model's, in the warm-up
   trace_recorder* trace_ = nullptr;
   std::deque<copy_span> spans_;    // stable addresses: the copy stream holds pointers into them
 };

@@ -65,6 +65,11 @@ struct scheduler_options {
   // after it to a second slot that the step's end makes current, so a failed write loses nothing.
   std::size_t host_budget = 0;
   std::filesystem::path spill_folder{};
+  // Of host_budget, the room kept for the model's offloaded activations (nn::gpt_options::
+  // offload_activations through offload::hooks, which take their host copies from this pool):
+  // the NVMe tier takes that much more optimizer state to file. Without it, activations that need
+  // more than the model data leaves of host_budget are refused at the first forward.
+  std::size_t host_reserve = 0;
   // Gradient-slot reuse (bf16 / f16 parameters): once a chunk's gradients are complete, its
   // parameters are not read again before the update, and its fp32 master holds them exactly
   // (parameter = round(master) between steps). So the gradient block becomes the parameter
@@ -163,6 +168,54 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     open_spill();
     if (options_.host_budget != 0) attach_host_state();
   }
+
+  // ---- the model's offloaded activations (offload::hooks carries them) -------------------------
+  // Host room for them, from the host pool. Under host_budget they must fit what the model data
+  // kept on the host leaves of it (host_reserve keeps that room).
+  std::byte* activation_host(std::size_t bytes) {
+    if (options_.host_budget != 0) {
+      std::size_t const used = host_kept_ + activation_host_bytes_;
+      std::size_t const left = options_.host_budget - std::min(options_.host_budget, used);
+      TIDE_CHECK(bytes <= left, budget, "offload::scheduler: the model's offloaded activations need ",
+                 bytes_of{bytes}, " of host memory, and host_budget ", bytes_of{options_.host_budget}, " leaves ",
+                 bytes_of{left}, " beside the model data kept on the host (", bytes_of{host_kept_},
+                 "); set host_reserve to at least ", bytes_of{bytes}, " (the NVMe tier then takes that much more "
+                 "optimizer state to file), raise host_budget, or offload fewer blocks");
+    }
+    auto* p = static_cast<std::byte*>(this->host_.allocate(bytes, 256));
+    activation_host_bytes_ += bytes;
+    return p;
+  }
+  void release_activation_host(std::byte* p, std::size_t bytes) noexcept {
+    this->host_.deallocate(p, bytes, 256);
+    activation_host_bytes_ -= bytes;
+    if (options_.host_budget != 0) this->host_.trim();  // the pool caches freed blocks: back under host_budget
+  }
+  // One block's copies, on the copy stream in order behind the chunk copies issued before them:
+  // one span on the timeline, `done` recorded after the last.
+  void copy_activations(int block, memory::copy_direction d, std::span<memory::copy_request const> copies,
+                        memory::event<B>& done) {
+    std::size_t bytes = 0;
+    for (auto const& c : copies) bytes += c.bytes;
+    bool const out = d == memory::copy_direction::device_to_host;
+    auto* span = this->open_span(tide::detail::concat("activations ", block, out ? " out" : " back"), bytes);
+    for (auto const& c : copies) this->engine_.copy_async(c.dst, c.src, c.bytes, d);
+    this->close_span(span);
+    done.record(this->copy_stream_);
+    (out ? this->cur_.activation_d2h_bytes : this->cur_.activation_h2d_bytes) += bytes;
+    if (!this->tracer_.warm()) {
+      this->activation_copies_ += copies.size();
+      this->activation_copy_bytes_ += bytes;
+    }
+  }
+  // Waits for every copy; a failure is left for the step to report (the stream keeps it).
+  void drain_activations() noexcept {
+    try {
+      this->engine_.synchronize();
+    } catch (...) {
+    }
+  }
+  [[nodiscard]] std::size_t activation_host_bytes() const noexcept { return activation_host_bytes_; }
 
   // ---- the placement members policies call ----------------------------------------------------
   // Every parameter chunk on the device and pinned there. Idempotent: a chunk fetched stays
@@ -782,22 +835,32 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     }
     std::size_t const per_chunk = lists * this->state_block_bytes();
     std::size_t const state = owned.size() * per_chunk;
-    if (kept + state <= options_.host_budget) {
+    TIDE_REQUIRE(options_.host_reserve < options_.host_budget, "offload::scheduler: host_reserve ",
+                 bytes_of{options_.host_reserve}, " leaves nothing of host_budget ", bytes_of{options_.host_budget},
+                 " for the model data; raise host_budget above host_reserve");
+    std::size_t const for_data = options_.host_budget - options_.host_reserve;  // for the model data
+    std::string const budget_text = options_.host_reserve == 0 ? tide::detail::concat("host_budget ", bytes_of{for_data})
+        : tide::detail::concat("host_budget ", bytes_of{options_.host_budget}, " less host_reserve ",
+                               bytes_of{options_.host_reserve});
+    if (kept + state <= for_data) {
       spill_master_ = false;
+      host_kept_ = kept + state;
       return;
     }
-    TIDE_CHECK(kept < options_.host_budget && lists > 0, budget, "offload::scheduler: host_budget ",
-               bytes_of{options_.host_budget}, " is below the model data that stays on the host: ", bytes_of{kept},
+    TIDE_CHECK(kept < for_data && lists > 0, budget, "offload::scheduler: ", budget_text,
+               " is below the model data that stays on the host: ", bytes_of{kept},
                " (the parameter chunks", store::has_master && !spill_master_ ? ", the fp32 masters" : "",
                extra_count > 0 ? ", the sink's extra lists" : "", "; only the optimizer state",
                spill_master_ ? " and the fp32 masters go" : " goes", " to file",
                store::has_master && !spill_master_ ? ", and the masters stay with reuse_grad_slots" : "",
-               "); raise host_budget to more than ", bytes_of{kept}, ", or set it to 0 for no limit");
+               "); raise host_budget to more than ", bytes_of{kept + options_.host_reserve},
+               ", or set it to 0 for no limit");
     TIDE_REQUIRE(!options_.spill_folder.empty(), "offload::scheduler: the model data (", bytes_of{kept + state},
-                 ") exceeds host_budget ", bytes_of{options_.host_budget},
+                 ") exceeds ", budget_text,
                  " and no spill_folder is set; set spill_folder to a folder on a fast drive, or raise host_budget");
-    std::size_t const over = kept + state - options_.host_budget;
+    std::size_t const over = kept + state - for_data;
     std::size_t const spilled = std::min(owned.size(), (over + per_chunk - 1) / per_chunk);
+    host_kept_ = kept + (owned.size() - spilled) * per_chunk;
     std::vector<std::uint32_t> chunks(owned.end() - static_cast<std::ptrdiff_t>(spilled), owned.end());
     spill_.open(options_.spill_folder, chunks, this->n_, lists, this->state_block_bytes());
     // Slot 0 of each holds the state now: zeros, as every chunk's moments start (the masters are
@@ -1087,6 +1150,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   std::vector<std::pair<std::uint32_t, std::byte*>> pending_grad_frees_;
   state_spill spill_;                      // the NVMe tier (host_budget)
   bool spill_master_ = false;              // the spilled chunks' fp32 masters are in the file too
+  std::size_t host_kept_ = 0;              // host_budget: the model data kept on the host between steps
+  std::size_t activation_host_bytes_ = 0;  // the model's offloaded activations, in the host pool
   std::array<std::optional<spill_staging>, 2> spill_ring_;  // staging for spilled updates, reused in turn
   std::array<std::uint32_t, 2> spill_user_{};               // the chunk whose update last used each
   std::array<state_spill::pending, 2> spill_reads_{};       // the read into each, started when staged
