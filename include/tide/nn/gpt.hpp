@@ -57,14 +57,15 @@ namespace tide::nn {
 // host room for them, their copies issued as one batch per block with an event recorded after
 // it, and a drain for a pass that throws. An offload scheduler's hooks do (offload::hooks): the
 // activations then share its copy stream and transfer engine, its host pool and host_budget, its
-// counters and its timeline. With other hooks the model carries them itself.
+// counters and its timeline. With other hooks the model carries them itself. Hooks that carry
+// them must outlive the model, which returns its host room when it is destroyed.
 template <class H, class B>
 concept ActivationCarrier = requires(H& h, std::byte* p, std::size_t n, int block, memory::copy_direction d,
                                      std::span<memory::copy_request const> copies, memory::event<B>& done) {
   { h.activation_host(n) } -> std::same_as<std::byte*>;
-  h.release_activation_host(p, n);
+  { h.release_activation_host(p, n) } noexcept;  // from the destructor and a pass that throws
   h.copy_activations(block, d, copies, done);
-  h.drain_activations();
+  { h.drain_activations() } noexcept;
 };
 
 namespace detail {

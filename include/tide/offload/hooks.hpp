@@ -40,6 +40,17 @@ concept OffloadScheduler = requires(S& s, S const& cs, int block, std::uint32_t 
 // In hooks::index: a parameter the scheduler does not hold (another pipeline stage's).
 inline constexpr std::uint32_t no_index = 0xffffffffu;
 
+// A scheduler that carries a model's offloaded activations (offload::scheduler does).
+template <class S>
+concept CarriesActivations = requires(S& s, std::byte* p, std::size_t n, int block, memory::copy_direction d,
+                                      std::span<memory::copy_request const> copies,
+                                      memory::event<typename S::backend>& done) {
+  { s.activation_host(n) } -> std::same_as<std::byte*>;
+  { s.release_activation_host(p, n) } noexcept;
+  s.copy_activations(block, d, copies, done);
+  { s.drain_activations() } noexcept;
+};
+
 template <class S>
 struct hooks {
   S* scheduler = nullptr;
@@ -58,15 +69,31 @@ struct hooks {
     return index[i] == no_index ? elsewhere : scheduler->grad_data(index[i]);
   }
   void zero_grad() { scheduler->zero_grad(); }
-  // The model's offloaded activations (nn::ActivationCarrier): host room from the scheduler's
-  // pool under its host_budget, copies on its copy stream, on its timeline and in its counters.
-  std::byte* activation_host(std::size_t bytes) { return scheduler->activation_host(bytes); }
-  void release_activation_host(std::byte* p, std::size_t bytes) noexcept { scheduler->release_activation_host(p, bytes); }
+  // The model's offloaded activations (nn::ActivationCarrier), when the scheduler carries them
+  // (offload::scheduler does): host room from its pool under its host_budget, copies on its copy
+  // stream, on its timeline and in its counters. The scheduler must outlive the model: the
+  // model returns its host room when it is destroyed.
+  std::byte* activation_host(std::size_t bytes)
+    requires CarriesActivations<S>
+  {
+    return scheduler->activation_host(bytes);
+  }
+  void release_activation_host(std::byte* p, std::size_t bytes) noexcept
+    requires CarriesActivations<S>
+  {
+    scheduler->release_activation_host(p, bytes);
+  }
+  template <class Event>
+    requires CarriesActivations<S>
   void copy_activations(int block, memory::copy_direction d, std::span<memory::copy_request const> copies,
-                        memory::event<typename S::backend>& done) {
+                        Event& done) {
     scheduler->copy_activations(block, d, copies, done);
   }
-  void drain_activations() noexcept { scheduler->drain_activations(); }
+  void drain_activations() noexcept
+    requires CarriesActivations<S>
+  {
+    scheduler->drain_activations();
+  }
 };
 
 }  // namespace tide::offload

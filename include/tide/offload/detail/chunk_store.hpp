@@ -417,7 +417,7 @@ class chunk_store {
   std::size_t device_bytes_ = 0;   // model data on the device (payloads, stale blocks, spares, state)
   std::size_t evicted_bytes_ = 0;  // bytes that left the device (copied or dropped clean), ever
   offload_stats cur_{};            // the step in progress
-  std::size_t activation_copies_ = 0, activation_copy_bytes_ = 0;  // a model's, in the warm-up
+  std::size_t activation_copies_ = 0, activation_copy_bytes_ = 0;  // a model's, since construction
   trace_recorder* trace_ = nullptr;
   std::deque<copy_span> spans_;    // stable addresses: the copy stream holds pointers into them
 };

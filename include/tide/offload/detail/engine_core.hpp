@@ -178,9 +178,13 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       std::size_t const left = options_.host_budget - std::min(options_.host_budget, used);
       TIDE_CHECK(bytes <= left, budget, "offload::scheduler: the model's offloaded activations need ",
                  bytes_of{bytes}, " of host memory, and host_budget ", bytes_of{options_.host_budget}, " leaves ",
-                 bytes_of{left}, " beside the model data kept on the host (", bytes_of{host_kept_},
-                 "); set host_reserve to at least ", bytes_of{bytes}, " (the NVMe tier then takes that much more "
-                 "optimizer state to file), raise host_budget, or offload fewer blocks");
+                 bytes_of{left}, " beside the model data kept on the host (", bytes_of{host_kept_}, ")",
+                 activation_host_bytes_ != 0 ? tide::detail::concat(" and the activations already held (",
+                                                                    bytes_of{activation_host_bytes_}, ")")
+                                             : std::string(),
+                 "; set host_reserve to at least ", bytes_of{bytes + activation_host_bytes_},
+                 " (the NVMe tier then takes that much more optimizer state to file), raise host_budget, or "
+                 "offload fewer blocks");
     }
     auto* p = static_cast<std::byte*>(this->host_.allocate(bytes, 256));
     activation_host_bytes_ += bytes;
@@ -203,10 +207,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     this->close_span(span);
     done.record(this->copy_stream_);
     (out ? this->cur_.activation_d2h_bytes : this->cur_.activation_h2d_bytes) += bytes;
-    if (!this->tracer_.warm()) {
-      this->activation_copies_ += copies.size();
-      this->activation_copy_bytes_ += bytes;
-    }
+    this->activation_copies_ += copies.size();  // since construction, as the engine's stats
+    this->activation_copy_bytes_ += bytes;
   }
   // Waits for every copy; a failure is left for the step to report (the stream keeps it).
   void drain_activations() noexcept {
@@ -820,6 +822,9 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // with bf16 / f16 parameters its fp32 master, unless reuse_grad_slots keeps the masters on the
   // host (a skipped or failed step rounds the parameters back from them, which must not fail).
   void open_spill() {
+    TIDE_REQUIRE(options_.host_reserve == 0 || options_.host_budget != 0, "offload::scheduler: host_reserve ",
+                 bytes_of{options_.host_reserve}, " without a host_budget reserves nothing; set host_budget, or "
+                 "leave host_reserve at 0");
     if (options_.host_budget == 0) return;
     spill_master_ = store::has_master && !options_.reuse_grad_slots;
     std::size_t const lists = state_lists + (spill_master_ ? 1 : 0);

@@ -220,8 +220,8 @@ class residency : public chunk_store<B, T, Engine> {
   void after_warm_up() {
     this->ctx_.moments = this->tracer_.moments();
     this->ctx_.peak_non_model = this->tracer_.peak_non_model();
-    // The mean chunk copy: a model's activation copies share the engine, and take their share of
-    // the bytes' time.
+    // The mean chunk copy (over every copy since construction, as the engine counts): a model's
+    // activation copies share the engine, and take their share of the bytes' time.
     auto const st = this->engine_.stats();
     std::size_t const copies = st.completed - std::min(st.completed, this->activation_copies_);
     double const bytes = static_cast<double>(st.host_to_device_bytes + st.device_to_host_bytes);
