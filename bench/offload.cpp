@@ -21,7 +21,8 @@
 //                             and an H100 (80 GiB + 1 TiB) with mixed-precision formulas. Goal 2.5.
 //                             detail.formula says how each side is computed. chunked now recomputes
 //                             every block and offloads its output; the largest chunked model at the
-//                             smallest budget is then trained for 2 steps under it (detail.trained_*).
+//                             smallest budget is then trained for 2 steps under it (detail.trained_*;
+//                             at every budget when TIDE_BENCH_TRAIN_ALL=1).
 //                             detail.chunked_nvme_*: the same with Adam's state in the NVMe tier's
 //                             file (computed; the one at the largest budget is trained for 2 steps
 //                             when TIDE_BENCH_TRAIN_NVME=1: detail.trained_nvme_*).
@@ -46,6 +47,7 @@
 // TIDE_BENCH_SVG=path: the memory tide of a steady step of the offloaded run goes there.
 // TIDE_BENCH_QUICK=1 (the smoke test): tiny shapes, one budget, seconds.
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -435,6 +437,12 @@ void add_model(std::vector<std::pair<std::string, double>>& d, std::string const
   if (m.chunk_bytes > 0) d.emplace_back(who + "_chunk_bytes", m.chunk_bytes);
 }
 
+// The process's peak resident set so far (getrusage: every earlier run of this process counts).
+double peak_rss_bytes() {
+  rusage u{};
+  return ::getrusage(RUSAGE_SELF, &u) == 0 ? 1024.0 * double(u.ru_maxrss) : 0.0;
+}
+
 // Trains the largest chunked model found at the smallest budget for 2 steps under that budget
 // (every block recomputed, its output offloaded) on one fixed batch: the formula, run. The
 // smoke run trains a small shape under 10 MiB instead (the 1 GiB model takes minutes).
@@ -481,7 +489,9 @@ void prove_by_training(tide::exec<host> const& ex, bool quick, best_model const&
                                    {p + "loss_step1", losses[0]},
                                    {p + "loss_step2", losses[1]},
                                    {p + "losses_finite_and_falling", falling ? 1.0 : 0.0},
-                                   {p + "seconds", seconds}});
+                                   {p + "seconds", seconds},
+                                   {p + "host_pool_peak_bytes", double(t.sched.host_pool_stats().peak_bytes_held)},
+                                   {p + "process_peak_rss_bytes", peak_rss_bytes()}});
   if (nvme)
     f.detail.insert(f.detail.end(), {{p + "host_budget_bytes", double(so.host_budget)},
                                      {p + "host_pool_bytes_held", double(t.sched.host_pool_stats().bytes_held)},
@@ -843,13 +853,18 @@ int main() {
   std::span<double const> const budgets_gib(budgets_all, q ? 1 : std::size(budgets_all));
   char const* const nvme_env = std::getenv("TIDE_BENCH_TRAIN_NVME");
   bool const train_nvme = nvme_env != nullptr && std::string_view(nvme_env) == "1";
+  // TIDE_BENCH_TRAIN_ALL=1: the host-only chunked model is trained at every budget, not only the
+  // smallest (minutes each, and most of the machine's memory at 4 GiB).
+  char const* const all_env = std::getenv("TIDE_BENCH_TRAIN_ALL");
+  bool const train_all = all_env != nullptr && std::string_view(all_env) == "1";
   std::string const formula_here =
       "chunked<belady> (fp32 as tide runs today), every block recomputed and its output offloaded: device >= A + "
-      "2 k S; host 4 n S - (D - A) + H <= 0.8 (MemAvailable - D), H = (L + 1) T C 4 bytes of offloaded block "
-      "outputs; chunked_keeping_activations: the same without recompute or offload (H = 0); chunked_nvme (computed; "
+      "2 k S; host 4 n S + H <= 0.8 (MemAvailable - D), H = (L + 1) T C 4 bytes of offloaded block "
+      "outputs (nothing subtracted for what the device holds: the host updates bring every chunk back to the "
+      "host, and trained runs at 1, 2 and 4 GiB measured the host pool's peak within 2 % of 4 n S + H); "
+      "chunked_keeping_activations: the same without recompute or offload (H = 0); chunked_nvme (computed; "
       "trained at the largest budget when TIDE_BENCH_TRAIN_NVME=1): the first with Adam m and v in the NVMe tier's file, host 2 n S + H + 4 S (two "
-      "chunks' state in staging; nothing subtracted for what the device holds: the host updates bring every "
-      "parameter chunk back to the host, and a step was seen to need it) <= 0.8 (MemAvailable - D), file 4 n S (two slots) <= 0.8 of the temp folder's "
+      "chunks' state in staging) <= 0.8 (MemAvailable - D), file 4 n S (two slots) <= 0.8 of the temp folder's "
       "free space; it assumes keep_host_copies = false and undo_on_error = false (else the device-resident "
       "parameter chunks and the stepped chunks' copies also take host memory). "
       "static_partition: device >= A + n S + k S; host 3 n S <= 0.8 (MemAvailable - D). "
@@ -871,9 +886,9 @@ int main() {
         double const S = double(f->chunk_bytes), all = 4.0 * double(f->chunks) * S;
         double const kept = nvme ? all / 2 : all, staging = nvme ? 2 * 2 * S : 0.0, disk = nvme ? all : 0.0;
         double const offloaded = lean ? double(lean_activations_of(c.layers).host_bytes(1, 1024, c, 4)) : 0.0;
-        double const host = w == which::chunked
-                                ? std::max(0.0, kept - (nvme ? 0.0 : double(D - std::min(D, A)))) + offloaded + staging
-                                : 0.75 * all;
+        // Nothing subtracted for what the device holds: a step's host pool was measured to reach
+        // every chunk's bytes (4 n S, or 2 n S with the tier) plus H, within 2 %.
+        double const host = w == which::chunked ? kept + offloaded + staging : 0.75 * all;
         m.device_bytes = double(need);
         m.host_bytes = host;
         m.chunk_bytes = double(f->chunk_bytes);
@@ -904,7 +919,7 @@ int main() {
     c.detail.emplace_back("disk_room_bytes", disk_room);
     add_model(c.detail, "static", st_m, max_layers);
     text_fields text{{"formula", formula_here}};
-    if (dg == budgets_gib.front()) prove_by_training(ex, q, ch, D, c, text);
+    if (dg == budgets_gib.front() || train_all) prove_by_training(ex, q, ch, D, c, text);
     // The NVMe model at the largest budget: trained when TIDE_BENCH_TRAIN_NVME=1 (at 4 GiB here
     // 1.4 G parameters: minutes of compute and a 22 GB file), and always in the smoke run.
     if (dg == budgets_gib.back() && (q || train_nvme)) {

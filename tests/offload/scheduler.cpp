@@ -86,6 +86,26 @@ using sched_t = off::scheduler<host, float, Config>;
 template <class Config>
 using model_t = tide::nn::gpt<host, float, off::hooks<sched_t<Config>>>;
 
+// A scheduler of one's own with only what OffloadScheduler asks: its hooks compile, and the model
+// carries its offloaded activations itself. offload::scheduler's hooks carry them.
+struct bare_scheduler {
+  using element_type = float;
+  void pre_forward(int);
+  void post_forward(int);
+  void pre_backward(int);
+  void post_backward(int);
+  void step();
+  void zero_grad();
+  float* param_data(std::uint32_t);
+  float* grad_data(std::uint32_t);
+  off::offload_stats last_step() const;
+};
+static_assert(off::OffloadScheduler<bare_scheduler>);
+static_assert(!tide::nn::ActivationCarrier<off::hooks<bare_scheduler>, host>);
+static_assert(!tide::nn::gpt<host, float, off::hooks<bare_scheduler>>::carried_by_hooks);
+static_assert(tide::nn::ActivationCarrier<off::hooks<sched_t<off::resident>>, host>);
+static_assert(model_t<off::chunked<off::belady>>::carried_by_hooks);
+
 template <class Config>
 run_result train_offloaded(tide::thread_pool& pool, std::size_t budget, Config const& cfg = {},
                            off::scheduler_options opts = {}) {
