@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -202,6 +203,36 @@ TEST_CASE("the done event orders compute after the copy") {
   done.synchronize();  // the host can wait on it too
 }
 
+TEST_CASE("a batch: every copy lands, in order, and its event follows the last") {
+  mem::device_streams<host> ds;
+  mem::transfer_engine<host> engine{ds.copy, {.max_in_flight = 4}};  // room for the batch: the gate holds it
+  auto const src = pattern(3 * 4096 + 5, 4);
+  std::vector<unsigned char> dst(src.size(), 0);
+  // Three pieces, the last overwriting part of the second: order shows in the bytes.
+  std::vector<unsigned char> patch(100, 0xab);
+  std::vector<mem::copy_request> const batch{{dst.data(), src.data(), 4096},
+                                             {dst.data() + 4096, src.data() + 4096, src.size() - 4096},
+                                             {dst.data() + 5000, patch.data(), patch.size()}};
+  gate g;
+  ds.copy.launch(&gate::pass, &g);
+  mem::event<host> done;
+  engine.copy_async(batch, copy_direction::device_to_host, done);
+  CHECK_FALSE(done.query());
+  g.open();
+  done.synchronize();
+  auto expect = src;
+  std::copy(patch.begin(), patch.end(), expect.begin() + 5000);
+  CHECK(dst == expect);
+  auto const st = engine.stats();
+  CHECK(st.copies == 3);
+  CHECK(st.device_to_host_bytes == src.size() + patch.size());
+  // An empty batch records its event at once (after what the stream holds).
+  mem::event<host> none;
+  engine.copy_async(std::span<mem::copy_request const>{}, copy_direction::host_to_device, none);
+  none.synchronize();
+  CHECK(engine.stats().copies == 3);
+}
+
 TEST_CASE("bad requests and failures are reported") {
   mem::stream<host> copy;
   CHECK_THROWS_AS(mem::transfer_engine<host>(copy, {.max_in_flight = 0}), tide::error);
@@ -236,4 +267,12 @@ TEST_CASE("bad requests and failures are reported") {
   } catch (tide::error const& e) {
     CHECK(e.category() == tide::errc::io);
   }
+  // drain() waits without reporting; the failure stays for the next synchronize.
+  mem::stream<host> third;
+  mem::transfer_engine<host> e3{third};
+  mem::launch(third, fails);
+  e3.copy_async(buf.data(), buf.data() + 8, 8, copy_direction::device_to_host);
+  e3.drain();
+  CHECK(e3.stats().in_flight == 0);
+  CHECK_THROWS_AS(third.synchronize(), tide::error);
 }

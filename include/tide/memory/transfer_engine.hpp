@@ -37,6 +37,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -298,9 +299,28 @@ class transfer_engine {
     issue(dst, src, bytes, direction, &done);
   }
 
+  // A batch issued together (a block's offloaded activations), in order; `done` is recorded
+  // after the last copy.
+  void copy_async(std::span<copy_request const> batch, copy_direction direction, event<B>& done) {
+    if (batch.empty()) {
+      done.record(*stream_);
+      return;
+    }
+    for (std::size_t i = 0; i + 1 < batch.size(); ++i) issue(batch[i].dst, batch[i].src, batch[i].bytes, direction, nullptr);
+    issue(batch.back().dst, batch.back().src, batch.back().bytes, direction, &done);
+  }
+
   // Blocks until every copy issued so far finished; rethrows a failure of the copy stream.
   void synchronize() {
     while (in_flight_ > 0) retire(oldest(), true);
+  }
+  // The same without reporting (a pass that already throws, or is about to): the failure stays
+  // with the stream, and the next synchronize() reports it.
+  void drain() noexcept {
+    try {
+      synchronize();
+    } catch (...) {
+    }
   }
 
   // The counters, after accounting every copy already finished. Never blocks.

@@ -81,15 +81,9 @@ struct own_activation_carrier {
   void release_activation_host(std::byte* p, std::size_t bytes) noexcept { pool.deallocate(p, bytes); }
   void copy_activations(int, memory::copy_direction d, std::span<memory::copy_request const> copies,
                         memory::event<B>& done) {
-    for (auto const& c : copies) engine.copy_async(c.dst, c.src, c.bytes, d);
-    done.record(copy);
+    engine.copy_async(copies, d, done);
   }
-  void drain_activations() noexcept {
-    try {
-      engine.synchronize();
-    } catch (...) {  // a failed copy is the pass's error, already thrown or about to be
-    }
-  }
+  void drain_activations() noexcept { engine.drain(); }  // a failed copy is the pass's error
 };
 struct no_carrier {};
 }  // namespace detail

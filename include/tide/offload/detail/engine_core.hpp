@@ -203,20 +203,14 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     for (auto const& c : copies) bytes += c.bytes;
     bool const out = d == memory::copy_direction::device_to_host;
     auto* span = this->open_span(tide::detail::concat("activations ", block, out ? " out" : " back"), bytes);
-    for (auto const& c : copies) this->engine_.copy_async(c.dst, c.src, c.bytes, d);
+    this->engine_.copy_async(copies, d, done);
     this->close_span(span);
-    done.record(this->copy_stream_);
     (out ? this->cur_.activation_d2h_bytes : this->cur_.activation_h2d_bytes) += bytes;
     this->activation_copies_ += copies.size();  // since construction, as the engine's stats
     this->activation_copy_bytes_ += bytes;
   }
   // Waits for every copy; a failure is left for the step to report (the stream keeps it).
-  void drain_activations() noexcept {
-    try {
-      this->engine_.synchronize();
-    } catch (...) {
-    }
-  }
+  void drain_activations() noexcept { this->engine_.drain(); }
   [[nodiscard]] std::size_t activation_host_bytes() const noexcept { return activation_host_bytes_; }
 
   // ---- the placement members policies call ----------------------------------------------------
