@@ -859,15 +859,16 @@ int main() {
   bool const train_all = all_env != nullptr && std::string_view(all_env) == "1";
   std::string const formula_here =
       "chunked<belady> (fp32 as tide runs today), every block recomputed and its output offloaded: device >= A + "
-      "2 k S; host 4 n S + H <= 0.8 (MemAvailable - D), H = (L + 1) T C 4 bytes of offloaded block "
-      "outputs (nothing subtracted for what the device holds: the host updates bring every chunk back to the "
-      "host, and trained runs at 1, 2 and 4 GiB measured the host pool's peak within 2 % of 4 n S + H); "
-      "chunked_keeping_activations: the same without recompute or offload (H = 0); chunked_nvme (computed; "
-      "trained at the largest budget when TIDE_BENCH_TRAIN_NVME=1): the first with Adam m and v in the NVMe tier's file, host 2 n S + H + 4 S (two "
-      "chunks' state in staging) <= 0.8 (MemAvailable - D), file 4 n S (two slots) <= 0.8 of the temp folder's "
-      "free space; it assumes keep_host_copies = false and undo_on_error = false (else the device-resident "
-      "parameter chunks and the stepped chunks' copies also take host memory). "
-      "static_partition: device >= A + n S + k S; host 3 n S <= 0.8 (MemAvailable - D). "
+      "2 k S; host 3 n S + (q + 2) S + H <= 0.8 (MemAvailable - D): the parameter chunks and Adam's m and v, "
+      "q = scheduler_options::host_steps_in_flight (4) chunks of gradients waiting for their host steps and 2 "
+      "blocks in flight, H = (L + 1) T C 4 bytes of offloaded block outputs (nothing subtracted for what the "
+      "device holds: the host updates bring every chunk back to the host); chunked_keeping_activations: the "
+      "same without recompute or offload (H = 0); chunked_nvme (computed; trained at the largest budget when "
+      "TIDE_BENCH_TRAIN_NVME=1): the first with Adam m and v in the NVMe tier's file, host n S + (q + 2) S + H "
+      "+ 4 S (two chunks' state in staging) <= 0.8 (MemAvailable - D), file 4 n S (two slots) <= 0.8 of the "
+      "temp folder's free space; it assumes keep_host_copies = false and undo_on_error = false (else the "
+      "device-resident parameter chunks and the stepped chunks' copies also take host memory). "
+      "static_partition: device >= A + n S + k S; host 3 n S + (q + 2) S <= 0.8 (MemAvailable - D). "
       "A = nn::gpt's planned activation buffer at B=1, T=1024 (with those options for chunked); S = chunk bytes from search_chunk_size with two "
       "chunks <= D/4; n = chunks per list; k = most chunks one block touches; D = device budget. GPT-2 family: "
       "heads = C/64, V = 50257, maxT = 1024, C in {512..2560}, the deepest L <= 512 that fits per C.";
@@ -877,18 +878,19 @@ int main() {
     double const disk_room = 0.8 * double(std::filesystem::space(std::filesystem::temp_directory_path()).available);
     // lean: every block recomputed and its output offloaded (their host bytes count too).
     // nvme: the optimizer state (m, v) in the NVMe tier's file (two slots each), the host keeping
-    // the parameter and gradient chunks and two chunks' state in staging.
+    // the parameter chunks and two chunks' state in staging.
     auto const fits_with = [&](which w, bool lean = false, bool nvme = false) {
       return [&, w, lean, nvme](tide::nn::gpt_config const& c, std::size_t A, best_model& m) {
         auto const f = layout_of(c, D);
         if (!f) return false;
         std::size_t const need = minimum_of(w, *f, A);
-        double const S = double(f->chunk_bytes), all = 4.0 * double(f->chunks) * S;
-        double const kept = nvme ? all / 2 : all, staging = nvme ? 2 * 2 * S : 0.0, disk = nvme ? all : 0.0;
+        double const S = double(f->chunk_bytes), n = double(f->chunks);
+        // Every list's chunks on the host (nothing subtracted for what the device holds: the host
+        // updates bring each chunk back), and the gradients of the queued host steps only.
+        double const queued = (off::scheduler_options{}.host_steps_in_flight + 2) * S;
+        double const kept = (nvme ? 1 : 3) * n * S, staging = nvme ? 2 * 2 * S : 0.0, disk = nvme ? 4 * n * S : 0.0;
         double const offloaded = lean ? double(lean_activations_of(c.layers).host_bytes(1, 1024, c, 4)) : 0.0;
-        // Nothing subtracted for what the device holds: a step's host pool was measured to reach
-        // every chunk's bytes (4 n S, or 2 n S with the tier) plus H, within 2 %.
-        double const host = w == which::chunked ? kept + offloaded + staging : 0.75 * all;
+        double const host = w == which::chunked ? kept + queued + offloaded + staging : 3 * n * S + queued;
         m.device_bytes = double(need);
         m.host_bytes = host;
         m.chunk_bytes = double(f->chunk_bytes);

@@ -6,12 +6,15 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <new>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "tide/core/bytes.hpp"
@@ -22,6 +25,7 @@
 #include "tide/memory/device_arena.hpp"
 #include "tide/nn/gpt.hpp"
 #include "tide/offload/scheduler.hpp"
+#include "support/gate.hpp"
 #include "support/gpt_steps.hpp"
 
 #include "support/count_allocations.hpp"  // replaces operator new for this executable
@@ -617,4 +621,83 @@ TEST_CASE("steady steps of a model allocate nothing on the heap, under every sch
   std::vector<int> const one(3);
   counting = false;
   CHECK(heap_allocations.load() == 1);
+}
+
+namespace {
+
+// AdamW whose host steps first pass a gate, when it has one, and then sleep `lag`: the optimizer
+// worker falls behind backward (as on a machine whose host steps are slower than its device).
+// No result depends on time: with the gate shut the worker is behind by construction; the lag
+// only gives a missing bound the chance to show.
+struct gated_adamw : tide::optim::adamw {
+  tide::test::gate* g = nullptr;
+  std::chrono::microseconds lag{0};
+  template <class T>
+  void update(tide::exec<host> const& ex, tide::optim::update_args const& a,
+              std::span<tide::optim::update_tensor<T> const> tensors) const {
+    if (g != nullptr) tide::test::gate::pass(g);
+    std::this_thread::sleep_for(lag);
+    adamw::update(ex, a, tensors);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("host steps take their gradients into a ring of host_steps_in_flight blocks, reused once each step ran") {
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  std::size_t const budget = minimum_of(cfg) + 4_KiB;
+  using S = off::scheduler<host, float, off::chunked<off::belady>, gated_adamw>;
+  tide::thread_pool pool{2};
+  tide::exec<host> ex{pool};
+  // Trains steps_run steps; g: the first step's host steps wait until its backward ended. Returns
+  // the host blocks after the first backward, the pool's peak in blocks, the chunks, and the last
+  // step's host steps.
+  auto run = [&](int bound, tide::test::gate* g, int steps_run, run_result* r, std::chrono::microseconds lag = {}) {
+    tide::memory::device_arena<host> arena{{.budget = budget}};
+    S sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config), cfg,
+            {.host_steps_in_flight = bound, .undo_on_error = false}, gated_adamw{adamw, g, lag}};
+    tide::nn::gpt<host, float, off::hooks<S>> model{config, arena, {.seed = 7}, {&sched}};
+    std::size_t const block = tide::round_up(sched.chunk_bytes(), 256), n = sched.layout().chunks();
+    std::size_t after_backward = 0;
+    for (int s = 0; s < steps_run; ++s) {
+      auto const d = batch_of(s);
+      tide::tensor_view<std::int32_t const, host> xs(d.data(), {batch, seq}), ys(d.data() + batch * seq, {batch, seq});
+      float const loss = model.forward(ex, xs, ys);
+      model.backward(ex);
+      if (s == 0) after_backward = sched.host_pool_stats().bytes_requested;
+      if (g != nullptr) g->open();
+      sched.step();
+      if (r != nullptr) r->losses.push_back(loss);
+    }
+    if (r != nullptr)
+      for (std::uint32_t i = 0; i < model.parameters().size(); ++i) r->params.push_back(sched.read_param(i));
+    return std::tuple{after_backward / block, sched.host_pool_stats().peak_bytes_held / block, n,
+                      sched.last_step().host_optimizer_chunks};
+  };
+  // No ring, the worker held back: every host-stepped chunk's gradients wait on the host beside
+  // its parameters and Adam's m and v until the step's end.
+  tide::test::gate held;
+  auto const [piled, piled_peak, n, host_steps] = run(0, &held, 1, nullptr);
+  (void)piled_peak;
+  INFO("chunks " << n << ", host steps " << host_steps << ", blocks after backward " << piled);
+  CHECK(host_steps == n);  // the warm-up steps every chunk on the host
+  CHECK(piled >= 3 * n + n);
+  // A ring of `bound` blocks, the worker 2 ms behind on every chunk: the same bits as the
+  // reference, and the host never held more than the parameters, m, v and the ring, + 2 blocks
+  // for copies in flight (a block lives until the copy out of it lands). Without the ring the
+  // same lagging run piled up 3 n + n.
+  for (int bound : {1, 2}) {
+    INFO("host_steps_in_flight = " << bound);
+    run_result r;
+    auto const [blocks, peak, chunks, stepped] = run(bound, nullptr, steps, &r, std::chrono::milliseconds(2));
+    (void)blocks;
+    (void)stepped;
+    require_identical(r, reference(), "bounded host steps");
+    CHECK(peak <= 3 * chunks + std::size_t(bound) + 2);
+  }
+  // 0 is no bound, not a negative one.
+  tide::memory::device_arena<host> arena{{.budget = budget}};
+  CHECK_THROWS_WITH_AS((S{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32),
+                          tide::nn::gpt_block_uses(config), cfg, {.host_steps_in_flight = -1}}),
+                       doctest::Contains("host_steps_in_flight = -1"), tide::error);
 }

@@ -135,6 +135,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     this->undo_.discard();
     this->extra_undo_.discard();
     this->free_all();
+    this->free_grad_ring();  // after the chunks: a chunk freeing a ring block gives it back to the ring
   }
 
   // Waits for every copy, sink and optimizer step in flight and reports a failure among them

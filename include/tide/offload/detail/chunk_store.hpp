@@ -4,8 +4,8 @@
 // hand a victim's block over, evict, drop a clean chunk, settle, reclaim). No decision is made
 // here: what to fetch and what to evict come from the engine above it (CRTP: Engine provides
 // pick_victim(t, protect, beyond), before_fetch(id), before_copy_out(id), holds_parameters(c),
-// fetched(id), and fill_chunk / released, which ask its chunk source to fill a parameter chunk
-// and tell it one left).
+// fetched(id), fill_chunk / released, which ask its chunk source to fill a parameter chunk and
+// tell it one left, and reclaim_ring_block(p), which takes back a host block of its own).
 //
 // Trace ids: parameter chunk c is c, gradient chunk c is n + c (n chunks per list).
 //
@@ -149,7 +149,7 @@ class chunk_store {
   }
   void free_block(std::byte* p, chunk::tier where, std::size_t capacity) noexcept {
     if (where == chunk::tier::host) {
-      host_.deallocate(p, capacity, 256);
+      if (!self().reclaim_ring_block(p)) host_.deallocate(p, capacity, 256);
       return;
     }
     if (spare_.size() < spare_limit_) {  // kept for reuse; device_bytes_ still counts it
@@ -254,10 +254,11 @@ class chunk_store {
     self().fetched(id);
   }
 
-  // Copies chunk id to the host. Returns its device block, still being read by the copy: the
-  // caller either hands it over (the next copy on the stream runs after this one) or leaves it
-  // stale until the copy is done.
-  std::byte* copy_out(std::uint32_t id) {
+  // Copies chunk id to the host (into `into`, a host block of the caller's, or a new one from
+  // the pool). Returns its device block, still being read by the copy: the caller either hands it
+  // over (the next copy on the stream runs after this one) or leaves it stale until the copy is
+  // done.
+  std::byte* copy_out(std::uint32_t id, std::byte* into = nullptr) {
     chunk::chunk& ch = chunk_of(id);
     settle(id);
     self().before_copy_out(id);
@@ -269,13 +270,13 @@ class chunk_store {
       self().released(id);
       return dev;
     }
-    auto* host = static_cast<std::byte*>(host_.allocate(ch.capacity(), 256));
+    auto* host = into != nullptr ? into : static_cast<std::byte*>(host_.allocate(ch.capacity(), 256));
     std::byte* const dev = ch.payload();
     copy_span* span = open_span(id, "evict ", ch.capacity());
     try {
       engine_.copy_async(host, dev, ch.capacity(), memory::copy_direction::device_to_host, ready_[id]);
     } catch (...) {
-      host_.deallocate(host, ch.capacity(), 256);
+      if (into == nullptr) host_.deallocate(host, ch.capacity(), 256);
       throw;
     }
     close_span(span);

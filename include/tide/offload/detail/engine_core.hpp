@@ -41,6 +41,15 @@ struct scheduler_options {
   float grad_scale = 1.f;        // multiplies every gradient in the step (clipping, loss-scale unscaling)
   int micro_steps = 1;           // backward passes per optimizer step (gradient accumulation)
   bool overlap_optimizer = true; // host steps run on the optimizer worker beside backward
+  // Host steps queued on the optimizer worker with their gradients copied out of the device, at
+  // most (0: no bound). Their gradients go to a ring of this many host blocks, pinned at the first
+  // host step and reused (a steady step allocates nothing); with none free, the queuing thread
+  // (backward, or step() with defer_optimizer) waits for the oldest step, and a worker slower
+  // than backward shows as offload_stats::stall_ms in backward instead of in step(). So the host
+  // keeps the parameters, the optimizer state and this many chunks of gradients, not every
+  // chunk's. While a gradient sink (data parallel, ZeRO) still reduces a chunk of the step nothing
+  // waits (the sink paces the steps) and the gradients take pool blocks, as they do with 0.
+  int host_steps_in_flight = 4;
   // The optimizer runs in step() instead of after each block's backward: what global-norm
   // clipping and loss scaling need (the norm and the overflow check read every gradient first).
   bool defer_optimizer = false;
@@ -118,6 +127,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         extra_undo_(this->host_, extra_count > 0 ? this->layout_.chunks() : 0),
         lr_(optimizer.lr),
         params_sharded_(shards_parameters_of(sink) && this->shard_.ranks > 1) {
+    TIDE_REQUIRE(options_.host_steps_in_flight >= 0, "offload::scheduler: host_steps_in_flight = ",
+                 options_.host_steps_in_flight, "; pass how many host steps may queue, >= 1, or 0 for no bound");
     TIDE_REQUIRE(options_.micro_steps >= 1, "offload::scheduler: micro_steps = ", options_.micro_steps,
                  "; pass the number of backward passes per optimizer step, >= 1");
     if (options_.reuse_grad_slots) {
@@ -148,6 +159,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     // Everything the steady state appends to is sized here: a step allocates nothing on the heap.
     pending_grad_frees_.reserve(n);
     unowned_grads_.reserve(n);
+    reducing_.reserve(n);
+    grad_ring_.reserve(ring_blocks());  // the blocks themselves are pinned at the first host step
+    grad_ring_free_.reserve(ring_blocks());
+    grad_ring_used_.reserve(ring_blocks());
     shared_.reserve(n);
     held_.assign(n, true);  // the model initialises every parameter; the first block frees the others'
     gather_pending_.assign(n, false);
@@ -342,6 +357,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     flush_spilled();  // a checkpoint's reads or writes of spilled state go back to file first
     step_open_ = true;
     handed_ = 0;
+    reducing_.clear();
+    reduced_upto_ = 0;
     this->tracer_.begin_step();
     spill_prefetched_.fill(no_chunk);  // a read a skipped or failed step started is finished before reuse
     spill_prefetches_ = 0;
@@ -502,6 +519,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       }
       r.trace = this->tracing() ? this->trace_ : nullptr;
       reduce_pending_[c] = sink_.reduce(r);
+      if (reduce_pending_[c]) reducing_.push_back(c);
     }
   }
   void wait_reduced(std::uint32_t c) {
@@ -685,10 +703,20 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     }
     // Host state: parameters and gradients go to the host; the step runs on the optimizer worker
     // after both copies, and the parameter chunk is not fetched again before it finished.
-    undo_record* const undo = apply ? begin_undo(c, n) : nullptr;  // acquired before anything moves
-    if (this->on_device(c)) this->set_stale(c, this->copy_out(c), chunk::tier::device);
-    if (this->on_device(this->n_ + c))
-      this->set_stale(this->n_ + c, this->copy_out(this->n_ + c), chunk::tier::device);
+    // The gradients copied out for a step queued on the worker go to a block of the gradient
+    // ring (host_steps_in_flight blocks), acquired before anything moves.
+    std::byte* const ring =
+        apply && options_.overlap_optimizer && this->on_device(this->n_ + c) ? take_ring_block(c) : nullptr;
+    undo_record* undo = nullptr;
+    try {
+      undo = apply ? begin_undo(c, n) : nullptr;  // acquired before anything moves
+      if (this->on_device(c)) this->set_stale(c, this->copy_out(c), chunk::tier::device);
+      if (this->on_device(this->n_ + c))
+        this->set_stale(this->n_ + c, this->copy_out(this->n_ + c, ring), chunk::tier::device);
+    } catch (...) {
+      if (ring != nullptr && this->grad_[c].payload() != ring) reclaim_ring_block(ring);  // not taken
+      throw;
+    }
     if (this->param_[c].pinned()) {
       this->param_[c].set_pinned(false);
       this->ctx_.pinned_bytes -= this->block_bytes();
@@ -715,8 +743,13 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       memory::launch(optimizer_stream_, job);
       busy_[c].record(optimizer_stream_);
       optimizer_pending_[c] = true;
-      // The gradient's host block is freed once the step read it (drain / the next use).
-      if (!swapped_[c]) pending_grad_frees_.push_back({c, this->grad_[c].detach()});
+      // The gradient's host block is freed once the step read it: a ring block goes back to the
+      // ring when a later host step finds the step done (take_ring_block); a block from the pool
+      // (gradients the policy evicted before they were complete) at drain.
+      if (!swapped_[c]) {
+        std::byte* const g = this->grad_[c].detach();
+        if (g != ring) pending_grad_frees_.push_back({c, g});  // a ring block is in grad_ring_used_ already
+      }
     } else {
       wait_reduced(c);
       this->settle(c);
@@ -724,6 +757,76 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       job();
       this->free_payload(this->grad_[c]);
     }
+  }
+  // A block of the gradient ring for chunk c's gradients, now in use by c (nullptr: none, the
+  // gradients take a block from the pool as before). The ring's blocks are pinned at the first
+  // host step, so a steady step allocates nothing, however far the worker lags. Blocks whose step
+  // finished (or was skipped by a failure: the step fails, and nothing reads them again) go back
+  // first; with none free it waits for the oldest step. It never waits while the sink works on a
+  // chunk: a queued step, or a copy ahead of it, may wait for that work, and a sink may finish it
+  // only once backward handed it more chunks; the sink paces the steps then. A failure of the
+  // worker is thrown here, before the caller moved anything.
+  std::byte* take_ring_block(std::uint32_t c) {
+    std::size_t const q = ring_blocks();
+    if (q == 0) return nullptr;
+    if (grad_ring_.empty()) {
+      try {
+        for (std::size_t k = 0; k < q; ++k)
+          grad_ring_.push_back(static_cast<std::byte*>(this->host_.allocate(this->grad_[0].capacity(), 256)));
+      } catch (...) {
+        free_grad_ring();
+        throw;
+      }
+      grad_ring_free_ = grad_ring_;
+    }
+    // A block is read once it left its gradient chunk (the step was queued) and the step ran. One
+    // a failure left in its chunk comes back when the chunk frees it (reclaim_ring_block).
+    auto const release_read = [&] {
+      std::erase_if(grad_ring_used_, [&](std::pair<std::uint32_t, std::byte*> const& u) {
+        if (this->grad_[u.first].payload() == u.second || !busy_[u.first].query()) return false;
+        grad_ring_free_.push_back(u.second);
+        return true;
+      });
+    };
+    release_read();
+    while (grad_ring_free_.empty() && !grad_ring_used_.empty() && !reductions_outstanding()) {
+      auto const t0 = std::chrono::steady_clock::now();
+      busy_[grad_ring_used_.front().first].synchronize();  // in order: the oldest finishes first
+      this->cur_.stall_ms += ms_since(t0);
+      std::size_t const before = grad_ring_used_.size();
+      release_read();
+      if (grad_ring_used_.size() == before) break;  // the oldest is held by its chunk: the pool serves
+    }
+    if (grad_ring_free_.empty()) return nullptr;
+    std::byte* const p = grad_ring_free_.back();
+    grad_ring_free_.pop_back();
+    grad_ring_used_.push_back({c, p});
+    return p;
+  }
+  // Frees of host blocks come here first: a ring block goes back to the ring, not to the pool.
+  bool reclaim_ring_block(std::byte* p) noexcept {
+    if (std::find(grad_ring_.begin(), grad_ring_.end(), p) == grad_ring_.end()) return false;
+    std::erase_if(grad_ring_used_, [&](std::pair<std::uint32_t, std::byte*> const& u) { return u.second == p; });
+    if (std::find(grad_ring_free_.begin(), grad_ring_free_.end(), p) == grad_ring_free_.end())
+      grad_ring_free_.push_back(p);  // within the capacity reserved: q blocks in all
+    return true;
+  }
+  // The ring's size: more blocks than chunks would never be used.
+  [[nodiscard]] std::size_t ring_blocks() const noexcept {
+    return std::min<std::size_t>(static_cast<std::size_t>(options_.host_steps_in_flight), this->n_);
+  }
+  // Every ring block back to the pool (the workers are idle).
+  void free_grad_ring() noexcept {
+    for (std::byte* p : grad_ring_) this->host_.deallocate(p, this->grad_[0].capacity(), 256);
+    grad_ring_.clear();
+    grad_ring_free_.clear();
+    grad_ring_used_.clear();
+  }
+  // Whether the sink still works on a chunk handed over in this step (reducing_ is in hand-over
+  // order; the first not yet finished is remembered, so a step's queries are O(chunks) in all).
+  [[nodiscard]] bool reductions_outstanding() {
+    while (reduced_upto_ < reducing_.size() && reduced_[reducing_[reduced_upto_]].query()) ++reduced_upto_;
+    return reduced_upto_ < reducing_.size();
   }
   // A spilled chunk's host step: one of two staging blocks for its state (the update two spilled
   // chunks back must have finished with it: back-pressure on backward when the worker lags), and
@@ -1064,7 +1167,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       if (this->shadow_[c] != nullptr) bytes += this->param_[c].capacity();
     for (std::uint32_t id = 0; id < this->ids_; ++id)
       if (this->stale_[id] != nullptr) bytes += this->param_.chunk_bytes();  // parameter and gradient chunks: one size
-    bytes += pending_grad_frees_.size() * this->param_.chunk_bytes();
+    bytes += (pending_grad_frees_.size() + grad_ring_used_.size()) * this->param_.chunk_bytes();
     return bytes;
   }
 
@@ -1105,6 +1208,11 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     for (std::uint32_t c = 0; c < this->n_; ++c) optimizer_pending_[c] = false;
     for (auto const& [c, p] : pending_grad_frees_) this->host_.deallocate(p, this->grad_[c].capacity(), 256);
     pending_grad_frees_.clear();
+    std::erase_if(grad_ring_used_, [&](std::pair<std::uint32_t, std::byte*> const& u) {
+      if (this->grad_[u.first].payload() == u.second) return false;  // a failed step left it in its chunk
+      grad_ring_free_.push_back(u.second);
+      return true;
+    });
     for (std::uint32_t id = 0; id < this->ids_; ++id) this->settle(id);
   }
   // Waits until the workers ran out of work, without reporting anything (for the destructor and
@@ -1147,6 +1255,12 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   std::vector<host_job> jobs_;
   std::vector<std::vector<optim::update_tensor<T>>> decayed_, plain_;  // by chunk (decay_matrices_only)
   std::vector<std::pair<std::uint32_t, std::byte*>> pending_grad_frees_;
+  // The gradient ring: host_steps_in_flight host blocks for gradients copied out for a queued host
+  // step; free, and in use by (chunk, block) in queue order.
+  std::vector<std::byte*> grad_ring_, grad_ring_free_;
+  std::vector<std::pair<std::uint32_t, std::byte*>> grad_ring_used_;
+  std::vector<std::uint32_t> reducing_;  // this step's chunks the sink took with work in flight, in order
+  std::size_t reduced_upto_ = 0;         // reducing_[< this] are known finished
   state_spill spill_;                      // the NVMe tier (host_budget)
   bool spill_master_ = false;              // the spilled chunks' fp32 masters are in the file too
   std::size_t host_kept_ = 0;              // host_budget: the model data kept on the host between steps
