@@ -75,6 +75,7 @@
 #include <tide/core/exec.hpp>
 #include <tide/memory/device_arena.hpp>
 #include <tide/memory/lifetime_planner.hpp>
+#include <tide/memory/pinned_pool.hpp>
 #include <tide/nn/gpt.hpp>
 #include <tide/offload/report.hpp>
 #include <tide/offload/scheduler.hpp>
@@ -870,8 +871,9 @@ int main() {
       "device-resident parameter chunks and the stepped chunks' copies also take host memory). "
       "static_partition: device >= A + n S + k S; host 3 n S + (q + 2) S <= 0.8 (MemAvailable - D). "
       "A = nn::gpt's planned activation buffer at B=1, T=1024 (with those options for chunked); S = chunk bytes from search_chunk_size with two "
-      "chunks <= D/4; n = chunks per list; k = most chunks one block touches; D = device budget. GPT-2 family: "
+      "chunks <= D/4 (on the host: rounded up to the pinned pool's size class); n = chunks per list; k = most chunks one block touches; D = device budget. GPT-2 family: "
       "heads = C/64, V = 50257, maxT = 1024, C in {512..2560}, the deepest L <= 512 that fits per C.";
+  tide::memory::pinned_pool<host> const host_pool{{.lock_pages = false}};  // its size classes only
   for (double dg : budgets_gib) {
     auto const D = static_cast<std::size_t>(dg * gib);
     double const host_room = 0.8 * (double(available) - double(D));
@@ -884,11 +886,13 @@ int main() {
         auto const f = layout_of(c, D);
         if (!f) return false;
         std::size_t const need = minimum_of(w, *f, A);
-        double const S = double(f->chunk_bytes), n = double(f->chunks);
+        // S as the host pool holds it: rounded up to the pool's size class (under 0.4 % above 16 MiB).
+        double const S = double(host_pool.class_size(f->chunk_bytes)), n = double(f->chunks);
         // Every list's chunks on the host (nothing subtracted for what the device holds: the host
         // updates bring each chunk back), and the gradients of the queued host steps only.
         double const queued = (off::scheduler_options{}.host_steps_in_flight + 2) * S;
-        double const kept = (nvme ? 1 : 3) * n * S, staging = nvme ? 2 * 2 * S : 0.0, disk = nvme ? 4 * n * S : 0.0;
+        double const staging = nvme ? 2 * double(host_pool.class_size(2 * f->chunk_bytes)) : 0.0;
+        double const kept = (nvme ? 1 : 3) * n * S, disk = nvme ? 4 * n * double(f->chunk_bytes) : 0.0;
         double const offloaded = lean ? double(lean_activations_of(c.layers).host_bytes(1, 1024, c, 4)) : 0.0;
         double const host = w == which::chunked ? kept + queued + offloaded + staging : 3 * n * S + queued;
         m.device_bytes = double(need);

@@ -160,6 +160,39 @@ TEST_CASE("size classes: rounding overhead <= 5% from 20 pages on, < 1/32 from 3
   }
 }
 
+TEST_CASE("the pool's classes above 16 MiB: 256 steps per doubling, dense indices across the switch") {
+  tide::memory::detail::size_classes const classes{12, 5, 24, 8};  // the pool's, with 4 KiB pages
+  std::mt19937_64 rng(9);
+  std::size_t worst_below = 0, worst_above = 0;  // in millionths, from 1 MiB; below / above 16 MiB
+  for (std::size_t b = 1_MiB; b < (std::size_t{1} << 40); b += 1 + (b >> 12) + (rng() % (b / 512 + 1))) {
+    std::size_t const c = classes.round(b);
+    REQUIRE(c >= b);
+    REQUIRE(c % 4096 == 0);
+    REQUIRE(classes.round(c) == c);
+    REQUIRE(classes.index(b) == classes.index(c));
+    std::size_t const excess = (c - b) * 1'000'000 / b;
+    (b > 16_MiB ? worst_above : worst_below) = std::max(b > 16_MiB ? worst_above : worst_below, excess);
+  }
+  CHECK(worst_below < 31'250);
+  CHECK(worst_below > 20'000);  // 32 steps up to 16 MiB: the coarse classes are unchanged
+  CHECK(worst_above < 3'907);   // 1/256
+  CHECK(worst_above > 3'000);
+  CHECK(classes.round(16_MiB) == 16_MiB);
+  CHECK(classes.round(16_MiB + 1) == 16_MiB + 64_KiB);  // 64 KiB steps between 16 and 32 MiB
+  CHECK(classes.round(100_MiB + 1) == 100_MiB + 256_KiB);
+  // Dense from well below the switch to far above it.
+  std::size_t c = classes.round(8_MiB);
+  for (int i = 0; i < 3000; ++i) {
+    std::size_t const next = classes.round(c + 1);
+    REQUIRE(classes.index(next) == classes.index(c) + 1);
+    c = next;
+  }
+  // The pool itself: a 100 MiB + 1 request holds 100.25 MiB, not 104 MiB.
+  pool p{{.lock_pages = false}};
+  CHECK(p.class_size(100_MiB + 1) == 100_MiB + 256_KiB);
+  CHECK(p.class_size(200_KiB + 100) == 204_KiB);  // smaller sizes keep their classes
+}
+
 TEST_CASE("held bytes stay within 5% of requested bytes over a sweep of real allocations") {
   pool p{{.lock_pages = false}};
   std::vector<std::pair<void*, std::size_t>> live;

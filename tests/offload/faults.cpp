@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -46,14 +47,14 @@ typename Trainer::batch_type view_of(std::vector<std::int32_t> const& d) {
 
 using tide::test::file_text;
 
-enum class fault { allocation, copy };
+enum class fault { allocation, copy, activation_copy };
 
 // What a run without failures did: the parameters at the end, a checkpoint before each step, and
 // how many requests of each kind each step made.
 template <class T>
 struct clean_run {
   std::vector<std::vector<T>> params;
-  std::vector<std::size_t> allocations, copies;
+  std::vector<std::size_t> allocations, copies, activation_copies;
 };
 
 template <class Trainer>
@@ -71,9 +72,11 @@ clean_run<T> run_clean(Offload const& offload, tide::optim::adamw const& opt, fs
   for (int s = 0; s < steps; ++s) {
     t.save(dir / ("before-" + std::to_string(s)));
     std::size_t const a = t.arena().stats().allocations, c = t.scheduler().transfers().stats().copies;
+    std::size_t const ac = t.scheduler().activation_transfers().stats().copies;
     (void)t.step(view_of<decltype(t)>(data_of(s)));
     r.allocations.push_back(t.arena().stats().allocations - a);
     r.copies.push_back(t.scheduler().transfers().stats().copies - c);
+    r.activation_copies.push_back(t.scheduler().activation_transfers().stats().copies - ac);
   }
   r.params = params_of(t);
   return r;
@@ -93,7 +96,8 @@ bool inject(Offload const& offload, tide::optim::adamw const& opt, fault kind, i
     auto const d = data_of(s);
     if (s == faulty) {
       if (kind == fault::allocation) t.arena().fail_allocation(n);
-      else t.scheduler().transfers().fail_copy(n);
+      else if (kind == fault::copy) t.scheduler().transfers().fail_copy(n);
+      else t.scheduler().activation_transfers().fail_copy(n);
       try {
         moved += t.step(view_of<decltype(t)>(d)).bytes_moved;
       } catch (tide::error const& e) {
@@ -103,6 +107,7 @@ bool inject(Offload const& offload, tide::optim::adamw const& opt, fault kind, i
       }
       t.arena().fail_allocation(0);
       t.scheduler().transfers().fail_copy(0);
+      t.scheduler().activation_transfers().fail_copy(0);
       if (threw) {
         REQUIRE(!t.scheduler().in_step());
         CHECK(t.steps() == s);
@@ -130,12 +135,17 @@ void check_faults(Offload const& offload, std::string const& name, tide::nn::gpt
   for (auto const& opt : {overlapped, deferred}) {
     clean_run<T> const clean = run_clean<T>(offload, opt, dir.path, model);
     for (int faulty : {0, steps - 1})  // the warm-up (placement, trace) and a step replaying the trace
-      for (fault kind : {fault::allocation, fault::copy}) {
+      for (fault kind : {fault::allocation, fault::copy, fault::activation_copy}) {
+        auto const& made = kind == fault::allocation ? clean.allocations
+                           : kind == fault::copy     ? clean.copies
+                                                     : clean.activation_copies;
+        if (kind == fault::activation_copy && std::ranges::all_of(made, [](std::size_t k) { return k == 0; })) continue;
         std::string const what = name + (opt.clip_norm > 0 ? ", deferred" : ", overlapped") + ", step " +
-                                 std::to_string(faulty) + (kind == fault::allocation ? ", arena" : ", copies");
+                                 std::to_string(faulty) +
+                                 (kind == fault::allocation ? ", arena" : kind == fault::copy ? ", copies" : ", activation copies");
         INFO(what);
         // Every request the step makes, and a few more (a retried step may make more).
-        std::size_t const requests = (kind == fault::allocation ? clean.allocations : clean.copies)[std::size_t(faulty)];
+        std::size_t const requests = made[std::size_t(faulty)];
         std::size_t threw = 0;
         for (std::size_t n = 1; n <= requests + 2; ++n) threw += inject<T>(offload, opt, kind, faulty, n, clean, dir.path, model);
         MESSAGE(what << ": " << requests << " requests, " << threw << " failed steps");
@@ -159,8 +169,9 @@ TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: chunked
 
 TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: activations offloaded through the "
           "scheduler") {
-  // Every block's saved activations leave and come back on the scheduler's copy engine, between
-  // its chunk copies: a failed activation copy fails the step as a failed chunk copy does.
+  // Every block's saved activations leave and come back on the scheduler's activation copy
+  // engine, beside its chunk copies: a failed activation copy fails the step as a failed chunk
+  // copy does (both kinds are injected, each at every request of the step).
   tide::nn::gpt_spec<host> const lean{
       .config = config, .options = {.seed = 5, .offload_activations = tide::nn::block_set::range(-1, 1)}};
   off::chunked<off::belady> cfg{.chunk_bytes = chunk_bytes};

@@ -107,7 +107,8 @@ assert len(ev) == len(m) + len(x), "only M and X events"
 proc = [e for e in m if e["name"] == "process_name"]
 assert len(proc) == 1 and proc[0]["pid"] == 1 and proc[0]["args"]["name"] == 'tide "test" run', proc
 names = {e["tid"]: e["args"]["name"] for e in m if e["name"] == "thread_name"}
-assert names == {1: "compute stream", 2: "copy stream", 3: "optimizer", 4: "comm (gradient sink)"}, names
+assert names == {1: "compute stream", 2: "copy stream", 3: "optimizer", 4: "comm (gradient sink)",
+                 5: "activation copy stream"}, names
 assert len(x) == n, (len(x), n)
 for e in x:
     for k in ("ph", "ts", "dur", "pid", "tid", "name", "cat"):

@@ -136,7 +136,8 @@ TEST_CASE("offloaded activations go through the scheduler: its copy engine, host
   auto const resident = train(off::resident{}, clipped, 6);
 
   // The scheduler carries them: their bytes in its counters (apart from the model data's), their
-  // host copies in its pool, one span per block and direction on its copy lane.
+  // host copies in its pool, their copies on its activation engine (a stream beside the chunk
+  // copies), one span per block and direction on its activation copy lane.
   auto t = tide::train::make_trainer(lean, low, clipped);
   static_assert(decltype(t)::model_type::carried_by_hooks);
   off::trace_recorder trace;
@@ -153,19 +154,26 @@ TEST_CASE("offloaded activations go through the scheduler: its copy engine, host
   CHECK(st.activation_d2h_bytes > 0);
   CHECK(st.activation_d2h_bytes == st.activation_h2d_bytes);  // each saved tensor out once, back once
   CHECK(st.activation_d2h_bytes <= host_bytes);                // host_bytes rounds each one up
-  std::size_t outs = 0, backs = 0, activation_bytes = 0, chunk_bytes = 0;
+  std::size_t outs = 0, backs = 0, activation_bytes = 0, chunk_bytes = 0, misplaced = 0;
   for (auto const& e : trace.events()) {
-    if (e.where != off::lane::copy) continue;
     bool const activation = e.name.starts_with("activations ");
-    (activation ? activation_bytes : chunk_bytes) += e.bytes;
-    outs += activation && e.name.ends_with(" out");
-    backs += activation && e.name.ends_with(" back");
+    if (e.where == off::lane::copy) misplaced += activation, chunk_bytes += e.bytes;
+    if (e.where != off::lane::activation_copy) continue;
+    misplaced += !activation;
+    activation_bytes += e.bytes;
+    outs += e.name.ends_with(" out");
+    backs += e.name.ends_with(" back");
   }
   CHECK(outs == 3);  // the embedding and both layers
   CHECK(backs == 3);
+  CHECK(misplaced == 0);  // chunks on the copy lane, activations on theirs
   CHECK(activation_bytes == st.activation_d2h_bytes + st.activation_h2d_bytes);
   CHECK(chunk_bytes == st.h2d_bytes + st.d2h_bytes);
   CHECK(st.h2d_bytes > 0);
+  // Their engine counted them (and the chunk engine did not): 3 blocks' tensors, out and back.
+  auto const moved = t.scheduler().activation_transfers().stats();
+  CHECK(moved.device_to_host_bytes == moved.host_to_device_bytes);
+  CHECK(moved.device_to_host_bytes >= 6 * st.activation_d2h_bytes);  // six steps, each out once
 
   // Under a host budget they must fit beside the model data kept on the host. One that holds the
   // model data only refuses them at the first forward, saying what to set, and loses nothing.
@@ -755,6 +763,24 @@ TEST_CASE("gradient-slot reuse: bf16 gradients take their parameters' slots, the
   CHECK(with_file.nvme_read == (n - n / 2) * 2 * block);
 }
 
+TEST_CASE("make_trainer passes host_steps_in_flight: a ring of one or none gives the same bits; -1 is refused") {
+  off::chunked<off::belady> four{.chunk_bytes = 10_KiB};  // the default ring of 4
+  four.device_budget = tide::test::scheduler_minimum<decltype(four), tide::bf16>(deeper, four, batch, seq) + 16_KiB;
+  tide::optim::adamw const overlapped{.lr = 3e-3f};  // host steps queue beside backward, through the ring
+  auto const a = run_bf16(four, overlapped, 4, deeper);
+  CHECK(a.losses.back() != a.losses.front());
+  for (int q : {1, 0}) {
+    INFO("host_steps_in_flight = " << q);
+    auto other = four;
+    other.host_steps_in_flight = q;
+    CHECK(same_bits(a, run_bf16(other, overlapped, 4, deeper)));
+  }
+  auto bad = four;
+  bad.host_steps_in_flight = -1;
+  CHECK_THROWS_WITH_AS(run_bf16(bad, overlapped, 1, deeper), doctest::Contains("host_steps_in_flight = -1"),
+                       tide::error);
+}
+
 TEST_CASE("the NVMe tier with bf16 parameters: the fp32 masters go to file with m and v; the same bits, resumable, "
           "and a failed write or read loses nothing") {
   tide::nn::gpt_spec<host, tide::bf16> const spec16{.config = deeper, .options = {.seed = 3}};
@@ -810,10 +836,10 @@ TEST_CASE("the NVMe tier with bf16 parameters: the fp32 masters go to file with 
   // no parameter; the masters on file are those before it, so the run goes on to the same bits.
   auto t = tide::train::make_trainer(spec16, spilled, clipped);
   // Built, the host never held the spilled state: the parameter chunks (whole pages), the state
-  // of the chunks that stay, and three staging blocks of a spilled chunk's lists (the zeros
-  // written at construction, and the two of the updates), one list of slack.
+  // of the chunks that stay, and the two staging blocks of a spilled chunk's lists (the updates'
+  // two, which also wrote the zeros at construction), one list of slack.
   CHECK(t.scheduler().host_pool_stats().peak_bytes_held <=
-        n * tide::round_up(chunk, 4096) + (n - k) * 3 * list + 3 * 3 * block + block);
+        n * tide::round_up(chunk, 4096) + (n - k) * 3 * list + 2 * 3 * block + block);
   auto params = [&] {
     std::vector<std::vector<tide::bf16>> out;
     for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) out.push_back(t.scheduler().read_param(i));

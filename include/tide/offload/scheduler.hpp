@@ -179,6 +179,9 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   [[nodiscard]] memory::pinned_pool_stats host_pool_stats() const { return this->host_.stats(); }
   // The copy engine every chunk copy goes through (its stats; fail_copy() for fault injection).
   [[nodiscard]] memory::transfer_engine<B>& transfers() noexcept { return this->engine_; }
+  // The copy engine of a model's offloaded activations (offload::hooks carries them), on a stream
+  // of its own beside the chunk copies.
+  [[nodiscard]] memory::transfer_engine<B>& activation_transfers() noexcept { return this->activation_engine_; }
   // True between the first hook of a step and the end of step() / skip_step() / abort_step().
   [[nodiscard]] bool in_step() const noexcept { return this->step_open_; }
   // True once the first moment placed the model data (and checked the budget).

@@ -118,6 +118,9 @@ struct chunked {
   // scheduler_options::keep_host_copies: false frees a fetched parameter chunk's host block
   // (less host memory, a copy back per eviction).
   bool keep_host_copies = true;
+  // scheduler_options::host_steps_in_flight: the gradient ring's blocks, host steps queued beside
+  // backward before the next one waits (0: no ring, every gradient keeps its block until step()).
+  int host_steps_in_flight = 4;
   static constexpr bool moves_data = true;
 
   static std::string name() { return tide::detail::concat("chunked<", Policy::name, ">"); }
@@ -170,6 +173,7 @@ struct layer_window {
   int chosen = 0;   // the window in use: set at the first moment, chosen again after the warm-up (W = 0)
   bool reuse_grad_slots = false;  // scheduler_options::reuse_grad_slots (through make_trainer)
   bool keep_host_copies = true;   // scheduler_options::keep_host_copies (through make_trainer)
+  int host_steps_in_flight = 4;   // scheduler_options::host_steps_in_flight (through make_trainer)
   static constexpr bool moves_data = true;
 
   static std::string name() {
@@ -228,6 +232,7 @@ struct static_partition {
   belady policy{};              // gradient chunks over the budget: the one used furthest ahead leaves
   bool reuse_grad_slots = false;  // scheduler_options::reuse_grad_slots (through make_trainer)
   bool keep_host_copies = true;   // scheduler_options::keep_host_copies (through make_trainer)
+  int host_steps_in_flight = 4;   // scheduler_options::host_steps_in_flight (through make_trainer)
   static constexpr bool moves_data = true;
 
   static std::string name() { return "static_partition"; }

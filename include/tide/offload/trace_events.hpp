@@ -36,7 +36,7 @@
 namespace tide::offload {
 
 // One row of the timeline. The numeric value is the JSON thread id minus 1.
-enum class lane : std::uint8_t { compute, copy, optimizer, comm };
+enum class lane : std::uint8_t { compute, copy, optimizer, comm, activation_copy };
 
 constexpr std::string_view lane_name(lane l) noexcept {
   switch (l) {
@@ -44,6 +44,7 @@ constexpr std::string_view lane_name(lane l) noexcept {
     case lane::copy: return "copy stream";
     case lane::optimizer: return "optimizer";
     case lane::comm: return "comm (gradient sink)";
+    case lane::activation_copy: return "activation copy stream";
   }
   return "unknown";
 }
@@ -149,7 +150,7 @@ class trace_recorder {
     s += "\n" R"({"name":"process_name","ph":"M","pid":1,"tid":0,"args":{"name":")";
     detail::append_json_escaped(s, process_name);
     s += R"("}})";
-    for (lane const l : {lane::compute, lane::copy, lane::optimizer, lane::comm}) {
+    for (lane const l : {lane::compute, lane::copy, lane::optimizer, lane::comm, lane::activation_copy}) {
       s += tide::detail::concat(",\n", R"({"name":"thread_name","ph":"M","pid":1,"tid":)", lane_tid(l),
                                 R"(,"args":{"name":")", lane_name(l), R"("}})");
       s += tide::detail::concat(",\n", R"({"name":"thread_sort_index","ph":"M","pid":1,"tid":)", lane_tid(l),

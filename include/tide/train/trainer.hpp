@@ -136,6 +136,7 @@ class trainer {
         elsewhere_(std::max<std::size_t>(stage_.largest_elsewhere, 1)),
         scheduler_(ex_, arena_, staged ? stage_.params : spec.parameters(), staged ? stage_.uses : spec.uses(), off,
                    {.micro_steps = opt.micro_steps,
+                    .host_steps_in_flight = host_steps_in_flight_of(off),
                     .defer_optimizer = staged || needs_all_gradients(opt),  // a stage sums wte before stepping
                     .defer_sink = staged,  // summed once every stage and replica ran backward
                     .decay_matrices_only = opt.decay_matrices_only,
@@ -153,7 +154,7 @@ class trainer {
   trainer& operator=(trainer const&) = delete;
 
   // The memory-scale options of an offload policy that has them (offload::chunked: host_budget,
-  // spill_folder, host_reserve, reuse_grad_slots, keep_host_copies).
+  // spill_folder, host_reserve, reuse_grad_slots, keep_host_copies, host_steps_in_flight).
   static std::size_t host_budget_of(Offload const& off) {
     if constexpr (requires { off.host_budget; }) return off.host_budget;
     else return 0;
@@ -173,6 +174,10 @@ class trainer {
   static bool keep_host_copies_of(Offload const& off) {
     if constexpr (requires { off.keep_host_copies; }) return off.keep_host_copies;
     else return true;
+  }
+  static int host_steps_in_flight_of(Offload const& off) {
+    if constexpr (requires { off.host_steps_in_flight; }) return off.host_steps_in_flight;
+    else return offload::scheduler_options{}.host_steps_in_flight;
   }
 
   // One optimizer step over micro_steps micro-batches (one per micro-step). A step that throws

@@ -21,25 +21,38 @@ namespace tide::memory::detail {
 
 // Sizes rounded to multiples of 2^quantum_log2 up to 2^(quantum_log2 + steps_log2), and above that
 // to 2^steps_log2 steps per doubling. A class is at most one quantum larger than the request below
-// the switch point and less than 1/2^steps_log2 of the request larger above it. Indices are dense:
+// the switch point and less than 1/2^steps_log2 of the request larger above it. With fine_log2 set
+// (> 0, 2^fine_log2 >= the switch point), sizes above 2^fine_log2 go in 2^fine_steps_log2 steps per
+// doubling instead: large blocks, usually many of one size, then waste less (under
+// 1/2^fine_steps_log2) while a spread of small sizes still shares few classes. Indices are dense:
 // class i + 1 is the next larger class.
 struct size_classes {
   unsigned quantum_log2;
   unsigned steps_log2;
+  unsigned fine_log2 = 0;  // 0: one step count for every size
+  unsigned fine_steps_log2 = 0;
 
   [[nodiscard]] constexpr std::size_t linear_limit() const noexcept {
     return std::size_t{1} << (quantum_log2 + steps_log2);
+  }
+  [[nodiscard]] constexpr bool fine(std::size_t bytes) const noexcept {
+    return fine_log2 > 0 && bytes > (std::size_t{1} << fine_log2);
   }
   [[nodiscard]] constexpr std::size_t round(std::size_t bytes) const noexcept {
     if (bytes == 0) bytes = 1;
     if (bytes <= linear_limit()) return round_up(bytes, std::size_t{1} << quantum_log2);
     auto const octave = static_cast<unsigned>(std::bit_width(bytes)) - 1;
-    return round_up(bytes, std::size_t{1} << (octave - steps_log2));
+    return round_up(bytes, std::size_t{1} << (octave - (fine(bytes) ? fine_steps_log2 : steps_log2)));
   }
   [[nodiscard]] constexpr std::size_t index(std::size_t bytes) const noexcept {
     std::size_t const c = round(bytes);
     if (c <= linear_limit()) return (c >> quantum_log2) - 1;
     auto const octave = static_cast<unsigned>(std::bit_width(c)) - 1;
+    if (fine(c)) {  // after the class 2^fine_log2, fine_steps per doubling
+      std::size_t const mantissa = c >> (octave - fine_steps_log2);  // in [steps, 2 steps)
+      return index(std::size_t{1} << fine_log2) + (std::size_t{octave} - fine_log2) * (std::size_t{1} << fine_steps_log2) +
+             mantissa - (std::size_t{1} << fine_steps_log2);
+    }
     std::size_t const mantissa = c >> (octave - steps_log2);  // in [steps, 2 steps)
     return (std::size_t{octave} - quantum_log2 - steps_log2) * (std::size_t{1} << steps_log2) + mantissa - 1;
   }

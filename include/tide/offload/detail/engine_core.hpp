@@ -210,22 +210,20 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     activation_host_bytes_ -= bytes;
     if (options_.host_budget != 0) this->host_.trim();  // the pool caches freed blocks: back under host_budget
   }
-  // One block's copies, on the copy stream in order behind the chunk copies issued before them:
-  // one span on the timeline, `done` recorded after the last.
+  // One block's copies, on the activation copy stream (beside the chunk copies, not behind them):
+  // one span on the timeline's activation copy lane, `done` recorded after the last.
   void copy_activations(int block, memory::copy_direction d, std::span<memory::copy_request const> copies,
                         memory::event<B>& done) {
     std::size_t bytes = 0;
     for (auto const& c : copies) bytes += c.bytes;
     bool const out = d == memory::copy_direction::device_to_host;
-    auto* span = this->open_span(tide::detail::concat("activations ", block, out ? " out" : " back"), bytes);
-    this->engine_.copy_async(copies, d, done);
+    auto* span = this->open_span(tide::detail::concat("activations ", block, out ? " out" : " back"), bytes, true);
+    this->activation_engine_.copy_async(copies, d, done);
     this->close_span(span);
     (out ? this->cur_.activation_d2h_bytes : this->cur_.activation_h2d_bytes) += bytes;
-    this->activation_copies_ += copies.size();  // since construction, as the engine's stats
-    this->activation_copy_bytes_ += bytes;
   }
   // Waits for every copy; a failure is left for the step to report (the stream keeps it).
-  void drain_activations() noexcept { this->engine_.drain(); }
+  void drain_activations() noexcept { this->activation_engine_.drain(); }
   [[nodiscard]] std::size_t activation_host_bytes() const noexcept { return activation_host_bytes_; }
 
   // ---- the placement members policies call ----------------------------------------------------
@@ -965,17 +963,19 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     host_kept_ = kept + (owned.size() - spilled) * per_chunk;
     std::vector<std::uint32_t> chunks(owned.end() - static_cast<std::ptrdiff_t>(spilled), owned.end());
     spill_.open(options_.spill_folder, chunks, this->n_, lists, this->state_block_bytes());
+    for (auto& r : spill_ring_) r.emplace(this->host_, spill_.staging_bytes());
+    spill_user_.fill(no_chunk);
     // Slot 0 of each holds the state now: zeros, as every chunk's moments start (the masters are
-    // written from the parameters by init_master, once the model initialised them).
-    spill_staging const zeros(this->host_, spill_.staging_bytes());
-    std::memset(zeros.data, 0, zeros.bytes);
+    // written from the parameters by init_master, once the model initialised them). Written from
+    // a staging block, not a block of its own: the pool would keep that one cached, 2 chunks of
+    // host memory held for nothing.
+    std::byte* const zeros = spill_ring_[0]->data;
+    std::memset(zeros, 0, spill_ring_[0]->bytes);
     std::array<std::size_t, max_spill_lists> blocks{};
     for (std::uint32_t c : chunks) {
       for (std::size_t k = 0; k < lists; ++k) blocks[k] = spill_.block(c, k, false);
-      spill_.write(blocks.data(), zeros.data);
+      spill_.write(blocks.data(), zeros);
     }
-    for (auto& r : spill_ring_) r.emplace(this->host_, spill_.staging_bytes());
-    spill_user_.fill(no_chunk);
   }
   // With a host budget the store attaches no optimizer state: here the state that stays on the
   // host starts zeroed, after open_spill chose what goes to file, so that the host never holds
@@ -1196,6 +1196,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     };
     wait([&] { this->engine_.synchronize(); });
     wait([&] { this->copy_stream_.synchronize(); });  // the timeline's stamps run after the copies
+    wait([&] { this->activation_engine_.synchronize(); });
+    wait([&] { this->activation_stream_.synchronize(); });
     for (std::uint32_t c = 0; c < this->n_; ++c) wait([&] { wait_reduced(c); });
     wait([&] { optimizer_stream_.synchronize(); });
     if (failure) {
@@ -1219,7 +1221,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // after a failure: a failed stream skips the rest of its queue, so this ends). A sink's events
   // are waited for too: its work may still read a gradient chunk.
   void wait_idle() noexcept {
-    while (!this->copy_stream_.query() || !optimizer_stream_.query()) std::this_thread::yield();
+    while (!this->copy_stream_.query() || !this->activation_stream_.query() || !optimizer_stream_.query())
+      std::this_thread::yield();
     quiet_reductions();
   }
   // Waits for the sink's work on every chunk handed over, without reporting anything: when a step

@@ -220,13 +220,10 @@ class residency : public chunk_store<B, T, Engine> {
   void after_warm_up() {
     this->ctx_.moments = this->tracer_.moments();
     this->ctx_.peak_non_model = this->tracer_.peak_non_model();
-    // The mean chunk copy (over every copy since construction, as the engine counts): a model's
-    // activation copies share the engine, and take their share of the bytes' time.
+    // The mean chunk copy (over every copy since construction, as the engine counts; a model's
+    // activation copies have an engine of their own).
     auto const st = this->engine_.stats();
-    std::size_t const copies = st.completed - std::min(st.completed, this->activation_copies_);
-    double const bytes = static_cast<double>(st.host_to_device_bytes + st.device_to_host_bytes);
-    double const chunk_share = bytes > 0 ? 1 - static_cast<double>(this->activation_copy_bytes_) / bytes : 1;
-    this->ctx_.copy_ms = copies > 0 ? st.copy_ms * chunk_share / static_cast<double>(copies) : 0;
+    this->ctx_.copy_ms = st.completed > 0 ? st.copy_ms / static_cast<double>(st.completed) : 0;
     this->ctx_.forward_ms = forward_blocks_ > 0 ? forward_ms_ / static_cast<double>(forward_blocks_) : 1;
     this->policy_.policy.reset(this->tracer_.trace());
     this->policy_.after_warm_up(this->self(), this->ctx_);
