@@ -161,7 +161,9 @@ TEST_CASE("size classes: rounding overhead <= 5% from 20 pages on, < 1/32 from 3
 }
 
 TEST_CASE("the pool's classes above 16 MiB: 256 steps per doubling, dense indices across the switch") {
-  tide::memory::detail::size_classes const classes{12, 5, 24, 8};  // the pool's, with 4 KiB pages
+  auto const classes = pool::classes_for(12);  // the pool's, with 4 KiB pages
+  REQUIRE(classes.fine_log2 == 24);
+  CHECK(pool::classes_for(17).fine_log2 == 0);  // 128 KiB pages: a fine step would split a page
   std::mt19937_64 rng(9);
   std::size_t worst_below = 0, worst_above = 0;  // in millionths, from 1 MiB; below / above 16 MiB
   for (std::size_t b = 1_MiB; b < (std::size_t{1} << 40); b += 1 + (b >> 12) + (rng() % (b / 512 + 1))) {

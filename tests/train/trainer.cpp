@@ -141,9 +141,13 @@ TEST_CASE("offloaded activations go through the scheduler: its copy engine, host
   auto t = tide::train::make_trainer(lean, low, clipped);
   static_assert(decltype(t)::model_type::carried_by_hooks);
   off::trace_recorder trace;
+  std::size_t activations_moved = 0, chunks_moved = 0;  // over the six steps, as the step counters say
   for (int s = 0; s < 6; ++s) {
     if (s == 5) t.scheduler().set_trace(&trace);
     (void)t.step(view_of<decltype(t)>(data_of(s)));
+    auto const& last = t.scheduler().last_step();
+    activations_moved += last.activation_d2h_bytes + last.activation_h2d_bytes;
+    chunks_moved += last.h2d_bytes + last.d2h_bytes;
   }
   t.scheduler().set_trace(nullptr);
   CHECK(same(params_of(t), resident));
@@ -170,10 +174,12 @@ TEST_CASE("offloaded activations go through the scheduler: its copy engine, host
   CHECK(activation_bytes == st.activation_d2h_bytes + st.activation_h2d_bytes);
   CHECK(chunk_bytes == st.h2d_bytes + st.d2h_bytes);
   CHECK(st.h2d_bytes > 0);
-  // Their engine counted them (and the chunk engine did not): 3 blocks' tensors, out and back.
+  // Their engine moved exactly them, and the chunk engine none of them.
   auto const moved = t.scheduler().activation_transfers().stats();
   CHECK(moved.device_to_host_bytes == moved.host_to_device_bytes);
-  CHECK(moved.device_to_host_bytes >= 6 * st.activation_d2h_bytes);  // six steps, each out once
+  CHECK(moved.device_to_host_bytes + moved.host_to_device_bytes == activations_moved);
+  auto const chunk_engine = t.scheduler().transfers().stats();
+  CHECK(chunk_engine.device_to_host_bytes + chunk_engine.host_to_device_bytes == chunks_moved);
 
   // Under a host budget they must fit beside the model data kept on the host. One that holds the
   // model data only refuses them at the first forward, saying what to set, and loses nothing.
@@ -763,7 +769,8 @@ TEST_CASE("gradient-slot reuse: bf16 gradients take their parameters' slots, the
   CHECK(with_file.nvme_read == (n - n / 2) * 2 * block);
 }
 
-TEST_CASE("make_trainer passes host_steps_in_flight: a ring of one or none gives the same bits; -1 is refused") {
+TEST_CASE("make_trainer passes host_steps_in_flight: -1 is refused, naming it; rings of one and none train the "
+          "same bits") {
   off::chunked<off::belady> four{.chunk_bytes = 10_KiB};  // the default ring of 4
   four.device_budget = tide::test::scheduler_minimum<decltype(four), tide::bf16>(deeper, four, batch, seq) + 16_KiB;
   tide::optim::adamw const overlapped{.lr = 3e-3f};  // host steps queue beside backward, through the ring

@@ -314,6 +314,12 @@ class pinned_pool {
 
   // The bytes a request of `bytes` holds.
   [[nodiscard]] std::size_t class_size(std::size_t bytes) const noexcept { return state_->classes.round(bytes); }
+  // The size classes of a pool on pages of 2^page_log2 bytes. The fine classes above 16 MiB step by
+  // whole pages only with pages of up to 64 KiB (2^(24 - 8)); larger pages keep the coarse classes
+  // at every size.
+  [[nodiscard]] static constexpr detail::size_classes classes_for(unsigned page_log2) noexcept {
+    return {page_log2, steps_log2, page_log2 + fine_steps_log2 <= fine_log2 ? fine_log2 : 0u, fine_steps_log2};
+  }
 
  private:
   using pages = detail::pinned_pages<B>;
@@ -332,7 +338,7 @@ class pinned_pool {
   struct state {
     explicit state(options const& o)
         : opts(o),
-          classes{static_cast<unsigned>(std::countr_zero(pages::page_size())), steps_log2, fine_log2, fine_steps_log2},
+          classes{classes_for(static_cast<unsigned>(std::countr_zero(pages::page_size())))},
           heads(classes.count(max_request), npos) {}
     ~state() {
       for (auto const& b : blocks)

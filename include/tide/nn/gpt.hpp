@@ -56,8 +56,9 @@ namespace tide::nn {
 // Hooks that also carry the model's offloaded activations (gpt_options::offload_activations):
 // host room for them, their copies issued as one batch per block with an event recorded after
 // it, and a drain for a pass that throws. An offload scheduler's hooks do (offload::hooks): the
-// activations then share its copy stream and transfer engine, its host pool and host_budget, its
-// counters and its timeline. With other hooks the model carries them itself. Hooks that carry
+// activations then move on its activation copy stream and engine (beside its chunk copies), and
+// share its host pool and host_budget, its counters and its timeline. With other hooks the model
+// carries them itself. Hooks that carry
 // them must outlive the model, which returns its host room when it is destroyed.
 template <class H, class B>
 concept ActivationCarrier = requires(H& h, std::byte* p, std::size_t n, int block, memory::copy_direction d,

@@ -70,8 +70,8 @@ struct hooks {
   }
   void zero_grad() { scheduler->zero_grad(); }
   // The model's offloaded activations (nn::ActivationCarrier), when the scheduler carries them
-  // (offload::scheduler does): host room from its pool under its host_budget, copies on its copy
-  // stream, on its timeline and in its counters. The scheduler must outlive the model: the
+  // (offload::scheduler does): host room from its pool under its host_budget, copies on its
+  // activation copy stream, on its timeline and in its counters. The scheduler must outlive the model: the
   // model returns its host room when it is destroyed.
   std::byte* activation_host(std::size_t bytes)
     requires CarriesActivations<S>

@@ -180,8 +180,8 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   // The copy engine every chunk copy goes through (its stats; fail_copy() for fault injection).
   [[nodiscard]] memory::transfer_engine<B>& transfers() noexcept { return this->engine_; }
   // The copy engine of a model's offloaded activations (offload::hooks carries them), on a stream
-  // of its own beside the chunk copies.
-  [[nodiscard]] memory::transfer_engine<B>& activation_transfers() noexcept { return this->activation_engine_; }
+  // of its own beside the chunk copies; made at the first call or the model's first request.
+  [[nodiscard]] memory::transfer_engine<B>& activation_transfers() { return this->activation_engine(); }
   // True between the first hook of a step and the end of step() / skip_step() / abort_step().
   [[nodiscard]] bool in_step() const noexcept { return this->step_open_; }
   // True once the first moment placed the model data (and checked the budget).
@@ -367,8 +367,10 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   }
 
   // Records the timeline into `r` (nullptr: stop): each block's compute on the compute lane, each
-  // chunk copy on the copy lane (stamped by the copy stream itself), each host update on the
-  // optimizer lane. Write it with r->write(path, name): Perfetto opens it.
+  // chunk copy on the copy lane (stamped by the copy stream itself), each block's offloaded
+  // activations on the activation copy lane (stamped likewise), each host update on the
+  // optimizer lane, the sink's work on the comm lane. Write it with r->write(path, name):
+  // Perfetto opens it.
   void set_trace(trace_recorder* r) {
     this->drain();
     this->trace_ = r;

@@ -12,8 +12,9 @@
 //
 // Times: now_us() reads steady_clock in microseconds; complete() stores them relative to the
 // recorder's construction, so the trace starts near 0 and events() / the JSON are in that frame.
-// The JSON: {"traceEvents":[M process_name, M thread_name x3, X events sorted by ts],
-// "displayTimeUnit":"ms"}, pid 1, tid 1 compute stream, 2 copy stream, 3 optimizer;
+// The JSON: {"traceEvents":[M process_name, M thread_name and thread_sort_index per lane, X events
+// sorted by ts], "displayTimeUnit":"ms"}, pid 1, tid 1 compute stream, 2 copy stream, 3 optimizer,
+// 4 comm (gradient sink), 5 activation copy stream;
 // ts and dur in microseconds with 3 decimals; "args":{"bytes":N} when bytes is nonzero.
 
 #include <algorithm>

@@ -22,7 +22,8 @@ namespace tide::memory::detail {
 // Sizes rounded to multiples of 2^quantum_log2 up to 2^(quantum_log2 + steps_log2), and above that
 // to 2^steps_log2 steps per doubling. A class is at most one quantum larger than the request below
 // the switch point and less than 1/2^steps_log2 of the request larger above it. With fine_log2 set
-// (> 0, 2^fine_log2 >= the switch point), sizes above 2^fine_log2 go in 2^fine_steps_log2 steps per
+// (> 0, 2^fine_log2 >= the switch point, and fine_log2 - fine_steps_log2 >= quantum_log2 so that a
+// fine step is whole quanta), sizes above 2^fine_log2 go in 2^fine_steps_log2 steps per
 // doubling instead: large blocks, usually many of one size, then waste less (under
 // 1/2^fine_steps_log2) while a spread of small sizes still shares few classes. Indices are dense:
 // class i + 1 is the next larger class.

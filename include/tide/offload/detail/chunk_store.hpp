@@ -19,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -65,7 +66,6 @@ class chunk_store {
         master_(chunk::chunk_role::master, dtype::f32, layout_, params_),
         host_(memory::pinned_pool_options{.lock_pages = lock_pages}),
         engine_(copy_stream_, {.max_in_flight = 8}),
-        activation_engine_(activation_stream_, {.max_in_flight = 64}),  // a copy per saved tensor
         shard_(shard) {
     TIDE_REQUIRE(shard.ranks >= 1 && shard.rank >= 0 && shard.rank < shard.ranks, "offload::scheduler: the sink's "
                  "shard is rank ", shard.rank, " of ", shard.ranks, "; needs 0 <= rank < ranks");
@@ -352,6 +352,16 @@ class chunk_store {
     }
   }
 
+  // The activation copy stream and its engine, made at the first call (64 copies in flight: one
+  // per saved tensor of a block).
+  memory::transfer_engine<B>& activation_engine() {
+    if (!activation_engine_) {
+      activation_stream_.emplace();
+      activation_engine_.emplace(*activation_stream_, memory::transfer_options{.max_in_flight = 64});
+    }
+    return *activation_engine_;
+  }
+
   // ---- the copy lanes of the timeline ---------------------------------------------------------
   [[nodiscard]] bool tracing() const noexcept { return trace_ != nullptr && trace_->enabled(); }
   // One copy on a copy lane: two host functions on its stream stamp its start and end, so the
@@ -378,7 +388,8 @@ class chunk_store {
     if (!tracing()) return nullptr;
     return open_span(tide::detail::concat(what, id < n_ ? "param " : "grad ", id < n_ ? id : id - n_), bytes);
   }
-  // A span on the copy lane, or (activations = true) on the activation copy lane.
+  // A span on the copy lane, or (activations = true, after activation_engine()) on the
+  // activation copy lane.
   copy_span* open_span(std::string name, std::size_t bytes, bool activations = false) {
     if (!tracing()) return nullptr;
     copy_span& sp = spans_.emplace_back();
@@ -386,7 +397,7 @@ class chunk_store {
     sp.name = std::move(name);
     sp.bytes = bytes;
     sp.where = activations ? lane::activation_copy : lane::copy;
-    sp.on = activations ? &activation_stream_ : &copy_stream_;
+    sp.on = activations ? &*activation_stream_ : &copy_stream_;
     memory::launch(*sp.on, sp.begin);
     return &sp;
   }
@@ -408,9 +419,9 @@ class chunk_store {
   memory::transfer_engine<B> engine_;
   // A model's offloaded activations move on a stream of their own: behind the chunk prefetches
   // on the copy stream, a block's activations coming back made its backward wait (-7 % tokens/s
-  // in the chunked demo).
-  memory::stream<B> activation_stream_;
-  memory::transfer_engine<B> activation_engine_;
+  // in the chunked demo). Made at first use (activation_engine()): most models offload nothing.
+  std::optional<memory::stream<B>> activation_stream_;
+  std::optional<memory::transfer_engine<B>> activation_engine_;
   chunk_shard shard_;      // the chunks whose master and optimizer state this rank keeps
   std::uint32_t n_ = 0;    // chunks per list
   std::uint32_t ids_ = 0;  // trace ids: 2 n

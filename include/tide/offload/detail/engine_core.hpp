@@ -188,6 +188,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // Host room for them, from the host pool. Under host_budget they must fit what the model data
   // kept on the host leaves of it (host_reserve keeps that room).
   std::byte* activation_host(std::size_t bytes) {
+    (void)this->activation_engine();  // their copy stream, from the first request on
     if (options_.host_budget != 0) {
       std::size_t const used = host_kept_ + activation_host_bytes_;
       std::size_t const left = options_.host_budget - std::min(options_.host_budget, used);
@@ -217,13 +218,16 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     std::size_t bytes = 0;
     for (auto const& c : copies) bytes += c.bytes;
     bool const out = d == memory::copy_direction::device_to_host;
+    auto& engine = this->activation_engine();
     auto* span = this->open_span(tide::detail::concat("activations ", block, out ? " out" : " back"), bytes, true);
-    this->activation_engine_.copy_async(copies, d, done);
+    engine.copy_async(copies, d, done);
     this->close_span(span);
     (out ? this->cur_.activation_d2h_bytes : this->cur_.activation_h2d_bytes) += bytes;
   }
   // Waits for every copy; a failure is left for the step to report (the stream keeps it).
-  void drain_activations() noexcept { this->activation_engine_.drain(); }
+  void drain_activations() noexcept {
+    if (this->activation_engine_) this->activation_engine_->drain();
+  }
   [[nodiscard]] std::size_t activation_host_bytes() const noexcept { return activation_host_bytes_; }
 
   // ---- the placement members policies call ----------------------------------------------------
@@ -777,22 +781,13 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       }
       grad_ring_free_ = grad_ring_;
     }
-    // A block is read once it left its gradient chunk (the step was queued) and the step ran. One
-    // a failure left in its chunk comes back when the chunk frees it (reclaim_ring_block).
-    auto const release_read = [&] {
-      std::erase_if(grad_ring_used_, [&](std::pair<std::uint32_t, std::byte*> const& u) {
-        if (this->grad_[u.first].payload() == u.second || !busy_[u.first].query()) return false;
-        grad_ring_free_.push_back(u.second);
-        return true;
-      });
-    };
-    release_read();
+    release_ring_blocks(false);
     while (grad_ring_free_.empty() && !grad_ring_used_.empty() && !reductions_outstanding()) {
       auto const t0 = std::chrono::steady_clock::now();
       busy_[grad_ring_used_.front().first].synchronize();  // in order: the oldest finishes first
       this->cur_.stall_ms += ms_since(t0);
       std::size_t const before = grad_ring_used_.size();
-      release_read();
+      release_ring_blocks(false);
       if (grad_ring_used_.size() == before) break;  // the oldest is held by its chunk: the pool serves
     }
     if (grad_ring_free_.empty()) return nullptr;
@@ -800,6 +795,16 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     grad_ring_free_.pop_back();
     grad_ring_used_.push_back({c, p});
     return p;
+  }
+  // Ring blocks back to the ring once read: each left its gradient chunk (the step was queued)
+  // and its step ran (all_ran: the workers are idle, nothing to ask). One a failure left in its
+  // chunk comes back when the chunk frees it (reclaim_ring_block).
+  void release_ring_blocks(bool all_ran) {
+    std::erase_if(grad_ring_used_, [&](std::pair<std::uint32_t, std::byte*> const& u) {
+      if (this->grad_[u.first].payload() == u.second || (!all_ran && !busy_[u.first].query())) return false;
+      grad_ring_free_.push_back(u.second);
+      return true;
+    });
   }
   // Frees of host blocks come here first: a ring block goes back to the ring, not to the pool.
   bool reclaim_ring_block(std::byte* p) noexcept {
@@ -967,8 +972,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     spill_user_.fill(no_chunk);
     // Slot 0 of each holds the state now: zeros, as every chunk's moments start (the masters are
     // written from the parameters by init_master, once the model initialised them). Written from
-    // a staging block, not a block of its own: the pool would keep that one cached, 2 chunks of
-    // host memory held for nothing.
+    // a staging block, not a block of its own: the pool would keep that one cached, a chunk of
+    // host memory per spilled list held for nothing.
     std::byte* const zeros = spill_ring_[0]->data;
     std::memset(zeros, 0, spill_ring_[0]->bytes);
     std::array<std::size_t, max_spill_lists> blocks{};
@@ -1196,8 +1201,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     };
     wait([&] { this->engine_.synchronize(); });
     wait([&] { this->copy_stream_.synchronize(); });  // the timeline's stamps run after the copies
-    wait([&] { this->activation_engine_.synchronize(); });
-    wait([&] { this->activation_stream_.synchronize(); });
+    if (this->activation_engine_) {
+      wait([&] { this->activation_engine_->synchronize(); });
+      wait([&] { this->activation_stream_->synchronize(); });
+    }
     for (std::uint32_t c = 0; c < this->n_; ++c) wait([&] { wait_reduced(c); });
     wait([&] { optimizer_stream_.synchronize(); });
     if (failure) {
@@ -1210,19 +1217,15 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     for (std::uint32_t c = 0; c < this->n_; ++c) optimizer_pending_[c] = false;
     for (auto const& [c, p] : pending_grad_frees_) this->host_.deallocate(p, this->grad_[c].capacity(), 256);
     pending_grad_frees_.clear();
-    std::erase_if(grad_ring_used_, [&](std::pair<std::uint32_t, std::byte*> const& u) {
-      if (this->grad_[u.first].payload() == u.second) return false;  // a failed step left it in its chunk
-      grad_ring_free_.push_back(u.second);
-      return true;
-    });
+    release_ring_blocks(true);
     for (std::uint32_t id = 0; id < this->ids_; ++id) this->settle(id);
   }
   // Waits until the workers ran out of work, without reporting anything (for the destructor and
   // after a failure: a failed stream skips the rest of its queue, so this ends). A sink's events
   // are waited for too: its work may still read a gradient chunk.
   void wait_idle() noexcept {
-    while (!this->copy_stream_.query() || !this->activation_stream_.query() || !optimizer_stream_.query())
-      std::this_thread::yield();
+    auto const activations_idle = [&] { return !this->activation_stream_ || this->activation_stream_->query(); };
+    while (!this->copy_stream_.query() || !activations_idle() || !optimizer_stream_.query()) std::this_thread::yield();
     quiet_reductions();
   }
   // Waits for the sink's work on every chunk handed over, without reporting anything: when a step
