@@ -238,6 +238,26 @@ TEST_CASE("a freed block is handed out again for a request of its class") {
   CHECK(p.stats().hits == 101);
 }
 
+TEST_CASE("the peaks: bytes in use count cached blocks handed out again, bytes held do not; reset_peak starts anew") {
+  pool p{{.lock_pages = false}};
+  void* a = p.allocate(1_MiB);
+  void* b = p.allocate(1_MiB);
+  p.deallocate(a, 1_MiB);
+  p.deallocate(b, 1_MiB);
+  p.reset_peak();
+  CHECK(p.stats().peak_bytes_requested == 0);
+  CHECK(p.stats().peak_bytes_held == 2_MiB);  // the cache
+  void* c = p.allocate(1_MiB - 100);  // from the cache: nothing new held, but in use
+  CHECK(p.stats().peak_bytes_held == 2_MiB);
+  CHECK(p.stats().peak_bytes_requested == 1_MiB - 100);
+  p.deallocate(c, 1_MiB - 100);
+  CHECK(p.stats().bytes_requested == 0);
+  CHECK(p.stats().peak_bytes_requested == 1_MiB - 100);
+  p.trim();
+  p.reset_peak();
+  CHECK(p.stats().peak_bytes_held == 0);
+}
+
 TEST_CASE("trim releases cached blocks and keeps the ones handed out") {
   pool p{{.lock_pages = false}};
   void* keep = p.allocate(1_MiB);

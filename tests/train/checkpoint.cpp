@@ -247,6 +247,70 @@ TEST_CASE("checkpoint: a second commit replaces the first, leaving no tmp file")
   CHECK(dir.leftovers().empty());
 }
 
+TEST_CASE("checkpoint_writer: deferred sections are asked for once each, in order, and write the same file") {
+  scratch_dir dir;
+  auto const a = pattern(3_KiB + 5, 11), b = pattern(1_MiB, 12), c = pattern(0, 13);
+  tt::checkpoint_writer plain;
+  plain.add("a", a);
+  plain.add_value("step", std::int64_t{7});
+  plain.add("b", b);
+  plain.add("c", c);
+  plain.commit(dir.path / "plain.tide");
+
+  tt::checkpoint_writer w;
+  w.add_deferred("a", a.size(), 20);
+  w.add_value("step", std::int64_t{7});
+  w.add_deferred("b", b.size(), 21);
+  w.add_deferred("c", c.size(), 22);
+  CHECK(w.file_bytes() == plain.file_bytes());
+  // The source reuses one buffer: each section's bytes are needed only until the next call.
+  std::vector<std::size_t> asked;
+  std::vector<std::byte> buffer;
+  w.commit(dir.path / "deferred.tide", [&](std::size_t id) -> std::span<std::byte const> {
+    asked.push_back(id);
+    auto const& from = id == 20 ? a : id == 21 ? b : c;
+    buffer.assign(from.begin(), from.end());
+    return buffer;
+  });
+  CHECK(asked == std::vector<std::size_t>{20, 21, 22});
+  CHECK(read_file(dir.path / "deferred.tide") == read_file(dir.path / "plain.tide"));
+  CHECK(fs::file_size(dir.path / "deferred.tide") == w.file_bytes());
+  tt::checkpoint_reader r{dir.path / "deferred.tide"};
+  std::vector<std::byte> got(b.size());
+  r.read("b", got);
+  CHECK(got == b);
+  CHECK(r.read_value<std::int64_t>("step") == 7);
+}
+
+TEST_CASE("checkpoint_writer: a deferred section without its source, of the wrong size, or whose source throws "
+          "is refused, and the previous file stays") {
+  scratch_dir dir;
+  auto const path = dir.path / "ckpt.tide";
+  write_small(path);
+  auto const before = read_file(path);
+  auto const data = pattern(4_KiB, 3);
+  tt::checkpoint_writer w;
+  w.add("first", data);
+  w.add_deferred("state", data.size(), 0);
+  auto const none = error_of([&] { w.commit(path); });
+  CHECK(none.category() == tide::errc::usage);
+  CHECK(has(none.message(), "commit(path, source)"));
+  auto const short_by_one = error_of([&] {
+    w.commit(path, [&](std::size_t) { return std::span<std::byte const>(data).first(data.size() - 1); });
+  });
+  CHECK(short_by_one.category() == tide::errc::usage);
+  CHECK(has(short_by_one.message(), "gave 4095 bytes for section \"state\", added with 4096"));
+  CHECK(has(short_by_one.message(), "is untouched"));
+  auto const thrown = error_of([&] {
+    w.commit(path, [&](std::size_t) -> std::span<std::byte const> { TIDE_FAIL(io, "the source's file is gone"); });
+  });
+  CHECK(thrown.category() == tide::errc::io);
+  CHECK(has(thrown.message(), "the source's file is gone"));
+  CHECK(read_file(path) == before);
+  CHECK(dir.leftovers().empty());
+  load_small(path);
+}
+
 TEST_CASE("checkpoint: concurrent reads of one reader") {
   scratch_dir dir;
   auto const path = dir.path / "ckpt.tide";

@@ -296,11 +296,11 @@ off::chunked<off::belady> spilling(std::filesystem::path const& folder, std::siz
   return o;
 }
 
-// Step s of t fails with tide::error(io) naming the spill file and `reason`.
-template <class Trainer>
-void step_fails_on_file(Trainer& t, int s, char const* reason) {
+// f() fails with tide::error(io) naming the spill file and `reason`.
+template <class F>
+void fails_on_file(F&& f, char const* reason) {
   try {
-    (void)t.step(view_of<Trainer>(data_of(s)));
+    f();
     FAIL("expected an I/O error");
   } catch (tide::error const& e) {
     CHECK(e.category() == tide::errc::io);
@@ -309,6 +309,11 @@ void step_fails_on_file(Trainer& t, int s, char const* reason) {
     CHECK(what.find("tide-store-") != std::string::npos);  // names the file
     CHECK(what.find(reason) != std::string::npos);
   }
+}
+// Step s of t fails so.
+template <class Trainer>
+void step_fails_on_file(Trainer& t, int s, char const* reason) {
+  fails_on_file([&] { (void)t.step(view_of<Trainer>(data_of(s))); }, reason);
 }
 
 // The spill file under `folder` cut to nothing behind tide's back (the next reads find its end),
@@ -383,6 +388,67 @@ TEST_CASE("the NVMe tier: optimizer state past the host budget lives in a file, 
       CHECK(std::memcmp(&loss, &whole[std::size_t(s)], sizeof(float)) == 0);
     }
   }
+}
+
+TEST_CASE("the NVMe tier: checkpoints take the state in the file one chunk at a time, and a failed save or load "
+          "loses nothing") {
+  tide::test::scratch_dir const dir("spill_checkpoint");
+  std::size_t spilled = 0;
+  auto const o = spilling(dir.path, &spilled);
+  REQUIRE(spilled >= 3);  // holding every spilled chunk's state would exceed the bounds below
+  std::vector<float> whole;
+  {
+    tide::test::scratch_dir const other("spill_checkpoint_straight");
+    auto a = tide::train::make_trainer(spec, spilling(other.path), clipped);
+    for (int s = 0; s < 6; ++s) whole.push_back(a.step(view_of<decltype(a)>(data_of(s))).loss);
+  }
+  auto const ckpt = dir.path / "ckpt";
+  {
+    auto t = tide::train::make_trainer(spec, o, clipped);
+    for (int s = 0; s < 3; ++s) (void)t.step(view_of<decltype(t)>(data_of(s)));
+    std::size_t const lists = 2 * tide::round_up(t.scheduler().chunk_bytes(), 4096);  // Adam's m and v
+    // A save reads each spilled chunk's m and v into one block that the next chunk reuses.
+    // (Bytes in use: the pool's cache would hide a few chunks' worth in bytes held.)
+    t.scheduler().reset_host_pool_peak();
+    std::size_t const before = t.scheduler().host_pool_stats().bytes_requested;
+    t.save(ckpt);
+    INFO("spilled chunks: ", spilled, ", host bytes in use before the save: ", before, ", at its peak: ",
+         t.scheduler().host_pool_stats().peak_bytes_requested);
+    CHECK(t.scheduler().host_pool_stats().peak_bytes_requested <= before + lists);
+    // The spill file cut behind tide's back: the save fails naming it, and the checkpoint saved
+    // before stays (the loads below resume from it).
+    spill_file_cut const cut(dir.path);
+    fails_on_file([&] { t.save(ckpt); }, "end of file");
+    cut.put_back();
+  }
+  // A load writes each chunk's state back to file before the next one comes in: at most the
+  // chunk coming in (its lists and the block it is read into) beside the one going out.
+  auto resumed = [&](auto& b) {
+    for (int s = 3; s < 6; ++s) {
+      float const loss = b.step(view_of<std::remove_cvref_t<decltype(b)>>(data_of(s))).loss;
+      CHECK(std::memcmp(&loss, &whole[std::size_t(s)], sizeof(float)) == 0);
+    }
+  };
+  {
+    auto b = tide::train::make_trainer(spec, o, clipped);
+    std::size_t const lists = 2 * tide::round_up(b.scheduler().chunk_bytes(), 4096);
+    b.scheduler().reset_host_pool_peak();
+    std::size_t const before = b.scheduler().host_pool_stats().bytes_requested;
+    b.load(ckpt);
+    INFO("host bytes in use before the load: ", before, ", at its peak: ",
+         b.scheduler().host_pool_stats().peak_bytes_requested);
+    CHECK(b.scheduler().host_pool_stats().peak_bytes_requested <= before + 2 * lists);
+    resumed(b);
+  }
+  // A load whose write of a chunk's state to file fails is a clear error; loaded again, it takes.
+  auto b = tide::train::make_trainer(spec, o, clipped);
+  {
+    tide::test::file_size_capped const cap(4096);
+    REQUIRE(cap.capped);
+    fails_on_file([&] { b.load(ckpt); }, "File too large");
+  }
+  b.load(ckpt);
+  resumed(b);
 }
 
 TEST_CASE("the NVMe tier: a write that fails is a clear error, loses nothing, and the next steps go on") {

@@ -64,6 +64,7 @@ struct pinned_pool_options {
 
 struct pinned_pool_stats {
   std::size_t bytes_requested = 0;  // asked for by the blocks handed out now
+  std::size_t peak_bytes_requested = 0;  // the most bytes_requested has been (what a run needed)
   std::size_t bytes_held = 0;       // of every block the pool holds: handed out and cached
   std::size_t peak_bytes_held = 0;  // the most bytes_held has been
   std::size_t bytes_cached = 0;     // of the cached blocks
@@ -223,6 +224,7 @@ class pinned_pool {
         b.live = true;
         b.requested = bytes;
         s.stats.bytes_requested += bytes;
+        s.stats.peak_bytes_requested = std::max(s.stats.peak_bytes_requested, s.stats.bytes_requested);
         s.stats.bytes_cached -= b.bytes;
         ++s.stats.hits;
         return b.ptr;
@@ -247,6 +249,7 @@ class pinned_pool {
         throw;
       }
       s.stats.bytes_requested += bytes;
+      s.stats.peak_bytes_requested = std::max(s.stats.peak_bytes_requested, s.stats.bytes_requested);
       s.stats.bytes_held += size;
       s.stats.peak_bytes_held = std::max(s.stats.peak_bytes_held, s.stats.bytes_held);
       ++s.stats.blocks;
@@ -289,6 +292,14 @@ class pinned_pool {
     if (it == s.index.end() || !s.blocks[it->second].live) return;
     s.stats.bytes_requested -= s.blocks[it->second].requested;
     forget(s, it->second);
+  }
+
+  // The peaks start again from now (to measure one phase of a run).
+  void reset_peak() noexcept {
+    state& s = *state_;
+    std::lock_guard lock(s.mutex);
+    s.stats.peak_bytes_held = s.stats.bytes_held;
+    s.stats.peak_bytes_requested = s.stats.bytes_requested;
   }
 
   // Releases every cached block to the system; blocks handed out are untouched.

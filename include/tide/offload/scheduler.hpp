@@ -177,6 +177,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   [[nodiscard]] bool os_on_device(std::uint32_t c) const { return this->os_on_device_.at(c); }
   // The host tier's pool (the NVMe tier keeps its bytes under scheduler_options::host_budget).
   [[nodiscard]] memory::pinned_pool_stats host_pool_stats() const { return this->host_.stats(); }
+  void reset_host_pool_peak() noexcept { this->host_.reset_peak(); }  // measure one phase (a save, a load)
   // The copy engine every chunk copy goes through (its stats; fail_copy() for fault injection).
   [[nodiscard]] memory::transfer_engine<B>& transfers() noexcept { return this->engine_; }
   // The copy engine of a model's offloaded activations (offload::hooks carries them), on a stream
@@ -250,23 +251,13 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     return out;
   }
   // The bytes of parameter i in the list of `role` (param: T; master and the optimizer's state
-  // lists: fp32), host-this->readable on tide::host wherever the chunk is, after finishing pending
+  // lists: fp32), host-readable on tide::host wherever the chunk is, after finishing pending
   // work. For checkpoints: valid until the next hook or step. exp_avg / exp_avg_sq name the
   // optimizer's state lists 0 and 1 (state_bytes(k, i) says it for any optimizer).
+  // With the NVMe tier (host_budget), one chunk's state from the file is on the host at a time:
+  // asking for another such chunk's state writes the first back to file, and its spans end then.
   [[nodiscard]] std::span<std::byte> tensor_bytes(chunk::chunk_role role, std::uint32_t i) {
-    this->check_index(i, "tensor_bytes");
-    TIDE_REQUIRE(!this->step_open_, "offload::scheduler::tensor_bytes inside a step; read tensors between steps");
-    this->drain();
-    TIDE_REQUIRE(role != chunk::chunk_role::grad && (role != chunk::chunk_role::master || has_master) &&
-                     (role != chunk::chunk_role::exp_avg || Optimizer::state_lists >= 1) &&
-                     (role != chunk::chunk_role::exp_avg_sq || Optimizer::state_lists >= 2),
-                 "offload::scheduler::tensor_bytes: the ", chunk::to_string(role), " list is not kept between steps "
-                 "by this scheduler (", Optimizer::name, " keeps ", Optimizer::state_lists, " state lists; T = float "
-                 "has no master); ask for param, master with bf16/f16 parameters, or state_bytes(k, i)");
-    TIDE_REQUIRE(role == chunk::chunk_role::param || keeps_state(i), "offload::scheduler::tensor_bytes: parameter \"",
-                 this->params_[i].name(), "\" lies in chunk ", this->layout_.chunk_of[i], ", whose ",
-                 chunk::to_string(role), " rank ", this->shard_.owner(this->layout_.chunk_of[i]), " of ",
-                 this->shard_.ranks, " keeps (ZeRO); read it there, or ask keeps_state(i) first");
+    check_tensor(role, i, "tensor_bytes");
     if (role != chunk::chunk_role::param) this->materialize(this->layout_.chunk_of[i]);  // from the spill file
     if (role == chunk::chunk_role::master) {
       this->init_master();  // a caller reading it sees the current master; one writing it replaces it
@@ -277,6 +268,30 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
       this->drop_shadow(this->layout_.chunk_of[i]);  // the caller may write
     }
     return {list(role).data(i), tensor_size(role, i)};
+  }
+  // The same bytes, to read (a checkpoint's save): valid until the next tensor_view, state_view,
+  // tensor_bytes, hook or step. The state of a chunk in the NVMe tier is read from the file into
+  // one host block, which the views of that chunk's tensors share: a save reads each such chunk
+  // once (when the caller asks in chunk order, as train::trainer does) and holds one chunk's
+  // state beyond host_budget, however many are in the file. Nothing goes back to file.
+  [[nodiscard]] std::span<std::byte const> tensor_view(chunk::chunk_role role, std::uint32_t i) {
+    check_tensor(role, i, "tensor_view");
+    std::size_t const bytes = tensor_size(role, i);
+    if (role == chunk::chunk_role::param) {
+      require_held(i, "tensor_view");
+      return {this->param_.data(i), bytes};
+    }
+    if (role == chunk::chunk_role::master) this->init_master();  // the masters start as the parameters
+    std::size_t const k = role == chunk::chunk_role::master ? core::state_lists
+                          : role == chunk::chunk_role::exp_avg ? 0 : 1;
+    if (std::byte const* lists = this->spilled_view(this->layout_.chunk_of[i], k))
+      return {lists + this->layout_.offset_of[i] * sizeof(float), bytes};
+    return {list(role).data(i), bytes};
+  }
+  [[nodiscard]] std::span<std::byte const> state_view(std::size_t k, std::uint32_t i) {
+    TIDE_REQUIRE(k < Optimizer::state_lists, "offload::scheduler::state_view(", k, ", ", i, "): ", Optimizer::name,
+                 " keeps ", Optimizer::state_lists, " state lists (k < ", Optimizer::state_lists, ")");
+    return tensor_view(k == 0 ? chunk::chunk_role::exp_avg : chunk::chunk_role::exp_avg_sq, i);
   }
   // Under ZeRO (a sharding gradient sink): whether this rank keeps parameter i's master and
   // optimizer state, i.e. owns the chunk it lies in. Always true without sharding.
@@ -539,6 +554,22 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   }
 
  private:
+  // What tensor_bytes and tensor_view check first (after finishing pending work).
+  void check_tensor(chunk::chunk_role role, std::uint32_t i, char const* what) {
+    this->check_index(i, what);
+    TIDE_REQUIRE(!this->step_open_, "offload::scheduler::", what, " inside a step; read tensors between steps");
+    this->drain();
+    TIDE_REQUIRE(role != chunk::chunk_role::grad && (role != chunk::chunk_role::master || has_master) &&
+                     (role != chunk::chunk_role::exp_avg || Optimizer::state_lists >= 1) &&
+                     (role != chunk::chunk_role::exp_avg_sq || Optimizer::state_lists >= 2),
+                 "offload::scheduler::", what, ": the ", chunk::to_string(role), " list is not kept between steps "
+                 "by this scheduler (", Optimizer::name, " keeps ", Optimizer::state_lists, " state lists; T = float "
+                 "has no master); ask for param, master with bf16/f16 parameters, or state_bytes(k, i)");
+    TIDE_REQUIRE(role == chunk::chunk_role::param || keeps_state(i), "offload::scheduler::", what, ": parameter \"",
+                 this->params_[i].name(), "\" lies in chunk ", this->layout_.chunk_of[i], ", whose ",
+                 chunk::to_string(role), " rank ", this->shard_.owner(this->layout_.chunk_of[i]), " of ",
+                 this->shard_.ranks, " keeps (ZeRO); read it there, or ask keeps_state(i) first");
+  }
   void enter(int block, chunk::phase ph) {
     if (this->tracing()) block_t0_ = trace_recorder::now_us();
     TIDE_CHECK(block >= this->uses_.first_block && block <= this->uses_.last_block(), usage, "offload ", name(),

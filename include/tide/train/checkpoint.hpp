@@ -4,7 +4,8 @@
 //   tide::train::checkpoint_writer w;
 //   w.add("params", std::as_bytes(std::span{params}));   // kept by reference until commit()
 //   w.add_value("step", step);                            // copied
-//   w.commit("run/ckpt.tide");                            // tmp file, fsync, rename, fsync dir
+//   w.add_deferred("state", bytes, 7);                    // asked for at commit: source(7)
+//   w.commit("run/ckpt.tide", source);                    // tmp file, fsync, rename, fsync dir
 //
 //   tide::train::checkpoint_reader r{"run/ckpt.tide"};    // header and table checked here
 //   r.read("params", std::as_writable_bytes(std::span{params}));   // size and CRC checked
@@ -107,20 +108,26 @@ class file_descriptor {
   int fd_ = -1;
 };
 
-// write(2) until every byte is out; returns 0 or the errno.
-inline int write_all(int fd, std::span<std::byte const> bytes) noexcept {
+// pwrite(2) of every byte at `offset`; returns 0 or the errno.
+inline int pwrite_all(int fd, std::span<std::byte const> bytes, std::uint64_t offset) noexcept {
   constexpr std::size_t max_call = std::size_t{1} << 30;  // Linux caps one write near 2 GiB
   while (!bytes.empty()) {
-    ssize_t const n = ::write(fd, bytes.data(), std::min(bytes.size(), max_call));
+    ssize_t const n = ::pwrite(fd, bytes.data(), std::min(bytes.size(), max_call), static_cast<off_t>(offset));
     if (n < 0) {
       if (errno == EINTR) continue;
       return errno;
     }
     if (n == 0) return EIO;
     bytes = bytes.subspan(static_cast<std::size_t>(n));
+    offset += static_cast<std::uint64_t>(n);
   }
   return 0;
 }
+
+// The source of a writer without deferred sections (commit(path)).
+struct no_source {
+  std::span<std::byte const> operator()(std::size_t) const { return {}; }
+};
 
 // pread(2) of exactly out.size() bytes at `offset`; returns the bytes read (less at end of file)
 // or -errno.
@@ -146,12 +153,26 @@ inline std::int64_t pread_all(int fd, std::span<std::byte> out, std::uint64_t of
 //
 // add() keeps a reference to the caller's bytes (no copy: a model's parameters can be hundreds of
 // MiB), so they must stay alive and unchanged until commit() returns. add_value() copies.
+// add_deferred() records a section's name and size only: commit(path, source) asks source(id)
+// for its bytes when it writes it, once, in the order the sections were added, and needs them
+// only until its next call. So a caller whose sections do not all fit in memory at once (the
+// optimizer state an offload engine keeps in its NVMe tier) hands them out one at a time.
 class checkpoint_writer {
  public:
   // `section`: 1..64 bytes, unique in this checkpoint.
   void add(std::string_view section, std::span<std::byte const> bytes) {
     check_name(section);
     sections_.push_back(entry{std::string(section), bytes, {}, false});
+  }
+
+  // A section of `size` bytes that commit(path, source) takes from source(id).
+  void add_deferred(std::string_view section, std::size_t size, std::size_t id) {
+    check_name(section);
+    entry e{std::string(section), {}, {}, false};
+    e.deferred = true;
+    e.size = size;
+    e.id = id;
+    sections_.push_back(std::move(e));
   }
 
   // A trivially copyable value, stored as its bytes (the host's representation).
@@ -169,7 +190,7 @@ class checkpoint_writer {
   // Bytes the file will take.
   [[nodiscard]] std::uint64_t file_bytes() const noexcept {
     std::uint64_t n = checkpoint_detail::header_bytes + 4;
-    for (auto const& s : sections_) n += 2 * checkpoint_detail::entry_bytes(s.name.size()) + s.bytes().size();
+    for (auto const& s : sections_) n += 2 * checkpoint_detail::entry_bytes(s.name.size()) + s.bytes_size();
     return n;
   }
 
@@ -177,6 +198,16 @@ class checkpoint_writer {
   // it, renames it over `path` and fsyncs the directory. On failure the tmp file is removed, `path` is untouched, and tide::error(io) names
   // the path and the system's reason. One commit to a given path at a time per process.
   void commit(std::filesystem::path const& path) const {
+    TIDE_REQUIRE(std::none_of(sections_.begin(), sections_.end(), [](entry const& e) { return e.deferred; }),
+                 "checkpoint_writer::commit: the writer has deferred sections (add_deferred); pass their source, "
+                 "commit(path, source)");
+    commit(path, checkpoint_detail::no_source{});
+  }
+  // The same, with source(id) -> std::span<std::byte const> giving each deferred section's bytes
+  // (exactly its size) when it is written. What source throws fails the commit as any error does.
+  template <class Source>
+    requires std::is_invocable_r_v<std::span<std::byte const>, Source&, std::size_t>
+  void commit(std::filesystem::path const& path, Source&& source) const {
     namespace fs = std::filesystem;
     TIDE_REQUIRE(!path.empty(), "checkpoint_writer::commit: empty path");
     TIDE_REQUIRE(sections_.size() <= 0xFFFFFFFFu, "checkpoint_writer::commit: ", sections_.size(),
@@ -214,31 +245,40 @@ class checkpoint_writer {
                 " is untouched");
     };
 
-    // Header and table first: the table holds every payload's CRC, so compute them before writing.
+    // The records first, behind the room the table takes (its size depends on the names and sizes
+    // alone): each section's bytes are asked for once, and its CRC is known before its record is
+    // written. Then the header and the table, which holds every CRC, at the start.
+    std::uint64_t at = checkpoint_detail::header_bytes + 4;
+    for (auto const& e : sections_) at += checkpoint_detail::entry_bytes(e.name.size());
     std::vector<std::uint32_t> crcs(sections_.size());
+    std::vector<std::byte> record;
+    for (std::size_t i = 0; i < sections_.size(); ++i) {
+      entry const& e = sections_[i];
+      std::span<std::byte const> const bytes = e.deferred ? std::span<std::byte const>(source(e.id)) : e.bytes();
+      TIDE_REQUIRE(bytes.size() == e.bytes_size(), "checkpoint_writer::commit: the source gave ", bytes.size(),
+                   " bytes for section \"", e.name, "\", added with ", e.bytes_size(), "; the previous file at ",
+                   path.string(), " is untouched");
+      crcs[i] = crc32c(bytes);
+      record.clear();
+      checkpoint_detail::put_entry(record, e.name, bytes.size(), crcs[i]);
+      if (int err = checkpoint_detail::pwrite_all(fd.get(), record, at)) fail("write of", err);
+      at += record.size();
+      if (int err = checkpoint_detail::pwrite_all(fd.get(), bytes, at)) fail("write of", err);
+      at += bytes.size();
+    }
     std::vector<std::byte> table;
     table.reserve(checkpoint_detail::header_bytes + 4 + sections_.size() * checkpoint_detail::entry_bytes(64));
     for (char ch : checkpoint_detail::magic) table.push_back(static_cast<std::byte>(ch));
     checkpoint_detail::put_le(table, checkpoint_version, 4);
     checkpoint_detail::put_le(table, sections_.size(), 4);
     checkpoint_detail::put_le(table, 0, 8);  // table bytes, patched below
-    for (std::size_t i = 0; i < sections_.size(); ++i) {
-      crcs[i] = crc32c(sections_[i].bytes());
-      checkpoint_detail::put_entry(table, sections_[i].name, sections_[i].bytes().size(), crcs[i]);
-    }
+    for (std::size_t i = 0; i < sections_.size(); ++i)
+      checkpoint_detail::put_entry(table, sections_[i].name, sections_[i].bytes_size(), crcs[i]);
     std::uint64_t const table_bytes = table.size() - checkpoint_detail::header_bytes;
     for (int b = 0; b < 8; ++b)
       table[16 + static_cast<std::size_t>(b)] = static_cast<std::byte>((table_bytes >> (8 * b)) & 0xFFu);
     checkpoint_detail::put_le(table, crc32c(table), 4);
-
-    if (int e = checkpoint_detail::write_all(fd.get(), table)) fail("write of", e);
-    std::vector<std::byte> record;
-    for (std::size_t i = 0; i < sections_.size(); ++i) {
-      record.clear();
-      checkpoint_detail::put_entry(record, sections_[i].name, sections_[i].bytes().size(), crcs[i]);
-      if (int e = checkpoint_detail::write_all(fd.get(), record)) fail("write of", e);
-      if (int e = checkpoint_detail::write_all(fd.get(), sections_[i].bytes())) fail("write of", e);
-    }
+    if (int err = checkpoint_detail::pwrite_all(fd.get(), table, 0)) fail("write of", err);
     // The data must be on disk before the rename makes it the checkpoint.
     if (::fsync(fd.get()) != 0) fail("fsync of", errno);
     if (fd.close() != 0) fail("close of", errno);
@@ -262,9 +302,12 @@ class checkpoint_writer {
     std::span<std::byte const> borrowed;
     std::vector<std::byte> owned;
     bool owns = false;
+    bool deferred = false;  // add_deferred: `size` bytes from the commit's source(id)
+    std::size_t size = 0, id = 0;
     [[nodiscard]] std::span<std::byte const> bytes() const noexcept {
       return owns ? std::span<std::byte const>(owned) : borrowed;
     }
+    [[nodiscard]] std::size_t bytes_size() const noexcept { return deferred ? size : bytes().size(); }
   };
 
   void check_name(std::string_view section) const {

@@ -345,7 +345,7 @@ class trainer {
     checkpoint_writer w;
     add_sections(w);
     extra(w);
-    w.commit(path);
+    w.commit(path, tensor_source());
   }
   void save(std::filesystem::path const& path) {
     save(path, [](checkpoint_writer&) {});
@@ -398,7 +398,10 @@ class trainer {
     if constexpr (requires { comm_.all_ranks(ok); }) return comm_.all_ranks(ok);
     else return ok;
   }
-  // The sections of this trainer: all tensors, or under ZeRO those of this rank's chunks.
+  // The sections of this trainer: all tensors, or under ZeRO those of this rank's chunks. The
+  // model data is deferred: the commit reads each tensor when it writes it (tensor_source), so
+  // optimizer state in the NVMe tier comes from the file one chunk at a time, never all at once.
+  // A deferred section's id: 4 i + what (0: parameter, 1 + k: state list k, 3: master).
   void add_sections(checkpoint_writer& w) {
     shape_ = shape_text();
     w.add("model.shape", std::as_bytes(std::span(shape_)));
@@ -410,12 +413,26 @@ class trainer {
       for (std::size_t k = 0; k < extra_lists.size(); ++k)
         w.add(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, i));
       if (!scheduler_.keeps_state(i)) continue;  // ZeRO: the rank that owns its chunk writes it
-      w.add(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
+      std::size_t const id = 4 * std::size_t{i};
+      w.add_deferred(section("p/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::param, i), id);
       for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
-        w.add(state_section(k, list[i].name()), scheduler_.state_bytes(k, i));
+        w.add_deferred(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, i),
+                       id + 1 + k);
       if constexpr (scheduler_type::has_master)
-        w.add(section("w/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::master, i));
+        w.add_deferred(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, i), id + 3);
     }
+  }
+  // The bytes of add_sections' deferred sections, read at the commit.
+  [[nodiscard]] auto tensor_source() {
+    return [this](std::size_t id) -> std::span<std::byte const> {
+      auto const i = static_cast<std::uint32_t>(id / 4);
+      std::size_t const what = id % 4;
+      TIDE_REQUIRE(i < model_.parameters().size(), "trainer::save: deferred section ", id, " is not the trainer's; "
+                   "add the caller's own sections with add or add_value");
+      if (what == 0) return scheduler_.tensor_view(chunk::chunk_role::param, i);
+      if (what == 3) return scheduler_.tensor_view(chunk::chunk_role::master, i);
+      return scheduler_.state_view(what - 1, i);
+    };
   }
 
   template <class Extra>
@@ -429,7 +446,7 @@ class trainer {
       checkpoint_writer w;
       add_sections(w);
       extra(w);
-      w.commit(checkpoint_set::shard_path(dir, set, rank, ranks));
+      w.commit(checkpoint_set::shard_path(dir, set, rank, ranks), tensor_source());
     } catch (tide::error const& e) {
       why = e.message();
     } catch (std::exception const& e) {

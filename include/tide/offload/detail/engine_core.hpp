@@ -357,6 +357,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     if (step_open_) return;
     require_intact();
     flush_spilled();  // a checkpoint's reads or writes of spilled state go back to file first
+    drop_view();
     step_open_ = true;
     handed_ = 0;
     reducing_.clear();
@@ -995,9 +996,13 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     }
   }
   // Spilled chunk c's state into host blocks attached to its chunks (for checkpoints), from its
-  // current slot; flush_spilled() writes them back before the next step.
+  // current slot; flush_spilled() writes them back before the next step, or before another
+  // chunk's state comes in: one chunk's state is on the host at a time, whatever a checkpoint's load
+  // touches.
   void materialize(std::uint32_t c) {
     if (!spill_.spilled(c) || spill_.materialized(c)) return;
+    if (view_chunk_ == c) view_chunk_ = no_chunk;  // its attached blocks are what it reads from now
+    flush_spilled();
     spill_staging const staging(this->host_, spill_.staging_bytes());
     std::array<std::size_t, max_spill_lists> blocks{};
     for (std::size_t k = 0; k < spill_.lists(); ++k) blocks[k] = spill_.block(c, k, false);
@@ -1016,6 +1021,28 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       spilled_list(k, c).attach(lists[k], chunk::tier::host);
     }
     spill_.set_materialized(c, true);
+  }
+  // List k of spilled chunk c (k < state_lists: a moment; k == state_lists: the fp32 master),
+  // read from its current slot into one host block that the next views of c share (a checkpoint's
+  // save reads a chunk's lists once for all its tensors). nullptr: that list is on the host.
+  std::byte const* spilled_view(std::uint32_t c, std::size_t k) {
+    if (!spill_.spilled(c) || spill_.materialized(c) || k >= spill_.lists()) return nullptr;
+    if (view_chunk_ != c) {
+      if (!view_) view_.emplace(this->host_, spill_.staging_bytes());
+      view_chunk_ = no_chunk;  // a read that fails leaves nothing to reuse
+      std::array<std::size_t, max_spill_lists> blocks{};
+      for (std::size_t j = 0; j < spill_.lists(); ++j) blocks[j] = spill_.block(c, j, false);
+      spill_.read(blocks.data(), view_->data);
+      view_chunk_ = c;
+    }
+    return view_->data + k * spill_.block_bytes();
+  }
+  // The views' block back to the pool (a step begins).
+  void drop_view() {
+    if (!view_) return;
+    view_chunk_ = no_chunk;
+    view_.reset();
+    this->host_.trim();  // back under host_budget
   }
   // The materialized chunks' state back to file (the other slot, then current), their host
   // blocks freed. A failed write keeps them attached and current on the host: nothing is lost.
@@ -1278,6 +1305,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   std::array<std::uint32_t, 2> spill_prefetched_{no_chunk, no_chunk};  // the chunk whose read each holds
   std::size_t spill_prefetches_ = 0;  // reads started by backward in this step
   std::vector<std::uint32_t> spill_jobs_;  // the spilled chunks updated in this step
+  std::optional<spill_staging> view_;      // a spilled chunk's lists, read for a checkpoint's save
+  std::uint32_t view_chunk_ = no_chunk;    // whose lists view_ holds
   std::vector<std::uint32_t> touched_, on_host_, released_;
   std::vector<std::uint32_t> unowned_grads_;  // ZeRO: gradients of chunks another rank steps, freed once reduced
   std::vector<std::span<T>> shared_;          // ZeRO: every parameter chunk, for share_parameters
