@@ -274,6 +274,9 @@ TEST_CASE("checkpoint_writer: deferred sections are asked for once each, in orde
   });
   CHECK(asked == std::vector<std::size_t>{20, 21, 22});
   CHECK(read_file(dir.path / "deferred.tide") == read_file(dir.path / "plain.tide"));
+  // A source may return the bytes as a value it owns: they live until the section is written.
+  w.commit(dir.path / "owned.tide", [&](std::size_t id) { return id == 20 ? a : id == 21 ? b : c; });
+  CHECK(read_file(dir.path / "owned.tide") == read_file(dir.path / "plain.tide"));
   CHECK(fs::file_size(dir.path / "deferred.tide") == w.file_bytes());
   tt::checkpoint_reader r{dir.path / "deferred.tide"};
   std::vector<std::byte> got(b.size());

@@ -420,6 +420,16 @@ TEST_CASE("the NVMe tier: checkpoints take the state in the file one chunk at a 
     spill_file_cut const cut(dir.path);
     fails_on_file([&] { t.save(ckpt); }, "end of file");
     cut.put_back();
+    for (auto const& e : std::filesystem::directory_iterator(dir.path))
+      CHECK(e.path().filename().string().find(".tmp-") == std::string::npos);
+    // The trainer's source answers its own deferred sections only: the caller's are refused.
+    try {
+      t.save(ckpt, [](tide::train::checkpoint_writer& w) { w.add_deferred("data.position", 8, 0); });
+      FAIL("a deferred section of the caller's was taken");
+    } catch (tide::error const& e) {
+      CHECK(e.category() == tide::errc::usage);
+      CHECK(std::string(e.what()).find("add or add_value") != std::string::npos);
+    }
   }
   // A load writes each chunk's state back to file before the next one comes in: at most the
   // chunk coming in (its lists and the block it is read into) beside the one going out.
@@ -900,6 +910,26 @@ TEST_CASE("the NVMe tier with bf16 parameters: the fp32 masters go to file with 
     auto b = tide::train::make_trainer(spec16, spill_on_resume ? into : plain, clipped);
     b.load(dir.path / "ckpt");
     for (int s = 3; s < 6; ++s) {
+      float const loss = b.step(view_of<decltype(b)>(data_of(s))).loss;
+      CHECK(std::memcmp(&loss, &resident.losses[std::size_t(s)], sizeof(float)) == 0);
+    }
+  }
+  // Every chunk's state in the file, saved before the first step: the save reads chunk 0's m and
+  // v first, and only then do the masters go to file (as the parameters); what it writes for the
+  // masters is those, and the resumed run is the straight one.
+  {
+    tide::test::scratch_dir const all_dir("spill_masters_all");
+    auto all = spilled;
+    all.host_budget = n * tide::round_up(chunk, 256) + 256;  // the bf16 chunks, and nothing more
+    all.spill_folder = all_dir.path;
+    {
+      auto a = tide::train::make_trainer(spec16, all, clipped);
+      REQUIRE(a.scheduler().list(tide::chunk::chunk_role::exp_avg)[0].payload() == nullptr);  // chunk 0 on file
+      a.save(all_dir.path / "ckpt");
+    }
+    auto b = tide::train::make_trainer(spec16, all, clipped);
+    b.load(all_dir.path / "ckpt");
+    for (int s = 0; s < 6; ++s) {
       float const loss = b.step(view_of<decltype(b)>(data_of(s))).loss;
       CHECK(std::memcmp(&loss, &resident.losses[std::size_t(s)], sizeof(float)) == 0);
     }

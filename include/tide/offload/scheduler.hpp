@@ -288,6 +288,9 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
       return {lists + this->layout_.offset_of[i] * sizeof(float), bytes};
     return {list(role).data(i), bytes};
   }
+  // Frees the host block the views read state from the NVMe tier into (a save ended; the next
+  // step or load frees it too).
+  void end_views() { this->drop_view(); }
   [[nodiscard]] std::span<std::byte const> state_view(std::size_t k, std::uint32_t i) {
     TIDE_REQUIRE(k < Optimizer::state_lists, "offload::scheduler::state_view(", k, ", ", i, "): ", Optimizer::name,
                  " keeps ", Optimizer::state_lists, " state lists (k < ", Optimizer::state_lists, ")");

@@ -186,6 +186,9 @@ class checkpoint_writer {
   }
 
   [[nodiscard]] std::size_t section_count() const noexcept { return sections_.size(); }
+  [[nodiscard]] std::size_t deferred_count() const noexcept {
+    return static_cast<std::size_t>(std::count_if(sections_.begin(), sections_.end(), [](entry const& e) { return e.deferred; }));
+  }
 
   // Bytes the file will take.
   [[nodiscard]] std::uint64_t file_bytes() const noexcept {
@@ -252,9 +255,8 @@ class checkpoint_writer {
     for (auto const& e : sections_) at += checkpoint_detail::entry_bytes(e.name.size());
     std::vector<std::uint32_t> crcs(sections_.size());
     std::vector<std::byte> record;
-    for (std::size_t i = 0; i < sections_.size(); ++i) {
+    auto write_record = [&](std::size_t i, std::span<std::byte const> bytes) {
       entry const& e = sections_[i];
-      std::span<std::byte const> const bytes = e.deferred ? std::span<std::byte const>(source(e.id)) : e.bytes();
       TIDE_REQUIRE(bytes.size() == e.bytes_size(), "checkpoint_writer::commit: the source gave ", bytes.size(),
                    " bytes for section \"", e.name, "\", added with ", e.bytes_size(), "; the previous file at ",
                    path.string(), " is untouched");
@@ -265,6 +267,14 @@ class checkpoint_writer {
       at += record.size();
       if (int err = checkpoint_detail::pwrite_all(fd.get(), bytes, at)) fail("write of", err);
       at += bytes.size();
+    };
+    for (std::size_t i = 0; i < sections_.size(); ++i) {
+      if (!sections_[i].deferred) {
+        write_record(i, sections_[i].bytes());
+        continue;
+      }
+      auto&& given = source(sections_[i].id);  // an owning result lives until its record is written
+      write_record(i, std::span<std::byte const>(given));
     }
     std::vector<std::byte> table;
     table.reserve(checkpoint_detail::header_bytes + 4 + sections_.size() * checkpoint_detail::entry_bytes(64));

@@ -342,9 +342,18 @@ class trainer {
         return;
       }
     }
+    struct end_views {  // the block a save reads spilled state into, freed however the save ends
+      scheduler_type& s;
+      ~end_views() {
+        try {
+          s.end_views();
+        } catch (...) {  // the next step frees it
+        }
+      }
+    } const views{scheduler_};
     checkpoint_writer w;
     add_sections(w);
-    extra(w);
+    add_extra(w, extra);
     w.commit(path, tensor_source());
   }
   void save(std::filesystem::path const& path) {
@@ -422,13 +431,22 @@ class trainer {
         w.add_deferred(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, i), id + 3);
     }
   }
+  // The caller's sections: with add or add_value, as the deferred ones are the trainer's.
+  template <class Extra>
+  void add_extra(checkpoint_writer& w, Extra& extra) {
+    std::size_t const own = w.deferred_count();
+    extra(w);
+    TIDE_REQUIRE(w.deferred_count() == own, "trainer::save: extra(writer) added ", w.deferred_count() - own,
+                 " deferred section(s); the trainer's source answers only its own tensors: add the caller's "
+                 "sections with add or add_value");
+  }
   // The bytes of add_sections' deferred sections, read at the commit.
   [[nodiscard]] auto tensor_source() {
+    static_assert(Optimizer::state_lists <= 2, "trainer: a deferred section's id 4 i + what has room for 2 state "
+                  "lists");
     return [this](std::size_t id) -> std::span<std::byte const> {
       auto const i = static_cast<std::uint32_t>(id / 4);
       std::size_t const what = id % 4;
-      TIDE_REQUIRE(i < model_.parameters().size(), "trainer::save: deferred section ", id, " is not the trainer's; "
-                   "add the caller's own sections with add or add_value");
       if (what == 0) return scheduler_.tensor_view(chunk::chunk_role::param, i);
       if (what == 3) return scheduler_.tensor_view(chunk::chunk_role::master, i);
       return scheduler_.state_view(what - 1, i);
@@ -445,7 +463,7 @@ class trainer {
     try {
       checkpoint_writer w;
       add_sections(w);
-      extra(w);
+      add_extra(w, extra);
       w.commit(checkpoint_set::shard_path(dir, set, rank, ranks), tensor_source());
     } catch (tide::error const& e) {
       why = e.message();
@@ -453,6 +471,10 @@ class trainer {
       why = e.what();
     } catch (...) {
       why = "an exception that is not a std::exception";
+    }
+    try {
+      scheduler_.end_views();
+    } catch (...) {  // the next step frees it
     }
     bool const written = agree(why.empty());
     TIDE_CHECK(written, io, "checkpoint set ", dir.string(), ": ", why.empty() ? "another rank" : "rank " +

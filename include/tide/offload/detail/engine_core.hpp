@@ -1001,7 +1001,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // touches.
   void materialize(std::uint32_t c) {
     if (!spill_.spilled(c) || spill_.materialized(c)) return;
-    if (view_chunk_ == c) view_chunk_ = no_chunk;  // its attached blocks are what it reads from now
+    drop_view();  // a load reads nothing through it
     flush_spilled();
     spill_staging const staging(this->host_, spill_.staging_bytes());
     std::array<std::size_t, max_spill_lists> blocks{};
@@ -1037,7 +1037,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     }
     return view_->data + k * spill_.block_bytes();
   }
-  // The views' block back to the pool (a step begins).
+  // The views' block back to the pool (a save ended, a load or a step begins).
   void drop_view() {
     if (!view_) return;
     view_chunk_ = no_chunk;
@@ -1118,7 +1118,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
                               : reinterpret_cast<float*>(this->master_.data(i));
           for (index_t k = 0; k < this->params_[i].numel(); ++k) dst[k] = to_float(src[k]);
         }
-        if (to_file) spill_.write_one(spill_.block(c, state_lists, false), staging->data);
+        if (to_file) {
+          spill_.write_one(spill_.block(c, state_lists, false), staging->data);
+          if (view_chunk_ == c) view_chunk_ = no_chunk;  // the view read the zeros before this
+        }
       }
       master_written_ = true;
       if (staging) {

@@ -6,8 +6,9 @@
 // state from the current slot into a staging block, updates it, and writes it to the other slot;
 // the step's end makes the other slot current (commit). A step that fails, a failed write
 // included, leaves every current slot as it was: the state before the step is still on file.
-// Checkpoints read and write a chunk's state through host blocks attached to its chunks
-// (materialize); they go back to file, to the other slot, before the next step (flush).
+// A checkpoint's save reads a chunk's state into one host block its views share (spilled_view); a
+// load writes it into host blocks attached to its chunks (materialize), which go back to file, to
+// the other slot, before another chunk's state comes in or the next step begins (flush).
 //
 // The file blocks' ids: ((2 spilled + slot) lists + list), spilled = the chunk's rank among the
 // spilled chunks.
