@@ -843,6 +843,22 @@ TEST_CASE("gradient-slot reuse: bf16 gradients take their parameters' slots, the
   CHECK(same_bits(run_bf16(plain, clipped, 4, deeper), with_file));
   std::size_t const block = tide::round_up(tide::round_up(2 * chunk, 256), 4096);  // an fp32 list's file block
   CHECK(with_file.nvme_read == (n - n / 2) * 2 * block);
+  // Saved after 2 steps (the masters from the host, m and v from the file) and resumed with the
+  // tier: the straight run's bits.
+  {
+    auto a = tide::train::make_trainer(spec16, spilled, clipped);
+    for (int s = 0; s < 2; ++s) (void)a.step(view_of<decltype(a)>(data_of(s)));
+    a.save(dir.path / "ckpt");
+  }
+  tide::test::scratch_dir const other("reuse_spill_resume");
+  auto into = spilled;
+  into.spill_folder = other.path;
+  auto b = tide::train::make_trainer(spec16, into, clipped);
+  b.load(dir.path / "ckpt");
+  for (int s = 2; s < 4; ++s) {
+    float const loss = b.step(view_of<decltype(b)>(data_of(s))).loss;
+    CHECK(std::memcmp(&loss, &with_file.losses[std::size_t(s)], sizeof(float)) == 0);
+  }
 }
 
 TEST_CASE("make_trainer passes host_steps_in_flight: -1 is refused, naming it; rings of one and none train the "

@@ -187,7 +187,8 @@ class checkpoint_writer {
 
   [[nodiscard]] std::size_t section_count() const noexcept { return sections_.size(); }
   [[nodiscard]] std::size_t deferred_count() const noexcept {
-    return static_cast<std::size_t>(std::count_if(sections_.begin(), sections_.end(), [](entry const& e) { return e.deferred; }));
+    auto const deferred = [](entry const& e) { return e.deferred; };
+    return static_cast<std::size_t>(std::count_if(sections_.begin(), sections_.end(), deferred));
   }
 
   // Bytes the file will take.
@@ -201,9 +202,8 @@ class checkpoint_writer {
   // it, renames it over `path` and fsyncs the directory. On failure the tmp file is removed, `path` is untouched, and tide::error(io) names
   // the path and the system's reason. One commit to a given path at a time per process.
   void commit(std::filesystem::path const& path) const {
-    TIDE_REQUIRE(std::none_of(sections_.begin(), sections_.end(), [](entry const& e) { return e.deferred; }),
-                 "checkpoint_writer::commit: the writer has deferred sections (add_deferred); pass their source, "
-                 "commit(path, source)");
+    TIDE_REQUIRE(deferred_count() == 0, "checkpoint_writer::commit: the writer has deferred sections "
+                 "(add_deferred); pass their source, commit(path, source)");
     commit(path, checkpoint_detail::no_source{});
   }
   // The same, with source(id) -> std::span<std::byte const> giving each deferred section's bytes
