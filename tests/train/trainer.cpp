@@ -1215,6 +1215,18 @@ TEST_CASE("a checkpoint set (ZeRO on one rank) resumes bit-identically; an uncom
     CHECK(sharded.steps() == 5);
     CHECK(same(params_of(sharded), after));
   }
+  {  // the NVMe tier under ZeRO: the shard takes the state from the file one chunk at a time
+    tide::test::scratch_dir const spill("ckpt_set_spill");
+    auto const o = spilling(spill.path);
+    auto a = tide::train::make_trainer(spec, o, plain_adamw, zero1);
+    steps(a, 0, 3);
+    a.save(dir.path / "spilled");
+    auto b = tide::train::make_trainer(spec, o, plain_adamw, zero1);
+    b.load(dir.path / "spilled");
+    steps(b, 3, 5);
+    CHECK(b.scheduler().last_step().nvme_read_bytes > 0);  // the tier is in use
+    CHECK(same(params_of(b), after));
+  }
   // The next committed save removes the stray folder and the set it replaced.
   straight.save(set);
   auto const m2 = tide::train::checkpoint_set::read_manifest(set);
