@@ -1215,7 +1215,7 @@ TEST_CASE("a checkpoint set (ZeRO on one rank) resumes bit-identically; an uncom
     CHECK(sharded.steps() == 5);
     CHECK(same(params_of(sharded), after));
   }
-  {  // the NVMe tier under ZeRO: the shard takes the state from the file one chunk at a time
+  {  // a set of a run with the NVMe tier: its shard reads the state on file; resumed, the same bits
     tide::test::scratch_dir const spill("ckpt_set_spill");
     auto const o = spilling(spill.path);
     auto a = tide::train::make_trainer(spec, o, plain_adamw, zero1);

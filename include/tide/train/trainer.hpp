@@ -336,12 +336,6 @@ class trainer {
   template <class Extra>
   void save(std::filesystem::path const& path, Extra&& extra) {
     refuse_pipelined_checkpoint("save");
-    if constexpr (requires { comm_.of_rank0(0); }) {
-      if (sharded()) {
-        save_set(path, extra);
-        return;
-      }
-    }
     struct end_views {  // the block a save reads spilled state into, freed however the save ends
       scheduler_type& s;
       ~end_views() {
@@ -351,6 +345,12 @@ class trainer {
         }
       }
     } const views{scheduler_};
+    if constexpr (requires { comm_.of_rank0(0); }) {
+      if (sharded()) {
+        save_set(path, extra);
+        return;
+      }
+    }
     checkpoint_writer w;
     add_sections(w);
     add_extra(w, extra);
@@ -471,10 +471,6 @@ class trainer {
       why = e.what();
     } catch (...) {
       why = "an exception that is not a std::exception";
-    }
-    try {
-      scheduler_.end_views();
-    } catch (...) {  // the next step frees it
     }
     bool const written = agree(why.empty());
     TIDE_CHECK(written, io, "checkpoint set ", dir.string(), ": ", why.empty() ? "another rank" : "rank " +
