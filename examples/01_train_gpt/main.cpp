@@ -114,10 +114,10 @@ std::string usage() {
       "  --offload-activations move every block's saved activations to host memory between forward and backward [",
       d.offload_activations ? "on" : "off", "]\n",
       "  --host-budget SIZE    model data the host keeps between steps (chunked schedulers); past it the optimizer\n",
-      "                        state goes to files under --spill-folder (the NVMe tier); offloaded activations\n",
-      "                        get their host room on top of it [",
+      "                        state, then parameter chunks, go to files under --spill-folder (the NVMe tier);\n",
+      "                        offloaded activations get their host room on top of it [",
       d.host_budget == 0 ? std::string("no limit") : tide::detail::concat(tide::bytes_of{d.host_budget}), "]\n",
-      "  --spill-folder DIR    the folder for that state, on a fast drive; created if missing [",
+      "  --spill-folder DIR    the folder for those files, on a fast drive; created if missing [",
       d.spill_folder.empty() ? "none" : d.spill_folder.c_str(), "]\n",
       "  --help                this text\n",
       "Flags also take --flag=VALUE. Sizes in the output are binary (KiB, MiB, GiB). Bad input exits 2\n",
@@ -595,7 +595,7 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
               off.fetches, off.evictions, off.prefetch_hits, off.stall_ms, double(off.peak_device_bytes) / double(1_MiB),
               double(budget) / double(1_MiB), tide::detail::concat(tide::bytes_of{progress.bytes_moved()}).c_str());
   if (off.nvme_read_bytes + off.nvme_write_bytes > 0)
-    std::printf("NVMe tier: the last step read %.1f MiB and wrote %.1f MiB of optimizer state under %s\n",
+    std::printf("NVMe tier: the last step read %.1f MiB and wrote %.1f MiB of model data under %s\n",
                 double(off.nvme_read_bytes) / double(1_MiB), double(off.nvme_write_bytes) / double(1_MiB),
                 opt.spill_folder.c_str());
   std::printf("pictures: %s (memory tide of the last step), %s (loss); timeline: %s (open in ui.perfetto.dev)\n",

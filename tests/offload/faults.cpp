@@ -215,6 +215,29 @@ TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: bf16 wi
   CHECK(t.scheduler().list(tide::chunk::chunk_role::master)[std::uint32_t(n - 1)].payload() == nullptr);
 }
 
+TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: parameters on file") {
+  // A host budget of half the parameter chunks: every chunk's optimizer state and the other half's
+  // parameters live in the NVMe tier. A fetch reads such a chunk from file; its host step reads
+  // and writes it with its state. A failure anywhere leaves the file's current slots as they were,
+  // and a device copy of what a failed step wrote goes.
+  tide::test::scratch_dir const folder{"faults_spill_params"};
+  off::chunked<off::belady> cfg{.chunk_bytes = chunk_bytes};
+  cfg.device_budget = tight(cfg);
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  off::scheduler<host, float, off::chunked<off::belady>> probe{ex, arena, spec<>.parameters(), spec<>.uses(), cfg};
+  std::size_t const n = probe.layout().chunks();
+  cfg.host_budget = (n / 2) * tide::round_up(probe.chunk_bytes(), 256) + 256;
+  cfg.spill_folder = folder.path;
+  check_faults(cfg, "chunked<belady>, parameters on file");
+  auto t = tide::train::make_trainer(spec<>, cfg, overlapped);
+  (void)t.step(view_of<decltype(t)>(data_of(0)));
+  auto const& last = t.scheduler().list(tide::chunk::chunk_role::param)[std::uint32_t(n - 1)];
+  CHECK((last.payload() == nullptr || last.tier() == tide::chunk::tier::device));  // no host block: on file
+  CHECK(t.scheduler().last_step().nvme_write_bytes > 2 * n * tide::round_up(probe.chunk_bytes(), 4096));
+}
+
 TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: layer_window<2>, static_partition, "
           "resident") {
   off::layer_window<2> win;

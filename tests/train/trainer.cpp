@@ -316,24 +316,28 @@ void step_fails_on_file(Trainer& t, int s, char const* reason) {
   fails_on_file([&] { (void)t.step(view_of<Trainer>(data_of(s))); }, reason);
 }
 
-// The spill file under `folder` cut to nothing behind tide's back (the next reads find its end),
-// until put_back() writes its bytes again.
+// The spill files under `folder` (the state's, and the parameters' if any) cut to nothing behind
+// tide's back (the next reads find their end), until put_back() writes their bytes again.
 struct spill_file_cut {
-  std::filesystem::path file;
-  std::string bytes;
+  std::vector<std::filesystem::path> files;
+  std::vector<std::string> bytes;
   explicit spill_file_cut(std::filesystem::path const& folder) {
     for (auto const& e : std::filesystem::directory_iterator(folder))
-      if (e.is_regular_file() && e.path().filename().string().starts_with("tide-store-")) file = e.path();
-    REQUIRE(!file.empty());
-    bytes = tide::test::file_text(file);
-    REQUIRE(bytes.size() == std::filesystem::file_size(file));
-    std::filesystem::resize_file(file, 0);
+      if (e.is_regular_file() && e.path().filename().string().starts_with("tide-store-")) files.push_back(e.path());
+    REQUIRE(!files.empty());
+    for (auto const& file : files) {
+      bytes.push_back(tide::test::file_text(file));
+      REQUIRE(bytes.back().size() == std::filesystem::file_size(file));
+      std::filesystem::resize_file(file, 0);
+    }
   }
   void put_back() const {
-    std::FILE* f = std::fopen(file.c_str(), "r+b");
-    REQUIRE(f != nullptr);
-    CHECK(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
-    std::fclose(f);
+    for (std::size_t k = 0; k < files.size(); ++k) {
+      std::FILE* f = std::fopen(files[k].c_str(), "r+b");
+      REQUIRE(f != nullptr);
+      CHECK(std::fwrite(bytes[k].data(), 1, bytes[k].size(), f) == bytes[k].size());
+      std::fclose(f);
+    }
   }
 };
 
@@ -521,11 +525,20 @@ TEST_CASE("the NVMe tier: host budgets that cannot work are refused, saying what
       return std::pair{e.category(), std::string(e.what())};
     }
   };
+  // Below the parameters and masters, which reuse_grad_slots keeps on the host: refused. (Without
+  // it a budget this small puts the parameters on file too: see the test below.)
+  tide::nn::gpt_spec<host, tide::bf16> const spec16{.config = config, .options = {.seed = 3}};
   auto small = o;
-  small.host_budget = 1024;  // below the parameters, which stay on the host
-  auto const [c1, m1] = refusal(small);
-  CHECK(c1 == tide::errc::budget);
-  CHECK(m1.find("raise host_budget") != std::string::npos);
+  small.host_budget = 1024;
+  small.reuse_grad_slots = true;
+  try {
+    auto t = tide::train::make_trainer(spec16, small, clipped);
+    FAIL("a host budget below the parameters that stay on the host was taken");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::budget);
+    CHECK(std::string(e.what()).find("raise host_budget") != std::string::npos);
+    CHECK(std::string(e.what()).find("reuse_grad_slots") != std::string::npos);
+  }
   auto no_folder = o;
   no_folder.spill_folder.clear();
   auto const [c2, m2] = refusal(no_folder);
@@ -1011,6 +1024,154 @@ struct zero_sink {  // the optimizer state sharded over two ranks (ZeRO), no exc
   void share_parameters(std::span<std::span<T> const>) {}
 };
 }  // namespace
+
+TEST_CASE("the NVMe tier: past the whole optimizer state, parameter chunks go to file too; the same bits, "
+          "resumable, and a failed read or write loses nothing") {
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  off::scheduler<host, float, off::chunked<off::belady>> probe{ex, arena, spec.parameters(), spec.uses(), tight_belady};
+  std::size_t const n = probe.layout().chunks(), block = tide::round_up(probe.chunk_bytes(), 256);
+  std::size_t const list = tide::round_up(probe.chunk_bytes(), 4096);  // a file block
+  REQUIRE(n >= 4);
+  tide::test::scratch_dir const dir("spill_params");
+  auto o = tight_belady;
+  o.spill_folder = dir.path;
+  o.host_budget = (n / 2) * block + 256;  // half the parameter chunks: every chunk's state and the rest go to file
+  std::size_t const on_file = n - n / 2;
+  std::vector<float> losses;
+  auto const resident = train(off::resident{}, clipped, 6, &losses);
+
+  auto t = tide::train::make_trainer(spec, o, clipped);
+  for (int s = 0; s < 6; ++s) {
+    float const loss = t.step(view_of<decltype(t)>(data_of(s))).loss;
+    CHECK(std::memcmp(&loss, &losses[std::size_t(s)], sizeof(float)) == 0);
+  }
+  CHECK(same(params_of(t), resident));
+  // Between steps the chunks on file have no host block (their device copies are clean).
+  auto const& chunks = t.scheduler().list(tide::chunk::chunk_role::param);
+  for (std::uint32_t c = 0; c < n; ++c) {
+    INFO("chunk " << c);
+    bool const host_block = chunks[c].payload() != nullptr && chunks[c].tier() == tide::chunk::tier::host;
+    if (c >= n / 2) CHECK(!host_block);
+  }
+  // Each step writes every chunk's m and v and the parameters on file once; it reads the state
+  // once, and the parameters on file for their update and at least once for the forward.
+  auto const& last = t.scheduler().last_step();
+  CHECK(last.nvme_write_bytes == n * 2 * list + on_file * list);
+  CHECK(last.nvme_read_bytes >= n * 2 * list + 2 * on_file * list);
+  CHECK((last.nvme_read_bytes - n * 2 * list) % list == 0);
+  // The prefetch started reads of parameter chunks on file too, beside the state reads that
+  // backward started for the first two deferred updates.
+  CHECK(last.nvme_early_reads > 2);
+  // The host keeps less than with the state alone on file, by the parameter chunks on file, less
+  // their staging: two blocks beside the state's, the one a fetch reads into and the two the
+  // prefetch reads into.
+  tide::test::scratch_dir const state_dir("spill_params_state_only");
+  auto state_only = tight_belady;
+  state_only.spill_folder = state_dir.path;
+  state_only.host_budget = n * block + 256;  // the parameters: every chunk's state goes to file
+  {
+    auto u = tide::train::make_trainer(spec, state_only, clipped);
+    for (int s = 0; s < 6; ++s) (void)u.step(view_of<decltype(u)>(data_of(s)));
+    CHECK(same(params_of(u), resident));
+    std::size_t const held = t.scheduler().host_pool_stats().bytes_held;
+    std::size_t const held_state_only = u.scheduler().host_pool_stats().bytes_held;
+    INFO("host bytes held: " << held << " with " << on_file << " of " << n << " parameter chunks on file, "
+                             << held_state_only << " with the state alone");
+    CHECK(held + on_file * block <= held_state_only + 5 * list);
+  }
+
+  // Every parameter chunk on file (a budget of a page): the model initialises them one chunk at
+  // a time, and training is the same bits.
+  {
+    tide::test::scratch_dir const all_dir("spill_params_all");
+    auto all = o;
+    all.spill_folder = all_dir.path;
+    all.host_budget = 4096;
+    auto a = tide::train::make_trainer(spec, all, clipped);
+    auto const& pool_stats = a.scheduler().host_pool_stats();
+    INFO("built: host bytes at their peak " << pool_stats.peak_bytes_requested << ", " << n << " chunks of " << block);
+    CHECK(pool_stats.peak_bytes_requested <= 2 * 2 * list + 3 * list + block);  // the staging, and one chunk
+    for (int s = 0; s < 6; ++s) {
+      float const loss = a.step(view_of<decltype(a)>(data_of(s))).loss;
+      CHECK(std::memcmp(&loss, &losses[std::size_t(s)], sizeof(float)) == 0);
+    }
+    CHECK(same(params_of(a), resident));
+  }
+
+  // A checkpoint reads the parameters from the file, a load writes them back: resumed, with the
+  // tier or without, a run is the straight one.
+  {
+    auto a = tide::train::make_trainer(spec, o, clipped);
+    for (int s = 0; s < 3; ++s) (void)a.step(view_of<decltype(a)>(data_of(s)));
+    a.save(dir.path / "ckpt");
+  }
+  for (bool on_resume : {true, false}) {
+    INFO("resumed with the tier: " << on_resume);
+    tide::test::scratch_dir const other("spill_params_resume");
+    auto into = o;
+    into.spill_folder = other.path;
+    auto b = tide::train::make_trainer(spec, on_resume ? into : tight_belady, clipped);
+    b.load(dir.path / "ckpt");
+    for (int s = 3; s < 6; ++s) {
+      float const loss = b.step(view_of<decltype(b)>(data_of(s))).loss;
+      CHECK(std::memcmp(&loss, &losses[std::size_t(s)], sizeof(float)) == 0);
+    }
+    CHECK(same(params_of(b), resident));
+  }
+
+  // A write that fails, then a read that fails (a fetch finds the end of the cut file): each is
+  // tide::error(io), changes no parameter, and the run goes on to the same bits.
+  tide::test::scratch_dir const fail_dir("spill_params_fail");
+  auto failing = o;
+  failing.spill_folder = fail_dir.path;
+  auto f = tide::train::make_trainer(spec, failing, clipped);
+  for (int s = 0; s < 2; ++s) (void)f.step(view_of<decltype(f)>(data_of(s)));
+  auto const before = params_of(f);
+  {
+    tide::test::file_size_capped const cap(4096);
+    REQUIRE(cap.capped);
+    step_fails_on_file(f, 2, "File too large");
+  }
+  CHECK(same(params_of(f), before));
+  {
+    spill_file_cut const cut(fail_dir.path);
+    REQUIRE(cut.files.size() == 2);
+    step_fails_on_file(f, 2, "end of file");
+    cut.put_back();
+  }
+  CHECK(same(params_of(f), before));
+  CHECK(f.steps() == 2);
+  for (int s = 2; s < 6; ++s) {
+    float const loss = f.step(view_of<decltype(f)>(data_of(s))).loss;
+    CHECK(std::memcmp(&loss, &losses[std::size_t(s)], sizeof(float)) == 0);
+  }
+  CHECK(same(params_of(f), resident));
+
+  // bf16: past the fp32 masters, m and v, the bf16 parameter chunks. Every one on file, saved
+  // before the first step (the masters go to file from the parameters read from it), resumed:
+  // the same bits as resident, as is a straight run.
+  tide::nn::gpt_spec<host, tide::bf16> const spec16{.config = deeper, .options = {.seed = 3}};
+  off::chunked<off::belady> plain{.chunk_bytes = 10_KiB};
+  plain.device_budget = tide::test::scheduler_minimum<decltype(plain), tide::bf16>(deeper, plain, batch, seq) + 16_KiB;
+  tide::test::scratch_dir const d16("spill_params_bf16");
+  auto p16 = plain;
+  p16.spill_folder = d16.path;
+  p16.host_budget = 4096;
+  auto const r16 = run_bf16(off::resident{}, clipped, 6, deeper);
+  CHECK(same_bits(r16, run_bf16(p16, clipped, 6, deeper)));
+  {
+    auto a = tide::train::make_trainer(spec16, p16, clipped);
+    a.save(d16.path / "ckpt");
+  }
+  auto b = tide::train::make_trainer(spec16, p16, clipped);
+  b.load(d16.path / "ckpt");
+  for (int s = 0; s < 6; ++s) {
+    float const loss = b.step(view_of<decltype(b)>(data_of(s))).loss;
+    CHECK(std::memcmp(&loss, &r16.losses[std::size_t(s)], sizeof(float)) == 0);
+  }
+}
 
 TEST_CASE("gradient-slot reuse is refused where it cannot be exact, saying why") {
   auto reuse = tight_belady;

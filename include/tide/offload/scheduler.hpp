@@ -223,6 +223,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     } else {
       this->drain();
       require_held(i, "param_data");
+      this->materialize_param(this->layout_.chunk_of[i]);  // from the NVMe tier's file
       this->drop_shadow(this->layout_.chunk_of[i]);
     }
     return reinterpret_cast<T*>(this->param_.data(i));
@@ -247,7 +248,9 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
       for (std::size_t k = 0; k < out.size(); ++k) out[k] = from_float<T>(m[k]);
       return out;
     }
-    std::memcpy(out.data(), this->param_.data(i), this->params_[i].bytes);
+    std::byte const* const on_file = this->param_file_view(c);
+    std::memcpy(out.data(), on_file != nullptr ? on_file + this->layout_.offset_of[i] * sizeof(T) : this->param_.data(i),
+                this->params_[i].bytes);
     return out;
   }
   // The bytes of parameter i in the list of `role` (param: T; master and the optimizer's state
@@ -265,6 +268,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     }
     if (role == chunk::chunk_role::param) {
       require_held(i, "tensor_bytes");
+      this->materialize_param(this->layout_.chunk_of[i]);  // from the NVMe tier's file
       this->drop_shadow(this->layout_.chunk_of[i]);  // the caller may write
     }
     return {list(role).data(i), tensor_size(role, i)};
@@ -279,6 +283,8 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     std::size_t const bytes = tensor_size(role, i);
     if (role == chunk::chunk_role::param) {
       require_held(i, "tensor_view");
+      if (std::byte const* on_file = this->param_file_view(this->layout_.chunk_of[i]))
+        return {on_file + this->layout_.offset_of[i] * sizeof(T), bytes};
       return {this->param_.data(i), bytes};
     }
     if (role == chunk::chunk_role::master) this->init_master();  // the masters start as the parameters
@@ -376,6 +382,8 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   // the budget, nothing is traced, so the trace of the training steps stays. Between steps only.
   void begin_evaluation() {
     TIDE_REQUIRE(!this->step_open_, "offload::scheduler::begin_evaluation inside a training step; call it after step()");
+    this->flush_spilled();  // parameters a caller wrote between steps go back to file first
+    this->drop_view();
     this->evaluating_ = true;
     this->release_params();  // ZeRO-3: every block takes its parameters from their owners
   }
@@ -523,6 +531,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
         this->undo_.restore(r, this->targets_of(r.c));
       }
       this->extra_undo_.restore(this->extra_);
+      this->drop_param_file_copies();
       // reuse_grad_slots: the journal keeps no parameters; every chunk stepped or holding gradients
       // gets round(master) back, after the masters were restored.
       if (this->options_.reuse_grad_slots)
@@ -542,6 +551,8 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     this->release_params_quietly();  // ZeRO-3: gathered again when next used
     if (!this->step_open_) return;  // an evaluation: no step to undo
     this->spill_.discard();  // the spill file's current slots hold the state before the step
+    this->param_spill_.discard();
+    this->drop_param_ahead();  // reads of what the step's updates wrote
     for (std::uint32_t c : this->spill_jobs_) this->jobs_[c].spill_failure = nullptr;
     this->spill_jobs_.clear();
     this->undo_.discard();
@@ -658,6 +669,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     this->undo_.discard();  // the step is complete: nothing left to undo
     this->extra_undo_.discard();
     this->spill_.commit();  // the spilled chunks' new state becomes current
+    this->param_spill_.commit();
     this->spill_jobs_.clear();
     bool const warm_up = this->tracer_.recording();
     this->tracer_.end_step();

@@ -82,9 +82,10 @@ class chunk_store {
     in_flight_.assign(ids_, false);
     // Parameters and optimizer state start on the host, zeroed: the model initialises them there.
     // Under ZeRO a rank keeps the master and optimizer state of its own chunks only. Without
-    // attach_state the engine attaches the state itself (the NVMe tier keeps some of it on file).
+    // attach_state the engine attaches the parameters and the state itself (the NVMe tier keeps
+    // some of them on file).
     for (std::uint32_t c = 0; c < n_; ++c) {
-      attach_host_zeroed(param_[c]);
+      if (attach_state) attach_host_zeroed(param_[c]);
       for (auto& l : extra_) attach_host_zeroed(l[c]);
       if (!shard_.owns(c) || !attach_state) continue;
       for (auto& l : state_) attach_host_zeroed(l[c]);
@@ -219,14 +220,40 @@ class chunk_store {
     return copies_in_flight_;
   }
 
-  // Copies chunk id to the device (or creates it zero-filled there if it has no payload).
+  // Copies chunk id to the device (or creates it zero-filled there if it has no payload, or reads
+  // it from the NVMe tier's file if its parameters live there: param_on_file).
   // `handover`: a victim's device block to reuse (its copy out is already queued before ours).
   void fetch(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect, std::byte* handover = nullptr) {
     chunk::chunk& ch = chunk_of(id);
     settle(id);
     self().before_fetch(id);
-    std::byte* dev = handover != nullptr ? handover : allocate_device(ch.capacity(), t, protect);
-    if (ch.payload() == nullptr) {
+    // A parameter chunk on file comes through a host block of its own, read before the device
+    // block is taken (a failed read leaves nothing to give back) and freed once the copy landed.
+    std::byte* const from_file = id < n_ && self().param_on_file(id) ? self().read_param_file(id) : nullptr;
+    std::byte* dev = nullptr;
+    try {
+      dev = handover != nullptr ? handover : allocate_device(ch.capacity(), t, protect);
+    } catch (...) {
+      if (from_file != nullptr) host_.deallocate(from_file, ch.capacity(), 256);
+      throw;
+    }
+    if (from_file != nullptr) {
+      copy_span* span = open_span(id, "fetch ", ch.capacity());
+      try {
+        self().fill_chunk(id, dev, from_file, ch.capacity(), handover != nullptr);
+      } catch (...) {
+        if (handover == nullptr) free_block(dev, chunk::tier::device, ch.capacity());
+        host_.deallocate(from_file, ch.capacity(), 256);
+        throw;
+      }
+      close_span(span);
+      ch.attach(dev, chunk::tier::device);
+      set_stale(id, from_file, chunk::tier::host);  // freed once the copy landed: the file keeps the bytes
+      in_flight_[id] = true;
+      ++copies_in_flight_;
+      ++cur_.fetches;
+      cur_.h2d_bytes += ch.capacity();
+    } else if (ch.payload() == nullptr) {
       std::memset(dev, 0, ch.capacity());  // a FREE slot is zero-filled; nothing to copy
       ch.attach(dev, chunk::tier::device);
       ++cur_.allocations;
@@ -263,6 +290,13 @@ class chunk_store {
     chunk::chunk& ch = chunk_of(id);
     settle(id);
     self().before_copy_out(id);
+    if (id < n_ && self().param_in_file(id)) {  // clean: the file holds these bytes, nothing to copy
+      std::byte* dev = ch.detach();
+      ++cur_.clean_drops;
+      evicted_bytes_ += ch.capacity();
+      self().released(id);
+      return dev;
+    }
     if (id < n_ && shadow_[id] != nullptr) {  // clean: the host copy is current, nothing to copy
       std::byte* dev = ch.detach();
       ch.attach(std::exchange(shadow_[id], nullptr), chunk::tier::host);
@@ -296,7 +330,7 @@ class chunk_store {
   std::byte* hand_over(std::uint32_t victim, std::uint32_t id) {
     ++cur_.evictions;
     std::byte* block = copy_out(victim);
-    if (chunk_of(id).payload() == nullptr) settle(victim);
+    if (chunk_of(id).payload() == nullptr && !(id < n_ && self().param_on_file(id))) settle(victim);
     return block;
   }
   void evict(std::uint32_t id) {

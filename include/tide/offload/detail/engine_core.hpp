@@ -258,6 +258,11 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         materialize(c);           // a policy that needs every state on the device takes it from file
         spill_.set_materialized(c, false);
         spill_.forget(c);
+        materialize_param(c);     // and the parameters come back to the host for good
+        if (param_spill_.spilled(c)) {
+          param_spill_.set_materialized(c, false);
+          param_spill_.forget(c);
+        }
       }
       try {
         this->move_state_to_device(c);
@@ -640,6 +645,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     state_spill::pending* reading = nullptr;
     std::array<std::size_t, max_spill_lists> from{}, to{};
     std::exception_ptr spill_failure;  // read by the engine after the optimizer stream drained
+    // Parameters on file too: read into their own staging block beside the state, written with it.
+    std::byte* param_staging = nullptr;
+    state_spill::pending* param_reading = nullptr;
+    std::size_t param_to = 0;
     void operator()() {
       auto const t0 = std::chrono::steady_clock::now();
       exec<host> const ex{self->optimizer_pool_};
@@ -649,15 +658,23 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
           self->spill_.finish(*reading);
         } catch (...) {  // no state, no update: the step fails when it ends, and nothing changed
           spill_failure = std::current_exception();
-          return;
         }
       }
+      if (param_staging != nullptr) {
+        try {
+          self->param_spill_.finish(*param_reading);  // waited for even after a failed state read
+        } catch (...) {
+          if (!spill_failure) spill_failure = std::current_exception();
+        }
+      }
+      if (spill_failure) return;
       if (undo != nullptr) self->undo_.save(*undo, targets);
       self->run_update(ex, c, whole, args);
       if (staging != nullptr) {
         try {
           self->spill_.write(to.data(), staging);
-        } catch (...) {  // the current slot still holds the state before; undo has the parameters
+          if (param_staging != nullptr) self->param_spill_.write(&param_to, param_staging);
+        } catch (...) {  // the current slots still hold the values before; undo has the rest
           spill_failure = std::current_exception();
         }
       }
@@ -733,7 +750,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     }
     host_job& job = jobs_[c];
     job = {this, c, update_of(c), targets_of(c), args, this->tracing() ? this->trace_ : nullptr, undo, nullptr, nullptr,
-           {}, {}, nullptr};
+           {}, {}, nullptr, nullptr, nullptr, 0};
     if (spill_.spilled(c)) stage_spilled(job);
     this->param_.transition_chunk(c, chunk::tensor_state::hold);
     this->grad_.transition_chunk(c, chunk::tensor_state::free);
@@ -859,6 +876,19 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       job.from[k] = spill_.block(c, k, false);
       job.to[k] = spill_.block(c, k, true);
     }
+    if (param_spill_.spilled(c)) {  // the parameters (fp32: the master; else the working copy) too
+      std::byte* const params = param_ring_[r]->data;
+      if constexpr (store::has_master) job.whole.working = reinterpret_cast<T*>(params);
+      else job.whole.master = reinterpret_cast<float*>(params);
+      job.targets.param = nullptr;  // the journal keeps none of them: the file has them
+      job.param_staging = params;
+      job.param_reading = &param_reads_[r];
+      job.param_to = param_spill_.block(c, 0, true);
+      drop_param_ahead(c);  // read before the update: a fetch after it reads the update's slot
+      if (!prefetched) start_param_read(c, r);
+      param_spill_.mark_written(c);
+      this->cur_.nvme_write_bytes += param_spill_.block_bytes();
+    }
     if (!prefetched) {
       spill_.start_read(job.from.data(), staging, spill_reads_[r]);
       this->cur_.nvme_read_bytes += spill_.staging_bytes();
@@ -866,6 +896,11 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     spill_.mark_written(c);
     spill_jobs_.push_back(c);
     this->cur_.nvme_write_bytes += spill_.staging_bytes();
+  }
+  void start_param_read(std::uint32_t c, std::size_t r) {
+    std::size_t const block = param_spill_.block(c, 0, false);
+    param_spill_.start_read(&block, param_ring_[r]->data, param_reads_[r]);
+    this->cur_.nvme_read_bytes += param_spill_.block_bytes();
   }
   // Staging block r for a new read: the update that last used it finished with it, and a read
   // into it that no update waited for (a step that failed or skipped its updates) ended; that
@@ -884,6 +919,12 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       }
       this->cur_.stall_ms += ms_since(t0);
     }
+    if (param_reads_[r].issued > 0) {
+      try {
+        param_spill_.finish(param_reads_[r]);
+      } catch (...) {
+      }
+    }
   }
   // Deferred updates (step() runs them, in the order backward completed the chunks): the state
   // reads of the first spilled chunks to complete start as backward completes them, one per
@@ -899,6 +940,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       spill_user_[r] = no_chunk;
       for (std::size_t k = 0; k < spill_.lists(); ++k) blocks[k] = spill_.block(c, k, false);
       spill_.start_read(blocks.data(), spill_ring_[r]->data, spill_reads_[r]);
+      if (param_spill_.spilled(c)) start_param_read(c, r);
       spill_prefetched_[r] = c;
       this->cur_.nvme_read_bytes += spill_.staging_bytes();
       ++this->cur_.nvme_early_reads;
@@ -953,23 +995,52 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       host_kept_ = kept + state;
       return;
     }
-    TIDE_CHECK(kept < for_data && lists > 0, budget, "offload::scheduler: ", budget_text,
-               " is below the model data that stays on the host: ", bytes_of{kept},
-               " (the parameter chunks", store::has_master && !spill_master_ ? ", the fp32 masters" : "",
-               extra_count > 0 ? ", the sink's extra lists" : "", "; only the optimizer state",
-               spill_master_ ? " and the fp32 masters go" : " goes", " to file",
-               store::has_master && !spill_master_ ? ", and the masters stay with reuse_grad_slots" : "",
-               "); raise host_budget to more than ", bytes_of{kept + options_.host_reserve},
-               ", or set it to 0 for no limit");
     TIDE_REQUIRE(!options_.spill_folder.empty(), "offload::scheduler: the model data (", bytes_of{kept + state},
                  ") exceeds ", budget_text,
                  " and no spill_folder is set; set spill_folder to a folder on a fast drive, or raise host_budget");
-    std::size_t const over = kept + state - for_data;
-    std::size_t const spilled = std::min(owned.size(), (over + per_chunk - 1) / per_chunk);
-    host_kept_ = kept + (owned.size() - spilled) * per_chunk;
+    // Past the whole optimizer state, parameter chunks go to file too, the last ones first: they
+    // come back through a host block of their own when fetched, and with their state for the
+    // host step. Not under a sharding sink (ZeRO: other ranks write a rank's parameter chunks)
+    // nor with reuse_grad_slots (the gradients take the parameters' slot).
+    bool const params_may_go = !ShardingSink<S> && !options_.reuse_grad_slots && lists > 0;
+    std::size_t const param_block = round_up(this->param_[0].capacity(), 256);
+    std::size_t params_out = 0;
+    if (kept >= for_data && params_may_go)
+      params_out = std::min<std::size_t>(this->n_, (kept - for_data) / param_block + 1);
+    std::size_t const kept_here = kept - params_out * param_block;
+    if (params_may_go) {
+      TIDE_CHECK(kept_here < for_data, budget, "offload::scheduler: ", budget_text, " is below the model data that "
+                 "stays on the host: ", bytes_of{kept_here}, " (the sink's extra lists; the parameters, the optimizer "
+                 "state and the fp32 masters go to file); raise host_budget to more than ",
+                 bytes_of{kept_here + options_.host_reserve}, ", or set it to 0 for no limit");
+    } else {
+      TIDE_CHECK(kept < for_data && lists > 0, budget, "offload::scheduler: ", budget_text,
+                 " is below the model data that stays on the host: ", bytes_of{kept},
+                 " (the parameter chunks", store::has_master && !spill_master_ ? ", the fp32 masters" : "",
+                 extra_count > 0 ? ", the sink's extra lists" : "", "; only the optimizer state",
+                 spill_master_ ? " and the fp32 masters go" : " goes", " to file",
+                 store::has_master && !spill_master_ ? ", and the masters stay with reuse_grad_slots" : "",
+                 ShardingSink<S> ? ", and under a sharding sink (ZeRO) the parameters stay on the host" : "",
+                 "); raise host_budget to more than ", bytes_of{kept + options_.host_reserve},
+                 ", or set it to 0 for no limit");
+    }
+    std::size_t const over = kept_here + state - for_data;
+    std::size_t const spilled = params_out > 0 ? owned.size() : std::min(owned.size(), (over + per_chunk - 1) / per_chunk);
+    host_kept_ = kept_here + (owned.size() - spilled) * per_chunk;
     std::vector<std::uint32_t> chunks(owned.end() - static_cast<std::ptrdiff_t>(spilled), owned.end());
     spill_.open(options_.spill_folder, chunks, this->n_, lists, this->state_block_bytes());
     for (auto& r : spill_ring_) r.emplace(this->host_, spill_.staging_bytes());
+    if (params_out > 0) {
+      std::vector<std::uint32_t> const on_file(owned.end() - static_cast<std::ptrdiff_t>(params_out), owned.end());
+      param_spill_.open(options_.spill_folder, on_file, this->n_, 1, this->param_[0].capacity());
+      for (auto& r : param_ring_) r.emplace(this->host_, param_spill_.block_bytes());
+      param_read_.emplace(this->host_, param_spill_.block_bytes());
+      std::memset(param_read_->data, 0, param_read_->bytes);  // slot 0: zeros, as the host's chunks start
+      for (std::uint32_t c : on_file) {
+        std::size_t const block = param_spill_.block(c, 0, false);
+        param_spill_.write(&block, param_read_->data);
+      }
+    }
     spill_user_.fill(no_chunk);
     // Slot 0 of each holds the state now: zeros, as every chunk's moments start (the masters are
     // written from the parameters by init_master, once the model initialised them). Written from
@@ -988,6 +1059,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // the spilled state (a model whose state does not fit host memory can be built).
   void attach_host_state() {
     for (std::uint32_t c = 0; c < this->n_; ++c) {
+      if (!param_spill_.spilled(c)) this->attach_host_zeroed(this->param_[c]);
       if (!this->shard_.owns(c)) continue;
       for (std::size_t k = 0; k < state_lists; ++k)
         if (!spill_.spilled(c)) this->attach_host_zeroed(this->state_[k][c]);
@@ -1002,7 +1074,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   void materialize(std::uint32_t c) {
     if (!spill_.spilled(c) || spill_.materialized(c)) return;
     drop_view();  // a load reads nothing through it
-    flush_spilled();
+    flush_spilled(c);  // c's parameters, if on the host for the same load, stay
     spill_staging const staging(this->host_, spill_.staging_bytes());
     std::array<std::size_t, max_spill_lists> blocks{};
     for (std::size_t k = 0; k < spill_.lists(); ++k) blocks[k] = spill_.block(c, k, false);
@@ -1037,20 +1109,162 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     }
     return view_->data + k * spill_.block_bytes();
   }
-  // The views' block back to the pool (a save ended, a load or a step begins).
+  // ---- parameter chunks on file -------------------------------------------------------------
+  // Whether chunk c's parameters live on file (any device copy of them is clean: nothing but the
+  // host step, which reads and writes the file, changes them), and whether they are only there.
+  [[nodiscard]] bool param_in_file(std::uint32_t c) const noexcept {
+    return param_spill_.spilled(c) && !param_spill_.materialized(c);
+  }
+  [[nodiscard]] bool param_on_file(std::uint32_t c) const noexcept {
+    return param_in_file(c) && this->param_[c].payload() == nullptr;
+  }
+  // A new host block (the chunk's capacity, from the pool) with chunk c's parameters, read from
+  // the slot that holds them now (the other one once this step's update of c wrote it), or
+  // taken from the read the prefetch started.
+  std::byte* read_param_file(std::uint32_t c) {
+    std::size_t const bytes = this->param_[c].capacity();
+    auto* host = static_cast<std::byte*>(this->host_.allocate(bytes, 256));
+    try {
+      std::byte const* from = nullptr;
+      for (param_ahead& a : ahead_) {
+        if (a.c != c) continue;
+        a.c = no_chunk;  // free again, whatever the read did
+        auto const t0 = std::chrono::steady_clock::now();
+        param_spill_.finish(a.io);
+        this->cur_.stall_ms += ms_since(t0);
+        from = a.block->data;
+      }
+      if (from == nullptr) {
+        std::size_t const block = param_spill_.block(c, 0, param_spill_.written(c));
+        param_spill_.read(&block, param_read_->data);
+        from = param_read_->data;
+        if (step_open_ || evaluating_) this->cur_.nvme_read_bytes += param_spill_.block_bytes();
+      }
+      std::memcpy(host, from, bytes);
+    } catch (...) {
+      this->host_.deallocate(host, bytes, 256);
+      throw;
+    }
+    return host;
+  }
+  // The prefetch reached parameter chunk c, on file: its read starts now, into one of two blocks,
+  // so the fetch that follows finds it read (none free: the fetch reads it then). True once that
+  // read is done: the prefetch may fetch c as any other chunk. A refused request is kept for
+  // the fetch to report.
+  bool read_param_ahead(std::uint32_t c) {
+    if (!param_on_file(c)) return false;
+    param_ahead* slot = nullptr;
+    for (param_ahead& a : ahead_) {
+      if (a.c == c) return param_spill_.ready(a.io);
+      if (a.c == no_chunk && slot == nullptr) slot = &a;
+    }
+    if (slot == nullptr) return false;
+    try {
+      if (!slot->block) slot->block.emplace(this->host_, param_spill_.block_bytes());
+    } catch (...) {  // no block: the fetch reads it
+      return false;
+    }
+    std::size_t const block = param_spill_.block(c, 0, param_spill_.written(c));
+    param_spill_.start_read(&block, slot->block->data, slot->io);
+    slot->c = c;
+    this->cur_.nvme_read_bytes += param_spill_.block_bytes();
+    ++this->cur_.nvme_early_reads;
+    return false;
+  }
+  // Reads started ahead that no fetch will take (c: that chunk's only, no_chunk: all) end here;
+  // what they read no longer matters.
+  void drop_param_ahead(std::uint32_t c = no_chunk) noexcept {
+    for (param_ahead& a : ahead_) {
+      if (a.c == no_chunk || (c != no_chunk && a.c != c)) continue;
+      a.c = no_chunk;
+      try {
+        param_spill_.finish(a.io);
+      } catch (...) {
+      }
+    }
+  }
+  // Chunk c's parameters on a host block attached to it, for writing between steps (the model's
+  // initialisation, a checkpoint's load): one chunk's lists on the host at a time, as materialize.
+  // Its device copy, if any, goes: the caller may change the bytes.
+  void materialize_param(std::uint32_t c) {
+    if (!param_in_file(c)) return;
+    drop_view();
+    drop_param_ahead();
+    flush_spilled(c);
+    chunk::chunk& p = this->param_[c];
+    std::byte* const host = read_param_file(c);
+    if (p.payload() != nullptr) {  // a clean device copy
+      this->settle(c);
+      if (p.pinned()) {
+        p.set_pinned(false);
+        this->ctx_.pinned_bytes -= this->block_bytes();
+      }
+      this->free_payload(p);
+      this->released(c);
+    }
+    p.attach(host, chunk::tier::host);
+    param_spill_.set_materialized(c, true);
+  }
+  // Chunk c's parameters to read, wherever they are: the device copy or the host block, or read
+  // from file into one block the next views of c share (nullptr: not on file alone).
+  std::byte const* param_file_view(std::uint32_t c) {
+    if (!param_on_file(c)) return nullptr;
+    if (param_view_chunk_ != c) {
+      if (!param_view_) param_view_.emplace(this->host_, param_spill_.block_bytes());
+      param_view_chunk_ = no_chunk;  // a read that fails leaves nothing to reuse
+      std::size_t const block = param_spill_.block(c, 0, false);
+      param_spill_.read(&block, param_view_->data);
+      param_view_chunk_ = c;
+    }
+    return param_view_->data;
+  }
+  // A failed step, once drained: device copies of the parameters on file may hold what its
+  // updates wrote to the other slots, which the file forgets; they go, and come back from the
+  // file when used.
+  void drop_param_file_copies() noexcept {
+    for (std::uint32_t c : param_spill_.chunks()) {
+      chunk::chunk& p = this->param_[c];
+      if (!param_in_file(c) || p.payload() == nullptr) continue;
+      if (p.pinned()) {
+        p.set_pinned(false);
+        this->ctx_.pinned_bytes -= this->block_bytes();
+      }
+      this->free_payload(p);
+      this->released(c);
+    }
+  }
+
+  // The views' blocks back to the pool (a save ended, a load or a step begins).
   void drop_view() {
-    if (!view_) return;
+    bool const had = view_ || param_view_;
     view_chunk_ = no_chunk;
     view_.reset();
-    this->host_.trim();  // back under host_budget
+    param_view_chunk_ = no_chunk;
+    param_view_.reset();
+    if (had) this->host_.trim();  // back under host_budget
   }
-  // The materialized chunks' state back to file (the other slot, then current), their host
-  // blocks freed. A failed write keeps them attached and current on the host: nothing is lost.
-  void flush_spilled() {
+  // The materialized chunks' lists back to file (the other slot, then current), their host
+  // blocks freed, but chunk `keep`'s. A failed write keeps them attached and current on the
+  // host: nothing is lost.
+  void flush_spilled(std::uint32_t keep = no_chunk) {
     if (!spill_.active()) return;
     bool flushed = false;
+    for (std::uint32_t c : param_spill_.chunks()) {
+      if (c == keep || !param_spill_.materialized(c)) continue;
+      chunk::chunk& p = this->param_[c];
+      std::memcpy(param_read_->data, p.payload(), p.capacity());
+      std::memset(param_read_->data + p.capacity(), 0, param_read_->bytes - p.capacity());
+      std::size_t const block = param_spill_.block(c, 0, true);
+      param_spill_.write(&block, param_read_->data);
+      param_spill_.mark_written(c);
+      param_spill_.commit_one(c);
+      this->free_payload(p);
+      param_spill_.set_materialized(c, false);
+      if (param_view_chunk_ == c) param_view_chunk_ = no_chunk;
+      flushed = true;
+    }
     for (std::uint32_t c : spill_.chunks()) {
-      if (!spill_.materialized(c)) continue;
+      if (c == keep || !spill_.materialized(c)) continue;
       spill_staging const staging(this->host_, spill_.staging_bytes());
       std::memset(staging.data, 0, staging.bytes);
       std::array<std::size_t, max_spill_lists> blocks{};
@@ -1090,12 +1304,24 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         }
       }
       spill_ring_[r].reset();
+      if (param_reads_[r].issued > 0) {
+        try {
+          param_spill_.finish(param_reads_[r]);
+        } catch (...) {
+        }
+      }
+      param_ring_[r].reset();
     }
+    param_read_.reset();
+    param_view_.reset();
+    drop_param_ahead();
+    for (param_ahead& a : ahead_) a.block.reset();
   }
   undo_record* begin_undo(std::uint32_t c, index_t n) {
     if (!options_.undo_on_error) return nullptr;
     update_targets<T> x = targets_of(c);
     if (options_.reuse_grad_slots) x.param = nullptr;  // the slot holds gradients: rounded back from the master
+    if (param_spill_.spilled(c)) x.param = nullptr;    // on file: its current slot keeps them
     return undo_.begin(c, static_cast<std::size_t>(n), x);
   }
 
@@ -1112,8 +1338,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         bool const to_file = spill_master_ && spill_.spilled(c) && !spill_.materialized(c);
         if (to_file && !staging) staging.emplace(this->host_, spill_.block_bytes());
         if (to_file) std::memset(staging->data, 0, staging->bytes);
+        std::byte const* const on_file = param_file_view(c);
         for (std::uint32_t i = this->layout_.first_param[c]; i < this->layout_.first_param[c + 1]; ++i) {
-          auto const* src = reinterpret_cast<T const*>(this->param_.data(i));
+          auto const* src = on_file != nullptr ? reinterpret_cast<T const*>(on_file) + this->layout_.offset_of[i]
+                                               : reinterpret_cast<T const*>(this->param_.data(i));
           auto* dst = to_file ? reinterpret_cast<float*>(staging->data) + this->layout_.offset_of[i]
                               : reinterpret_cast<float*>(this->master_.data(i));
           for (index_t k = 0; k < this->params_[i].numel(); ++k) dst[k] = to_float(src[k]);
@@ -1310,6 +1538,20 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   std::vector<std::uint32_t> spill_jobs_;  // the spilled chunks updated in this step
   std::optional<spill_staging> view_;      // a spilled chunk's lists, read for a checkpoint's save
   std::uint32_t view_chunk_ = no_chunk;    // whose lists view_ holds
+  // Parameter chunks on file (past the state: host_budget below the parameters themselves).
+  state_spill param_spill_;
+  std::optional<spill_staging> param_read_;                 // a fetch's read, copied into the chunk's block
+  std::array<std::optional<spill_staging>, 2> param_ring_;  // beside spill_ring_: the host step's parameters
+  std::array<state_spill::pending, 2> param_reads_{};       // the read into each, started with spill_reads_
+  std::optional<spill_staging> param_view_;                 // a chunk's parameters, read for a save
+  std::uint32_t param_view_chunk_ = no_chunk;
+  // Reads of parameter chunks on file that the prefetch started, for the fetches that follow.
+  struct param_ahead {
+    std::uint32_t c = no_chunk;
+    state_spill::pending io;
+    std::optional<spill_staging> block;
+  };
+  std::array<param_ahead, 2> ahead_;
   std::vector<std::uint32_t> touched_, on_host_, released_;
   std::vector<std::uint32_t> unowned_grads_;  // ZeRO: gradients of chunks another rank steps, freed once reduced
   std::vector<std::span<T>> shared_;          // ZeRO: every parameter chunk, for share_parameters

@@ -200,7 +200,10 @@ class residency : public chunk_store<B, T, Engine> {
         if (this->on_device(id)) continue;
         if (this->copies_in_flight_ >= max_in_flight && this->refresh_in_flight() >= max_in_flight) return;
         if (id < this->n_ && this->self().stepping(id)) continue;  // still being stepped
-        if (this->chunk_of(id).payload() == nullptr) continue;  // a FREE gradient: created when touched
+        // A FREE gradient is created when touched. A parameter chunk on file is read first: the
+        // read starts now, and once it is done the chunk is fetched as any other.
+        if (this->chunk_of(id).payload() == nullptr && (id >= this->n_ || !this->self().read_param_ahead(id)))
+          continue;
         std::size_t const room = std::min(capacity(t), capacity(u));
         if (this->model_on_device() + this->block_bytes() > room) {
           // Only by evicting a chunk used later than this one (what MIN would do anyway).

@@ -2,7 +2,7 @@
 // The NVMe tier of the offload engine (scheduler_options::host_budget, spill_folder): the
 // optimizer state of the chunks the host budget cannot hold (their moments, and with bf16 / f16
 // parameters their fp32 masters) lives in a memory::file_store, one file block per list and
-// slot, two slots per chunk. A host step of such a chunk reads its
+// slot, two slots per chunk; past that, a second one holds parameter chunks (one list). A host step of such a chunk reads its
 // state from the current slot into a staging block, updates it, and writes it to the other slot;
 // the step's end makes the other slot current (commit). A step that fails, a failed write
 // included, leaves every current slot as it was: the state before the step is still on file.
@@ -91,6 +91,12 @@ class state_spill {
   void start_read(std::size_t const* blocks, std::byte* staging, pending& io) noexcept {
     start(blocks, staging, false, io);
   }
+  // Whether finish(io) would not wait.
+  [[nodiscard]] bool ready(pending const& io) const {
+    for (std::size_t k = 0; k < io.issued; ++k)
+      if (!store_->query(io.tickets[k])) return false;
+    return true;
+  }
   void finish(pending& io) {
     for (std::size_t k = 0; k < io.issued; ++k) {  // every request is waited for: none outlives staging
       try {
@@ -105,6 +111,10 @@ class state_spill {
 
   // Chunk c's update wrote its other slot: current at commit().
   void mark_written(std::uint32_t c) noexcept { written_[static_cast<std::size_t>(index_[c])] = 1; }
+  // Whether chunk c's update of this step wrote its other slot (what a read after it must take).
+  [[nodiscard]] bool written(std::uint32_t c) const noexcept {
+    return spilled(c) && written_[static_cast<std::size_t>(index_[c])] != 0;
+  }
   void commit() noexcept {
     for (std::size_t s = 0; s < slot_.size(); ++s)
       if (written_[s]) slot_[s] ^= 1, written_[s] = 0;
