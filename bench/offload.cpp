@@ -25,7 +25,9 @@
 //                             at every budget when TIDE_BENCH_TRAIN_ALL=1).
 //                             detail.chunked_nvme_*: the same with Adam's state in the NVMe tier's
 //                             file (computed; the one at the largest budget is trained for 2 steps
-//                             when TIDE_BENCH_TRAIN_NVME=1: detail.trained_nvme_*).
+//                             when TIDE_BENCH_TRAIN_NVME=1: detail.trained_nvme_*);
+//                             detail.chunked_nvme_all_*: the parameter chunks there too (computed;
+//                             the smoke run trains a small shape so: detail.trained_nvme_all_*).
 //   recompute_overhead        tokens/s with every block recomputed over every activation kept,
 //                             resident, steps interleaved. Goal 0.7.
 //   activation_offload_vs_resident  tokens/s with every block's saved activations offloaded to the
@@ -451,9 +453,11 @@ double peak_rss_bytes() {
 // state in the NVMe tier's file there (a host budget of the parameter chunks, one chunk more and
 // the offloaded activations, reserved),
 // no host copies of device-resident parameter chunks, no undo copies. Its details are named
-// trained_nvme_*.
+// trained_nvme_*. params_on_file: a host budget of a page beside the reserve, so every parameter
+// chunk goes to file too (trained_nvme_all_*).
 void prove_by_training(tide::exec<host> const& ex, bool quick, best_model const& m, std::size_t budget,
-                       tide::bench::figure& f, text_fields& text, std::filesystem::path const& spill = {}) {
+                       tide::bench::figure& f, text_fields& text, std::filesystem::path const& spill = {},
+                       bool params_on_file = false) {
   using chunked_t = off::chunked<off::belady>;
   shape s{gpt2_family(m.layers, m.channels), 1, 1024};
   // The smoke shape: 17 MB of model data under a 10 MiB budget (two 1 MiB wte chunks <= budget / 4).
@@ -468,7 +472,8 @@ void prove_by_training(tide::exec<host> const& ex, bool quick, best_model const&
     TIDE_CHECK(facts.has_value(), internal, "bench_offload: no chunk layout for the model to train under the NVMe tier");
     // The offloaded block outputs take their host room from the scheduler's pool: reserved.
     so.host_reserve = lean_activations_of(s.config.layers).host_bytes(s.B, s.T, tide::nn::resolve(s.config), 4);
-    so.host_budget = (facts->chunks + 1) * tide::round_up(facts->chunk_bytes, 256) + so.host_reserve;
+    so.host_budget = (params_on_file ? 4096 : (facts->chunks + 1) * tide::round_up(facts->chunk_bytes, 256)) +
+                     so.host_reserve;
     so.spill_folder = spill;
     so.keep_host_copies = false;
   }
@@ -478,7 +483,7 @@ void prove_by_training(tide::exec<host> const& ex, bool quick, best_model const&
   for (int k = 0; k < 2; ++k) losses.push_back(t.step(ex, s, 0));  // one batch: the loss must fall
   double const seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   bool const falling = std::isfinite(losses[0]) && std::isfinite(losses[1]) && losses[1] < losses[0];
-  std::string const p = nvme ? "trained_nvme_" : "trained_";
+  std::string const p = !nvme ? "trained_" : params_on_file ? "trained_nvme_all_" : "trained_nvme_";
   auto const& last = t.stats.back();
   f.detail.insert(f.detail.end(), {{p + "layers", s.config.layers},
                                    {p + "channels", s.config.channels},
@@ -498,7 +503,7 @@ void prove_by_training(tide::exec<host> const& ex, bool quick, best_model const&
                                      {p + "host_pool_bytes_held", double(t.sched.host_pool_stats().bytes_held)},
                                      {p + "read_bytes_step2", double(last.nvme_read_bytes)},
                                      {p + "write_bytes_step2", double(last.nvme_write_bytes)}});
-  text.emplace_back(nvme ? "trained_nvme" : "trained",
+  text.emplace_back(p.substr(0, p.size() - 1),
                     quick ? "a small shape (L 4, C 128, V 2048) under 10 MiB (smoke run)"
                           : "the chunked model of this figure, under this budget");
   TIDE_CHECK(falling, internal, "bench_offload: the largest chunked model", nvme ? " with the NVMe tier" : "",
@@ -868,7 +873,9 @@ int main() {
       "TIDE_BENCH_TRAIN_NVME=1): the first with Adam m and v in the NVMe tier's file, host n S + (q + 2) S + H "
       "+ 4 S (two chunks' state in staging) <= 0.8 (MemAvailable - D), file 4 n S (two slots) <= 0.8 of the "
       "temp folder's free space; it assumes keep_host_copies = false and undo_on_error = false (else the "
-      "device-resident parameter chunks and the stepped chunks' copies also take host memory). "
+      "device-resident parameter chunks and the stepped chunks' copies also take host memory); "
+      "chunked_nvme_all (computed; the smoke run trains a small shape so): the parameter chunks in the file "
+      "too, host (q + 2) S + H + 4 S + 5 S (five parameter chunks in staging), file 6 n S. "
       "static_partition: device >= A + n S + k S; host 3 n S + (q + 2) S <= 0.8 (MemAvailable - D). "
       "A = nn::gpt's planned activation buffer at B=1, T=1024 (with those options for chunked); S = chunk bytes from search_chunk_size with two "
       "chunks <= D/4 (on the host: rounded up to the pinned pool's size class); n = chunks per list; k = most chunks one block touches; D = device budget. GPT-2 family: "
@@ -880,9 +887,11 @@ int main() {
     double const disk_room = 0.8 * double(std::filesystem::space(std::filesystem::temp_directory_path()).available);
     // lean: every block recomputed and its output offloaded (their host bytes count too).
     // nvme: the optimizer state (m, v) in the NVMe tier's file (two slots each), the host keeping
-    // the parameter chunks and two chunks' state in staging.
-    auto const fits_with = [&](which w, bool lean = false, bool nvme = false) {
-      return [&, w, lean, nvme](tide::nn::gpt_config const& c, std::size_t A, best_model& m) {
+    // the parameter chunks and two chunks' state in staging. on_file: the parameter chunks in the
+    // file too (two slots), the host keeping five of them in staging (two for the host steps, one
+    // for a fetch, two for the reads ahead).
+    auto const fits_with = [&](which w, bool lean = false, bool nvme = false, bool on_file = false) {
+      return [&, w, lean, nvme, on_file](tide::nn::gpt_config const& c, std::size_t A, best_model& m) {
         auto const f = layout_of(c, D);
         if (!f) return false;
         std::size_t const need = minimum_of(w, *f, A);
@@ -891,8 +900,9 @@ int main() {
         // Every list's chunks on the host (nothing subtracted for what the device holds: the host
         // updates bring each chunk back), and the gradients of the queued host steps only.
         double const queued = (off::scheduler_options{}.host_steps_in_flight + 2) * S;
-        double const staging = nvme ? 2 * double(host_pool.class_size(2 * f->chunk_bytes)) : 0.0;
-        double const kept = (nvme ? 1 : 3) * n * S, disk = nvme ? 4 * n * double(f->chunk_bytes) : 0.0;
+        double const staging = nvme ? 2 * double(host_pool.class_size(2 * f->chunk_bytes)) + (on_file ? 5 * S : 0.0) : 0.0;
+        double const kept = on_file ? 0.0 : (nvme ? 1 : 3) * n * S;
+        double const disk = nvme ? (on_file ? 6 : 4) * n * double(f->chunk_bytes) : 0.0;
         double const offloaded = lean ? double(lean_activations_of(c.layers).host_bytes(1, 1024, c, 4)) : 0.0;
         double const host = w == which::chunked ? kept + queued + offloaded + staging : 3 * n * S + queued;
         m.device_bytes = double(need);
@@ -903,6 +913,7 @@ int main() {
     };
     best_model const ch = largest(grid, D, 4, max_layers, fits_with(which::chunked, true), true);
     best_model const nv = largest(grid, D, 4, max_layers, fits_with(which::chunked, true, true), true);
+    best_model const nvp = largest(grid, D, 4, max_layers, fits_with(which::chunked, true, true, true), true);
     best_model const kept = largest(grid, D, 4, max_layers, fits_with(which::chunked));
     best_model const st_m = largest(grid, D, 4, max_layers, fits_with(which::fixed));
     figure c{.bench = "offload",
@@ -922,6 +933,8 @@ int main() {
     add_model(c.detail, "chunked_keeping_activations", kept, max_layers);
     add_model(c.detail, "chunked_nvme", nv, max_layers);
     c.detail.emplace_back("chunked_nvme_over_static", st_m.params > 0 ? nv.params / st_m.params : 0.0);
+    add_model(c.detail, "chunked_nvme_all", nvp, max_layers);
+    c.detail.emplace_back("chunked_nvme_all_over_static", st_m.params > 0 ? nvp.params / st_m.params : 0.0);
     c.detail.emplace_back("disk_room_bytes", disk_room);
     add_model(c.detail, "static", st_m, max_layers);
     text_fields text{{"formula", formula_here}};
@@ -939,6 +952,9 @@ int main() {
         }
       } const cleanup{folder};
       prove_by_training(ex, q, nv, D, c, text, folder);
+      // Every parameter chunk on file as well: the smoke run's small shape (the largest model of
+      // the formula is bounded by the drive, hundreds of GB).
+      if (q) prove_by_training(ex, q, nvp, D, c, text, folder, true);
     }
     print_figure(c, text);
   }

@@ -804,6 +804,30 @@ bf16_run run_bf16(Offload const& offload, tide::optim::adamw const& opt, int ste
   for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) r.params.push_back(t.scheduler().read_param(i));
   return r;
 }
+// A run of `model` under `with` saved after `at` steps to `ckpt`, then resumed under `with` (files
+// in a folder of their own) and under `without`: both give `losses`' bits for steps `at` to 5.
+template <class T, class Offload>
+void resumes_exactly(tide::nn::gpt_spec<host, T> const& model, Offload const& with, Offload const& without,
+                     std::filesystem::path const& ckpt, std::vector<float> const& losses, int at = 3) {
+  {
+    auto a = tide::train::make_trainer(model, with, clipped);
+    for (int s = 0; s < at; ++s) (void)a.step(view_of<decltype(a)>(data_of(s)));
+    a.save(ckpt);
+  }
+  for (bool on_resume : {true, false}) {
+    INFO("resumed with the tier: " << on_resume);
+    tide::test::scratch_dir const other("resume_elsewhere");
+    auto into = with;
+    into.spill_folder = other.path;
+    auto b = tide::train::make_trainer(model, on_resume ? into : without, clipped);
+    b.load(ckpt);
+    for (int s = at; s < 6; ++s) {
+      float const loss = b.step(view_of<decltype(b)>(data_of(s))).loss;
+      CHECK(std::memcmp(&loss, &losses[std::size_t(s)], sizeof(float)) == 0);
+    }
+  }
+}
+
 bool same_bits(bf16_run const& a, bf16_run const& b) {
   if (a.losses.size() != b.losses.size() || a.params.size() != b.params.size()) return false;
   if (std::memcmp(a.losses.data(), b.losses.data(), a.losses.size() * sizeof(float)) != 0) return false;
@@ -926,23 +950,7 @@ TEST_CASE("the NVMe tier with bf16 parameters: the fp32 masters go to file with 
 
   // A checkpoint reads the masters from the file, a load writes them back: resumed, with the tier
   // or without, a run is the same bits as the straight one.
-  {
-    auto a = tide::train::make_trainer(spec16, spilled, clipped);
-    for (int s = 0; s < 3; ++s) (void)a.step(view_of<decltype(a)>(data_of(s)));
-    a.save(dir.path / "ckpt");
-  }
-  for (bool spill_on_resume : {true, false}) {
-    INFO("resumed with the tier: " << spill_on_resume);
-    tide::test::scratch_dir const other("spill_masters_resume");
-    auto into = spilled;
-    into.spill_folder = other.path;
-    auto b = tide::train::make_trainer(spec16, spill_on_resume ? into : plain, clipped);
-    b.load(dir.path / "ckpt");
-    for (int s = 3; s < 6; ++s) {
-      float const loss = b.step(view_of<decltype(b)>(data_of(s))).loss;
-      CHECK(std::memcmp(&loss, &resident.losses[std::size_t(s)], sizeof(float)) == 0);
-    }
-  }
+  resumes_exactly(spec16, spilled, plain, dir.path / "ckpt", resident.losses);
   // Every chunk's state in the file, saved before the first step: the save reads chunk 0's m and
   // v first, and only then do the masters go to file (as the parameters); what it writes for the
   // masters is those, and the resumed run is the straight one.
@@ -1102,24 +1110,7 @@ TEST_CASE("the NVMe tier: past the whole optimizer state, parameter chunks go to
 
   // A checkpoint reads the parameters from the file, a load writes them back: resumed, with the
   // tier or without, a run is the straight one.
-  {
-    auto a = tide::train::make_trainer(spec, o, clipped);
-    for (int s = 0; s < 3; ++s) (void)a.step(view_of<decltype(a)>(data_of(s)));
-    a.save(dir.path / "ckpt");
-  }
-  for (bool on_resume : {true, false}) {
-    INFO("resumed with the tier: " << on_resume);
-    tide::test::scratch_dir const other("spill_params_resume");
-    auto into = o;
-    into.spill_folder = other.path;
-    auto b = tide::train::make_trainer(spec, on_resume ? into : tight_belady, clipped);
-    b.load(dir.path / "ckpt");
-    for (int s = 3; s < 6; ++s) {
-      float const loss = b.step(view_of<decltype(b)>(data_of(s))).loss;
-      CHECK(std::memcmp(&loss, &losses[std::size_t(s)], sizeof(float)) == 0);
-    }
-    CHECK(same(params_of(b), resident));
-  }
+  resumes_exactly(spec, o, tight_belady, dir.path / "ckpt", losses);
 
   // A write that fails, then a read that fails (a fetch finds the end of the cut file): each is
   // tide::error(io), changes no parameter, and the run goes on to the same bits.
@@ -1161,16 +1152,7 @@ TEST_CASE("the NVMe tier: past the whole optimizer state, parameter chunks go to
   p16.host_budget = 4096;
   auto const r16 = run_bf16(off::resident{}, clipped, 6, deeper);
   CHECK(same_bits(r16, run_bf16(p16, clipped, 6, deeper)));
-  {
-    auto a = tide::train::make_trainer(spec16, p16, clipped);
-    a.save(d16.path / "ckpt");
-  }
-  auto b = tide::train::make_trainer(spec16, p16, clipped);
-  b.load(d16.path / "ckpt");
-  for (int s = 0; s < 6; ++s) {
-    float const loss = b.step(view_of<decltype(b)>(data_of(s))).loss;
-    CHECK(std::memcmp(&loss, &r16.losses[std::size_t(s)], sizeof(float)) == 0);
-  }
+  resumes_exactly(spec16, p16, plain, d16.path / "ckpt", r16.losses, 0);
 }
 
 TEST_CASE("gradient-slot reuse is refused where it cannot be exact, saying why") {

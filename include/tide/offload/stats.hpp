@@ -47,9 +47,9 @@ struct offload_stats {
   double chunk_utilisation = 0;             // tensor bytes / chunk bytes over every chunk list
   std::size_t moments = 0;
   bool warm_up = false;                     // true for a step that recorded the trace
-  std::size_t nvme_read_bytes = 0;          // optimizer state read from the spill file (host_budget)
-  std::size_t nvme_write_bytes = 0;         // optimizer state written to it
-  std::size_t nvme_early_reads = 0;         // spilled chunks whose state read backward started (deferred updates)
+  std::size_t nvme_read_bytes = 0;          // model data read from the spill files (host_budget)
+  std::size_t nvme_write_bytes = 0;         // model data written to them
+  std::size_t nvme_early_reads = 0;         // reads started ahead: state (backward, deferred updates), parameters (prefetch)
   std::size_t activation_d2h_bytes = 0;     // the model's offloaded activations, to the host (offload::hooks)
   std::size_t activation_h2d_bytes = 0;     // and back (not in h2d_bytes / d2h_bytes, which are model data)
   [[nodiscard]] std::size_t bytes_moved() const noexcept { return h2d_bytes + d2h_bytes; }
