@@ -875,7 +875,8 @@ int main() {
       "temp folder's free space; it assumes keep_host_copies = false and undo_on_error = false (else the "
       "device-resident parameter chunks and the stepped chunks' copies also take host memory); "
       "chunked_nvme_all (computed; the smoke run trains a small shape so): the parameter chunks in the file "
-      "too, host (q + 2) S + H + 4 S + 5 S (five parameter chunks in staging), file 6 n S. "
+      "too, host (q + 2) S + H + 4 S + 13 S (five parameter chunks in staging, eight fetches in flight), file "
+      "6 n S. "
       "static_partition: device >= A + n S + k S; host 3 n S + (q + 2) S <= 0.8 (MemAvailable - D). "
       "A = nn::gpt's planned activation buffer at B=1, T=1024 (with those options for chunked); S = chunk bytes from search_chunk_size with two "
       "chunks <= D/4 (on the host: rounded up to the pinned pool's size class); n = chunks per list; k = most chunks one block touches; D = device budget. GPT-2 family: "
@@ -889,7 +890,8 @@ int main() {
     // nvme: the optimizer state (m, v) in the NVMe tier's file (two slots each), the host keeping
     // the parameter chunks and two chunks' state in staging. on_file: the parameter chunks in the
     // file too (two slots), the host keeping five of them in staging (two for the host steps, one
-    // for a fetch, two for the reads ahead).
+    // for a fetch, two for the reads ahead) and one per fetch whose copy is in flight (at most 8,
+    // the copy engine's bound; the pool keeps them cached).
     auto const fits_with = [&](which w, bool lean = false, bool nvme = false, bool on_file = false) {
       return [&, w, lean, nvme, on_file](tide::nn::gpt_config const& c, std::size_t A, best_model& m) {
         auto const f = layout_of(c, D);
@@ -900,7 +902,7 @@ int main() {
         // Every list's chunks on the host (nothing subtracted for what the device holds: the host
         // updates bring each chunk back), and the gradients of the queued host steps only.
         double const queued = (off::scheduler_options{}.host_steps_in_flight + 2) * S;
-        double const staging = nvme ? 2 * double(host_pool.class_size(2 * f->chunk_bytes)) + (on_file ? 5 * S : 0.0) : 0.0;
+        double const staging = nvme ? 2 * double(host_pool.class_size(2 * f->chunk_bytes)) + (on_file ? 13 * S : 0.0) : 0.0;
         double const kept = on_file ? 0.0 : (nvme ? 1 : 3) * n * S;
         double const disk = nvme ? (on_file ? 6 : 4) * n * double(f->chunk_bytes) : 0.0;
         double const offloaded = lean ? double(lean_activations_of(c.layers).host_bytes(1, 1024, c, 4)) : 0.0;

@@ -209,7 +209,9 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
 
   // ---- model data -----------------------------------------------------------------------------
   // Valid between the pre_* and post_* hooks of a block that uses parameter i (and outside a
-  // step, on the host, for initialisation and inspection). Inside a step (or an evaluation) a
+  // step, on the host, for initialisation and inspection; with parameter chunks in the NVMe
+  // tier, one such chunk is on the host at a time: the pointer ends when param_data or
+  // tensor_bytes asks for a parameter of another one). Inside a step (or an evaluation) a
   // block may ask only for the parameters its uses() list, and for their gradients only in its
   // backward: anything else throws tide::error(usage) naming the parameter and the block. Outside
   // a step the caller may write, so a device-resident chunk forgets its host copy.
@@ -257,8 +259,9 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   // lists: fp32), host-readable on tide::host wherever the chunk is, after finishing pending
   // work. For checkpoints: valid until the next hook or step. exp_avg / exp_avg_sq name the
   // optimizer's state lists 0 and 1 (state_bytes(k, i) says it for any optimizer).
-  // With the NVMe tier (host_budget), one chunk's state from the file is on the host at a time:
-  // asking for another such chunk's state writes the first back to file, and its spans end then.
+  // With the NVMe tier (host_budget), one chunk's lists from the file are on the host at a time:
+  // asking for another such chunk's state or parameters writes the first back to file, and its
+  // spans end then.
   [[nodiscard]] std::span<std::byte> tensor_bytes(chunk::chunk_role role, std::uint32_t i) {
     check_tensor(role, i, "tensor_bytes");
     if (role != chunk::chunk_role::param) this->materialize(this->layout_.chunk_of[i]);  // from the spill file

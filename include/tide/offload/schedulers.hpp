@@ -107,7 +107,8 @@ struct chunked {
   Policy policy{};
   // The NVMe tier (make_trainer passes them to scheduler_options): host bytes for the model data
   // kept between steps (0: no limit); past them, the optimizer state of the last chunks (with
-  // bf16 / f16 their fp32 masters too, unless reuse_grad_slots) lives in a file under spill_folder.
+  // bf16 / f16 their fp32 masters too, unless reuse_grad_slots) lives in a file under spill_folder,
+  // and past every chunk's state the last parameter chunks too.
   std::size_t host_budget = 0;
   std::filesystem::path spill_folder{};
   // Of host_budget, the room kept for the model's offloaded activations (scheduler_options::host_reserve).

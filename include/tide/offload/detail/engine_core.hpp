@@ -72,6 +72,8 @@ struct scheduler_options {
   // reuse_grad_slots) lives in a file under spill_folder (a memory::file_store,
   // O_DIRECT where the filesystem has it): read before each host step of such a chunk, written
   // after it to a second slot that the step's end makes current, so a failed write loses nothing.
+  // Past every chunk's state, the last parameter chunks go to a second file (not under a
+  // sharding sink or reuse_grad_slots): read when fetched, and with their state when stepped.
   std::size_t host_budget = 0;
   std::filesystem::path spill_folder{};
   // Of host_budget, the room kept for the model's offloaded activations (nn::gpt_options::
@@ -255,13 +257,18 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       if (os_on_device_[c] || !this->shard_.owns(c)) continue;  // another rank keeps (and steps) its state
       if (spill_.spilled(c)) {
         if (!required) continue;  // its state stays on file and is stepped on the host
-        materialize(c);           // a policy that needs every state on the device takes it from file
+        // A policy that needs every state on the device takes it from file, and the parameters
+        // leave the file for good: a clean device copy becomes the chunk's only one, else they
+        // come to a host block. Both are read before either file lets go of the chunk.
+        bool const params_on_file = param_spill_.spilled(c);
+        if (params_on_file && !this->on_device(c)) materialize_param(c);
+        materialize(c);
         spill_.set_materialized(c, false);
         spill_.forget(c);
-        materialize_param(c);     // and the parameters come back to the host for good
-        if (param_spill_.spilled(c)) {
+        if (params_on_file) {
           param_spill_.set_materialized(c, false);
           param_spill_.forget(c);
+          host_kept_ += round_up(this->param_[c].capacity(), 256);  // counted on the host again
         }
       }
       try {
@@ -885,6 +892,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       job.param_reading = &param_reads_[r];
       job.param_to = param_spill_.block(c, 0, true);
       drop_param_ahead(c);  // read before the update: a fetch after it reads the update's slot
+      if (param_view_chunk_ == c) param_view_chunk_ = no_chunk;  // and so does a view
       if (!prefetched) start_param_read(c, r);
       param_spill_.mark_written(c);
       this->cur_.nvme_write_bytes += param_spill_.block_bytes();
@@ -1019,7 +1027,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
                  " (the parameter chunks", store::has_master && !spill_master_ ? ", the fp32 masters" : "",
                  extra_count > 0 ? ", the sink's extra lists" : "", "; only the optimizer state",
                  spill_master_ ? " and the fp32 masters go" : " goes", " to file",
-                 store::has_master && !spill_master_ ? ", and the masters stay with reuse_grad_slots" : "",
+                 store::has_master && !spill_master_ ? ", and the masters and parameters stay with reuse_grad_slots"
+                                                     : "",
                  ShardingSink<S> ? ", and under a sharding sink (ZeRO) the parameters stay on the host" : "",
                  "); raise host_budget to more than ", bytes_of{kept + options_.host_reserve},
                  ", or set it to 0 for no limit");
@@ -1188,6 +1197,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // Its device copy, if any, goes: the caller may change the bytes.
   void materialize_param(std::uint32_t c) {
     if (!param_in_file(c)) return;
+    TIDE_REQUIRE(!evaluating_, "offload::scheduler: parameter chunk ", c, " is on file (host_budget), and its "
+                 "bytes can be written only between steps and evaluations; call end_evaluation() first");
     drop_view();
     drop_param_ahead();
     flush_spilled(c);
@@ -1212,7 +1223,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     if (param_view_chunk_ != c) {
       if (!param_view_) param_view_.emplace(this->host_, param_spill_.block_bytes());
       param_view_chunk_ = no_chunk;  // a read that fails leaves nothing to reuse
-      std::size_t const block = param_spill_.block(c, 0, false);
+      wait_optimizer(c);  // an update of c in this step writes the slot read below
+      std::size_t const block = param_spill_.block(c, 0, param_spill_.written(c));
       param_spill_.read(&block, param_view_->data);
       param_view_chunk_ = c;
     }
@@ -1291,6 +1303,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         for (std::uint32_t d : spill_jobs_) jobs_[d].spill_failure = nullptr;
         spill_jobs_.clear();
         spill_.discard();
+        param_spill_.discard();
         std::rethrow_exception(e);
       }
   }
@@ -1352,7 +1365,11 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         }
       }
       master_written_ = true;
-      if (staging) {
+      if (param_view_) {  // the views of parameter chunks on file end with it
+        param_view_chunk_ = no_chunk;
+        param_view_.reset();
+      }
+      if (staging || param_spill_.active()) {
         staging.reset();
         this->host_.trim();  // the pool caches freed blocks: back under host_budget
       }
