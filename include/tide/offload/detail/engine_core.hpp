@@ -480,18 +480,26 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // Chunk c is no longer held by the ranks that do not own it: they free it, wherever it is.
   void release_param(std::uint32_t c) {
     if (!this->shard_.owns(c)) {
-      chunk::chunk& p = this->param_[c];
       this->settle(c);  // a copy in flight reads or writes it
       this->drop_shadow(c);
-      if (p.pinned()) {
-        p.set_pinned(false);
-        this->ctx_.pinned_bytes -= this->block_bytes();
-      }
-      bool const was_on_device = this->on_device(c);
-      this->free_payload(p);
-      if (was_on_device) this->released(c);
+      free_param_payload(c);
     }
     held_[c] = false;
+  }
+  // Parameter chunk c no longer pinned on the device (pinned chunks count in ctx_.pinned_bytes).
+  void unpin_param(std::uint32_t c) noexcept {
+    chunk::chunk& p = this->param_[c];
+    if (!p.pinned()) return;
+    p.set_pinned(false);
+    this->ctx_.pinned_bytes -= this->block_bytes();
+  }
+  // Parameter chunk c's payload freed wherever it is (no copy in flight), unpinned; the source
+  // hears of a device copy that went.
+  void free_param_payload(std::uint32_t c) noexcept {
+    unpin_param(c);
+    bool const was_on_device = this->on_device(c);
+    this->free_payload(this->param_[c]);
+    if (was_on_device) this->released(c);
   }
   // Every other rank's chunk freed, after the gathers in flight landed (the end of a step or an
   // evaluation, the start of one). Throws what a gather's wait threw.
@@ -744,10 +752,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       if (ring != nullptr && this->grad_[c].payload() != ring) reclaim_ring_block(ring);  // not taken
       throw;
     }
-    if (this->param_[c].pinned()) {
-      this->param_[c].set_pinned(false);
-      this->ctx_.pinned_bytes -= this->block_bytes();
-    }
+    unpin_param(c);
     ++this->cur_.host_optimizer_chunks;
     if (!apply) {  // the moves happened; nothing to compute
       wait_reduced(c);  // the gradients are freed below
@@ -1206,12 +1211,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     std::byte* const host = read_param_file(c);
     if (p.payload() != nullptr) {  // a clean device copy
       this->settle(c);
-      if (p.pinned()) {
-        p.set_pinned(false);
-        this->ctx_.pinned_bytes -= this->block_bytes();
-      }
-      this->free_payload(p);
-      this->released(c);
+      free_param_payload(c);
     }
     p.attach(host, chunk::tier::host);
     param_spill_.set_materialized(c, true);
@@ -1234,16 +1234,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // updates wrote to the other slots, which the file forgets; they go, and come back from the
   // file when used.
   void drop_param_file_copies() noexcept {
-    for (std::uint32_t c : param_spill_.chunks()) {
-      chunk::chunk& p = this->param_[c];
-      if (!param_in_file(c) || p.payload() == nullptr) continue;
-      if (p.pinned()) {
-        p.set_pinned(false);
-        this->ctx_.pinned_bytes -= this->block_bytes();
-      }
-      this->free_payload(p);
-      this->released(c);
-    }
+    for (std::uint32_t c : param_spill_.chunks())
+      if (param_in_file(c) && this->param_[c].payload() != nullptr) free_param_payload(c);
   }
 
   // The views' blocks back to the pool (a save ended, a load or a step begins).
@@ -1401,10 +1393,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       TIDE_ASSERT(g.payload() != nullptr && !swapped_[c]);
       this->drop_shadow(c);
       bool const was_on_device = this->on_device(c);
-      if (p.pinned() && g.tier() != chunk::tier::device) {  // a pinned chunk stays on the device
-        p.set_pinned(false);
-        this->ctx_.pinned_bytes -= this->block_bytes();
-      }
+      if (g.tier() != chunk::tier::device) unpin_param(c);  // a pinned chunk stays on the device
       this->free_payload(p);
       if (was_on_device) this->released(c);
       chunk::tier const where = g.tier();
