@@ -17,7 +17,9 @@
 //   max_model_vs_static_<d>   the largest GPT-2-family model (B=1, T=1024, heads = C/64, V=50257)
 //                             chunked<belady> can train over the largest static_partition can, at
 //                             device budgets of 1, 2 and 4 GiB on this machine (host = 80% of
-//                             MemAvailable - budget), and on paper for a V100 (32 GiB + 240 GiB)
+//                             MemAvailable - budget, read after the figures before freed their
+//                             trainers and malloc_trim returned the heap: detail.bench_resident_bytes
+//                             is what the bench holds then), and on paper for a V100 (32 GiB + 240 GiB)
 //                             and an H100 (80 GiB + 1 TiB) with mixed-precision formulas. Goal 2.5.
 //                             detail.formula says how each side is computed. chunked now recomputes
 //                             every block and offloads its output; the largest chunked model at the
