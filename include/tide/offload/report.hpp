@@ -26,41 +26,16 @@
 
 #include "tide/chunk/memory_tracer.hpp"
 #include "tide/core/error.hpp"
+#include "tide/core/text_format.hpp"
 #include "tide/offload/stats.hpp"
 
 namespace tide::offload {
 
 namespace detail {
 
-inline std::string svg_number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f", std::isfinite(v) ? v : 0.0);
-  return buf;
-}
-
-inline std::string xml_escape(std::string_view s) {
-  std::string r;
-  for (char c : s) {
-    switch (c) {
-      case '&': r += "&amp;"; break;
-      case '<': r += "&lt;"; break;
-      case '>': r += "&gt;"; break;
-      case '"': r += "&quot;"; break;
-      case '\'': r += "&apos;"; break;
-      default: r += c;
-    }
-  }
-  return r;
-}
-
-// A tick step of 1, 2 or 5 x 10^k giving at most ~8 ticks up to `top`.
-inline double tick_step(double top) {
-  double const raw = std::max(top, 1e-9) / 8;
-  double const p = std::pow(10.0, std::floor(std::log10(raw)));
-  for (double m : {1.0, 2.0, 5.0})
-    if (m * p >= raw) return m * p;
-  return 10 * p;
-}
+using format::svg_number;
+using format::tick_step;
+using format::xml_escape;
 
 inline std::string mib_text(std::size_t bytes) { return svg_number(static_cast<double>(bytes) / (1024.0 * 1024.0)); }
 

@@ -71,6 +71,7 @@
 #include "tide/offload/gradient_sink.hpp"
 #include "tide/offload/hooks.hpp"
 #include "tide/offload/scheduler_policy.hpp"
+#include "tide/offload/scheduler_options.hpp"
 #include "tide/offload/schedulers.hpp"
 #include "tide/optim/adamw.hpp"
 

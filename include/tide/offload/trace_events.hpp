@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "tide/core/error.hpp"
+#include "tide/core/text_format.hpp"
 #include "tide/offload/report.hpp"
 
 namespace tide::offload {
@@ -64,28 +65,7 @@ struct trace_event {
 
 namespace detail {
 
-// JSON string body: quotes, backslash and control characters escaped; other bytes (UTF-8) kept.
-inline void append_json_escaped(std::string& out, std::string_view s) {
-  for (char const c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-}
+using format::append_json_escaped;
 
 inline void append_microseconds(std::string& out, double us) {
   char buf[48];

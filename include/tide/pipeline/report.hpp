@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "tide/core/error.hpp"
+#include "tide/core/text_format.hpp"
 #include "tide/offload/report.hpp"
 #include "tide/offload/trace_events.hpp"
 #include "tide/pipeline/schedule.hpp"
@@ -69,7 +70,7 @@ inline std::string to_json(schedule const& s, simulation const& r, costs const& 
   detail::require_ok(s, r);
   using detail::number;
   std::string j = "{\"schedule\":\"";
-  offload::detail::append_json_escaped(j, s.name);
+  format::append_json_escaped(j, s.name);
   j += "\",\"stages\":" + std::to_string(s.stages) +
                   ",\"micro\":" + std::to_string(s.micro) + ",\"chunks\":" + std::to_string(s.chunks) +
                   ",\"costs\":{\"f\":" + number(c.f) + ",\"b\":" + number(c.b) + ",\"w\":" + number(c.w) +
@@ -130,14 +131,14 @@ inline std::string to_ascii(schedule const& s, simulation const& r) {
 // <title>, one <text class="stage-label"> per stage, one <g class="legend OP"> per kind drawn.
 inline std::string to_svg(schedule const& s, simulation const& r) {
   detail::require_ok(s, r);
-  using offload::detail::svg_number;
+  using format::svg_number;
   double const left = 70, top = 40, row = 28, right = 20, unit = std::clamp(900.0 / std::max(r.makespan, 1e-9), 4.0, 40.0);
   double const w = left + unit * r.makespan + right, h = top + row * s.stages + 50;
   std::string g = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"" +
                   svg_number(w) + "\" height=\"" + svg_number(h) + "\" font-family=\"sans-serif\" font-size=\"11\">\n";
   g += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   g += "<text x=\"" + svg_number(left) + "\" y=\"22\" font-size=\"14\">" +
-       offload::detail::xml_escape(std::string(s.name) + ": p = " + std::to_string(s.stages) + ", m = " +
+       format::xml_escape(std::string(s.name) + ": p = " + std::to_string(s.stages) + ", m = " +
                                    std::to_string(s.micro) + (s.chunks > 1 ? ", v = " + std::to_string(s.chunks) : "") +
                                    ", makespan " + detail::shown(r.makespan) + ", bubble " +
                                    detail::shown(r.bubble_fraction)) +
@@ -162,7 +163,7 @@ inline std::string to_svg(schedule const& s, simulation const& r) {
   }
   // Time axis: ticks of 1, 2 or 5 x 10^k.
   double const axis = top + row * s.stages + 6;
-  double const tick = offload::detail::tick_step(r.makespan * 1.25);
+  double const tick = format::tick_step(r.makespan * 1.25);
   for (double t = 0; t <= r.makespan + 1e-9; t += tick)
     g += "<text x=\"" + svg_number(left + unit * t) + "\" y=\"" + svg_number(axis + 12) +
          "\" text-anchor=\"middle\" fill=\"#555\">" + detail::shown(t) + "</text>\n";

@@ -21,6 +21,7 @@
 
 #include "tide/core/bytes.hpp"
 #include "tide/core/error.hpp"
+#include "tide/core/text_format.hpp"
 #include "tide/offload/report.hpp"
 #include "tide/train/trainer.hpp"
 
@@ -89,7 +90,7 @@ inline std::string loss_curves_svg(std::span<loss_curve const> curves,
                "loss_svg: no training losses");
   static constexpr char const* colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd",
                                             "#8c564b", "#e377c2", "#7f7f7f", "#17becf"};
-  using offload::detail::svg_number;
+  using format::svg_number;
   double const w = 720, h = 360, left = 64, right = 20, top = 40, bottom = 52;
   double hi = -1e300, lo = 1e300;
   std::size_t steps = 0;
@@ -102,7 +103,7 @@ inline std::string loss_curves_svg(std::span<loss_curve const> curves,
   for (auto const& [s, v] : validation)
     if (std::isfinite(v)) hi = std::max(hi, double(v)), lo = std::min(lo, double(v)), ++drawn_validation;
   if (hi < lo) lo = 0, hi = 1;  // nothing finite
-  double const y_step = offload::detail::tick_step(std::max(hi - lo, 0.1));  // at most ~8 ticks
+  double const y_step = format::tick_step(std::max(hi - lo, 0.1));  // at most ~8 ticks
   lo = std::max(0.0, std::floor(lo / y_step) * y_step);
   hi = std::max(lo + y_step, std::ceil(hi / y_step) * y_step);
   // Steps on x: from the first step drawn (a validation at step 0 included) to the last.
@@ -116,7 +117,7 @@ inline std::string loss_curves_svg(std::span<loss_curve const> curves,
   std::string s = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"" +
                   svg_number(w) + "\" height=\"" + svg_number(h) + "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s += "<text x=\"" + svg_number(left) + "\" y=\"22\" font-size=\"14\">" + offload::detail::xml_escape(title) + "</text>\n";
+  s += "<text x=\"" + svg_number(left) + "\" y=\"22\" font-size=\"14\">" + format::xml_escape(title) + "</text>\n";
   // Y ticks: grid lines and loss values.
   for (double v = lo; v <= hi + y_step * 1e-6; v += y_step) {
     s += "<g class=\"ytick\"><line x1=\"" + svg_number(left - 4) + "\" x2=\"" + svg_number(w - right) + "\" y1=\"" +
@@ -124,7 +125,7 @@ inline std::string loss_curves_svg(std::span<loss_curve const> curves,
          "\" y=\"" + svg_number(y(v) + 4) + "\" text-anchor=\"end\">" + svg_number(v) + "</text></g>\n";
   }
   // X ticks: whole steps, 1, 2 or 5 x 10^k apart.
-  double const x_step = std::max(1.0, offload::detail::tick_step((last - first) * 1.25));  // ~6-10 ticks
+  double const x_step = std::max(1.0, format::tick_step((last - first) * 1.25));  // ~6-10 ticks
   for (double t = std::ceil(first / x_step) * x_step; t <= last + 1e-9; t += x_step) {
     s += "<g class=\"xtick\"><line x1=\"" + svg_number(x(t)) + "\" x2=\"" + svg_number(x(t)) + "\" y1=\"" +
          svg_number(bottom_y) + "\" y2=\"" + svg_number(bottom_y + 5) + "\" stroke=\"#333\"/><text x=\"" +
@@ -158,7 +159,7 @@ inline std::string loss_curves_svg(std::span<loss_curve const> curves,
     s += "<g class=\"legend train\"><line x1=\"" + svg_number(lx) + "\" x2=\"" + svg_number(lx + 18) + "\" y1=\"" +
          svg_number(ly) + "\" y2=\"" + svg_number(ly) + "\" stroke=\"" + colours[k % std::size(colours)] +
          "\" stroke-width=\"1.5\"/><text x=\"" + svg_number(lx + 24) + "\" y=\"" + svg_number(ly + 4) + "\">" +
-         offload::detail::xml_escape(curves[k].label) + "</text></g>\n";
+         format::xml_escape(curves[k].label) + "</text></g>\n";
   }
   double const vy = top + 10 + 18 * double(curves.size());
   if (drawn_validation > 0)

@@ -1,0 +1,76 @@
+#pragma once
+// scheduler_options: how an offload::scheduler runs a step, beside its policy (where the chunks
+// live) and its slots (optimizer, gradient sink, chunk source). Every field has the default a
+// single-rank run wants; train::make_trainer fills them from the trainer's options.
+//
+//   tide::offload::scheduler_options opts{.micro_steps = 4, .defer_optimizer = true};  // clipping
+//   opts.host_budget = 8_GiB;                 // past it, optimizer state goes to file
+//   opts.spill_folder = "/mnt/nvme/spill";
+
+#include <cstddef>
+#include <filesystem>
+
+namespace tide::offload {
+
+struct scheduler_options {
+  float grad_scale = 1.f;        // multiplies every gradient in the step (clipping, loss-scale unscaling)
+  int micro_steps = 1;           // backward passes per optimizer step (gradient accumulation)
+  bool overlap_optimizer = true; // host steps run on the optimizer worker beside backward
+  // Host steps queued on the optimizer worker with their gradients copied out of the device, at
+  // most (0: no bound). Their gradients go to a ring of this many host blocks, pinned at the first
+  // host step and reused (a steady step allocates nothing); with none free, the queuing thread
+  // (backward, or step() with defer_optimizer) waits for the oldest step, and a worker slower
+  // than backward shows as offload_stats::stall_ms in backward instead of in step(). So the host
+  // keeps the parameters, the optimizer state and this many chunks of gradients, not every
+  // chunk's. While a gradient sink (data parallel, ZeRO) still reduces a chunk of the step nothing
+  // waits (the sink paces the steps) and the gradients take pool blocks, as they do with 0.
+  int host_steps_in_flight = 4;
+  // The optimizer runs in step() instead of after each block's backward: what global-norm
+  // clipping and loss scaling need (the norm and the overflow check read every gradient first).
+  bool defer_optimizer = false;
+  // The gradient sink gets the completed chunks from hand_over_gradients(), after backward, not
+  // during it (needs defer_optimizer): a pipeline stage first agrees with the other stages and
+  // replicas that the step's backward ran everywhere, so a step lost on one rank is summed nowhere.
+  bool defer_sink = false;
+  // Weight decay on matrices only (rank >= 2), not on biases and LayerNorm gains (GPT-2's rule).
+  bool decay_matrices_only = false;
+  bool lock_host_pages = false;  // host tier: mlock (pointless on tide::host, where nothing DMAs)
+  // A chunk stepped inside a step keeps a host copy of its parameters and optimizer state until
+  // the step completes, so a step that throws can be undone (abort_step). Costs host memory of up
+  // to the stepped state (12 B per fp32 parameter with Adam) and one copy of it per step
+  // (bench/offload undo_on_error_vs_off); off, a step that throws after the optimizer started
+  // may leave some chunks updated.
+  bool undo_on_error = true;
+  // The NVMe tier. host_budget: host bytes the model data kept between steps may take (the
+  // parameter chunks, the optimizer state, a sink's extra lists; 0: no limit). Past it, the
+  // optimizer state of the last chunks (with bf16 / f16 their fp32 masters too, unless
+  // reuse_grad_slots) lives in a file under spill_folder (a memory::file_store,
+  // O_DIRECT where the filesystem has it): read before each host step of such a chunk, written
+  // after it to a second slot that the step's end makes current, so a failed write loses nothing.
+  // Past every chunk's state, the last parameter chunks go to a second file (not under a
+  // sharding sink or reuse_grad_slots): read when fetched, and with their state when stepped.
+  std::size_t host_budget = 0;
+  std::filesystem::path spill_folder{};
+  // Of host_budget, the room kept for the model's offloaded activations (nn::gpt_options::
+  // offload_activations through offload::hooks, which take their host copies from this pool):
+  // the NVMe tier takes that much more optimizer state to file. Without it, activations that need
+  // more than the model data leaves of host_budget are refused at the first forward.
+  std::size_t host_reserve = 0;
+  // Gradient-slot reuse (bf16 / f16 parameters): once a chunk's gradients are complete, its
+  // parameters are not read again before the update, and its fp32 master holds them exactly
+  // (parameter = round(master) between steps). So the gradient block becomes the parameter
+  // chunk's payload and the parameter block is freed: 14 bytes per parameter with Adam, not 16,
+  // when every gradient lives until step() (defer_optimizer: clipping, loss scaling). The update
+  // reads the gradient and writes the rounded parameter into the same slot; a step that is
+  // skipped or abandoned rounds the masters back into it. Refused where it cannot be exact:
+  // fp32 parameters (the parameter chunk is the master), micro_steps > 1 (the next micro-step's
+  // forward reads the parameters) and ZeRO (a rank keeps the masters of its own chunks only).
+  bool reuse_grad_slots = false;
+  // A parameter chunk fetched to the device keeps its host block while it is unchanged, so
+  // evicting it needs no copy (a clean drop). false: the host block is freed once the copy
+  // landed, and an eviction copies the chunk back: less host memory (by the device-resident
+  // parameter chunks), more copies.
+  bool keep_host_copies = true;
+};
+
+}  // namespace tide::offload
