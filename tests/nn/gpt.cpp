@@ -13,6 +13,7 @@
 #include <tide/kernels/adamw/adamw.hpp>
 #include <tide/kernels/grad_norm/grad_norm.hpp>
 #include <tide/memory/device_arena.hpp>
+#include <tide/memory/ops.hpp>
 #include <tide/nn/gpt.hpp>
 
 #include "nn/gpt_reference.hpp"
@@ -334,6 +335,48 @@ bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// train() on tide::sealed: the model, its tokens and Adam's state in memory the host cannot read,
+// every kernel enqueued on the compute stream; the losses come back through the loss's read.
+std::vector<float> train_sealed(gpt_config const& c, int B, int T, int steps, std::vector<float>* final_params,
+                                tide::nn::gpt_options options = {.seed = 42}) {
+  namespace mem = tide::memory;
+  using tide::sealed;
+  mem::device_arena<sealed> arena{{.budget = 64_MiB}};
+  mem::stream<sealed> compute;
+  tide::thread_pool pool{2};
+  tide::exec<sealed> const ex{pool, compute};
+  std::vector<float> losses;
+  {
+    tide::nn::gpt<sealed> m(c, arena, options);
+    auto const n = static_cast<std::size_t>(m.flat_params().size());
+    auto ids = random_ids(static_cast<std::size_t>(B * T), c.vocab, 77);
+    auto const tgt = random_ids(static_cast<std::size_t>(B * T), c.vocab, 78);
+    ids.insert(ids.end(), tgt.begin(), tgt.end());  // tokens (B, T), then targets (B, T)
+    auto* dev_ids = static_cast<std::int32_t*>(arena.allocate(ids.size() * sizeof(std::int32_t)));
+    mem::copy_to_device(sealed{}, dev_ids, ids.data(), ids.size() * sizeof(std::int32_t));
+    auto* state = static_cast<float*>(arena.allocate(2 * n * sizeof(float)));  // Adam's m, then v
+    mem::fill_zeros(ex, state, 2 * n * sizeof(float));
+    tide::tensor_view<std::int32_t const, sealed> const tokens{dev_ids, {B, T}}, targets{dev_ids + B * T, {B, T}};
+    tide::tensor_view<float, sealed> const mom{state, {static_cast<index_t>(n)}}, var{state + n, {static_cast<index_t>(n)}};
+    for (int step = 1; step <= steps; ++step) {
+      m.zero_grad(ex);
+      losses.push_back(m.forward(ex, tokens, targets));
+      m.backward(ex);
+      double const norm = tide::kernels::global_grad_norm(ex, m.flat_grads());
+      tide::kernels::adamw(ex, tide::kernels::adamw_hparams{.lr = 1e-2f, .weight_decay = 0.0f}, step, m.flat_params(),
+                           m.flat_grads(), mom, var, tide::kernels::clip_scale(norm, 1.0f));
+    }
+    if (final_params) {
+      final_params->resize(n);
+      mem::read_to_host(ex, final_params->data(), m.flat_params().data(), n * sizeof(float));
+    }
+    compute.synchronize();  // nothing queued may outlive the memory it reads
+    arena.deallocate(state, 2 * n * sizeof(float));
+    arena.deallocate(dev_ids, ids.size() * sizeof(std::int32_t));
+  }
+  return losses;
+}
+
 }  // namespace
 
 TEST_CASE("gpt: 10 AdamW steps on a fixed batch lower the loss") {
@@ -369,7 +412,7 @@ TEST_CASE("gpt: training is bit-identical across runs and across 1 and 2 threads
 
 // ---- recompute and activation offload ---------------------------------------------------------
 
-TEST_CASE("gpt: recompute and activation offload train bit-identically to keeping every activation") {
+TEST_CASE("gpt: recompute and activation offload train bit-identically to keeping every activation, on host and sealed") {
   // Rows split over both threads, as in the test above; 3 blocks so sets can leave some out.
   gpt_config const c{.layers = 3, .heads = 4, .channels = 128, .vocab = 64, .max_seq = 32};
   int const B = 4, T = 32;
@@ -392,13 +435,40 @@ TEST_CASE("gpt: recompute and activation offload train bit-identically to keepin
       {"recompute 0 and 2, offload -1 and 1", block_set({0, 2}), block_set({-1, 1})},
   };
   for (variant const& v : variants) {
-    INFO(v.name);
+    INFO(std::string(v.name));
     std::vector<float> params;
     auto const losses = train(ex, c, B, T, 3, &params, {.seed = 42, .recompute = v.recompute,
                                                         .offload_activations = v.offload});
     CHECK(same_bits(losses, base));
     CHECK(same_bits(params, kept));
   }
+  // The same on tide::sealed, memory the host cannot read: initialised on the host from the same
+  // streams and copied, every kernel queued on the compute stream, offloaded activations on the
+  // model's own copy stream, ordered against the kernels by events only.
+  for (variant const& v : {variant{"sealed, every activation kept", {}, {}}, variants[0], variants[2], variants[6]}) {
+    INFO("sealed: " << std::string(v.name));
+    std::vector<float> params;
+    auto const losses = train_sealed(c, B, T, 3, &params, {.seed = 42, .recompute = v.recompute,
+                                                           .offload_activations = v.offload});
+    CHECK(same_bits(losses, base));
+    CHECK(same_bits(params, kept));
+  }
+}
+
+TEST_CASE("gpt<sealed>: init() on the device re-initialises to the host's bits") {
+  gpt_config const c{.layers = 3, .heads = 4, .channels = 128, .vocab = 64, .max_seq = 32};
+  tide::memory::device_arena<tide::sealed> arena{{.budget = 16_MiB}};
+  tide::memory::stream<tide::sealed> compute;
+  tide::thread_pool pool{1};
+  tide::exec<tide::sealed> const sx{pool, compute};
+  tide::nn::gpt<tide::sealed> m(c, arena, {.seed = 42});
+  tide::memory::device_arena<tide::host> host_arena{{.budget = 16_MiB}};
+  host_gpt h(c, host_arena, {.seed = 7});
+  auto const n = static_cast<std::size_t>(m.flat_params().size());
+  std::vector<float> got(n);
+  m.init(sx, 7);
+  tide::memory::read_to_host(sx, got.data(), m.flat_params().data(), n * sizeof(float));
+  CHECK(std::memcmp(got.data(), h.flat_params().data(), n * sizeof(float)) == 0);
 }
 
 TEST_CASE("gpt: recompute and offload shrink the plan; offload keeps its activations on the host") {

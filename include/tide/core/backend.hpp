@@ -13,6 +13,15 @@ struct host {
   static constexpr bool is_device = false;
 };
 
+// A test device that behaves as a GPU does: its memory is mapped PROT_NONE at the addresses it
+// hands out, so the host cannot read it, and its kernels (the host kernels) run asynchronously on
+// its compute stream's worker. Code that runs on tide::sealed bit-identically to tide::host
+// touches device memory only through the backend's operations (core/sealed.hpp).
+struct sealed {
+  static constexpr char const* name = "sealed";
+  static constexpr bool is_device = true;
+};
+
 // CUDA kernels, cudaMalloc'ed memory, CUDA streams. Its code lives in .cuh headers (nvcc).
 struct cuda {
   static constexpr char const* name = "cuda";
@@ -25,6 +34,6 @@ concept Backend = std::is_empty_v<B> && std::is_trivially_copyable_v<B> && requi
   { B::is_device } -> std::convertible_to<bool>;
 };
 
-static_assert(Backend<host> && Backend<cuda>);
+static_assert(Backend<host> && Backend<sealed> && Backend<cuda>);
 
 }  // namespace tide

@@ -9,6 +9,10 @@
 // exec<host>: kernels run on the calling thread, threaded over rows by the pool; they return
 //             when done (the host "compute stream" is the caller's timeline; copies run on the
 //             transfer engine's worker and are ordered against compute with events).
+// exec<sealed>: the compute stream of the sealed test device and the pool its kernels thread
+//             over; kernels are enqueued (the host kernels, on the stream's worker, over the
+//             aliases of their views) and return at once (kernels/sealed.hpp). Only that worker
+//             runs on the pool: give the exec a pool of its own.
 // exec<cuda>: a CUDA stream and a cuBLAS handle; kernels are enqueued and return at once
 //             (core/exec.cuh).
 
@@ -20,10 +24,22 @@ namespace tide {
 template <Backend B>
 struct exec;
 
+namespace memory {
+template <Backend B>
+class stream;
+}
+
 template <>
 struct exec<host> {
   using backend = host;
   thread_pool& pool;
+};
+
+template <>
+struct exec<sealed> {
+  using backend = sealed;
+  thread_pool& pool;              // used by the stream's worker only
+  memory::stream<sealed>& stream;  // the compute stream kernels are enqueued on
 };
 
 }  // namespace tide

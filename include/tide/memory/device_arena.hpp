@@ -1,6 +1,7 @@
 #pragma once
 // device_arena<B>: a backend's "device memory" with a hard byte budget. One region is obtained
-// once, in the constructor (host: aligned host memory; cuda: cudaMalloc, in device_arena.cuh),
+// once, in the constructor (host: aligned host memory; sealed: a region the host cannot read,
+// core/sealed.hpp; cuda: cudaMalloc, in device_arena.cuh),
 // and carved up by a best-fit heap whose bookkeeping is preallocated too: after construction,
 // allocate and deallocate never call the system allocator.
 //
@@ -35,6 +36,7 @@
 #include "tide/core/bytes.hpp"
 #include "tide/core/concepts.hpp"
 #include "tide/core/error.hpp"
+#include "tide/core/sealed.hpp"
 #include "tide/memory/detail/best_fit.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -116,6 +118,30 @@ class device_region<host> {
   void* data_;
   std::size_t bytes_;
   std::size_t alignment_;
+};
+
+// tide::sealed: the region is a sealed_region (core/sealed.hpp), so the blocks handed out are
+// addresses the host cannot touch; the backend's copies and kernels reach them through unseal().
+// ASan poisoning is not applied: a host access to any of it already faults.
+template <>
+class device_region<sealed> {
+ public:
+  device_region(std::size_t bytes, std::size_t alignment) : region_(bytes + alignment) {
+    auto const at = reinterpret_cast<std::uintptr_t>(region_.device());
+    data_ = reinterpret_cast<void*>((at + alignment - 1) & ~(std::uintptr_t{alignment} - 1));
+  }
+  device_region(device_region const&) = delete;
+  device_region& operator=(device_region const&) = delete;
+
+  [[nodiscard]] void* data() const noexcept { return data_; }
+  static void mark_live(void*, std::size_t) noexcept {}
+  static void mark_free(void*, std::size_t) noexcept {}
+  // As for tide::host: the sealed device's memory is this machine's.
+  [[nodiscard]] static std::size_t capacity() noexcept { return device_region<host>::capacity(); }
+
+ private:
+  sealed_region region_;
+  void* data_ = nullptr;
 };
 
 }  // namespace detail

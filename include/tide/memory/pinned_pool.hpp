@@ -182,6 +182,11 @@ struct pinned_pages<host> {
   static void release(void* p, std::size_t bytes) noexcept { ::munmap(p, bytes); }  // also unlocks
 };
 
+// tide::sealed: pinned memory is ordinary host memory, as on CUDA (cudaHostAlloc'ed blocks are
+// host-readable); the sealed device's copies read and write it directly.
+template <>
+struct pinned_pages<sealed> : pinned_pages<host> {};
+
 }  // namespace detail
 
 template <Backend B>
@@ -210,7 +215,7 @@ class pinned_pool {
     if (std::size_t const host_bytes = detail::host_memory_bytes(); host_bytes != 0 && bytes > host_bytes)
       TIDE_FAIL(budget, "pinned_pool<", B::name, ">::allocate: ", bytes, " bytes (", bytes_of{bytes},
                 ") asked, more than the host's memory, ", bytes_of{host_bytes}, " of RAM and swap: ",
-                detail::host_room_advice(std::is_same_v<B, host> && state_->opts.lock_pages));
+                detail::host_room_advice((std::is_same_v<B, host> || std::is_same_v<B, sealed>) && state_->opts.lock_pages));
     TIDE_REQUIRE(bytes <= max_request, "pinned_pool<", B::name, ">::allocate: ", bytes,
                  " bytes is more than the largest class, ", max_request, " bytes");
     state& s = *state_;

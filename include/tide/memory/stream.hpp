@@ -27,6 +27,10 @@
 // Thread safety: every member may be called from any thread; calls on one stream from several
 // threads are ordered by whoever gets the queue first.
 //
+// tide::sealed: the same streams; a copy reaches sealed memory through its alias (core/sealed.hpp),
+// and kernels are host functions on the compute stream's worker (launch_owned), so they run
+// asynchronously to the host, as CUDA kernels do.
+//
 // tide::cuda (stream.cuh): the same names over a non-blocking cudaStream_t and a cudaEvent_t.
 
 #include <chrono>
@@ -39,12 +43,14 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "tide/core/backend.hpp"
 #include "tide/core/concepts.hpp"
 #include "tide/core/error.hpp"
+#include "tide/core/sealed.hpp"
 
 namespace tide::memory {
 
@@ -59,6 +65,9 @@ struct stream_options {
 namespace detail {
 template <class B>
 inline constexpr bool backend_has_no_streams = false;
+// Backends whose streams are in-order queues served by a worker thread (below).
+template <class B>
+inline constexpr bool worker_streams = std::is_same_v<B, host> || std::is_same_v<B, sealed>;
 }  // namespace detail
 
 template <Backend B>
@@ -116,6 +125,7 @@ struct host_command {
   std::shared_ptr<host_event_state> event;     // record: the event to stamp
   std::shared_ptr<host_stream_state> waited;   // wait: the stream holding the awaited marker
   std::uint64_t sequence = 0;                  // record: generation; wait: ticket in `waited`
+  std::shared_ptr<void> owned;                 // host_function: the callable arg points to, if owned
 };
 
 struct host_stream_state {
@@ -235,14 +245,15 @@ struct host_stream_state {
 
 }  // namespace detail
 
-template <>
-class stream<host> {
+template <Backend B>
+  requires detail::worker_streams<B>
+class stream<B> {
  public:
-  using backend = host;
+  using backend = B;
   using options = stream_options;
 
   explicit stream(options const& opts = {}) {
-    TIDE_REQUIRE(opts.capacity > 0, "stream<host> asked for a ring of 0 commands; give capacity >= 1");
+    TIDE_REQUIRE(opts.capacity > 0, "stream<", B::name, "> asked for a ring of 0 commands; give capacity >= 1");
     state_ = std::make_shared<detail::host_stream_state>(opts.capacity);
     {
       std::lock_guard lock(state_->mutex);  // the worker reads `worker` under this mutex
@@ -269,8 +280,13 @@ class stream<host> {
                  " bytes with a null ", dst == nullptr ? "destination" : "source", "; pass valid buffers");
     detail::host_command c;
     c.kind = detail::command_kind::copy;
-    c.dst = dst;
-    c.src = src;
+    if constexpr (std::is_same_v<B, sealed>) {  // the worker copies through the alias
+      c.dst = unseal(dst);
+      c.src = unseal(src);
+    } else {
+      c.dst = dst;
+      c.src = src;
+    }
     c.bytes = bytes;
     state_->enqueue(std::move(c));
   }
@@ -285,8 +301,21 @@ class stream<host> {
     state_->enqueue(std::move(c));
   }
 
+  // f() on the worker, after everything enqueued before; the stream keeps its own copy of f
+  // until it ran (one allocation per call: for kernels of tide::sealed, not for hot host paths).
+  template <class F>
+  void launch_owned(F f) {
+    auto owned = std::make_shared<F>(std::move(f));
+    detail::host_command c;
+    c.kind = detail::command_kind::host_function;
+    c.fn = &detail::call_callable<F>;
+    c.arg = owned.get();
+    c.owned = std::move(owned);
+    state_->enqueue(std::move(c));
+  }
+
   // Work enqueued after this waits until e's most recent record (as of now) has passed.
-  void wait(event<host> const& e);
+  void wait(event<B> const& e);
 
   // Blocks until everything enqueued so far has finished; rethrows the stream's sticky failure.
   void synchronize() {
@@ -309,7 +338,7 @@ class stream<host> {
   [[nodiscard]] std::thread::id worker_id() const noexcept { return worker_.get_id(); }
 
  private:
-  friend class event<host>;
+  friend class event<B>;
 
   void close() noexcept {
     if (!state_) return;
@@ -326,11 +355,12 @@ class stream<host> {
   std::thread worker_;
 };
 
-template <>
-class event<host> {
+template <Backend B>
+  requires detail::worker_streams<B>
+class event<B> {
  public:
-  using backend = host;
-  using stream_type = stream<host>;
+  using backend = B;
+  using stream_type = stream<B>;
 
   event() : state_(std::make_shared<detail::host_event_state>()) {}
   event(event const&) = delete;
@@ -341,7 +371,7 @@ class event<host> {
   ~event() = default;
 
   // Enqueues a marker on s; from now on the event reports that marker.
-  void record(stream<host>& s) {
+  void record(stream<B>& s) {
     std::uint64_t generation = 0;
     {
       std::lock_guard lock(state_->mutex);
@@ -367,6 +397,17 @@ class event<host> {
     }
   }
 
+  // Records a marker that has already passed: the calling thread's own timeline, which is where
+  // exec<host> runs its kernels (memory/ops.hpp: record on the host's compute timeline).
+  void record_passed() {
+    std::lock_guard lock(state_->mutex);
+    ++state_->generation;
+    state_->stream.reset();
+    state_->ticket = 0;
+    state_->stamp = detail::stream_clock::now();
+    state_->stamped_generation = state_->generation;
+  }
+
   // True once the stream passed the most recent record's marker, or if never recorded.
   [[nodiscard]] bool query() const {
     auto [s, ticket] = last_record();
@@ -382,8 +423,10 @@ class event<host> {
   }
 
  private:
-  friend class stream<host>;
-  friend double elapsed_ms(event const& start, event const& end);
+  friend class stream<B>;
+  template <Backend C>
+    requires detail::worker_streams<C>
+  friend double elapsed_ms(event<C> const& start, event<C> const& end);
 
   [[nodiscard]] std::pair<std::shared_ptr<detail::host_stream_state>, std::uint64_t> last_record() const {
     std::lock_guard lock(state_->mutex);
@@ -393,7 +436,9 @@ class event<host> {
   std::shared_ptr<detail::host_event_state> state_;
 };
 
-inline void stream<host>::wait(event<host> const& e) {
+template <Backend B>
+  requires detail::worker_streams<B>
+void stream<B>::wait(event<B> const& e) {
   auto [s, ticket] = e.last_record();
   if (s == nullptr || s->is_done(ticket)) return;  // nothing left to wait for
   detail::host_command c;
@@ -405,8 +450,10 @@ inline void stream<host>::wait(event<host> const& e) {
 
 // Milliseconds between the markers of start's and end's most recent records, as the workers
 // passed them (cudaEventElapsedTime). Both must be recorded and complete.
-inline double elapsed_ms(event<host> const& start, event<host> const& end) {
-  auto stamp_of = [](event<host> const& e, char const* which) {
+template <Backend B>
+  requires detail::worker_streams<B>
+double elapsed_ms(event<B> const& start, event<B> const& end) {
+  auto stamp_of = [](event<B> const& e, char const* which) {
     TIDE_REQUIRE(e.query(), "elapsed_ms: the ", which, " event is not complete; synchronize it first");
     std::lock_guard lock(e.state_->mutex);
     TIDE_REQUIRE(e.state_->generation != 0, "elapsed_ms: the ", which, " event was never recorded; record it "
@@ -434,7 +481,7 @@ void launch(S& s, F& f) {
 template <class S, class F>
 void launch(S&, F const&&) = delete;
 
-static_assert(Stream<stream<host>>);
-static_assert(Event<event<host>>);
+static_assert(Stream<stream<host>> && Stream<stream<sealed>>);
+static_assert(Event<event<host>> && Event<event<sealed>>);
 
 }  // namespace tide::memory

@@ -27,6 +27,7 @@
 //   stream). An engine is driven by one thread at a time, never by its copy stream's worker.
 //   Destruction waits for the engine's copies. The copy stream must outlive the engine.
 //
+// tide::sealed: the same copies, through the aliases of sealed addresses.
 // tide::cuda: include <tide/memory/transfer_engine.cuh>; copies are cudaMemcpyAsync.
 
 #include <algorithm>
@@ -44,6 +45,7 @@
 #include "tide/core/backend.hpp"
 #include "tide/core/bytes.hpp"
 #include "tide/core/error.hpp"
+#include "tide/core/sealed.hpp"
 #include "tide/memory/stream.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -235,6 +237,12 @@ class copy_path<host> {
   }
 
   void issue(stream<host>& s, std::size_t slot, void* dst, void const* src, std::size_t bytes) {
+    issue_on(s, slot, dst, src, bytes);
+  }
+
+  // The copy as a host function on any worker stream (tide::sealed passes the aliases).
+  template <class S>
+  void issue_on(S& s, std::size_t slot, void* dst, void const* src, std::size_t bytes) {
     job& j = jobs_[slot];
     j.dst = dst;
     j.src = src;
@@ -263,6 +271,26 @@ class copy_path<host> {
 
   std::unique_ptr<copy_lane> lane_;
   std::vector<job> jobs_;
+};
+
+// tide::sealed: the host's path over the aliases of sealed addresses (core/sealed.hpp).
+template <>
+class copy_path<sealed> {
+ public:
+  copy_path(transfer_options const& opts, std::size_t slots) : path_(opts, slots) {}
+
+  void check_caller(stream<sealed> const& s) const {
+    TIDE_REQUIRE(std::this_thread::get_id() != s.worker_id(),
+                 "transfer_engine used from its own copy stream's worker: it would wait for itself; "
+                 "call copy_async from another thread (the caller of the stream, not its worker)");
+  }
+
+  void issue(stream<sealed>& s, std::size_t slot, void* dst, void const* src, std::size_t bytes) {
+    path_.issue_on(s, slot, unseal(dst), unseal(src), bytes);
+  }
+
+ private:
+  copy_path<host> path_;
 };
 
 }  // namespace detail

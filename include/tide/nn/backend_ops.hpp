@@ -1,9 +1,12 @@
 #pragma once
 // The few operations nn/ needs besides the kernels: fill with zeros, scale in place (loss
 // scaling), add in place (the tied gradient), copy a wte piece's columns of the logits, sum the
-// per-row losses, check token ids. Only the host overloads exist. CUDA counterparts taking
-// exec<cuda> (cudaMemsetAsync, a copy back of the losses, no token check: the ids are in device
-// memory) are not written yet; with them the model would call the same names on either backend.
+// per-row losses, check token ids. Overloads for tide::host and tide::sealed (the host ones,
+// enqueued on the sealed compute stream over the aliases, as the kernels are: kernels/sealed.hpp;
+// ordered_sum waits for its result; token ids in device memory are not checked on the host, the
+// embedding kernel checks them on the device). CUDA counterparts taking exec<cuda>
+// (cudaMemsetAsync, a copy back of the losses) are not written yet; with them the model calls
+// the same names on every backend.
 
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +17,8 @@
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
 #include "tide/core/tensor_view.hpp"
+#include "tide/kernels/sealed.hpp"
+#include "tide/memory/ops.hpp"
 
 namespace tide::nn::detail {
 
@@ -76,6 +81,40 @@ inline void check_token_ids(exec<host> const&, char const* op, char const* what,
   for (index_t i = 0; i < ids.size(); ++i)
     TIDE_REQUIRE(p[i] >= 0 && p[i] < vocab, op, ": ", what, "[", i / ids.extent(1), ", ", i % ids.extent(1), "] = ",
                  p[i], " is outside the vocabulary [0, ", vocab, ")");
+}
+
+// ---- tide::sealed
+
+template <class T>
+void zero_fill(exec<sealed> const& ex, tensor_view<T, sealed> x) {
+  memory::fill_zeros(ex, static_cast<void*>(x.data()), x.bytes());
+}
+
+template <class T>
+void scale_in_place(exec<sealed> const& ex, tensor_view<T, sealed> x, float s) {
+  kernels::detail::enqueue_on(ex, [](exec<host> const& h, tensor_view<T> a, float f) { scale_in_place(h, a, f); }, x, s);
+}
+
+template <class T>
+void add_in_place(exec<sealed> const& ex, tensor_view<T, sealed> x, tensor_view<T const, sealed> y) {
+  kernels::detail::enqueue_on(
+      ex, [](exec<host> const& h, tensor_view<T> a, tensor_view<T const> b) { add_in_place(h, a, b); }, x, y);
+}
+
+template <class T>
+void copy_columns(exec<sealed> const& ex, tensor_view<T, sealed> dst, index_t dst_col, tensor_view<T const, sealed> src,
+                  index_t src_col, index_t w) {
+  kernels::detail::enqueue_on(
+      ex,
+      [](exec<host> const& h, tensor_view<T> d, index_t dc, tensor_view<T const> s, index_t sc, index_t n) {
+        copy_columns(h, d, dc, s, sc, n);
+      },
+      dst, dst_col, src, src_col, w);
+}
+
+inline double ordered_sum(exec<sealed> const& ex, tensor_view<float const, sealed> x) {
+  return kernels::detail::result_of(
+      ex, [](exec<host> const& h, tensor_view<float const> a) { return ordered_sum(h, a); }, x);
 }
 
 }  // namespace tide::nn::detail

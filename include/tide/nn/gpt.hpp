@@ -19,7 +19,8 @@
 // first zero_grad / backward, activations (in_flight copies of one lifetime_planner plan) at
 // the first forward of each (B, T). gpt_options::recompute and offload_activations take a
 // block's activations off the plan between its forward and backward (recomputed, or kept on the
-// host), bit-identically. docs/nn.md has the details. The pieces: nn/gpt_config.hpp,
+// host), bit-identically. On tide::sealed (and any device backend) kernels are queued: synchronize
+// the compute stream before destroying the model or its arena. docs/nn.md has the details. The pieces: nn/gpt_config.hpp,
 // nn/gpt_activations.hpp (the plan), nn/gpt_blocks.hpp (each block's forward and backward).
 
 #include <algorithm>
@@ -43,6 +44,7 @@
 #include "tide/core/tensor_view.hpp"
 #include "tide/memory/device_arena.hpp"
 #include "tide/memory/lifetime_planner.hpp"
+#include "tide/memory/ops.hpp"
 #include "tide/memory/pinned_pool.hpp"
 #include "tide/memory/stream.hpp"
 #include "tide/memory/transfer_engine.hpp"
@@ -54,18 +56,19 @@
 namespace tide::nn {
 
 // Hooks that also carry the model's offloaded activations (gpt_options::offload_activations):
-// host room for them, their copies issued as one batch per block with an event recorded after
-// it, and a drain for a pass that throws. An offload scheduler's hooks do (offload::hooks): the
+// host room for them, their copies issued as one batch per block, after the compute work that
+// `ready` marks, with an event recorded after it, and a drain for a pass that throws. An offload scheduler's hooks do (offload::hooks): the
 // activations then move on its activation copy stream and engine (beside its chunk copies), and
 // share its host pool and host_budget, its counters and its timeline. With other hooks the model
 // carries them itself. Hooks that carry
 // them must outlive the model, which returns its host room when it is destroyed.
 template <class H, class B>
 concept ActivationCarrier = requires(H& h, std::byte* p, std::size_t n, int block, memory::copy_direction d,
-                                     std::span<memory::copy_request const> copies, memory::event<B>& done) {
+                                     std::span<memory::copy_request const> copies, memory::event<B> const& ready,
+                                     memory::event<B>& done) {
   { h.activation_host(n) } -> std::same_as<std::byte*>;
   { h.release_activation_host(p, n) } noexcept;  // from the destructor and a pass that throws
-  h.copy_activations(block, d, copies, done);
+  h.copy_activations(block, d, copies, ready, done);
   { h.drain_activations() } noexcept;
 };
 
@@ -81,7 +84,8 @@ struct own_activation_carrier {
   std::byte* activation_host(std::size_t bytes) { return static_cast<std::byte*>(pool.allocate(bytes)); }
   void release_activation_host(std::byte* p, std::size_t bytes) noexcept { pool.deallocate(p, bytes); }
   void copy_activations(int, memory::copy_direction d, std::span<memory::copy_request const> copies,
-                        memory::event<B>& done) {
+                        memory::event<B> const& ready, memory::event<B>& done) {
+    engine.copy_stream().wait(ready);
     engine.copy_async(copies, d, done);
   }
   void drain_activations() noexcept { engine.drain(); }  // a failed copy is the pass's error
@@ -164,12 +168,16 @@ class gpt {
   }
   [[nodiscard]] bool has_grads() const noexcept { return external_storage || static_cast<bool>(grads_); }
 
-  // Re-initialises the parameters from `seed` (the constructor's initialisation, threaded over
-  // ex's pool; the values do not depend on the thread count).
+  // Re-initialises the parameters from `seed` (the constructor's initialisation; the values do
+  // not depend on the thread count). On tide::host threaded over ex's pool; on a device backend
+  // made on the calling thread and copied, after the compute work issued so far (the same bits).
   void init(exec<B> const& ex, std::uint64_t seed) {
-    static_assert(!B::is_device, "gpt::init runs on tide::host only: build the model as gpt<tide::host, ...> (offload schedulers keep its "
-                                 "parameters in host-readable chunks)");
-    initialise(&ex.pool, seed);
+    if constexpr (B::is_device) {
+      memory::synchronize(ex);
+      initialise(nullptr, seed);
+    } else {
+      initialise(&ex.pool, seed);
+    }
   }
 
   // ---- training: the whole model ----------------------------------------------------------------
@@ -458,7 +466,19 @@ class gpt {
   }
 
   void initialise(thread_pool* pool, std::uint64_t seed) {
-    static_assert(!B::is_device, "gpt initialises its parameters on tide::host only: build the model as gpt<tide::host, ...>");
+    if constexpr (B::is_device) {
+      static_assert(!external_storage, "gpt<B, T, Hooks> on a device backend: the hooks keep the parameters in their "
+                                       "own storage, which only the host backend's offload schedulers do so far; "
+                                       "build gpt<tide::host, ...> with them, or use tide::nn::no_hooks");
+      // Made on the host in the buffer's layout (the padding zero), then copied in one piece.
+      std::vector<std::byte> staged(params_list_.bytes(), std::byte{0});
+      for (std::size_t i = 0; i < params_list_.size(); ++i) {
+        parameter const& p = params_list_[i];
+        detail::initialise_parameter(pool, config_, i, p, reinterpret_cast<T*>(staged.data() + p.offset), seed);
+      }
+      memory::copy_to_device(B{}, params_.data(), staged.data(), staged.size());
+      return;
+    }
     if constexpr (!external_storage)  // the padding, and a base for the zero tensors
       std::fill(params_.data(), params_.data() + params_list_.bytes(), std::byte{0});
     // External storage: the hooks hand out host-writable memory for every parameter outside a
@@ -486,8 +506,8 @@ class gpt {
       hooks_.pre_forward(b);
       forward_block(ex, b, micro, b == last_block() && targets != nullptr);
       if (mover_) {  // block b's saved activations leave; block b-1's must have left by now
-        send(b, micro);
-        mover_->wait_sent(b - 1);
+        send(ex, b, micro);
+        mover_->wait_sent(ex, b - 1);
       }
       hooks_.post_forward(b);
       stages_.set(b, b, micro, true);
@@ -527,9 +547,9 @@ class gpt {
     for (int b = last; b >= first; --b) {
       hooks_.pre_backward(b);
       if (mover_) {  // what block b reads arrives; what block b-1 reads starts to
-        fetch(b - 1, micro);
-        fetch(b - 2, micro);
-        mover_->wait_fetched(b - 1);
+        fetch(ex, b - 1, micro);
+        fetch(ex, b - 2, micro);
+        mover_->wait_fetched(ex, b - 1);
       }
       backward_block(ex, b, micro);
       hooks_.post_backward(b);
@@ -574,6 +594,7 @@ class gpt {
     std::size_t host_bytes = 0;
     std::vector<memory::copy_request> batch;      // one block's copies (reused: nothing allocated per step)
     std::vector<memory::event<B>> sent, fetched;  // by block + 1: after its copies out, back
+    memory::event<B> ready;                       // the compute work before the copies being issued
     std::vector<std::uint8_t> sending, fetching;  // by block + 1: those copies are issued
 
     explicit activation_mover(int layers)
@@ -583,11 +604,12 @@ class gpt {
     activation_mover& operator=(activation_mover const&) = delete;
 
     static std::size_t at(int b) noexcept { return static_cast<std::size_t>(b - embedding_block); }
-    void wait_sent(int b) {
-      if (b >= embedding_block && sending[at(b)]) sent[at(b)].synchronize();
+    // The compute work issued from now on runs after block b's copies (host: the caller waits).
+    void wait_sent(exec<B> const& ex, int b) {
+      if (b >= embedding_block && sending[at(b)]) memory::wait(ex, sent[at(b)]);
     }
-    void wait_fetched(int b) {
-      if (b >= embedding_block && fetching[at(b)]) fetched[at(b)].synchronize();
+    void wait_fetched(exec<B> const& ex, int b) {
+      if (b >= embedding_block && fetching[at(b)]) memory::wait(ex, fetched[at(b)]);
     }
     // Waits for every copy of the pass (rethrows a failed one): none runs on into the next.
     void finish(std::vector<std::uint8_t> const& issued, std::vector<memory::event<B>>& events) {
@@ -630,26 +652,30 @@ class gpt {
     }
   };
 
-  // Block b's saved activations to the host, then an event after the last.
-  void send(int b, int micro) {
+  // Block b's saved activations to the host, after the compute work that wrote them (on tide::host
+  // the caller's, already done; on a device, kernels still queued), then an event after the last.
+  void send(exec<B> const& ex, int b, int micro) {
     if (b >= config_.layers || plan_.moves(b).empty()) return;
     std::byte* const base = slot_base(micro);
     mover_->batch.clear();
     for (auto const& m : plan_.moves(b))
       mover_->batch.push_back({mover_->host + m.host_offset, base + plan_.offset(m.forward), plan_.bytes(m.forward)});
-    carrier().copy_activations(b, memory::copy_direction::device_to_host, mover_->batch,
+    memory::record(ex, mover_->ready);
+    carrier().copy_activations(b, memory::copy_direction::device_to_host, mover_->batch, mover_->ready,
                                mover_->sent[activation_mover::at(b)]);
     mover_->sending[activation_mover::at(b)] = 1;
   }
-  // Block b's saved activations back, once per backward.
-  void fetch(int b, int micro) {
+  // Block b's saved activations back, once per backward, after the compute work issued so far
+  // (which may still read the memory they land in).
+  void fetch(exec<B> const& ex, int b, int micro) {
     if (b < embedding_block || b >= config_.layers || plan_.moves(b).empty() || mover_->fetching[activation_mover::at(b)])
       return;
     std::byte* const base = slot_base(micro);
     mover_->batch.clear();
     for (auto const& m : plan_.moves(b))
       mover_->batch.push_back({base + plan_.offset(m.backward), mover_->host + m.host_offset, plan_.bytes(m.forward)});
-    carrier().copy_activations(b, memory::copy_direction::host_to_device, mover_->batch,
+    memory::record(ex, mover_->ready);
+    carrier().copy_activations(b, memory::copy_direction::host_to_device, mover_->batch, mover_->ready,
                                mover_->fetched[activation_mover::at(b)]);
     mover_->fetching[activation_mover::at(b)] = 1;
   }

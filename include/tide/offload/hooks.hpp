@@ -44,10 +44,11 @@ inline constexpr std::uint32_t no_index = 0xffffffffu;
 template <class S>
 concept CarriesActivations = requires(S& s, std::byte* p, std::size_t n, int block, memory::copy_direction d,
                                       std::span<memory::copy_request const> copies,
+                                      memory::event<typename S::backend> const& ready,
                                       memory::event<typename S::backend>& done) {
   { s.activation_host(n) } -> std::same_as<std::byte*>;
   { s.release_activation_host(p, n) } noexcept;
-  s.copy_activations(block, d, copies, done);
+  s.copy_activations(block, d, copies, ready, done);
   { s.drain_activations() } noexcept;
 };
 
@@ -86,8 +87,8 @@ struct hooks {
   template <class Event>
     requires CarriesActivations<S>
   void copy_activations(int block, memory::copy_direction d, std::span<memory::copy_request const> copies,
-                        Event& done) {
-    scheduler->copy_activations(block, d, copies, done);
+                        Event const& ready, Event& done) {
+    scheduler->copy_activations(block, d, copies, ready, done);
   }
   void drain_activations() noexcept
     requires CarriesActivations<S>

@@ -154,14 +154,16 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     if (options_.host_budget != 0) this->host_.trim();  // the pool caches freed blocks: back under host_budget
   }
   // One block's copies, on the activation copy stream (beside the chunk copies, not behind them):
-  // one span on the timeline's activation copy lane, `done` recorded after the last.
+  // one span on the timeline's activation copy lane, after the compute work `ready` marks, `done`
+  // recorded after the last.
   void copy_activations(int block, memory::copy_direction d, std::span<memory::copy_request const> copies,
-                        memory::event<B>& done) {
+                        memory::event<B> const& ready, memory::event<B>& done) {
     std::size_t bytes = 0;
     for (auto const& c : copies) bytes += c.bytes;
     bool const out = d == memory::copy_direction::device_to_host;
     auto& engine = this->activation_engine();
     auto* span = this->open_span(tide::detail::concat("activations ", block, out ? " out" : " back"), bytes, true);
+    engine.copy_stream().wait(ready);
     engine.copy_async(copies, d, done);
     this->close_span(span);
     (out ? this->cur_.activation_d2h_bytes : this->cur_.activation_h2d_bytes) += bytes;
