@@ -7,9 +7,18 @@
 //                                 40 B/param, dividing by the bias corrections), same threads.
 //   adamw_list_vs_flat            1000 tensors of 1024 params as a list versus one flat chunk of
 //                                 the same size: the per-tensor cost of the multi-tensor form.
+//   adamw_undo_folded_vs_copy_pass  the 25M-param step keeping its old p, m and v (prev_* arrays:
+//                                 the offload engine's undo journal), in Gparam/s, over a copy of
+//                                 p, m and v (memcpy on the calling thread, as the engine's journal
+//                                 did before the fold) followed by the same step without them;
+//                                 the three timed alternately. detail: the plain step, and each
+//                                 over it. Memory traffic: 40 B/param folded, 52 with the copy
+//                                 pass, 28 plain.
 
 #include <cmath>
 #include <cstddef>
+#include <cstring>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -109,6 +118,48 @@ inline void bench_adamw() {
                     {"naive_seconds", s_naive},
                     {"traffic_ratio_40B_over_28B", 40.0 / 28.0}}}
       .print();
+
+  // The undo copies: in the step's own pass, against a copy pass before it, against none.
+  {
+    arrays old(3, n);
+    k::adamw_tensor<float> const plain_rec[] = {{a[0], a[1], a[2], a[3], nullptr, nn}};
+    k::adamw_tensor<float> const folded_rec[] = {{a[0], a[1], a[2], a[3], nullptr, nn, old[0], old[1], old[2], nullptr}};
+    auto const folded = [&] { k::adamw(ex, hp, t, folded_rec); };
+    auto const copy_pass = [&] {
+      for (int j = 0; j < 3; ++j) std::memcpy(old[j], a[j == 0 ? 0 : j + 1], n * sizeof(float));
+      k::adamw(ex, hp, t, plain_rec);
+    };
+    auto const plain = [&] { k::adamw(ex, hp, t, plain_rec); };
+    std::vector<double> tf, tc, tp;
+    folded(), copy_pass(), plain();
+    for (int r = 0; r < reps; ++r) {
+      for (auto [f, out] : {std::pair<std::function<void()>, std::vector<double>*>{folded, &tf}, {copy_pass, &tc}, {plain, &tp}}) {
+        auto const t0 = clock::now();
+        f();
+        out->push_back(std::chrono::duration<double>(clock::now() - t0).count());
+      }
+    }
+    auto const med = [](std::vector<double> x) {
+      std::nth_element(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(x.size() / 2), x.end());
+      return x[x.size() / 2];
+    };
+    double const s_f = med(tf), s_c = med(tc), s_p = med(tp);
+    keep(old[0][n / 2]);
+    figure{.bench = "kernels",
+           .name = "adamw_undo_folded_vs_copy_pass",
+           .value = static_cast<double>(n) / s_f / 1e9,
+           .unit = "Gparam/s",
+           .anchor = "memcpy of p, m, v on the calling thread, then the step",
+           .anchor_value = static_cast<double>(n) / s_c / 1e9,
+           .detail = {{"params", static_cast<double>(n)},
+                      {"threads", threads},
+                      {"folded_seconds", s_f},
+                      {"copy_pass_seconds", s_c},
+                      {"plain_seconds", s_p},
+                      {"folded_vs_plain", s_p / s_f},
+                      {"copy_pass_vs_plain", s_p / s_c}}}
+        .print();
+  }
 
   // The multi-tensor form: 1000 tensors of 1024 params, against one flat chunk of as many.
   index_t const tensors = 1000, each = 1024, total = tensors * each;

@@ -8,7 +8,10 @@
 //                             detail: the offloaded run's offload_stats of a steady step.
 //   undo_on_error_vs_off      tokens/s of that chunked<belady> run (undo copies on, the default)
 //                             over the same run with scheduler_options::undo_on_error = false,
-//                             steps interleaved. Goal 0.95.
+//                             steps interleaved. Goal 0.95. AdamW writes the undo copies in its
+//                             own pass (optim::keeps_prev); detail.copy_pass_*: the same run with
+//                             an AdamW that does not, so the engine copies in a pass of its own
+//                             first (what every step did before the fold), steps interleaved.
 //   offload_bytes_vs_optimum  the bytes of a steady step (h2d + d2h, each clean drop counted as the copy it replaced) over MIN on
 //                             its own recorded trace: simulate(trace, capacity, belady{}) per
 //                             iteration in steady state (3 iterations - 2), capacity = the least
@@ -273,9 +276,15 @@ std::vector<std::int32_t> batch_of(shape const& s, int step) {
   return v;
 }
 
-template <class Config, class T = float>
+// AdamW without keeps_prev: the engine takes the undo copies in a pass of its own before each
+// update, as it does for any optimizer that does not write them (the anchor of the fold).
+struct adamw_copy_pass : tide::optim::adamw {
+  static constexpr bool keeps_prev = false;
+};
+
+template <class Config, class T = float, class Opt = tide::optim::adamw>
 struct trainer {
-  using sched_t = off::scheduler<host, T, Config>;
+  using sched_t = off::scheduler<host, T, Config, Opt>;
   tide::memory::device_arena<host> arena;
   sched_t sched;
   tide::nn::gpt<host, T, off::hooks<sched_t>> model;
@@ -287,9 +296,14 @@ struct trainer {
           bool undo = true, tide::nn::gpt_options options = {}, off::scheduler_options so = {})
       : arena{{.budget = budget}},
         sched{ex, arena, tide::nn::gpt_parameters(c, tide::dtype_of<T>), tide::nn::gpt_block_uses(c), cfg,
-              with_undo(so, undo), tide::optim::adamw{.lr = 1e-4f, .weight_decay = 0.1f}},
+              with_undo(so, undo), optimizer()},
         model{c, arena, with_seed(std::move(options)), {&sched}} {}
 
+  static Opt optimizer() {
+    tide::optim::adamw const o{.lr = 1e-4f, .weight_decay = 0.1f};
+    if constexpr (std::is_same_v<Opt, tide::optim::adamw>) return o;
+    else return Opt{o};
+  }
   static off::scheduler_options with_undo(off::scheduler_options o, bool undo) {
     o.undo_on_error = undo;
     return o;
@@ -551,6 +565,7 @@ int main() {
     trainer<chunked_t> offl{ex, s.config, budget, {}};
     trainer<off::resident> res{ex, s.config, 2 * model_data + 2 * act + 64_MiB, {}};
     trainer<chunked_t> no_undo{ex, s.config, budget, {}, false};  // what keeping the undo copies costs
+    trainer<chunked_t, float, adamw_copy_pass> copy_pass{ex, s.config, budget, {}};  // the copies in a pass of their own
     std::size_t const minimum = offl.sched.minimum_device_bytes(act);
     TIDE_CHECK(budget >= minimum, budget, "bench_offload: the shape's budget ", tide::bytes_of{budget},
                " (model data / 4) is below chunked<belady>'s minimum ", tide::bytes_of{minimum}, " = ",
@@ -560,13 +575,15 @@ int main() {
       loss_off = offl.step(ex, s, k);
       loss_res = res.step(ex, s, k);
       (void)no_undo.step(ex, s, k);
+      (void)copy_pass.step(ex, s, k);
     }
     // The measured steps interleave, so a burst of load on the shared machine hits all three.
-    float loss_no_undo = 0;
+    float loss_no_undo = 0, loss_copy_pass = 0;
     for (int k = warm_steps; k < warm_steps + measured; ++k) {
       loss_res = res.step(ex, s, k);
       loss_off = offl.step(ex, s, k);
       loss_no_undo = no_undo.step(ex, s, k);
+      loss_copy_pass = copy_pass.step(ex, s, k);
     }
     bool const activations_exact = tide::round_up(offl.model.activations().footprint, 256) == act;
     bool const same_loss = loss_off == loss_res;  // offloading changes no bit
@@ -644,6 +661,9 @@ int main() {
                           {"same_loss_bits", loss_no_undo == loss_off ? 1.0 : 0.0},
                           {"with_undo_ms_per_step", 1e3 * median(tail(offl.seconds))},
                           {"without_undo_ms_per_step", 1e3 * median(tail(no_undo.seconds))},
+                          {"copy_pass_ms_per_step", 1e3 * median(tail(copy_pass.seconds))},
+                          {"copy_pass_vs_off", median(tail(no_undo.seconds)) / median(tail(copy_pass.seconds))},
+                          {"copy_pass_same_loss_bits", loss_copy_pass == loss_off ? 1.0 : 0.0},
                           {"measured_steps", measured},
                           {"loadavg_1min_after", load_average()}}};
       print_figure(u, {});

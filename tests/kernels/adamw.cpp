@@ -131,6 +131,43 @@ TEST_CASE("adamw: a tensor list gives the same bits as the same data as one flat
   CHECK(listed.p != state<float>(total, 31u).p);
 }
 
+TEST_CASE("adamw: a record with prev arrays gets every value from before the step, and steps the same bits") {
+  // Sizes across grains and vector tails, a working copy, two threads.
+  std::vector<index_t> const sizes = {(index_t{1} << 14) + 5, 33, 1};
+  index_t total = 0;
+  for (index_t s : sizes) total += s;
+  state<float> kept(total, 41u), plain(total, 41u);
+  state<float> const before(total, 41u);
+  std::vector<tide::bf16> w_kept(static_cast<std::size_t>(total)), w_plain(static_cast<std::size_t>(total));
+  for (index_t i = 0; i < total; ++i) w_kept[static_cast<std::size_t>(i)] = w_plain[static_cast<std::size_t>(i)] =
+                                          tide::from_float<tide::bf16>(tide::test::noise(44, i));
+  std::vector<tide::bf16> const w_before = w_kept;
+  std::vector<float> pp(static_cast<std::size_t>(total), -7.f), pm = pp, pv = pp;
+  std::vector<tide::bf16> pw(static_cast<std::size_t>(total));
+  std::vector<k::adamw_tensor<float, tide::bf16>> with, without;
+  index_t at = 0;
+  for (index_t s : sizes) {
+    with.push_back({kept.p.data() + at, kept.g.data() + at, kept.m.data() + at, kept.v.data() + at, w_kept.data() + at,
+                    s, pp.data() + at, pm.data() + at, pv.data() + at, pw.data() + at});
+    without.push_back({plain.p.data() + at, plain.g.data() + at, plain.m.data() + at, plain.v.data() + at,
+                       w_plain.data() + at, s});
+    at += s;
+  }
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> const ex{pool};
+  k::adamw(ex, k::adamw_hparams{.lr = 1e-3f, .weight_decay = 0.1f}, 3, with, 0.5f);
+  k::adamw(ex, k::adamw_hparams{.lr = 1e-3f, .weight_decay = 0.1f}, 3, without, 0.5f);
+  CHECK(pp == before.p);
+  CHECK(pm == before.m);
+  CHECK(pv == before.v);
+  CHECK(std::memcmp(pw.data(), w_before.data(), sizeof(tide::bf16) * static_cast<std::size_t>(total)) == 0);
+  CHECK(kept.p == plain.p);
+  CHECK(kept.m == plain.m);
+  CHECK(kept.v == plain.v);
+  CHECK(std::memcmp(w_kept.data(), w_plain.data(), sizeof(tide::bf16) * static_cast<std::size_t>(total)) == 0);
+  CHECK(kept.p != before.p);
+}
+
 TEST_CASE("adamw: grad_scale multiplies the gradient before use (clipping costs no pass)") {
   // Scaling by a power of two is exact, so scale 0.25 on g equals scale 1 on g / 4, bit for bit.
   index_t const n = 1001;

@@ -199,6 +199,28 @@ TEST_CASE("sgd: a tensor list gives the same bits as the same data as one flat c
   }
 }
 
+TEST_CASE("sgd: prev arrays get the values from before the step, the buffer too when momentum leaves it alone") {
+  index_t const n = (index_t{1} << 14) + 21;
+  for (k::sgd_hparams const& hp : {nesterov, plain}) {
+    CAPTURE(hp.momentum);
+    state<float> kept(n, 51u), other(n, 51u);
+    state<float> const before(n, 51u);
+    std::vector<float> pp(static_cast<std::size_t>(n), -3.f), pb = pp;
+    std::vector<k::sgd_tensor<float, float>> const with = {
+        {kept.p.data(), kept.g.data(), kept.buf.data(), nullptr, n, pp.data(), pb.data(), nullptr}};
+    std::vector<k::sgd_tensor<float, float>> const without = {{other.p.data(), other.g.data(), other.buf.data(), nullptr, n}};
+    tide::thread_pool pool{2};
+    tide::exec<tide::host> const ex{pool};
+    k::sgd(ex, hp, 2, with, 1.f);
+    k::sgd(ex, hp, 2, without, 1.f);
+    CHECK(pp == before.p);
+    CHECK(pb == before.buf);  // without momentum the buffer is unused, and still kept as it was
+    CHECK(kept.p == other.p);
+    CHECK(kept.buf == other.buf);
+    CHECK(kept.p != before.p);
+  }
+}
+
 TEST_CASE("sgd: step 1 starts the buffer as the gradient, whatever it held") {
   index_t const n = 1001;
   state<float> garbage(n, 41u), zeros(n, 41u);

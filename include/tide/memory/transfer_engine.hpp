@@ -46,56 +46,13 @@
 #include "tide/core/bytes.hpp"
 #include "tide/core/error.hpp"
 #include "tide/core/sealed.hpp"
+#include "tide/memory/detail/streaming_copy.hpp"
 #include "tide/memory/stream.hpp"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#  include <immintrin.h>
-#  define TIDE_STREAMING_COPY_AVX2 1
-#else
-#  define TIDE_STREAMING_COPY_AVX2 0
-#endif
 
 namespace tide::memory {
 
 namespace detail {
-
-// memcpy with streaming (non-temporal) stores, for the pieces of a large tier copy: its
-// destination is not read soon by this core. glibc streams only above ~3/4 of the L3 share
-// (41 MiB on the machine this was measured on), so pieces of a 64 MiB chunk would otherwise read
-// every destination line before writing it (measured: ~20 % less bandwidth).
-#if TIDE_STREAMING_COPY_AVX2
-__attribute__((target("avx2"))) inline void streaming_copy_avx2(unsigned char* d, unsigned char const* s,
-                                                                std::size_t n) noexcept {
-  std::size_t const head = std::min(n, static_cast<std::size_t>(-reinterpret_cast<std::uintptr_t>(d) & 31));
-  std::memcpy(d, s, head);  // until d is 32-byte aligned, as streaming stores need
-  d += head;
-  s += head;
-  n -= head;
-  for (; n >= 128; n -= 128, d += 128, s += 128) {
-    __m256i const a = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(s));
-    __m256i const b = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(s + 32));
-    __m256i const c = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(s + 64));
-    __m256i const e = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(s + 96));
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(d), a);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 32), b);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 64), c);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 96), e);
-  }
-  _mm_sfence();  // streaming stores are weakly ordered: publish them before the copy reports done
-  std::memcpy(d, s, n);
-}
-#endif
-
-inline void streaming_copy(void* dst, void const* src, std::size_t n) noexcept {
-#if TIDE_STREAMING_COPY_AVX2
-  static bool const avx2 = __builtin_cpu_supports("avx2");
-  if (avx2 && n >= 4096) {
-    streaming_copy_avx2(static_cast<unsigned char*>(dst), static_cast<unsigned char const*>(src), n);
-    return;
-  }
-#endif
-  if (n != 0) std::memcpy(dst, src, n);
-}
 
 }  // namespace detail
 

@@ -10,6 +10,7 @@
 //     float lr = 1e-3f;                                  // the base learning rate (the trainer's schedule scales it)
 //     template <class T>
 //     void update(exec<host> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const;
+//     static constexpr bool keeps_prev = true;  // optional: update writes the prev_* arrays (below)
 //   };
 //   static_assert(tide::optim::check_optimizer<my_optimizer>());   // names a missing member
 //
@@ -52,7 +53,21 @@ struct update_tensor {
   // element's gradient before it writes that element's working copy.
   T* working = nullptr;
   index_t n = 0;
+  // Optional (null: not kept): where the update writes each element's values from before it (the
+  // engine's undo journal; an optimizer whose `keeps_prev` is true writes them in its own pass,
+  // for any other the engine copies them first): master, state, working copy.
+  float* prev_master = nullptr;
+  std::array<float*, max_state_lists> prev_state{};
+  T* prev_working = nullptr;
 };
+
+// Whether O's update writes the prev_* arrays of its update_tensors (adamw, adam and sgd do):
+// `static constexpr bool keeps_prev = true`. Optional; without it the engine copies first.
+template <class O>
+inline constexpr bool keeps_prev_v = [] {
+  if constexpr (requires { { O::keeps_prev } -> std::convertible_to<bool>; }) return bool(O::keeps_prev);
+  else return false;
+}();
 
 // What changes between calls.
 struct update_args {

@@ -20,6 +20,7 @@ namespace tide::optim {
 struct sgd {
   static constexpr std::string_view name = "sgd";
   static constexpr std::size_t state_lists = 1;  // the momentum buffer
+  static constexpr bool keeps_prev = true;      // the update writes prev_* in its own pass
   static constexpr std::string_view state_name(std::size_t) noexcept { return "momentum"; }
 
   float lr = 1e-2f;
@@ -38,7 +39,10 @@ struct sgd {
     kernels::sgd_hparams const hp{a.lr, momentum, dampening, a.decay ? weight_decay : 0.f, nesterov};
     detail::in_batches<kernels::sgd_tensor<T, T>>(
         tensors,
-        [](update_tensor<T> const& x) { return kernels::sgd_tensor<T, T>{x.master, x.grad, x.state[0], x.working, x.n}; },
+        [](update_tensor<T> const& x) {
+          return kernels::sgd_tensor<T, T>{x.master,      x.grad,          x.state[0],    x.working,
+                                           x.n,           x.prev_master,   x.prev_state[0], x.prev_working};
+        },
         [&](auto records) { kernels::sgd(ex, hp, a.step, records, a.grad_scale); });
   }
 };

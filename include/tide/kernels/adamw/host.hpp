@@ -81,6 +81,10 @@ struct adam_family_step {
   TIDE_HOST_DEVICE static step_states<2> state_arrays(Record const& r) {
     return {{r.m, r.v}};
   }
+  template <class Record>
+  TIDE_HOST_DEVICE static step_states<2> prev_state_arrays(Record const& r) {
+    return {{r.prev_m, r.prev_v}};
+  }
   TIDE_HOST_DEVICE static constexpr bool uses_states(coefficients const&) { return true; }
 
   template <class Record>

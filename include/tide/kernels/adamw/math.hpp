@@ -40,6 +40,13 @@ struct adamw_tensor {
   float* v = nullptr;
   Work* working = nullptr;
   index_t n = 0;
+  // Optional (null: not kept): where the step writes each element's values from before it, in
+  // the same pass that reads them (the offload engine's undo journal): p, m, v, the working copy.
+  // n long each, not overlapping anything else.
+  float* prev_p = nullptr;
+  float* prev_m = nullptr;
+  float* prev_v = nullptr;
+  Work* prev_working = nullptr;
 };
 
 // What adamw_update needs for one step; built (and checked) by adamw_coefficients_for in host.hpp.

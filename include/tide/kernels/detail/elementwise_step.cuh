@@ -77,7 +77,12 @@ TIDE_HOST_DEVICE inline bool step_packed(Record const& r) {
                  (r.working == nullptr || step_aligned(r.working, sizeof(step_work_t<Record>) * P));
 #pragma unroll
   for (int j = 0; j < Step::states; ++j) aligned = aligned && step_aligned(s.at[j], sizeof(float) * P);
-  return aligned;
+  // A record that keeps its values from before the step takes the element path, which writes them.
+  step_states<Step::states> const prev = Step::prev_state_arrays(r);
+  bool keeps = r.prev_p != nullptr || r.prev_working != nullptr;
+#pragma unroll
+  for (int j = 0; j < Step::states; ++j) keeps = keeps || prev.at[j] != nullptr;
+  return aligned && !keeps;
 }
 
 template <class Step, class Record>
@@ -95,6 +100,14 @@ __device__ inline void step_element(Record const& r, index_t e, typename Step::c
   float sv[S];
 #pragma unroll
   for (int j = 0; j < S; ++j) sv[j] = stateful ? s.at[j][e] : 0.f;
+  if (r.prev_p != nullptr) r.prev_p[e] = p;
+  {
+    step_states<S> const prev = Step::prev_state_arrays(r);  // s: the record's own, even when unused
+#pragma unroll
+    for (int j = 0; j < S; ++j)
+      if (prev.at[j] != nullptr && s.at[j] != nullptr) prev.at[j][e] = s.at[j][e];
+  }
+  if (r.working != nullptr && r.prev_working != nullptr) r.prev_working[e] = r.working[e];
   Step::update(p, sv, to_float(r.g[e]), c);
   r.p[e] = p;
   if (stateful) {

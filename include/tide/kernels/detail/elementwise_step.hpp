@@ -21,6 +21,8 @@
 //   static constexpr int states                fp32 state arrays beside p (m, v: 2; buf: 1)
 //   using coefficients                         the per-step constants the update takes
 //   TIDE_HOST_DEVICE static step_states<states> state_arrays(Record const& r)   r's state pointers
+//   TIDE_HOST_DEVICE static step_states<states> prev_state_arrays(Record const& r)
+//                                              where the states before the step go (null: not kept)
 //   TIDE_HOST_DEVICE static bool uses_states(coefficients const& c)
 //                                              false: the states are neither read nor written
 //                                              this step (and may be null); they then enter the
@@ -33,7 +35,11 @@
 //   static void check_states(Record const& r, std::size_t i, coefficients const& c)
 //                                              throws tide::error(usage) for a bad state pointer
 // Records (adamw_tensor, sgd_tensor) have members p (float*), g (Grad const*), working (Work*,
-// null: none) and n (index_t) besides their state arrays.
+// null: none) and n (index_t) besides their state arrays, and prev_p, prev_working and the prev
+// state arrays (null: not kept): a step that keeps them copies each grain's values there just
+// before it updates that grain, so the values are read from memory once (the copy brings the
+// grain into cache, the update finds it there): the undo journal of the offload engine folded
+// into the optimizer's own pass.
 
 #include <algorithm>
 #include <cstddef>
@@ -47,6 +53,7 @@
 #include "tide/core/error.hpp"
 #include "tide/core/parallel.hpp"
 #include "tide/core/tensor_view.hpp"
+#include "tide/memory/detail/streaming_copy.hpp"
 
 // TIDE_ELEMENTWISE_SIMD: 1 to use <experimental/simd>, 0 for the plain loop; detected unless
 // defined (TIDE_ADAMW_SIMD, its name before the optimizers shared it, is honoured too).
@@ -225,6 +232,20 @@ void step_range(Record const& r, index_t begin, index_t end, typename Step::coef
   bool const stateful = stateful_at<Step>(s);
   Work* const working = r.working ? r.working + begin : nullptr;
   index_t const n = end - begin;
+  // The grain's values before the step, where the record keeps them.
+  // (A state this step leaves alone is kept too, when it exists: the journal restores all of it.)
+  // Streaming stores: the copies are not read again here, and a plain store would first read
+  // each of their lines (12 B per parameter more for AdamW).
+  auto const keep = [n](auto* to, auto const* from) {
+    memory::detail::streaming_copy(to, from, static_cast<std::size_t>(n) * sizeof(*from));
+  };
+  if (r.prev_p != nullptr) keep(r.prev_p + begin, p);
+  {
+    step_states<S> const raw = Step::state_arrays(r), prev = Step::prev_state_arrays(r);
+    for (int j = 0; j < S; ++j)
+      if (prev.at[j] != nullptr && raw.at[j] != nullptr) keep(prev.at[j] + begin, raw.at[j] + begin);
+  }
+  if (working != nullptr && r.prev_working != nullptr) keep(r.prev_working + begin, working);
   index_t i = 0;
   for (; i + w <= n; i += w) {
     step_states<S> si;

@@ -38,6 +38,11 @@ struct sgd_tensor {
   float* buf = nullptr;
   Work* working = nullptr;
   index_t n = 0;
+  // Optional (null: not kept): each element's values from before the step, written in the same
+  // pass (as adamw_tensor's): p, buf (when momentum is used), the working copy.
+  float* prev_p = nullptr;
+  float* prev_buf = nullptr;
+  Work* prev_working = nullptr;
 };
 
 // What sgd_update needs for one step; built (and checked) by sgd_coefficients_for in host.hpp.

@@ -580,11 +580,29 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       optim::update_tensor<T> r{whole.master + at, whole.grad + at, {}, whole.working ? whole.working + at : nullptr,
                                 this->params_[i].numel()};
       for (std::size_t k = 0; k < state_lists; ++k) r.state[k] = whole.state[k] + at;
+      auto const moved = [at](auto* p) { return p != nullptr ? p + at : nullptr; };
+      r.prev_master = moved(whole.prev_master);
+      r.prev_working = moved(whole.prev_working);
+      for (std::size_t k = 0; k < state_lists; ++k) r.prev_state[k] = moved(whole.prev_state[k]);
       (this->params_[i].shape.rank >= 2 ? decayed : plain).push_back(r);
     }
     if (!decayed.empty()) optimizer_.update(ex, a, std::span<optim::update_tensor<T> const>(decayed));
     a.decay = false;
     if (!plain.empty()) optimizer_.update(ex, a, std::span<optim::update_tensor<T> const>(plain));
+  }
+
+  // The update of chunk c with its undo copies (undo: null when none are kept). An optimizer that
+  // keeps prev values writes them in its own pass (one read of the old values); for any other, or
+  // a journal list the update does not touch, they are copied first. Marked saved only once the
+  // update returned: an update that throws has checked its records before touching any.
+  void journalled_update(exec<host> const& ex, std::uint32_t c, optim::update_tensor<T> u,
+                         update_targets<T> const& targets, undo_record* undo, optim::update_args const& a) {
+    if (undo != nullptr && !(optim::keeps_prev_v<O> && undo_.attach(*undo, targets, u))) {
+      undo_.save(*undo, targets);
+      undo = nullptr;  // saved already
+    }
+    run_update(ex, c, u, a);
+    if (undo != nullptr) undo_journal<B, T>::mark_saved(*undo);
   }
 
   // One optimizer step over chunk c on the optimizer worker.
@@ -625,8 +643,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         }
       }
       if (spill_failure) return;
-      if (undo != nullptr) self->undo_.save(*undo, targets);
-      self->run_update(ex, c, whole, args);
+      self->journalled_update(ex, c, whole, targets, undo, args);
       if (staging != nullptr) {
         try {
           self->spill_.write(to.data(), staging);
@@ -663,12 +680,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         this->make_resident(ids_pair_, this->current_);
       }
       auto const t0 = std::chrono::steady_clock::now();
-      if (apply) {
-        if (undo_record* u = begin_undo(c, n)) undo_.save(*u, targets_of(c));
-        this->drop_shadow(c);  // the device copy changes: the host one is stale
-      }
+      undo_record* const u = apply ? begin_undo(c, n) : nullptr;
+      if (apply) this->drop_shadow(c);  // the device copy changes: the host one is stale
       double const start = this->tracing() ? trace_recorder::now_us() : 0;
-      if (apply) run_update(this->ex_, c, update_of(c), args);
+      if (apply) journalled_update(this->ex_, c, update_of(c), targets_of(c), u, args);
       if (apply && this->tracing())
         this->trace_->complete(tide::detail::concat(O::name, " chunk ", c, " (device)"), "optimizer", lane::compute,
                                start, trace_recorder::now_us(), static_cast<std::size_t>(n) * (8 + 4 * fp32_lists));

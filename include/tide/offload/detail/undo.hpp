@@ -19,6 +19,7 @@
 #include "tide/core/error.hpp"
 #include "tide/memory/pinned_pool.hpp"
 #include "tide/chunk/chunk.hpp"
+#include "tide/optim/optimizer.hpp"
 #include "tide/offload/gradient_sink.hpp"
 #include "tide/optim/optimizer.hpp"
 
@@ -67,6 +68,35 @@ class undo_journal {
     records_.push_back(r);
     return &records_.back();
   }
+  // Points u's prev_* arrays at r's copies, so an optimizer that keeps them (optim::keeps_prev_v)
+  // writes them in its own pass: each list the journal keeps must be one of the arrays u updates
+  // (master, working copy, a state list). False when one is not: then save() before the update.
+  // Either way the caller marks r saved (mark_saved) once the update returned.
+  [[nodiscard]] bool attach(undo_record const& r, update_targets<T> const& x, optim::update_tensor<T>& u) const noexcept {
+    if (r.elements != static_cast<std::size_t>(u.n)) return false;
+    optim::update_tensor<T> with = u;
+    for (std::size_t k = 0; k < slots(); ++k) {
+      if (r.copy[k] == nullptr) continue;
+      void const* const a = address(x, k);
+      bool const fp32 = bytes(k, 1) == sizeof(float);  // the list's element: fp32, or T (the parameters)
+      if (fp32 && a == u.master) {
+        with.prev_master = reinterpret_cast<float*>(r.copy[k]);
+        continue;
+      }
+      if (k == 0 && u.working != nullptr && a == u.working) {
+        with.prev_working = reinterpret_cast<T*>(r.copy[k]);
+        continue;
+      }
+      std::size_t j = 0;
+      while (j < optim::max_state_lists && !(fp32 && u.state[j] != nullptr && a == u.state[j])) ++j;
+      if (j == optim::max_state_lists) return false;
+      with.prev_state[j] = reinterpret_cast<float*>(r.copy[k]);
+    }
+    u = with;
+    return true;
+  }
+  static void mark_saved(undo_record& r) noexcept { r.saved = true; }
+
   void save(undo_record& r, update_targets<T> const& x) const noexcept {
     for (std::size_t k = 0; k < slots(); ++k)
       if (r.copy[k] != nullptr) std::memcpy(r.copy[k], address(x, k), bytes(k, r.elements));
