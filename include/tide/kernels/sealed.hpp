@@ -68,11 +68,14 @@ row_table<T> to_alias(row_table<T> const& t) noexcept {
 template <class G, class W>
 adamw_tensor<G, W> alias_record(adamw_tensor<G, W> r) noexcept {
   r.p = unseal(r.p), r.g = unseal(r.g), r.m = unseal(r.m), r.v = unseal(r.v), r.working = unseal(r.working);
+  r.prev_p = unseal(r.prev_p), r.prev_m = unseal(r.prev_m), r.prev_v = unseal(r.prev_v);
+  r.prev_working = unseal(r.prev_working);
   return r;
 }
 template <class G, class W>
 sgd_tensor<G, W> alias_record(sgd_tensor<G, W> r) noexcept {
   r.p = unseal(r.p), r.g = unseal(r.g), r.buf = unseal(r.buf), r.working = unseal(r.working);
+  r.prev_p = unseal(r.prev_p), r.prev_buf = unseal(r.prev_buf), r.prev_working = unseal(r.prev_working);
   return r;
 }
 template <class G>

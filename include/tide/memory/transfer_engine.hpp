@@ -52,10 +52,6 @@
 
 namespace tide::memory {
 
-namespace detail {
-
-}  // namespace detail
-
 enum class copy_direction : std::uint8_t { host_to_device, device_to_host };
 
 // One copy of a batch issued together (a block's offloaded activations): memcpy(dst, src, bytes).

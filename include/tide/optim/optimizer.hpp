@@ -55,7 +55,9 @@ struct update_tensor {
   index_t n = 0;
   // Optional (null: not kept): where the update writes each element's values from before it (the
   // engine's undo journal; an optimizer whose `keeps_prev` is true writes them in its own pass,
-  // for any other the engine copies them first): master, state, working copy.
+  // for any other the engine copies them first): master, state, working copy. Every element of
+  // each non-null array, changed by the step or not (a restore copies the whole array back); an
+  // update that keeps them throws, if at all, before it writes anything.
   float* prev_master = nullptr;
   std::array<float*, max_state_lists> prev_state{};
   T* prev_working = nullptr;

@@ -39,7 +39,8 @@ struct sgd_tensor {
   Work* working = nullptr;
   index_t n = 0;
   // Optional (null: not kept): each element's values from before the step, written in the same
-  // pass (as adamw_tensor's): p, buf (when momentum is used), the working copy.
+  // pass (as adamw_tensor's): p, buf (whenever it is given, used by this step or not), the
+  // working copy.
   float* prev_p = nullptr;
   float* prev_buf = nullptr;
   Work* prev_working = nullptr;

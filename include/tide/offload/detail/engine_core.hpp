@@ -580,10 +580,6 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       optim::update_tensor<T> r{whole.master + at, whole.grad + at, {}, whole.working ? whole.working + at : nullptr,
                                 this->params_[i].numel()};
       for (std::size_t k = 0; k < state_lists; ++k) r.state[k] = whole.state[k] + at;
-      auto const moved = [at](auto* p) { return p != nullptr ? p + at : nullptr; };
-      r.prev_master = moved(whole.prev_master);
-      r.prev_working = moved(whole.prev_working);
-      for (std::size_t k = 0; k < state_lists; ++k) r.prev_state[k] = moved(whole.prev_state[k]);
       (this->params_[i].shape.rank >= 2 ? decayed : plain).push_back(r);
     }
     if (!decayed.empty()) optimizer_.update(ex, a, std::span<optim::update_tensor<T> const>(decayed));
@@ -592,12 +588,15 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   }
 
   // The update of chunk c with its undo copies (undo: null when none are kept). An optimizer that
-  // keeps prev values writes them in its own pass (one read of the old values); for any other, or
-  // a journal list the update does not touch, they are copied first. Marked saved only once the
-  // update returned: an update that throws has checked its records before touching any.
+  // keeps prev values writes them in its own pass (one read of the old values) when the update is
+  // one call over the whole run; for any other, a journal list the update does not touch, or
+  // decay_matrices_only (two calls over the tensors, not the padding between them: a second call
+  // that threw would leave the first one's chunk without a restorable copy), they are copied
+  // first. Marked saved only once the update returned: an update throws before it writes.
   void journalled_update(exec<host> const& ex, std::uint32_t c, optim::update_tensor<T> u,
                          update_targets<T> const& targets, undo_record* undo, optim::update_args const& a) {
-    if (undo != nullptr && !(optim::keeps_prev_v<O> && undo_.attach(*undo, targets, u))) {
+    bool const fold = optim::keeps_prev_v<O> && !options_.decay_matrices_only;
+    if (undo != nullptr && !(fold && undo_.attach(*undo, targets, u))) {
       undo_.save(*undo, targets);
       undo = nullptr;  // saved already
     }

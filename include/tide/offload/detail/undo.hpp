@@ -19,7 +19,6 @@
 #include "tide/core/error.hpp"
 #include "tide/memory/pinned_pool.hpp"
 #include "tide/chunk/chunk.hpp"
-#include "tide/optim/optimizer.hpp"
 #include "tide/offload/gradient_sink.hpp"
 #include "tide/optim/optimizer.hpp"
 
