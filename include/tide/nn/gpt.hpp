@@ -20,7 +20,8 @@
 // the first forward of each (B, T). gpt_options::recompute and offload_activations take a
 // block's activations off the plan between its forward and backward (recomputed, or kept on the
 // host), bit-identically. On tide::sealed (and any device backend) kernels are queued: synchronize
-// the compute stream before destroying the model or its arena. docs/nn.md has the details. The pieces: nn/gpt_config.hpp,
+// the compute stream before destroying the model or its arena. docs/nn.md has the details.
+// The pieces: nn/gpt_config.hpp,
 // nn/gpt_activations.hpp (the plan), nn/gpt_blocks.hpp (each block's forward and backward).
 
 #include <algorithm>
@@ -57,7 +58,8 @@ namespace tide::nn {
 
 // Hooks that also carry the model's offloaded activations (gpt_options::offload_activations):
 // host room for them, their copies issued as one batch per block, after the compute work that
-// `ready` marks, with an event recorded after it, and a drain for a pass that throws. An offload scheduler's hooks do (offload::hooks): the
+// `ready` marks, with an event recorded after it, and a drain for a pass that throws. An
+// offload scheduler's hooks do (offload::hooks): the
 // activations then move on its activation copy stream and engine (beside its chunk copies), and
 // share its host pool and host_budget, its counters and its timeline. With other hooks the model
 // carries them itself. Hooks that carry
