@@ -20,8 +20,11 @@
 #include <tide/core/bytes.hpp>
 #include <tide/memory/pinned_pool.hpp>
 
+#include "support/errors.hpp"
+
 using namespace tide::literals;
 using pool = tide::memory::pinned_pool<tide::host>;
+using tide::test::category_of;
 
 namespace {
 std::size_t page() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
@@ -32,17 +35,6 @@ std::size_t locked_bytes() {
   for (std::string line; std::getline(status, line);)
     if (line.rfind("VmLck:", 0) == 0) return std::stoul(line.substr(6)) * 1024;
   return 0;
-}
-
-template <class F>
-tide::errc category_of(F&& f) {
-  try {
-    f();
-  } catch (tide::error const& e) {
-    return e.category();
-  }
-  FAIL("no tide::error thrown");
-  return tide::errc::internal;
 }
 
 // Without CAP_IPC_LOCK and with RLIMIT_MEMLOCK at 0 the kernel refuses mlock, even for root.

@@ -132,7 +132,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     this->wait_idle();               // no worker reads or writes a block freed below
     for (auto const& [c, p] : this->pending_grad_frees_) this->host_.deallocate(p, this->grad_[c].capacity(), 256);
     this->pending_grad_frees_.clear();
-    this->free_spill_staging();
+    this->files_.reset();            // the NVMe tier finishes its reads before its blocks go
     this->undo_.discard();
     this->extra_undo_.discard();
     this->free_all();
@@ -554,11 +554,8 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     }
     this->release_params_quietly();  // ZeRO-3: gathered again when next used
     if (!this->step_open_) return;  // an evaluation: no step to undo
-    this->spill_.discard();  // the spill file's current slots hold the state before the step
-    this->param_spill_.discard();
-    this->drop_param_ahead();  // reads of what the step's updates wrote
-    for (std::uint32_t c : this->spill_jobs_) this->jobs_[c].spill_failure = nullptr;
-    this->spill_jobs_.clear();
+    this->forget_spill_failures();
+    if (this->files_) this->files_->abort();  // the files' current slots hold the state before the step
     this->undo_.discard();
     this->extra_undo_.discard();
     this->unowned_grads_.clear();  // released with the step's other gradients above
@@ -672,9 +669,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     this->policy_.after_step(*this);
     this->undo_.discard();  // the step is complete: nothing left to undo
     this->extra_undo_.discard();
-    this->spill_.commit();  // the spilled chunks' new state becomes current
-    this->param_spill_.commit();
-    this->spill_jobs_.clear();
+    if (this->files_) this->files_->commit();  // the new state on file becomes current
     bool const warm_up = this->tracer_.recording();
     this->tracer_.end_step();
     this->ctx_.recording = false;

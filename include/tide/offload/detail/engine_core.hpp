@@ -15,6 +15,7 @@
 #include <exception>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -29,7 +30,8 @@
 #include "tide/offload/chunk_source.hpp"
 #include "tide/offload/detail/chunk_store.hpp"
 #include "tide/offload/detail/residency.hpp"
-#include "tide/offload/detail/spill.hpp"
+#include "tide/offload/detail/file_plan.hpp"
+#include "tide/offload/detail/file_tier.hpp"
 #include "tide/offload/detail/undo.hpp"
 #include "tide/offload/gradient_sink.hpp"
 #include "tide/offload/scheduler_options.hpp"
@@ -53,8 +55,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // fp32-sized lists per chunk that live with the optimizer state (the minimum counts them so).
   static constexpr std::size_t fp32_lists = state_lists + (store::has_master ? 1 : 0) + extra_count;
   // Lists a chunk may keep in the NVMe tier: the optimizer's moments, then the fp32 master.
-  static constexpr std::size_t max_spill_lists = optim::max_state_lists + 1;
-  static_assert(max_spill_lists <= state_spill::max_lists);
+  static_assert(optim::max_state_lists + 1 <= file_tier<B>::max_lists);
 
   engine_core(exec<B> const& ex, memory::device_arena<B>& arena, parameter_list params, block_uses uses,
               P const& policy, scheduler_options const& options, O const& optimizer, S const& sink,
@@ -96,7 +97,6 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     reduce_pending_.assign(n, false);
     os_on_device_.assign(n, false);
     jobs_.resize(n);
-    spill_jobs_.reserve(n);
     next_backward_ = this->uses_.last_block();
     // Everything the steady state appends to is sized here: a step allocates nothing on the heap.
     pending_grad_frees_.reserve(n);
@@ -122,7 +122,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     this->ctx_.state_lists = fp32_lists;
     if constexpr (LayoutAwareSink<S>) sink_.bind_layout(this->layout_, this->params_.all());
     for (int b = this->uses_.first_block; b <= this->uses_.last_block(); ++b) sink_chunks_ += this->completes_at(b).size();
-    open_spill();
+    open_files();
     if (options_.host_budget != 0) attach_host_state();
   }
 
@@ -197,21 +197,14 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     std::uint32_t placed = 0;
     for (std::uint32_t c = 0; c < this->n_ && c < count; ++c, ++placed) {
       if (os_on_device_[c] || !this->shard_.owns(c)) continue;  // another rank keeps (and steps) its state
-      if (spill_.spilled(c)) {
+      if (state_on_file(c)) {
         if (!required) continue;  // its state stays on file and is stepped on the host
         // A policy that needs every state on the device takes it from file, and the parameters
         // leave the file for good: a clean device copy becomes the chunk's only one, else they
         // come to a host block. Both are read before either file lets go of the chunk.
-        bool const params_on_file = param_spill_.spilled(c);
-        if (params_on_file && !this->on_device(c)) materialize_param(c);
+        if (params_spilled(c) && !this->on_device(c)) materialize_param(c);
         materialize(c);
-        spill_.set_materialized(c, false);
-        spill_.forget(c);
-        if (params_on_file) {
-          param_spill_.set_materialized(c, false);
-          param_spill_.forget(c);
-          host_kept_ += round_up(this->param_[c].capacity(), 256);  // counted on the host again
-        }
+        if (files_->forget(c)) host_kept_ += round_up(this->param_[c].capacity(), 256);  // on the host again
       }
       try {
         this->move_state_to_device(c);
@@ -317,8 +310,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     reducing_.clear();
     reduced_upto_ = 0;
     this->tracer_.begin_step();
-    spill_prefetched_.fill(no_chunk);  // a read a skipped or failed step started is finished before reuse
-    spill_prefetches_ = 0;
+    if (files_) files_->begin_step();
     this->ctx_.recording = this->tracer_.recording();
     this->arena_->reset_peak();
     this->tide_.clear();
@@ -613,51 +605,23 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     optim::update_args args{};
     trace_recorder* recorder = nullptr;
     undo_record* undo = nullptr;  // where the state before the update goes (undo_on_error)
-    // NVMe tier: the state is read from its current slot into staging (the read started when the
-    // job was staged: `reading`), updated, and written to the other slot.
-    std::byte* staging = nullptr;
-    state_spill::pending* reading = nullptr;
-    std::array<std::size_t, max_spill_lists> from{}, to{};
-    std::exception_ptr spill_failure;  // read by the engine after the optimizer stream drained
-    // Parameters on file too: read into their own staging block beside the state, written with it.
-    std::byte* param_staging = nullptr;
-    state_spill::pending* param_reading = nullptr;
-    std::size_t param_to = 0;
+    // NVMe tier: where its lists are read from and written to (io.state: none, when not on file).
+    // io.failure is read by the engine after the optimizer stream drained.
+    typename file_tier<B>::job io{};
     void operator()() {
       auto const t0 = std::chrono::steady_clock::now();
       exec<host> const ex{self->optimizer_pool_};
       double const start = recorder != nullptr ? trace_recorder::now_us() : 0;
-      if (staging != nullptr) {
-        try {
-          self->spill_.finish(*reading);
-        } catch (...) {  // no state, no update: the step fails when it ends, and nothing changed
-          spill_failure = std::current_exception();
-        }
-      }
-      if (param_staging != nullptr) {
-        try {
-          self->param_spill_.finish(*param_reading);  // waited for even after a failed state read
-        } catch (...) {
-          if (!spill_failure) spill_failure = std::current_exception();
-        }
-      }
-      if (spill_failure) return;
+      file_tier<B>* const files = io.state != nullptr ? self->files_.get() : nullptr;
+      if (files != nullptr && !files->finish_reads(io)) return;  // no state, no update: nothing changed
       self->journalled_update(ex, c, whole, targets, undo, args);
-      if (staging != nullptr) {
-        try {
-          self->spill_.write(to.data(), staging);
-          if (param_staging != nullptr) self->param_spill_.write(&param_to, param_staging);
-        } catch (...) {  // the current slots still hold the values before; undo has the rest
-          spill_failure = std::current_exception();
-        }
-      }
+      if (files != nullptr) files->write_back(io);  // a failure: the current slots hold the values before
       self->optimizer_ns_.fetch_add(static_cast<std::int64_t>(ms_since(t0) * 1e6), std::memory_order_relaxed);
       if (recorder != nullptr)
         recorder->complete(tide::detail::concat(O::name, " chunk ", c, " (host)"), "optimizer", lane::optimizer, start,
                            trace_recorder::now_us(), static_cast<std::size_t>(whole.n) * (8 + 4 * fp32_lists));
     }
   };
-
   void optimizer_step(std::uint32_t c, bool apply) {
     if (!this->shard_.owns(c)) {  // ZeRO: another rank steps it; its parameters come in share_parameters
       this->param_.transition_chunk(c, chunk::tensor_state::hold);
@@ -717,9 +681,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       return;
     }
     host_job& job = jobs_[c];
-    job = {this, c, update_of(c), targets_of(c), args, this->tracing() ? this->trace_ : nullptr, undo, nullptr, nullptr,
-           {}, {}, nullptr, nullptr, nullptr, 0};
-    if (spill_.spilled(c)) stage_spilled(job);
+    job = {this, c, update_of(c), targets_of(c), args, this->tracing() ? this->trace_ : nullptr, undo, {}};
+    if (state_on_file(c)) stage_spilled(job);
     this->param_.transition_chunk(c, chunk::tensor_state::hold);
     this->grad_.transition_chunk(c, chunk::tensor_state::free);
     if (options_.overlap_optimizer) {
@@ -817,129 +780,51 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     while (reduced_upto_ < reducing_.size() && reduced_[reducing_[reduced_upto_]].query()) ++reduced_upto_;
     return reduced_upto_ < reducing_.size();
   }
-  // A spilled chunk's host step: one of two staging blocks for its state (the update two spilled
-  // chunks back must have finished with it: back-pressure on backward when the worker lags), and
-  // its slots. So the host holds two chunks' state beyond host_budget, not every spilled chunk's.
-  // The state's read starts here, so it overlaps the updates queued before this one on the worker
-  // (with deferred steps, the next spilled chunk's read runs beside the current update), unless
-  // backward already started it (prefetch_spilled).
+  // ---- the NVMe tier (detail/file_tier.hpp holds its bytes; here, when they move) -------------
+  [[nodiscard]] bool state_on_file(std::uint32_t c) const noexcept { return files_ && files_->state_on_file(c); }
+  [[nodiscard]] bool params_spilled(std::uint32_t c) const noexcept { return files_ && files_->params_spilled(c); }
+  [[nodiscard]] bool param_in_file(std::uint32_t c) const noexcept { return files_ && files_->param_in_file(c); }
+  [[nodiscard]] bool param_on_file(std::uint32_t c) const noexcept { return files_ && files_->param_on_file(c); }
+  // What a wait for a ring block or a file slot waits for: chunk c's host update.
+  [[nodiscard]] auto update_of_chunk_done() {
+    return [this](std::uint32_t c) { wait_optimizer(c); };
+  }
+  // A host step of chunk c, on file: its lists and parameters are read into a ring block of the
+  // file tier, updated there (the journal keeps none of them: the file's current slot has them),
+  // and written to the other slots.
   void stage_spilled(host_job& job) {
-    std::uint32_t const c = job.c;
-    std::size_t const r = spill_next_++ % spill_ring_.size();
-    bool const prefetched = std::exchange(spill_prefetched_[r], no_chunk) == c;
-    if (!prefetched) claim_staging(r);
-    spill_user_[r] = c;
-    std::byte* const staging = spill_ring_[r]->data;
-    job.staging = staging;
-    job.reading = &spill_reads_[r];
-    for (std::size_t k = 0; k < spill_.lists(); ++k) {
-      auto* const list = reinterpret_cast<float*>(staging + k * spill_.block_bytes());
+    job.io = files_->stage(job.c, update_of_chunk_done());
+    for (std::size_t k = 0; k < files_->lists(); ++k) {
+      float* const list = files_->list_of(job.io, k);
       if (k < state_lists) {
         job.whole.state[k] = list;
         job.targets.state[k] = list;
-      } else {  // the fp32 master (spill_master_); the journal keeps none of it: the file has it
+      } else {  // the fp32 master
         job.whole.master = list;
         job.targets.master = list;
       }
-      job.from[k] = spill_.block(c, k, false);
-      job.to[k] = spill_.block(c, k, true);
     }
-    if (param_spill_.spilled(c)) {  // the parameters (fp32: the master; else the working copy) too
-      std::byte* const params = param_ring_[r]->data;
-      if constexpr (store::has_master) job.whole.working = reinterpret_cast<T*>(params);
-      else job.whole.master = reinterpret_cast<float*>(params);
-      job.targets.param = nullptr;  // the journal keeps none of them: the file has them
-      job.param_staging = params;
-      job.param_reading = &param_reads_[r];
-      job.param_to = param_spill_.block(c, 0, true);
-      drop_param_ahead(c);  // read before the update: a fetch after it reads the update's slot
-      if (param_view_chunk_ == c) param_view_chunk_ = no_chunk;  // and so does a view
-      if (!prefetched) start_param_read(c, r);
-      param_spill_.mark_written(c);
-      this->cur_.nvme_write_bytes += param_spill_.block_bytes();
-    }
-    if (!prefetched) {
-      spill_.start_read(job.from.data(), staging, spill_reads_[r]);
-      this->cur_.nvme_read_bytes += spill_.staging_bytes();
-    }
-    spill_.mark_written(c);
-    spill_jobs_.push_back(c);
-    this->cur_.nvme_write_bytes += spill_.staging_bytes();
-  }
-  void start_param_read(std::uint32_t c, std::size_t r) {
-    std::size_t const block = param_spill_.block(c, 0, false);
-    param_spill_.start_read(&block, param_ring_[r]->data, param_reads_[r]);
-    this->cur_.nvme_read_bytes += param_spill_.block_bytes();
-  }
-  // Staging block r for a new read: the update that last used it finished with it, and a read
-  // into it that no update waited for (a step that failed or skipped its updates) ended; that
-  // read's outcome no longer matters.
-  void claim_staging(std::size_t r) {
-    if (std::uint32_t const prev = spill_user_[r]; prev != no_chunk && optimizer_pending_[prev]) {
-      auto const t0 = std::chrono::steady_clock::now();
-      busy_[prev].synchronize();
-      this->cur_.stall_ms += ms_since(t0);
-    }
-    if (spill_reads_[r].issued > 0) {
-      auto const t0 = std::chrono::steady_clock::now();
-      try {
-        spill_.finish(spill_reads_[r]);
-      } catch (...) {
-      }
-      this->cur_.stall_ms += ms_since(t0);
-    }
-    if (param_reads_[r].issued > 0) {
-      try {
-        param_spill_.finish(param_reads_[r]);
-      } catch (...) {
-      }
+    if (job.io.params != nullptr) {  // the parameters (fp32: the master; else the working copy) too
+      if constexpr (store::has_master) job.whole.working = reinterpret_cast<T*>(job.io.params);
+      else job.whole.master = reinterpret_cast<float*>(job.io.params);
+      job.targets.param = nullptr;
     }
   }
-  // Deferred updates (step() runs them, in the order backward completed the chunks): the state
-  // reads of the first spilled chunks to complete start as backward completes them, one per
-  // staging block, so that the first updates find their state read instead of waiting for it.
+  // Deferred updates (step() runs them, in the order backward completed the chunks): the reads of
+  // the first chunks on file to complete start as backward completes them, one per ring block.
   void prefetch_spilled(int block) {
-    if (!spill_.active() || !options_.defer_optimizer) return;
-    std::array<std::size_t, max_spill_lists> blocks{};
+    if (!files_ || !options_.defer_optimizer) return;
     for (std::uint32_t c : this->completes_at(block)) {
-      if (spill_prefetches_ == spill_ring_.size()) return;
-      if (!spill_.spilled(c) || !this->shard_.owns(c) || os_on_device_[c]) continue;
-      std::size_t const r = (spill_next_ + spill_prefetches_++) % spill_ring_.size();
-      claim_staging(r);
-      spill_user_[r] = no_chunk;
-      for (std::size_t k = 0; k < spill_.lists(); ++k) blocks[k] = spill_.block(c, k, false);
-      spill_.start_read(blocks.data(), spill_ring_[r]->data, spill_reads_[r]);
-      if (param_spill_.spilled(c)) start_param_read(c, r);
-      spill_prefetched_[r] = c;
-      this->cur_.nvme_read_bytes += spill_.staging_bytes();
-      ++this->cur_.nvme_early_reads;
+      if (!files_->state_on_file(c) || !this->shard_.owns(c) || os_on_device_[c]) continue;
+      if (!files_->prefetch(c, update_of_chunk_done())) return;
     }
   }
-
-  // ---- the NVMe tier ------------------------------------------------------------------------
-  static constexpr std::uint32_t no_chunk = std::numeric_limits<std::uint32_t>::max();
-  // One spilled chunk's state lists in a host block, for the scope (aligned for O_DIRECT).
-  struct spill_staging {
-    memory::pinned_pool<B>* pool;
-    std::size_t bytes;
-    std::byte* data;
-    spill_staging(memory::pinned_pool<B>& p, std::size_t n)
-        : pool(&p), bytes(n), data(static_cast<std::byte*>(p.allocate(n, memory::file_store::alignment))) {}
-    ~spill_staging() { pool->deallocate(data, bytes, memory::file_store::alignment); }
-    spill_staging(spill_staging const&) = delete;
-    spill_staging& operator=(spill_staging const&) = delete;
-  };
-  // At construction: when the model data kept between steps exceeds host_budget, the optimizer
-  // state of the last chunks this rank steps goes to file until the rest fits: its moments, and
-  // with bf16 / f16 parameters its fp32 master, unless reuse_grad_slots keeps the masters on the
-  // host (a skipped or failed step rounds the parameters back from them, which must not fail).
-  void open_spill() {
-    TIDE_REQUIRE(options_.host_reserve == 0 || options_.host_budget != 0, "offload::scheduler: host_reserve ",
-                 bytes_of{options_.host_reserve}, " without a host_budget reserves nothing; set host_budget, or "
-                 "leave host_reserve at 0");
-    if (options_.host_budget == 0) return;
-    spill_master_ = store::has_master && !options_.reuse_grad_slots;
-    std::size_t const lists = state_lists + (spill_master_ ? 1 : 0);
+  // At construction: plan_files decides what the host budget cannot hold; the file tier takes it.
+  // The masters go to file with the state, unless reuse_grad_slots keeps them on the host (a
+  // skipped or failed step rounds the parameters back from them, which must not fail).
+  void open_files() {
+    bool const masters_may_go = store::has_master && !options_.reuse_grad_slots;
+    std::size_t const lists = state_lists + (masters_may_go ? 1 : 0);
     std::size_t kept = 0;
     std::vector<std::uint32_t> owned;
     for (std::uint32_t c = 0; c < this->n_; ++c) {
@@ -948,356 +833,128 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       if (!this->shard_.owns(c)) continue;
       owned.push_back(c);
       if constexpr (store::has_master)
-        if (!spill_master_) kept += round_up(this->master_[c].capacity(), 256);
+        if (!masters_may_go) kept += round_up(this->master_[c].capacity(), 256);
     }
-    std::size_t const per_chunk = lists * this->state_block_bytes();
-    std::size_t const state = owned.size() * per_chunk;
-    TIDE_REQUIRE(options_.host_reserve < options_.host_budget, "offload::scheduler: host_reserve ",
-                 bytes_of{options_.host_reserve}, " leaves nothing of host_budget ", bytes_of{options_.host_budget},
-                 " for the model data; raise host_budget above host_reserve");
-    std::size_t const for_data = options_.host_budget - options_.host_reserve;  // for the model data
-    std::string const budget_text = options_.host_reserve == 0 ? tide::detail::concat("host_budget ", bytes_of{for_data})
-        : tide::detail::concat("host_budget ", bytes_of{options_.host_budget}, " less host_reserve ",
-                               bytes_of{options_.host_reserve});
-    if (kept + state <= for_data) {
-      spill_master_ = false;
-      host_kept_ = kept + state;
-      return;
-    }
-    TIDE_REQUIRE(!options_.spill_folder.empty(), "offload::scheduler: the model data (", bytes_of{kept + state},
-                 ") exceeds ", budget_text,
-                 " and no spill_folder is set; set spill_folder to a folder on a fast drive, or raise host_budget");
-    // Past the whole optimizer state, parameter chunks go to file too, the last ones first: they
-    // come back through a host block of their own when fetched, and with their state for the
-    // host step. Not under a sharding sink (ZeRO: other ranks write a rank's parameter chunks)
-    // nor with reuse_grad_slots (the gradients take the parameters' slot).
-    bool const params_may_go = !ShardingSink<S> && !options_.reuse_grad_slots && lists > 0;
-    std::size_t const param_block = round_up(this->param_[0].capacity(), 256);
-    std::size_t params_out = 0;
-    if (kept >= for_data && params_may_go)
-      params_out = std::min<std::size_t>(this->n_, (kept - for_data) / param_block + 1);
-    std::size_t const kept_here = kept - params_out * param_block;
-    if (params_may_go) {
-      TIDE_CHECK(kept_here < for_data, budget, "offload::scheduler: ", budget_text, " is below the model data that "
-                 "stays on the host: ", bytes_of{kept_here}, " (the sink's extra lists; the parameters, the optimizer "
-                 "state and the fp32 masters go to file); raise host_budget to more than ",
-                 bytes_of{kept_here + options_.host_reserve}, ", or set it to 0 for no limit");
-    } else {
-      TIDE_CHECK(kept < for_data && lists > 0, budget, "offload::scheduler: ", budget_text,
-                 " is below the model data that stays on the host: ", bytes_of{kept},
-                 " (the parameter chunks", store::has_master && !spill_master_ ? ", the fp32 masters" : "",
-                 extra_count > 0 ? ", the sink's extra lists" : "", "; only the optimizer state",
-                 spill_master_ ? " and the fp32 masters go" : " goes", " to file",
-                 store::has_master && !spill_master_ ? ", and the masters and parameters stay with reuse_grad_slots"
-                                                     : "",
-                 ShardingSink<S> ? ", and under a sharding sink (ZeRO) the parameters stay on the host" : "",
-                 "); raise host_budget to more than ", bytes_of{kept + options_.host_reserve},
-                 ", or set it to 0 for no limit");
-    }
-    std::size_t const over = kept_here + state - for_data;
-    std::size_t const spilled = params_out > 0 ? owned.size() : std::min(owned.size(), (over + per_chunk - 1) / per_chunk);
-    host_kept_ = kept_here + (owned.size() - spilled) * per_chunk;
-    std::vector<std::uint32_t> chunks(owned.end() - static_cast<std::ptrdiff_t>(spilled), owned.end());
-    spill_.open(options_.spill_folder, chunks, this->n_, lists, this->state_block_bytes());
-    for (auto& r : spill_ring_) r.emplace(this->host_, spill_.staging_bytes());
-    if (params_out > 0) {
-      std::vector<std::uint32_t> const on_file(owned.end() - static_cast<std::ptrdiff_t>(params_out), owned.end());
-      param_spill_.open(options_.spill_folder, on_file, this->n_, 1, this->param_[0].capacity());
-      for (auto& r : param_ring_) r.emplace(this->host_, param_spill_.block_bytes());
-      param_read_.emplace(this->host_, param_spill_.block_bytes());
-      std::memset(param_read_->data, 0, param_read_->bytes);  // slot 0: zeros, as the host's chunks start
-      for (std::uint32_t c : on_file) {
-        std::size_t const block = param_spill_.block(c, 0, false);
-        param_spill_.write(&block, param_read_->data);
-      }
-    }
-    spill_user_.fill(no_chunk);
-    // Slot 0 of each holds the state now: zeros, as every chunk's moments start (the masters are
-    // written from the parameters by init_master, once the model initialised them). Written from
-    // a staging block, not a block of its own: the pool would keep that one cached, a chunk of
-    // host memory per spilled list held for nothing.
-    std::byte* const zeros = spill_ring_[0]->data;
-    std::memset(zeros, 0, spill_ring_[0]->bytes);
-    std::array<std::size_t, max_spill_lists> blocks{};
-    for (std::uint32_t c : chunks) {
-      for (std::size_t k = 0; k < lists; ++k) blocks[k] = spill_.block(c, k, false);
-      spill_.write(blocks.data(), zeros);
-    }
+    // Parameter chunks go to file past the state, but not under a sharding sink (ZeRO: other
+    // ranks write a rank's parameter chunks) nor with reuse_grad_slots (the gradients take them).
+    file_plan const plan = plan_files({.host_budget = options_.host_budget,
+                                       .host_reserve = options_.host_reserve,
+                                       .have_folder = !options_.spill_folder.empty(),
+                                       .kept = kept,
+                                       .owned = owned,
+                                       .lists = lists,
+                                       .list_bytes = this->state_block_bytes(),
+                                       .param_bytes = round_up(this->param_[0].capacity(), 256),
+                                       .chunks = this->n_,
+                                       .params_may_go = !ShardingSink<S> && !options_.reuse_grad_slots,
+                                       .masters_stay = store::has_master && !masters_may_go,
+                                       .extra_lists = extra_count > 0,
+                                       .sharding = ShardingSink<S>,
+                                       .masters_go = masters_may_go});
+    host_kept_ = plan.host_kept;
+    if (plan.empty()) return;
+    std::array<chunk::chunk_list*, file_tier<B>::max_lists> to_file{};
+    for (std::size_t k = 0; k < state_lists; ++k) to_file[k] = &this->state_[k];
+    if (masters_may_go) to_file[state_lists] = &this->master_;
+    files_ = std::make_unique<file_tier<B>>(this->host_, this->cur_, std::span(to_file.data(), lists), this->param_,
+                                            plan, options_.spill_folder, this->n_, this->state_block_bytes());
   }
   // With a host budget the store attaches no optimizer state: here the state that stays on the
-  // host starts zeroed, after open_spill chose what goes to file, so that the host never holds
-  // the spilled state (a model whose state does not fit host memory can be built).
+  // host starts zeroed, after open_files chose what goes to file, so that the host never holds
+  // the state on file (a model whose state does not fit host memory can be built).
   void attach_host_state() {
+    bool const masters_on_file = files_ && files_->holds_masters(state_lists);
     for (std::uint32_t c = 0; c < this->n_; ++c) {
-      if (!param_spill_.spilled(c)) this->attach_host_zeroed(this->param_[c]);
+      if (!params_spilled(c)) this->attach_host_zeroed(this->param_[c]);
       if (!this->shard_.owns(c)) continue;
       for (std::size_t k = 0; k < state_lists; ++k)
-        if (!spill_.spilled(c)) this->attach_host_zeroed(this->state_[k][c]);
+        if (!state_on_file(c)) this->attach_host_zeroed(this->state_[k][c]);
       if constexpr (store::has_master)
-        if (!spill_master_ || !spill_.spilled(c)) this->attach_host_zeroed(this->master_[c]);
+        if (!masters_on_file || !state_on_file(c)) this->attach_host_zeroed(this->master_[c]);
     }
   }
-  // Spilled chunk c's state into host blocks attached to its chunks (for checkpoints), from its
-  // current slot; flush_spilled() writes them back before the next step, or before another
-  // chunk's state comes in: one chunk's state is on the host at a time, whatever a checkpoint's load
-  // touches.
+  // Chunk c's state on host blocks attached to its chunks (a checkpoint's load); see file_tier.
   void materialize(std::uint32_t c) {
-    if (!spill_.spilled(c) || spill_.materialized(c)) return;
-    drop_view();  // a load reads nothing through it
-    flush_spilled(c);  // c's parameters, if on the host for the same load, stay
-    spill_staging const staging(this->host_, spill_.staging_bytes());
-    std::array<std::size_t, max_spill_lists> blocks{};
-    for (std::size_t k = 0; k < spill_.lists(); ++k) blocks[k] = spill_.block(c, k, false);
-    spill_.read(blocks.data(), staging.data);
-    std::array<std::byte*, max_spill_lists> lists{};
-    std::size_t const bytes = spilled_list(0, c).capacity();  // every spilled list is an fp32 chunk
-    try {
-      for (std::size_t k = 0; k < spill_.lists(); ++k) lists[k] = static_cast<std::byte*>(this->host_.allocate(bytes, 256));
-    } catch (...) {
-      for (std::byte* p : lists)
-        if (p != nullptr) this->host_.deallocate(p, bytes, 256);
-      throw;
-    }
-    for (std::size_t k = 0; k < spill_.lists(); ++k) {
-      std::memcpy(lists[k], staging.data + k * spill_.block_bytes(), bytes);
-      spilled_list(k, c).attach(lists[k], chunk::tier::host);
-    }
-    spill_.set_materialized(c, true);
+    if (files_) files_->materialize(c);
   }
-  // List k of spilled chunk c (k < state_lists: a moment; k == state_lists: the fp32 master),
-  // read from its current slot into one host block that the next views of c share (a checkpoint's
-  // save reads a chunk's lists once for all its tensors). nullptr: that list is on the host.
-  std::byte const* spilled_view(std::uint32_t c, std::size_t k) {
-    if (!spill_.spilled(c) || spill_.materialized(c) || k >= spill_.lists()) return nullptr;
-    if (view_chunk_ != c) {
-      if (!view_) view_.emplace(this->host_, spill_.staging_bytes());
-      view_chunk_ = no_chunk;  // a read that fails leaves nothing to reuse
-      std::array<std::size_t, max_spill_lists> blocks{};
-      for (std::size_t j = 0; j < spill_.lists(); ++j) blocks[j] = spill_.block(c, j, false);
-      spill_.read(blocks.data(), view_->data);
-      view_chunk_ = c;
-    }
-    return view_->data + k * spill_.block_bytes();
-  }
-  // ---- parameter chunks on file -------------------------------------------------------------
-  // Whether chunk c's parameters live on file (any device copy of them is clean: nothing but the
-  // host step, which reads and writes the file, changes them), and whether they are only there.
-  [[nodiscard]] bool param_in_file(std::uint32_t c) const noexcept {
-    return param_spill_.spilled(c) && !param_spill_.materialized(c);
-  }
-  [[nodiscard]] bool param_on_file(std::uint32_t c) const noexcept {
-    return param_in_file(c) && this->param_[c].payload() == nullptr;
-  }
-  // A new host block (the chunk's capacity, from the pool) with chunk c's parameters, read from
-  // the slot that holds them now (the other one once this step's update of c wrote it), or
-  // taken from the read the prefetch started.
-  std::byte* read_param_file(std::uint32_t c) {
-    std::size_t const bytes = this->param_[c].capacity();
-    auto* host = static_cast<std::byte*>(this->host_.allocate(bytes, 256));
-    try {
-      std::byte const* from = nullptr;
-      for (param_ahead& a : ahead_) {
-        if (a.c != c) continue;
-        a.c = no_chunk;  // free again, whatever the read did
-        auto const t0 = std::chrono::steady_clock::now();
-        param_spill_.finish(a.io);
-        this->cur_.stall_ms += ms_since(t0);
-        from = a.block->data;
-      }
-      if (from == nullptr) {
-        std::size_t const block = param_spill_.block(c, 0, param_spill_.written(c));
-        param_spill_.read(&block, param_read_->data);
-        from = param_read_->data;
-        if (step_open_ || evaluating_) this->cur_.nvme_read_bytes += param_spill_.block_bytes();
-      }
-      std::memcpy(host, from, bytes);
-    } catch (...) {
-      this->host_.deallocate(host, bytes, 256);
-      throw;
-    }
-    return host;
-  }
-  // The prefetch reached parameter chunk c, on file: its read starts now, into one of two blocks,
-  // so the fetch that follows finds it read (none free: the fetch reads it then). True once that
-  // read is done: the prefetch may fetch c as any other chunk. A refused request is kept for
-  // the fetch to report.
-  bool read_param_ahead(std::uint32_t c) {
-    if (!param_on_file(c)) return false;
-    param_ahead* slot = nullptr;
-    for (param_ahead& a : ahead_) {
-      if (a.c == c) return param_spill_.ready(a.io);
-      if (a.c == no_chunk && slot == nullptr) slot = &a;
-    }
-    if (slot == nullptr) return false;
-    try {
-      if (!slot->block) slot->block.emplace(this->host_, param_spill_.block_bytes());
-    } catch (...) {  // no block: the fetch reads it
-      return false;
-    }
-    std::size_t const block = param_spill_.block(c, 0, param_spill_.written(c));
-    param_spill_.start_read(&block, slot->block->data, slot->io);
-    slot->c = c;
-    this->cur_.nvme_read_bytes += param_spill_.block_bytes();
-    ++this->cur_.nvme_early_reads;
-    return false;
-  }
-  // Reads started ahead that no fetch will take (c: that chunk's only, no_chunk: all) end here;
-  // what they read no longer matters.
-  void drop_param_ahead(std::uint32_t c = no_chunk) noexcept {
-    for (param_ahead& a : ahead_) {
-      if (a.c == no_chunk || (c != no_chunk && a.c != c)) continue;
-      a.c = no_chunk;
-      try {
-        param_spill_.finish(a.io);
-      } catch (...) {
-      }
-    }
+  std::byte const* spilled_view(std::uint32_t c, std::size_t k) { return files_ ? files_->state_view(c, k) : nullptr; }
+  // Chunk c's parameters from file into a new host block (a fetch).
+  std::byte* read_param_file(std::uint32_t c) { return files_->read_param(c, step_open_ || evaluating_); }
+  bool read_param_ahead(std::uint32_t c) { return files_ && files_->read_param_ahead(c); }
+  void drop_param_ahead() noexcept {
+    if (files_) files_->drop_ahead();
   }
   // Chunk c's parameters on a host block attached to it, for writing between steps (the model's
-  // initialisation, a checkpoint's load): one chunk's lists on the host at a time, as materialize.
-  // Its device copy, if any, goes: the caller may change the bytes.
+  // initialisation, a checkpoint's load). Its device copy, if any, goes: the caller may change
+  // the bytes.
   void materialize_param(std::uint32_t c) {
     if (!param_in_file(c)) return;
     TIDE_REQUIRE(!evaluating_, "offload::scheduler: parameter chunk ", c, " is on file (host_budget), and its "
                  "bytes can be written only between steps and evaluations; call end_evaluation() first");
-    drop_view();
-    drop_param_ahead();
-    flush_spilled(c);
     chunk::chunk& p = this->param_[c];
-    std::byte* const host = read_param_file(c);
+    std::byte* const host = files_->take_param(c);
     if (p.payload() != nullptr) {  // a clean device copy
       this->settle(c);
       free_param_payload(c);
     }
     p.attach(host, chunk::tier::host);
-    param_spill_.set_materialized(c, true);
+    files_->params_attached(c);
   }
-  // Chunk c's parameters to read, wherever they are: the device copy or the host block, or read
-  // from file into one block the next views of c share (nullptr: not on file alone).
+  // Chunk c's parameters to read when they are on file alone (nullptr: read them where they are).
   std::byte const* param_file_view(std::uint32_t c) {
-    if (!param_on_file(c)) return nullptr;
-    if (param_view_chunk_ != c) {
-      if (!param_view_) param_view_.emplace(this->host_, param_spill_.block_bytes());
-      param_view_chunk_ = no_chunk;  // a read that fails leaves nothing to reuse
-      wait_optimizer(c);  // an update of c in this step writes the slot read below
-      std::size_t const block = param_spill_.block(c, 0, param_spill_.written(c));
-      param_spill_.read(&block, param_view_->data);
-      param_view_chunk_ = c;
-    }
-    return param_view_->data;
+    return files_ ? files_->param_view(c, update_of_chunk_done()) : nullptr;
   }
   // A failed step, once drained: device copies of the parameters on file may hold what its
-  // updates wrote to the other slots, which the file forgets; they go, and come back from the
-  // file when used.
+  // updates wrote to the other slots, which the file forgets; they go, and come back when used.
   void drop_param_file_copies() noexcept {
-    for (std::uint32_t c : param_spill_.chunks())
-      if (param_in_file(c) && this->param_[c].payload() != nullptr) free_param_payload(c);
+    if (!files_) return;
+    for (std::uint32_t c : files_->param_chunks())
+      if (files_->param_in_file(c) && this->param_[c].payload() != nullptr) free_param_payload(c);
   }
-
   // The views' blocks back to the pool (a save ended, a load or a step begins).
   void drop_view() {
-    bool const had = view_ || param_view_;
-    view_chunk_ = no_chunk;
-    view_.reset();
-    param_view_chunk_ = no_chunk;
-    param_view_.reset();
-    if (had) this->host_.trim();  // back under host_budget
+    if (files_ && files_->drop_view()) this->host_.trim();  // back under host_budget
   }
-  // The materialized chunks' lists back to file (the other slot, then current), their host
-  // blocks freed, but chunk `keep`'s. A failed write keeps them attached and current on the
-  // host: nothing is lost.
-  void flush_spilled(std::uint32_t keep = no_chunk) {
-    if (!spill_.active()) return;
-    bool flushed = false;
-    for (std::uint32_t c : param_spill_.chunks()) {
-      if (c == keep || !param_spill_.materialized(c)) continue;
-      chunk::chunk& p = this->param_[c];
-      std::memcpy(param_read_->data, p.payload(), p.capacity());
-      std::memset(param_read_->data + p.capacity(), 0, param_read_->bytes - p.capacity());
-      std::size_t const block = param_spill_.block(c, 0, true);
-      param_spill_.write(&block, param_read_->data);
-      param_spill_.mark_written(c);
-      param_spill_.commit_one(c);
-      this->free_payload(p);
-      param_spill_.set_materialized(c, false);
-      if (param_view_chunk_ == c) param_view_chunk_ = no_chunk;
-      flushed = true;
-    }
-    for (std::uint32_t c : spill_.chunks()) {
-      if (c == keep || !spill_.materialized(c)) continue;
-      spill_staging const staging(this->host_, spill_.staging_bytes());
-      std::memset(staging.data, 0, staging.bytes);
-      std::array<std::size_t, max_spill_lists> blocks{};
-      for (std::size_t k = 0; k < spill_.lists(); ++k) {
-        chunk::chunk const& l = spilled_list(k, c);
-        std::memcpy(staging.data + k * spill_.block_bytes(), l.payload(), l.capacity());
-        blocks[k] = spill_.block(c, k, true);
-      }
-      spill_.write(blocks.data(), staging.data);
-      spill_.mark_written(c);
-      spill_.commit_one(c);
-      for (std::size_t k = 0; k < spill_.lists(); ++k) this->free_payload(spilled_list(k, c));
-      spill_.set_materialized(c, false);
-      flushed = true;
-    }
-    if (flushed) this->host_.trim();  // back under host_budget
+  // The materialized chunks' lists back to file; a failed write keeps them on the host.
+  void flush_spilled() {
+    if (files_ && files_->flush()) this->host_.trim();  // back under host_budget
   }
-  // After the optimizer drained: a failed read or write of a spilled chunk fails the step (its
-  // slots stay as they were; abort_step puts the parameters back).
+  // After the optimizer drained: a failed read or write on file fails the step (its slots stay as
+  // they were; abort_step puts the parameters back).
   void check_spill() {
-    for (std::uint32_t c : spill_jobs_)
-      if (jobs_[c].spill_failure) {
-        std::exception_ptr const e = std::exchange(jobs_[c].spill_failure, nullptr);
-        for (std::uint32_t d : spill_jobs_) jobs_[d].spill_failure = nullptr;
-        spill_jobs_.clear();
-        spill_.discard();
-        param_spill_.discard();
+    if (!files_) return;
+    for (std::uint32_t c : files_->stepped())
+      if (jobs_[c].io.failure) {
+        std::exception_ptr const e = std::exchange(jobs_[c].io.failure, nullptr);
+        forget_spill_failures();
+        files_->discard();
         std::rethrow_exception(e);
       }
   }
-  // The staging blocks back to the pool (destruction: the worker is idle).
-  void free_spill_staging() noexcept {
-    for (std::size_t r = 0; r < spill_ring_.size(); ++r) {
-      if (spill_reads_[r].issued > 0) {  // no read may outlive its block
-        try {
-          spill_.finish(spill_reads_[r]);
-        } catch (...) {
-        }
-      }
-      spill_ring_[r].reset();
-      if (param_reads_[r].issued > 0) {
-        try {
-          param_spill_.finish(param_reads_[r]);
-        } catch (...) {
-        }
-      }
-      param_ring_[r].reset();
-    }
-    param_read_.reset();
-    param_view_.reset();
-    drop_param_ahead();
-    for (param_ahead& a : ahead_) a.block.reset();
+  void forget_spill_failures() noexcept {
+    if (files_)
+      for (std::uint32_t c : files_->stepped()) jobs_[c].io.failure = nullptr;
   }
   undo_record* begin_undo(std::uint32_t c, index_t n) {
     if (!options_.undo_on_error) return nullptr;
     update_targets<T> x = targets_of(c);
     if (options_.reuse_grad_slots) x.param = nullptr;  // the slot holds gradients: rounded back from the master
-    if (param_spill_.spilled(c)) x.param = nullptr;    // on file: its current slot keeps them
+    if (params_spilled(c)) x.param = nullptr;          // on file: its current slot keeps them
     return undo_.begin(c, static_cast<std::size_t>(n), x);
   }
 
   // The masters start as the parameters the model initialised (or a checkpoint wrote): once,
   // before the first update, while every chunk is still readable on the host. A master in the
-  // NVMe tier (spill_master_) is written to its chunk's current slot.
+  // NVMe tier is written to its chunk's current slot.
   void init_master() {
     if constexpr (store::has_master) {
       if (master_written_) return;
       drain();
-      std::optional<spill_staging> staging;  // one block, for the masters that go to file
+      std::optional<typename file_tier<B>::staging> staging;  // one block, for the masters that go to file
       for (std::uint32_t c = 0; c < this->n_; ++c) {
         if (!this->shard_.owns(c)) continue;  // another rank keeps its master
-        bool const to_file = spill_master_ && spill_.spilled(c) && !spill_.materialized(c);
-        if (to_file && !staging) staging.emplace(this->host_, spill_.block_bytes());
+        bool const to_file = files_ && files_->master_on_file(c, state_lists);
+        if (to_file && !staging) staging.emplace(this->host_, files_->list_bytes());
         if (to_file) std::memset(staging->data, 0, staging->bytes);
         std::byte const* const on_file = param_file_view(c);
         for (std::uint32_t i = this->layout_.first_param[c]; i < this->layout_.first_param[c + 1]; ++i) {
@@ -1307,27 +964,16 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
                               : reinterpret_cast<float*>(this->master_.data(i));
           for (index_t k = 0; k < this->params_[i].numel(); ++k) dst[k] = to_float(src[k]);
         }
-        if (to_file) {
-          spill_.write_one(spill_.block(c, state_lists, false), staging->data);
-          if (view_chunk_ == c) view_chunk_ = no_chunk;  // the view read the zeros before this
-        }
+        if (to_file) files_->write_master(c, staging->data);
       }
       master_written_ = true;
-      if (param_view_) {  // the views of parameter chunks on file end with it
-        param_view_chunk_ = no_chunk;
-        param_view_.reset();
-      }
-      if (staging || param_spill_.active()) {
+      if (files_) {  // the views of parameter chunks on file end with it
+        files_->end_param_view();
         staging.reset();
         this->host_.trim();  // the pool caches freed blocks: back under host_budget
       }
     }
   }
-  // The chunk of spilled list k of chunk c: an optimizer state list, then the master.
-  [[nodiscard]] chunk::chunk& spilled_list(std::size_t k, std::uint32_t c) {
-    return k < state_lists ? this->state_[k][c] : this->master_[c];
-  }
-
   // ---- gradient-slot reuse (reuse_grad_slots) ------------------------------------------------
   // The chunk that holds chunk c's gradients: its parameter chunk once they took its slot.
   [[nodiscard]] chunk::chunk& grad_chunk(std::uint32_t c) { return swapped_[c] ? this->param_[c] : this->grad_[c]; }
@@ -1487,33 +1133,10 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   std::vector<std::pair<std::uint32_t, std::byte*>> grad_ring_used_;
   std::vector<std::uint32_t> reducing_;  // this step's chunks the sink took with work in flight, in order
   std::size_t reduced_upto_ = 0;         // reducing_[< this] are known finished
-  state_spill spill_;                      // the NVMe tier (host_budget)
-  bool spill_master_ = false;              // the spilled chunks' fp32 masters are in the file too
+  // The NVMe tier: only when host_budget sent something to file (null: no file-tier state).
+  std::unique_ptr<file_tier<B>> files_;
   std::size_t host_kept_ = 0;              // host_budget: the model data kept on the host between steps
   std::size_t activation_host_bytes_ = 0;  // the model's offloaded activations, in the host pool
-  std::array<std::optional<spill_staging>, 2> spill_ring_;  // staging for spilled updates, reused in turn
-  std::array<std::uint32_t, 2> spill_user_{};               // the chunk whose update last used each
-  std::array<state_spill::pending, 2> spill_reads_{};       // the read into each, started when staged
-  std::size_t spill_next_ = 0;
-  std::array<std::uint32_t, 2> spill_prefetched_{no_chunk, no_chunk};  // the chunk whose read each holds
-  std::size_t spill_prefetches_ = 0;  // reads started by backward in this step
-  std::vector<std::uint32_t> spill_jobs_;  // the spilled chunks updated in this step
-  std::optional<spill_staging> view_;      // a spilled chunk's lists, read for a checkpoint's save
-  std::uint32_t view_chunk_ = no_chunk;    // whose lists view_ holds
-  // Parameter chunks on file (past the state: host_budget below the parameters themselves).
-  state_spill param_spill_;
-  std::optional<spill_staging> param_read_;                 // a fetch's read, copied into the chunk's block
-  std::array<std::optional<spill_staging>, 2> param_ring_;  // beside spill_ring_: the host step's parameters
-  std::array<state_spill::pending, 2> param_reads_{};       // the read into each, started with spill_reads_
-  std::optional<spill_staging> param_view_;                 // a chunk's parameters, read for a save
-  std::uint32_t param_view_chunk_ = no_chunk;
-  // Reads of parameter chunks on file that the prefetch started, for the fetches that follow.
-  struct param_ahead {
-    std::uint32_t c = no_chunk;
-    state_spill::pending io;
-    std::optional<spill_staging> block;
-  };
-  std::array<param_ahead, 2> ahead_;
   std::vector<std::uint32_t> touched_, on_host_, released_;
   std::vector<std::uint32_t> unowned_grads_;  // ZeRO: gradients of chunks another rank steps, freed once reduced
   std::vector<std::span<T>> shared_;          // ZeRO: every parameter chunk, for share_parameters

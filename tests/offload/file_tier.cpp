@@ -1,0 +1,172 @@
+// The offload engine's NVMe tier on its own: plan_files (which chunks go to file, a pure decision
+// over byte counts) and file_tier (the files, their slots and the host blocks that stage them),
+// without a scheduler. The scheduler's runs with a host budget are in offload/faults.cpp and
+// train/trainer.cpp.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include <tide/chunk/chunk.hpp>
+#include <tide/chunk/layout.hpp>
+#include <tide/core/error.hpp>
+#include <tide/offload/detail/file_plan.hpp>
+#include <tide/offload/detail/file_tier.hpp>
+
+#include "support/errors.hpp"
+#include "support/files.hpp"
+
+using tide::offload::detail::file_plan;
+using tide::offload::detail::file_plan_input;
+using tide::offload::detail::plan_files;
+using ids = std::vector<std::uint32_t>;
+using tide::test::category_of;
+
+namespace {
+
+constexpr std::size_t KiB = 1024;
+
+// 8 chunks, each 4 KiB of parameters that stay, 2 state lists of 4 KiB that may go.
+file_plan_input eight_chunks(std::vector<std::uint32_t> const& owned, std::size_t budget) {
+  return {.host_budget = budget, .have_folder = true, .kept = 8 * 4 * KiB, .owned = owned, .lists = 2,
+          .list_bytes = 4 * KiB, .param_bytes = 4 * KiB, .chunks = 8};
+}
+
+}  // namespace
+
+TEST_CASE("plan_files: nothing goes to file without a budget or when everything fits") {
+  ids const owned{0, 1, 2, 3, 4, 5, 6, 7};
+  CHECK(plan_files(eight_chunks(owned, 0)).empty());
+  file_plan const fits = plan_files(eight_chunks(owned, 96 * KiB));  // 32 KiB params + 64 KiB state
+  CHECK(fits.empty());
+  CHECK(fits.host_kept == 96 * KiB);
+}
+
+TEST_CASE("plan_files: the last owned chunks' state goes, as few as bring the data under the budget") {
+  ids const owned{0, 1, 2, 3, 4, 5, 6, 7};
+  for (std::size_t over_by : {std::size_t{1}, 8 * KiB, 8 * KiB + 1, 40 * KiB}) {
+    CAPTURE(over_by);
+    std::size_t const budget = 96 * KiB - over_by;
+    file_plan const p = plan_files(eight_chunks(owned, budget));
+    std::size_t const going = (over_by + 8 * KiB - 1) / (8 * KiB);
+    REQUIRE(p.state_chunks.size() == going);
+    CHECK(p.state_chunks.back() == 7);
+    CHECK(std::ranges::is_sorted(p.state_chunks));
+    CHECK(p.param_chunks.empty());
+    CHECK(p.host_kept <= budget);
+    CHECK(p.host_kept == 96 * KiB - going * 8 * KiB);
+  }
+  // Under ZeRO only the rank's own chunks count, and only they go.
+  ids const mine{1, 3, 5, 7};
+  file_plan const p = plan_files(eight_chunks(mine, 8 * 4 * KiB + 4 * 8 * KiB - 1));
+  CHECK(p.state_chunks == ids{7});
+}
+
+TEST_CASE("plan_files: past every chunk's state, parameter chunks go too, when they may") {
+  ids const owned{0, 1, 2, 3, 4, 5, 6, 7};
+  file_plan_input in = eight_chunks(owned, 20 * KiB);  // below the 32 KiB of parameters
+  in.params_may_go = true;
+  file_plan const p = plan_files(in);
+  CHECK(p.state_chunks == owned);
+  // 32 - 20 = 12 KiB over: (12 / 4) + 1 = 4 parameter chunks, the last ones.
+  CHECK(p.param_chunks == ids{4, 5, 6, 7});
+  CHECK(p.host_kept == 16 * KiB);
+  in.params_may_go = false;  // a sharding sink, reuse_grad_slots: the parameters must stay
+  CHECK(category_of([&] { (void)plan_files(in); }) == tide::errc::budget);
+}
+
+TEST_CASE("plan_files: refusals say what to do") {
+  ids const owned{0, 1, 2, 3};
+  file_plan_input in = eight_chunks(owned, 8 * KiB);
+  in.have_folder = false;
+  CHECK(category_of([&] { (void)plan_files(in); }) == tide::errc::usage);
+  in = eight_chunks(owned, 8 * KiB);
+  in.host_reserve = 8 * KiB;  // leaves nothing for the model data
+  CHECK(category_of([&] { (void)plan_files(in); }) == tide::errc::usage);
+  in = eight_chunks(owned, 0);
+  in.host_reserve = 1;  // a reserve without a budget
+  CHECK(category_of([&] { (void)plan_files(in); }) == tide::errc::usage);
+}
+
+namespace {
+
+// Two fp32 parameters per chunk over 4 chunks; the state lists and parameters that go to file.
+struct model {
+  tide::parameter_list params;
+  tide::chunk::chunk_layout layout;
+  std::vector<tide::chunk::chunk_list> lists;  // m, v, then the parameters
+  tide::memory::pinned_pool<tide::host> host;
+  tide::offload::offload_stats stats{};
+  model() {
+    constexpr std::array<std::string_view, 4> w{"w0", "w1", "w2", "w3"}, b{"b0", "b1", "b2", "b3"};
+    for (int l = 0; l < 4; ++l) {
+      params.add(w[l], l, tide::shape{16, 16}, tide::dtype::f32);
+      params.add(b[l], l, tide::shape{16}, tide::dtype::f32);
+    }
+    layout = tide::chunk::pack(params, 16 * 16 + 64);
+    using tide::chunk::chunk_role;
+    for (chunk_role r : {chunk_role::exp_avg, chunk_role::exp_avg_sq, chunk_role::param})
+      lists.emplace_back(r, tide::dtype::f32, layout, params);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("file_tier: a host step reads the current slot, writes the other; commit makes it current, abort keeps it") {
+  using tier = tide::offload::detail::file_tier<tide::host>;
+  tide::test::scratch_dir const dir("file_tier");
+  model m;
+  REQUIRE(m.layout.chunks() == 4);
+  file_plan plan;
+  plan.state_chunks = {2, 3};
+  std::array<tide::chunk::chunk_list*, 2> to_file{&m.lists[0], &m.lists[1]};
+  std::size_t const bytes = m.lists[0].chunk_bytes();
+  tier files(m.host, m.stats, to_file, m.lists[2], plan, dir.path, 4, bytes);
+  CHECK(files.state_on_file(3));
+  CHECK_FALSE(files.state_on_file(1));
+  CHECK_FALSE(files.params_spilled(3));
+  std::size_t const n = bytes / sizeof(float);
+  auto no_wait = [](std::uint32_t) { FAIL("no update is in flight"); };
+
+  // Step 1: chunk 3's lists start as zeros; the update writes 1, 2 and commits.
+  files.begin_step();
+  tier::job j = files.stage(3, no_wait);
+  REQUIRE(files.finish_reads(j));
+  for (std::size_t k = 0; k < 2; ++k) {
+    float* list = files.list_of(j, k);
+    CHECK(std::all_of(list, list + n, [](float x) { return x == 0.f; }));
+    std::fill(list, list + n, static_cast<float>(k + 1));
+  }
+  files.write_back(j);
+  REQUIRE_FALSE(j.failure);
+  CHECK(files.stepped().size() == 1);
+  files.commit();
+  CHECK(files.stepped().empty());
+  CHECK(*reinterpret_cast<float const*>(files.state_view(3, 1)) == 2.f);
+
+  // Step 2 writes 7 and is abandoned: the current slot still holds step 1's values.
+  files.drop_view();
+  files.begin_step();
+  tier::job k = files.stage(3, [](std::uint32_t) {});
+  REQUIRE(files.finish_reads(k));
+  CHECK(files.list_of(k, 0)[0] == 1.f);
+  std::fill(files.list_of(k, 0), files.list_of(k, 0) + n, 7.f);
+  files.write_back(k);
+  files.abort();
+  CHECK(*reinterpret_cast<float const*>(files.state_view(3, 0)) == 1.f);
+
+  // A checkpoint's load: the lists come to host blocks, are written, and flush takes them to file.
+  files.drop_view();
+  files.materialize(2);
+  REQUIRE(m.lists[0][2].payload() != nullptr);
+  reinterpret_cast<float*>(m.lists[0][2].payload())[5] = 42.f;
+  CHECK(files.flush());
+  CHECK(m.lists[0][2].payload() == nullptr);
+  CHECK(reinterpret_cast<float const*>(files.state_view(2, 0))[5] == 42.f);
+  CHECK(m.stats.nvme_read_bytes > 0);
+  CHECK(m.stats.nvme_write_bytes > 0);
+}
