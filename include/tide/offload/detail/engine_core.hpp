@@ -30,6 +30,7 @@
 #include "tide/offload/chunk_source.hpp"
 #include "tide/offload/detail/chunk_store.hpp"
 #include "tide/offload/detail/residency.hpp"
+#include "tide/offload/detail/shard_map.hpp"
 #include "tide/offload/detail/file_plan.hpp"
 #include "tide/offload/detail/file_tier.hpp"
 #include "tide/offload/detail/undo.hpp"
@@ -48,6 +49,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   using store = chunk_store<B, T, engine_core>;
   friend store;
   friend base;
+  friend shard_map;  // calls the port below
 
  public:
   static constexpr std::size_t state_lists = O::state_lists;
@@ -69,7 +71,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         undo_(this->host_, this->layout_.chunks(), state_lists),
         extra_undo_(this->host_, extra_count > 0 ? this->layout_.chunks() : 0),
         lr_(optimizer.lr),
-        params_sharded_(shards_parameters_of(sink) && this->shard_.ranks > 1) {
+        params_sharded_(shards_parameters_of(sink) && this->shard_.ranks > 1),
+        shards_(this->shard_, shards_parameters_of(sink), this->n_) {
     TIDE_REQUIRE(options_.host_steps_in_flight >= 0, "offload::scheduler: host_steps_in_flight = ",
                  options_.host_steps_in_flight, "; pass how many host steps may queue, >= 1, or 0 for no bound");
     TIDE_REQUIRE(options_.micro_steps >= 1, "offload::scheduler: micro_steps = ", options_.micro_steps,
@@ -106,10 +109,6 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     grad_ring_free_.reserve(ring_blocks());
     grad_ring_used_.reserve(ring_blocks());
     shared_.reserve(n);
-    held_.assign(n, true);  // the model initialises every parameter; the first block frees the others'
-    gather_pending_.assign(n, false);
-    gathering_.reserve(n);
-    for (std::uint32_t c = 0; c < n; ++c) all_params_.push_back(c);
     decayed_.resize(n);
     plain_.resize(n);
     for (std::uint32_t c = 0; c < n; ++c) {
@@ -324,25 +323,16 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   }
 
   // ---- ZeRO-3: other ranks' parameter chunks, held only around the blocks that use them -------
-  // held_[c]: the ranks that do not own chunk c hold its parameters now. It changes only at block
-  // hooks, which every rank runs in the same order, so it is the same on every rank, and so are
-  // the gathers it starts: that is what keeps the collectives matched (a fetch or prefetch, timed
-  // by the copies and the optimizer, never starts one).
-  [[nodiscard]] bool has_param(std::uint32_t c) const {
-    return !params_sharded_ || this->shard_.owns(c) || held_[c];
-  }
-  // Before a block's moment: the gathers started for it land, the chunks it does not use are
-  // freed, the rest of its chunks are gathered, and the next moment's gathers start (they run
-  // while this block computes).
+  // shard_map (detail/shard_map.hpp) decides what is held and gathered; the members below are
+  // the port through which it moves the bytes.
+  [[nodiscard]] bool has_param(std::uint32_t c) const { return shards_.has_param(c); }
+  // Before a block's moment: shard_map::gather_for with the block's chunks and the next moment's.
   void gather_for(int block, chunk::phase ph) {
     if (!params_sharded_) return;
-    finish_gathers();
-    auto const& ids = this->ids_of(block, ph);  // sorted: parameter chunks first
-    for (std::uint32_t c = 0; c < this->n_; ++c)
-      if (held_[c] && !std::ranges::binary_search(ids, c)) release_param(c);
-    start_gathers(ids);
-    finish_gathers();
-    if (auto const next = next_moment(block, ph)) start_gathers(this->ids_of(next->first, next->second));
+    auto const next = next_moment(block, ph);
+    std::span<std::uint32_t const> next_ids;
+    if (next) next_ids = this->ids_of(next->first, next->second);
+    shards_.gather_for(*this, this->ids_of(block, ph), next ? &next_ids : nullptr);
   }
   // The moment the hooks run next when the model goes on as usual (none after the last).
   [[nodiscard]] std::optional<std::pair<int, chunk::phase>> next_moment(int block, chunk::phase ph) const {
@@ -357,68 +347,38 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       return std::pair{first, chunk::phase::forward};  // another micro-step's pass follows
     return std::nullopt;
   }
-  // Starts gathering the parameter chunks among `ids` that no other rank holds. The owner sends a
-  // copy (its chunk may move while the broadcast runs); the others receive into a new host block,
-  // attached once it landed.
-  void start_gathers(std::span<std::uint32_t const> ids) {
-    for (std::uint32_t c : ids) {
-      if (c >= this->n_) break;  // gradient ids follow
-      if (held_[c] || gather_pending_[c]) continue;
-      chunk::chunk& p = this->param_[c];
-      auto* buf = static_cast<std::byte*>(this->host_.allocate(p.capacity(), 256));
-      try {  // recorded only once the gather started: a failure before leaves nothing to attach
-        if (this->shard_.owns(c)) {
-          this->settle(c);
-          std::memcpy(buf, p.payload(), p.capacity());  // tide::host: a device block is host memory
-        }
-        if constexpr (ParameterShardingSink<S>)
-          sink_.gather_async(c, std::span<T>(reinterpret_cast<T*>(buf), p.capacity() / sizeof(T)));
-      } catch (...) {
-        this->host_.deallocate(buf, p.capacity(), 256);
-        throw;
-      }
-      gathering_.push_back({c, buf});
-      gather_pending_[c] = true;
-    }
+  void release_params() { shards_.release_all(*this); }
+  void release_params_quietly() noexcept { shards_.abort(*this); }
+  void gather_all() { shards_.gather_all(*this); }
+  // The port.
+  std::byte* gather_block(std::uint32_t c) {
+    return static_cast<std::byte*>(this->host_.allocate(this->param_[c].capacity(), 256));
   }
-  // Waits for the gathers started; their chunks are held. If the wait fails, the blocks may still
-  // be read or written by the communicator: the host tier abandons them (never unmapped, not even
-  // when the scheduler goes), and the communicator stays broken.
-  void finish_gathers() {
-    if (gathering_.empty()) return;
+  void free_gather_block(std::uint32_t c, std::byte* block) noexcept {
+    this->host_.deallocate(block, this->param_[c].capacity(), 256);
+  }
+  void abandon_gather_block(std::byte* block) noexcept { this->host_.abandon(block); }  // never unmapped
+  void send_own(std::uint32_t c, std::byte* block) {
+    this->settle(c);
+    std::memcpy(block, this->param_[c].payload(), this->param_[c].capacity());  // tide::host: a device block is host memory
+  }
+  void gather_async(std::uint32_t c, std::byte* block) {
+    if constexpr (ParameterShardingSink<S>)
+      sink_.gather_async(c, std::span<T>(reinterpret_cast<T*>(block), this->param_[c].capacity() / sizeof(T)));
+  }
+  void wait_gathered() {
     auto const t0 = std::chrono::steady_clock::now();
-    try {
-      if constexpr (ParameterShardingSink<S>) sink_.wait_gathered();
-    } catch (...) {
-      for (auto const& [c, buf] : gathering_) {
-        gather_pending_[c] = false;
-        this->host_.abandon(buf);
-      }
-      gathering_.clear();
-      throw;
-    }
+    if constexpr (ParameterShardingSink<S>) sink_.wait_gathered();
     this->cur_.stall_ms += ms_since(t0);
-    for (auto const& [c, buf] : gathering_) {
-      gather_pending_[c] = false;
-      held_[c] = true;
-      chunk::chunk& p = this->param_[c];
-      if (this->shard_.owns(c)) {
-        this->host_.deallocate(buf, p.capacity(), 256);
-      } else {
-        TIDE_ASSERT(p.payload() == nullptr);
-        p.attach(buf, chunk::tier::host);
-      }
-    }
-    gathering_.clear();
   }
-  // Chunk c is no longer held by the ranks that do not own it: they free it, wherever it is.
-  void release_param(std::uint32_t c) {
-    if (!this->shard_.owns(c)) {
-      this->settle(c);  // a copy in flight reads or writes it
-      this->drop_shadow(c);
-      free_param_payload(c);
-    }
-    held_[c] = false;
+  void attach_gathered(std::uint32_t c, std::byte* block) noexcept {
+    TIDE_ASSERT(this->param_[c].payload() == nullptr);
+    this->param_[c].attach(block, chunk::tier::host);
+  }
+  void drop_param(std::uint32_t c) {
+    this->settle(c);  // a copy in flight reads or writes it
+    this->drop_shadow(c);
+    free_param_payload(c);
   }
   // Parameter chunk c no longer pinned on the device (pinned chunks count in ctx_.pinned_bytes).
   void unpin_param(std::uint32_t c) noexcept {
@@ -434,30 +394,6 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     bool const was_on_device = this->on_device(c);
     this->free_payload(this->param_[c]);
     if (was_on_device) this->released(c);
-  }
-  // Every other rank's chunk freed, after the gathers in flight landed (the end of a step or an
-  // evaluation, the start of one). Throws what a gather's wait threw.
-  void release_params() {
-    if (!params_sharded_) return;
-    finish_gathers();
-    for (std::uint32_t c = 0; c < this->n_; ++c)
-      if (held_[c]) release_param(c);
-  }
-  // The same after a failure (abort_step, the destructor): a failure here is not reported, as the
-  // communicator that failed stays failed and its next gather throws again.
-  void release_params_quietly() noexcept {
-    try {
-      release_params();
-    } catch (...) {
-    }
-  }
-  // Every chunk held on every rank, until the next block frees what it does not use (a
-  // collective: every rank calls it; for reading or writing all parameters between steps).
-  void gather_all() {
-    if (!params_sharded_) return;
-    finish_gathers();
-    start_gathers(all_params_);
-    finish_gathers();
   }
 
   // ---- the gradient sink and the optimizer ----------------------------------------------------
@@ -1141,11 +1077,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   std::vector<std::uint32_t> unowned_grads_;  // ZeRO: gradients of chunks another rank steps, freed once reduced
   std::vector<std::span<T>> shared_;          // ZeRO: every parameter chunk, for share_parameters
   std::vector<std::uint32_t> ids_pair_ = std::vector<std::uint32_t>(2);
-  bool params_sharded_ = false;        // ZeRO-3 on more than one rank
-  std::vector<bool> held_;             // ZeRO-3, by chunk: the ranks that do not own it hold it now
-  std::vector<bool> gather_pending_;   // ZeRO-3, by chunk: a gather of it is in flight
-  std::vector<std::pair<std::uint32_t, std::byte*>> gathering_;  // the gathers in flight and their blocks
-  std::vector<std::uint32_t> all_params_;  // 0 .. n - 1
+  bool params_sharded_ = false;  // ZeRO-3 on more than one rank
+  shard_map shards_;             // ZeRO-3: the chunks held now, the gathers in flight
 
   std::int64_t t_ = 1;  // the optimizer step number of the step in progress
   std::size_t backward_passes_ = 0;

@@ -1,13 +1,18 @@
-// The offload engine's NVMe tier on its own: plan_files (which chunks go to file, a pure decision
-// over byte counts) and file_tier (the files, their slots and the host blocks that stage them),
-// without a scheduler. The scheduler's runs with a host budget are in offload/faults.cpp and
-// train/trainer.cpp.
+// The parts the offload engine owns, each on its own, without a scheduler:
+// - plan_files (offload/detail/file_plan.hpp): which chunks go to file, a pure decision;
+// - file_tier (offload/detail/file_tier.hpp): the files, their slots and their staging blocks;
+// - shard_map (offload/detail/shard_map.hpp): ZeRO-3's held chunks and gathers, through a port
+//   that records what the engine would do.
+// The scheduler's runs with them are in offload/faults.cpp, offload/slots.cpp, train/trainer.cpp
+// and the MPI tests.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -16,6 +21,7 @@
 #include <tide/core/error.hpp>
 #include <tide/offload/detail/file_plan.hpp>
 #include <tide/offload/detail/file_tier.hpp>
+#include <tide/offload/detail/shard_map.hpp>
 
 #include "support/errors.hpp"
 #include "support/files.hpp"
@@ -169,4 +175,103 @@ TEST_CASE("file_tier: a host step reads the current slot, writes the other; comm
   CHECK(reinterpret_cast<float const*>(files.state_view(2, 0))[5] == 42.f);
   CHECK(m.stats.nvme_read_bytes > 0);
   CHECK(m.stats.nvme_write_bytes > 0);
+}
+
+namespace {
+
+// "what c" (built by appending: GCC 12 warns, wrongly, of an overlapping memcpy in "what " + s).
+std::string said(char const* what, std::size_t c) {
+  std::string s(what);
+  s += ' ';
+  s += std::to_string(c);
+  return s;
+}
+
+// What the engine would do for a shard_map: each call appended as text, blocks numbered.
+struct recording_port {
+  std::vector<std::string> calls;
+  std::vector<bool> attached = std::vector<bool>(4, true);
+  std::array<std::byte, 16> blocks{};
+  int next_block = 0;
+  bool fail_wait = false;
+  std::string name(std::byte* b) const { return std::string("b") += std::to_string(b - blocks.data()); }
+  std::byte* gather_block(std::uint32_t c) {
+    calls.push_back(said("alloc", c));
+    return blocks.data() + next_block++;
+  }
+  void free_gather_block(std::uint32_t c, std::byte* b) { calls.push_back((said("free", c) += ' ') += name(b)); }
+  void abandon_gather_block(std::byte* b) { calls.push_back(std::string("abandon ") += name(b)); }
+  void send_own(std::uint32_t c, std::byte*) { calls.push_back(said("send", c)); }
+  void gather_async(std::uint32_t c, std::byte*) { calls.push_back(said("gather", c)); }
+  void wait_gathered() {
+    calls.push_back("wait");
+    if (fail_wait) throw std::runtime_error("peer lost");
+  }
+  void attach_gathered(std::uint32_t c, std::byte*) {
+    CHECK_FALSE(attached[c]);
+    attached[c] = true;
+    calls.push_back(said("attach", c));
+  }
+  void drop_param(std::uint32_t c) {
+    CHECK(attached[c]);
+    attached[c] = false;
+    calls.push_back(said("drop", c));
+  }
+};
+
+using strings = std::vector<std::string>;
+
+}  // namespace
+
+TEST_CASE("shard_map: rank 1 of 2 holds its own chunks, gathers a block's others around it, frees the rest") {
+  tide::offload::detail::shard_map map({.rank = 1, .ranks = 2}, true, 4);
+  recording_port port;
+  REQUIRE(map.params_sharded());
+  CHECK(map.has_param(0));  // the model initialised every chunk
+  map.release_all(port);    // a step begins: the others' chunks go
+  CHECK(port.calls == strings{"drop 0", "drop 2"});
+  CHECK_FALSE(map.has_param(0));
+  CHECK(map.has_param(1));
+
+  // A block uses chunks 0 and 1; the next one chunk 2. Chunk 1 is this rank's: it sends it.
+  port.calls.clear();
+  ids const block{0, 1, 5}, next{2};  // 5: a gradient id, ignored
+  std::span<std::uint32_t const> const next_ids(next);
+  map.gather_for(port, block, &next_ids);
+  CHECK(port.calls == strings{"alloc 0", "gather 0", "alloc 1", "send 1", "gather 1", "wait", "attach 0",
+                              "free 1 b1", "alloc 2", "gather 2"});
+  CHECK(map.has_param(0));
+  CHECK(map.gathering());
+
+  // The next block: chunk 2's gather lands, 0 and 1 are no longer held (1 stays: it owns it).
+  port.calls.clear();
+  map.gather_for(port, next, nullptr);
+  CHECK(port.calls == strings{"wait", "attach 2", "drop 0"});
+  CHECK(map.has_param(2));
+  CHECK_FALSE(map.has_param(0));
+  CHECK(map.has_param(1));
+}
+
+TEST_CASE("shard_map: a failed gather abandons its blocks, holds nothing new, and abort() reports nothing") {
+  tide::offload::detail::shard_map map({.rank = 0, .ranks = 2}, true, 4);
+  recording_port port;
+  map.release_all(port);
+  port.calls.clear();
+  port.fail_wait = true;
+  ids const block{1, 3};
+  CHECK_THROWS_AS(map.gather_for(port, block, nullptr), std::runtime_error);
+  CHECK(port.calls == strings{"alloc 1", "gather 1", "alloc 3", "gather 3", "wait", "abandon b0", "abandon b1"});
+  CHECK_FALSE(map.has_param(1));
+  CHECK_FALSE(map.gathering());
+  port.calls.clear();
+  map.abort(port);  // nothing in flight, nothing held: nothing to do, and nothing thrown
+  CHECK(port.calls.empty());
+  // Without parameter sharding, or on one rank, every chunk is held and nothing moves.
+  tide::offload::detail::shard_map whole({.rank = 0, .ranks = 2}, false, 4), one({.rank = 0, .ranks = 1}, true, 4);
+  for (auto* m : {&whole, &one}) {
+    m->release_all(port);
+    m->gather_for(port, block, nullptr);
+    CHECK(m->has_param(3));
+  }
+  CHECK(port.calls.empty());
 }
