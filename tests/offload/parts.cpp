@@ -2,7 +2,8 @@
 // - plan_files (offload/detail/file_plan.hpp): which chunks go to file, a pure decision;
 // - file_tier (offload/detail/file_tier.hpp): the files, their slots and their staging blocks;
 // - shard_map (offload/detail/shard_map.hpp): ZeRO-3's held chunks and gathers, through a port
-//   that records what the engine would do.
+//   that records what the engine would do;
+// - update_runner (offload/detail/update_runner.hpp): the optimizer lane and the gradient ring.
 // The scheduler's runs with them are in offload/faults.cpp, offload/slots.cpp, train/trainer.cpp
 // and the MPI tests.
 #include <doctest/doctest.h>
@@ -22,6 +23,8 @@
 #include <tide/offload/detail/file_plan.hpp>
 #include <tide/offload/detail/file_tier.hpp>
 #include <tide/offload/detail/shard_map.hpp>
+#include <tide/offload/detail/update_runner.hpp>
+#include <tide/optim/sgd.hpp>
 
 #include "support/errors.hpp"
 #include "support/files.hpp"
@@ -274,4 +277,100 @@ TEST_CASE("shard_map: a failed gather abandons its blocks, holds nothing new, an
     CHECK(m->has_param(3));
   }
   CHECK(port.calls.empty());
+}
+
+namespace {
+
+// The update_runner over model's chunks: SGD, gradients in their own list, the journal beside.
+struct lane_fixture {
+  using runner = tide::offload::detail::update_runner<tide::host, float, tide::optim::sgd>;
+  model m;
+  tide::chunk::chunk_list grads{tide::chunk::chunk_role::grad, tide::dtype::f32, m.layout, m.params};
+  tide::offload::detail::undo_journal<tide::host, float> journal{m.host, 4, 1};
+  std::vector<std::vector<float>> param, grad, momentum;  // by chunk: chunk_elements each
+  lane_fixture() {
+    std::size_t const n = m.layout.chunk_elements;
+    param.assign(4, std::vector<float>(n, 1.f));
+    grad.assign(4, std::vector<float>(n, 2.f));
+    momentum.assign(4, std::vector<float>(n, 0.f));
+  }
+  // Chunk c's job: its whole run, the journal's record when `journalled`.
+  runner::job& stage(runner& r, std::uint32_t c, tide::optim::update_args a, bool journalled) {
+    tide::offload::detail::update_targets<float> x{param[c].data(), nullptr, {momentum[c].data()}};
+    auto const n = static_cast<tide::index_t>(param[c].size());
+    tide::offload::detail::undo_record* u = journalled ? journal.begin(c, param[c].size(), x) : nullptr;
+    runner::job& j = r.job_of(c);
+    j = {&r, c, {param[c].data(), grad[c].data(), {momentum[c].data()}, nullptr, n}, x, a, nullptr, u, {}};
+    return j;
+  }
+  runner make(tide::optim::sgd o, bool decay_matrices_only, std::size_t ring) {
+    return runner(o, decay_matrices_only, m.layout, m.params.all(), journal, m.host, grads, m.stats, 1, ring);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("update_runner: a queued step runs on the lane, journalled, and the journal puts it back") {
+  lane_fixture f;
+  auto r = f.make({.lr = 0.5f, .momentum = 0.9f}, false, 2);
+  f.stage(r, 1, {1, 0.5f, 1.f, true}, true);
+  r.queue(1);
+  CHECK(r.pending(1));
+  r.wait(1);
+  CHECK_FALSE(r.pending(1));
+  CHECK(f.param[1][0] == 0.f);     // 1 - 0.5 * 2 (the first step's momentum buffer is the gradient)
+  CHECK(f.momentum[1][0] == 2.f);
+  CHECK(f.param[0][0] == 1.f);     // no other chunk moved
+  CHECK(r.take_ms() > 0);
+  CHECK(r.take_ms() == 0);
+  REQUIRE(f.journal.records().size() == 1);
+  CHECK(f.journal.records()[0].saved);  // written by SGD's own pass (keeps_prev)
+  f.journal.restore(f.journal.records()[0], {f.param[1].data(), nullptr, {f.momentum[1].data()}});
+  CHECK(f.param[1][0] == 1.f);
+  CHECK(f.momentum[1][0] == 0.f);
+  f.journal.discard();
+}
+
+TEST_CASE("update_runner: decay_matrices_only decays the matrices and leaves the vectors") {
+  for (bool matrices_only : {false, true}) {
+    CAPTURE(matrices_only);
+    lane_fixture f;
+    std::fill(f.grad[2].begin(), f.grad[2].end(), 0.f);
+    auto r = f.make({.lr = 1.f, .weight_decay = 0.5f}, matrices_only, 0);
+    f.stage(r, 2, {1, 1.f, 1.f, true}, false);
+    r.run(2);  // on this thread
+    auto const& layout = f.m.layout;
+    std::uint32_t const w = layout.first_param[2], b = w + 1;  // w2 (16 x 16), b2 (16)
+    CHECK(f.param[2][layout.offset_of[w]] == 0.5f);
+    CHECK(f.param[2][layout.offset_of[b]] == (matrices_only ? 1.f : 0.5f));
+  }
+}
+
+lane_fixture::runner make_lane_without_ring(lane_fixture& f) { return f.make({}, false, 0); }
+
+TEST_CASE("update_runner: the gradient ring lends its blocks, keeps one its chunk still holds, and takes back a freed one") {
+  lane_fixture f;
+  auto r = f.make({}, false, 2);
+  auto never = [] { return false; };
+  // A block taken is attached to its gradient chunk at once (the copy out lands in it).
+  std::byte* const a = r.take_ring_block(0, never);
+  REQUIRE(a != nullptr);
+  f.grads[0].attach(a, tide::chunk::tier::host);
+  std::byte* const b = r.take_ring_block(1, never);
+  REQUIRE(b != nullptr);
+  f.grads[1].attach(b, tide::chunk::tier::host);
+  CHECK(a != b);
+  CHECK(r.held_blocks() == 2);
+  CHECK(r.take_ring_block(2, never) == nullptr);  // both held by their chunks: the pool serves
+  (void)f.grads[1].detach();                      // chunk 1's step was queued: its block left the chunk
+  CHECK(r.take_ring_block(2, never) == b);        // and its step (none queued) ran
+  f.grads[2].attach(b, tide::chunk::tier::host);
+  CHECK(r.reclaim_ring_block(f.grads[0].detach()));  // a chunk freeing a ring block gives it back
+  int dummy = 0;
+  CHECK_FALSE(r.reclaim_ring_block(reinterpret_cast<std::byte*>(&dummy)));  // not the ring's
+  CHECK(r.take_ring_block(3, never) == a);
+  CHECK(r.held_blocks() == 2);
+  (void)f.grads[2].detach();  // the ring's blocks go back to the pool with the runner, not with the chunks
+  auto none = make_lane_without_ring(f);
+  CHECK(none.take_ring_block(0, never) == nullptr);  // host_steps_in_flight = 0: no ring
 }

@@ -130,13 +130,12 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     }
     this->release_params_quietly();  // ZeRO-3: no gather writes a block freed below
     this->wait_idle();               // no worker reads or writes a block freed below
-    for (auto const& [c, p] : this->pending_grad_frees_) this->host_.deallocate(p, this->grad_[c].capacity(), 256);
-    this->pending_grad_frees_.clear();
+    this->runner_.free_deferred();
     this->files_.reset();            // the NVMe tier finishes its reads before its blocks go
     this->undo_.discard();
     this->extra_undo_.discard();
     this->free_all();
-    this->free_grad_ring();  // after the chunks: a chunk freeing a ring block gives it back to the ring
+    this->runner_.free_ring();  // after the chunks: a chunk freeing a ring block gives it back to the ring
   }
 
   // Waits for every copy, sink and optimizer step in flight and reports a failure among them
@@ -171,7 +170,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   // Device bytes per moment of the last completed step (the memory tide).
   [[nodiscard]] std::span<tide_sample const> memory_tide() const noexcept { return this->last_tide_; }
   [[nodiscard]] policy_type const& policy() const noexcept { return this->policy_; }
-  [[nodiscard]] Optimizer const& optimizer() const noexcept { return this->optimizer_; }
+  [[nodiscard]] Optimizer const& optimizer() const noexcept { return this->runner_.optimizer(); }
   [[nodiscard]] Sink& sink() noexcept { return this->sink_; }
   [[nodiscard]] Source& source() noexcept { return this->source_; }
   [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return this->t_ - 1; }
@@ -677,7 +676,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     if (apply) ++this->t_;
     this->backward_passes_ = 0;
     this->step_open_ = false;
-    this->cur_.optimizer_ms += static_cast<double>(this->optimizer_ns_.exchange(0)) * 1e-6;
+    this->cur_.optimizer_ms += this->runner_.take_ms();
     this->finish_stats(warm_up, this->t_ - 1);
   }
   std::vector<kernels::grad_tensor<T>> grads_out_;  // what gradients() returns

@@ -36,16 +36,13 @@
 #include "tide/memory/pinned_pool.hpp"
 #include "tide/memory/stream.hpp"
 #include "tide/memory/transfer_engine.hpp"
+#include "tide/offload/detail/clock.hpp"
 #include "tide/offload/gradient_sink.hpp"
 #include "tide/offload/stats.hpp"
 #include "tide/optim/optimizer.hpp"
 #include "tide/offload/trace_events.hpp"
 
 namespace tide::offload::detail {
-
-inline double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 template <Backend B, Element T, class Engine>
 class chunk_store {

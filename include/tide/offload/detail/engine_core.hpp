@@ -34,6 +34,7 @@
 #include "tide/offload/detail/file_plan.hpp"
 #include "tide/offload/detail/file_tier.hpp"
 #include "tide/offload/detail/undo.hpp"
+#include "tide/offload/detail/update_runner.hpp"
 #include "tide/offload/gradient_sink.hpp"
 #include "tide/offload/scheduler_options.hpp"
 #include "tide/offload/scheduler_policy.hpp"
@@ -64,12 +65,14 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
               Src const& source)
       : base(ex, arena, std::move(params), std::move(uses), policy, state_lists, extra_lists_of<S>(),
              options.lock_host_pages, shard_of(sink), options.host_budget == 0),
-        optimizer_(optimizer),
         sink_(sink),
         source_(source),
         options_(options),
         undo_(this->host_, this->layout_.chunks(), state_lists),
         extra_undo_(this->host_, extra_count > 0 ? this->layout_.chunks() : 0),
+        runner_(optimizer, options.decay_matrices_only, this->layout_, this->params_.all(), undo_, this->host_,
+                this->grad_, this->cur_, fp32_lists,
+                std::min<std::size_t>(static_cast<std::size_t>(std::max(options.host_steps_in_flight, 0)), this->n_)),
         lr_(optimizer.lr),
         params_sharded_(shards_parameters_of(sink) && this->shard_.ranks > 1),
         shards_(this->shard_, shards_parameters_of(sink), this->n_) {
@@ -93,35 +96,20 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     std::uint32_t const n = this->n_;
     swapped_.assign(n, false);
     this->keep_host_copies_ = options_.keep_host_copies;
-    busy_.resize(n);
     reduced_.resize(n);
     block_free_.resize(n);
-    optimizer_pending_.assign(n, false);
     reduce_pending_.assign(n, false);
     os_on_device_.assign(n, false);
-    jobs_.resize(n);
     next_backward_ = this->uses_.last_block();
     // Everything the steady state appends to is sized here: a step allocates nothing on the heap.
-    pending_grad_frees_.reserve(n);
     unowned_grads_.reserve(n);
     reducing_.reserve(n);
-    grad_ring_.reserve(ring_blocks());  // the blocks themselves are pinned at the first host step
-    grad_ring_free_.reserve(ring_blocks());
-    grad_ring_used_.reserve(ring_blocks());
     shared_.reserve(n);
-    decayed_.resize(n);
-    plain_.resize(n);
-    for (std::uint32_t c = 0; c < n; ++c) {
-      std::size_t matrices = 0;
-      for (std::uint32_t i = this->layout_.first_param[c]; i < this->layout_.first_param[c + 1]; ++i)
-        matrices += this->params_[i].shape.rank >= 2 ? 1 : 0;
-      decayed_[c].reserve(matrices);
-      plain_[c].reserve(this->layout_.first_param[c + 1] - this->layout_.first_param[c] - matrices);
-    }
     this->ctx_.state_lists = fp32_lists;
     if constexpr (LayoutAwareSink<S>) sink_.bind_layout(this->layout_, this->params_.all());
     for (int b = this->uses_.first_block; b <= this->uses_.last_block(); ++b) sink_chunks_ += this->completes_at(b).size();
     open_files();
+    runner_.set_files(files_.get());
     if (options_.host_budget != 0) attach_host_state();
   }
 
@@ -281,7 +269,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // gradients that a sink or gradient_of() may still write.
   [[nodiscard]] bool holds_parameters(std::uint32_t c) const { return !swapped_[c]; }
   // Parameter chunk c's host update is still running (prefetch leaves it alone).
-  [[nodiscard]] bool stepping(std::uint32_t c) { return optimizer_pending_[c] && !busy_[c].query(); }
+  [[nodiscard]] bool stepping(std::uint32_t c) { return runner_.stepping(c); }
   void require_intact() const {
     TIDE_CHECK(broken_.empty(), io, "offload ", P::name(), ": a copy or optimizer step failed on a worker earlier (",
                broken_, "); the model data it was moving may be lost: load the last checkpoint into a new trainer");
@@ -423,13 +411,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     this->cur_.stall_ms += ms_since(t0);
   }
   // Waits for optimizer work on parameter chunk c (the host step writes its host payload).
-  void wait_optimizer(std::uint32_t c) {
-    if (!optimizer_pending_[c]) return;
-    auto const t0 = std::chrono::steady_clock::now();
-    busy_[c].synchronize();
-    this->cur_.stall_ms += ms_since(t0);
-    optimizer_pending_[c] = false;
-  }
+  void wait_optimizer(std::uint32_t c) { runner_.wait(c); }
 
   // The optimizer moment after `block`'s backward, and its steps (apply = false: moves only).
   void optimizer_moments_of(int block, bool apply) {
@@ -490,74 +472,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     return static_cast<index_t>(this->layout_.offset_of[last] + static_cast<std::size_t>(this->params_[last].numel()));
   }
 
-  // The update of chunk c: one call over the chunk, or (decay_matrices_only) one over its
-  // matrices and one without decay over the rest, listed in c's own reserved vectors (it runs on
-  // the optimizer worker too; no two steps of one chunk run at once).
-  void run_update(exec<host> const& ex, std::uint32_t c, optim::update_tensor<T> const& whole,
-                  optim::update_args a) {
-    if (!options_.decay_matrices_only) {
-      optimizer_.update(ex, a, std::span<optim::update_tensor<T> const>(&whole, 1));
-      return;
-    }
-    auto& decayed = decayed_[c];
-    auto& plain = plain_[c];
-    decayed.clear();
-    plain.clear();
-    for (std::uint32_t i = this->layout_.first_param[c]; i < this->layout_.first_param[c + 1]; ++i) {
-      std::size_t const at = this->layout_.offset_of[i];
-      optim::update_tensor<T> r{whole.master + at, whole.grad + at, {}, whole.working ? whole.working + at : nullptr,
-                                this->params_[i].numel()};
-      for (std::size_t k = 0; k < state_lists; ++k) r.state[k] = whole.state[k] + at;
-      (this->params_[i].shape.rank >= 2 ? decayed : plain).push_back(r);
-    }
-    if (!decayed.empty()) optimizer_.update(ex, a, std::span<optim::update_tensor<T> const>(decayed));
-    a.decay = false;
-    if (!plain.empty()) optimizer_.update(ex, a, std::span<optim::update_tensor<T> const>(plain));
-  }
-
-  // The update of chunk c with its undo copies (undo: null when none are kept). An optimizer that
-  // keeps prev values writes them in its own pass (one read of the old values) when the update is
-  // one call over the whole run; for any other, a journal list the update does not touch, or
-  // decay_matrices_only (two calls over the tensors, not the padding between them: a second call
-  // that threw would leave the first one's chunk without a restorable copy), they are copied
-  // first. Marked saved only once the update returned: an update throws before it writes.
-  void journalled_update(exec<host> const& ex, std::uint32_t c, optim::update_tensor<T> u,
-                         update_targets<T> const& targets, undo_record* undo, optim::update_args const& a) {
-    bool const fold = optim::keeps_prev_v<O> && !options_.decay_matrices_only;
-    if (undo != nullptr && !(fold && undo_.attach(*undo, targets, u))) {
-      undo_.save(*undo, targets);
-      undo = nullptr;  // saved already
-    }
-    run_update(ex, c, u, a);
-    if (undo != nullptr) undo_journal<B, T>::mark_saved(*undo);
-  }
-
-  // One optimizer step over chunk c on the optimizer worker.
-  struct host_job {
-    engine_core* self = nullptr;
-    std::uint32_t c = 0;
-    optim::update_tensor<T> whole{};
-    update_targets<T> targets{};
-    optim::update_args args{};
-    trace_recorder* recorder = nullptr;
-    undo_record* undo = nullptr;  // where the state before the update goes (undo_on_error)
-    // NVMe tier: where its lists are read from and written to (io.state: none, when not on file).
-    // io.failure is read by the engine after the optimizer stream drained.
-    typename file_tier<B>::job io{};
-    void operator()() {
-      auto const t0 = std::chrono::steady_clock::now();
-      exec<host> const ex{self->optimizer_pool_};
-      double const start = recorder != nullptr ? trace_recorder::now_us() : 0;
-      file_tier<B>* const files = io.state != nullptr ? self->files_.get() : nullptr;
-      if (files != nullptr && !files->finish_reads(io)) return;  // no state, no update: nothing changed
-      self->journalled_update(ex, c, whole, targets, undo, args);
-      if (files != nullptr) files->write_back(io);  // a failure: the current slots hold the values before
-      self->optimizer_ns_.fetch_add(static_cast<std::int64_t>(ms_since(t0) * 1e6), std::memory_order_relaxed);
-      if (recorder != nullptr)
-        recorder->complete(tide::detail::concat(O::name, " chunk ", c, " (host)"), "optimizer", lane::optimizer, start,
-                           trace_recorder::now_us(), static_cast<std::size_t>(whole.n) * (8 + 4 * fp32_lists));
-    }
-  };
+  using host_job = typename update_runner<B, T, O>::job;
   void optimizer_step(std::uint32_t c, bool apply) {
     if (!this->shard_.owns(c)) {  // ZeRO: another rank steps it; its parameters come in share_parameters
       this->param_.transition_chunk(c, chunk::tensor_state::hold);
@@ -582,7 +497,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       undo_record* const u = apply ? begin_undo(c, n) : nullptr;
       if (apply) this->drop_shadow(c);  // the device copy changes: the host one is stale
       double const start = this->tracing() ? trace_recorder::now_us() : 0;
-      if (apply) journalled_update(this->ex_, c, update_of(c), targets_of(c), u, args);
+      if (apply) runner_.journalled_update(this->ex_, c, update_of(c), targets_of(c), u, args);
       if (apply && this->tracing())
         this->trace_->complete(tide::detail::concat(O::name, " chunk ", c, " (device)"), "optimizer", lane::compute,
                                start, trace_recorder::now_us(), static_cast<std::size_t>(n) * (8 + 4 * fp32_lists));
@@ -597,7 +512,9 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     // The gradients copied out for a step queued on the worker go to a block of the gradient
     // ring (host_steps_in_flight blocks), acquired before anything moves.
     std::byte* const ring =
-        apply && options_.overlap_optimizer && this->on_device(this->n_ + c) ? take_ring_block(c) : nullptr;
+        apply && options_.overlap_optimizer && this->on_device(this->n_ + c)
+            ? runner_.take_ring_block(c, [this] { return reductions_outstanding(); })
+            : nullptr;
     undo_record* undo = nullptr;
     try {
       undo = apply ? begin_undo(c, n) : nullptr;  // acquired before anything moves
@@ -605,7 +522,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       if (this->on_device(this->n_ + c))
         this->set_stale(this->n_ + c, this->copy_out(this->n_ + c, ring), chunk::tier::device);
     } catch (...) {
-      if (ring != nullptr && this->grad_[c].payload() != ring) reclaim_ring_block(ring);  // not taken
+      if (ring != nullptr && this->grad_[c].payload() != ring) runner_.reclaim_ring_block(ring);  // not taken
       throw;
     }
     unpin_param(c);
@@ -616,100 +533,35 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       release_grad(c);
       return;
     }
-    host_job& job = jobs_[c];
-    job = {this, c, update_of(c), targets_of(c), args, this->tracing() ? this->trace_ : nullptr, undo, {}};
+    host_job& job = runner_.job_of(c);
+    job = {&runner_, c, update_of(c), targets_of(c), args, this->tracing() ? this->trace_ : nullptr, undo, {}};
     if (state_on_file(c)) stage_spilled(job);
     this->param_.transition_chunk(c, chunk::tensor_state::hold);
     this->grad_.transition_chunk(c, chunk::tensor_state::free);
     if (options_.overlap_optimizer) {
       // The worker waits for the copies and for the sink; backward goes on (the gradients' copy
       // out, if any, already waits for the sink on the copy stream).
-      if (reduce_pending_[c]) optimizer_stream_.wait(reduced_[c]);
-      optimizer_stream_.wait(this->ready_[c]);
-      optimizer_stream_.wait(this->ready_[this->n_ + c]);
-      memory::launch(optimizer_stream_, job);
-      busy_[c].record(optimizer_stream_);
-      optimizer_pending_[c] = true;
+      if (reduce_pending_[c]) runner_.stream().wait(reduced_[c]);
+      runner_.stream().wait(this->ready_[c]);
+      runner_.stream().wait(this->ready_[this->n_ + c]);
+      runner_.queue(c);
       // The gradient's host block is freed once the step read it: a ring block goes back to the
       // ring when a later host step finds the step done (take_ring_block); a block from the pool
       // (gradients the policy evicted before they were complete) at drain.
       if (!swapped_[c]) {
         std::byte* const g = this->grad_[c].detach();
-        if (g != ring) pending_grad_frees_.push_back({c, g});  // a ring block is in grad_ring_used_ already
+        if (g != ring) runner_.free_after_drain(c, g);  // a ring block is in the ring's used list already
       }
     } else {
       wait_reduced(c);
       this->settle(c);
       this->settle(this->n_ + c);
-      job();
+      runner_.run(c);
       this->free_payload(this->grad_[c]);
     }
   }
-  // A block of the gradient ring for chunk c's gradients, now in use by c (nullptr: none, the
-  // gradients take a block from the pool as before). The ring's blocks are pinned at the first
-  // host step, so a steady step allocates nothing, however far the worker lags. Blocks whose step
-  // finished (or was skipped by a failure: the step fails, and nothing reads them again) go back
-  // first; with none free it waits for the oldest step. It never waits while the sink works on a
-  // chunk: a queued step, or a copy ahead of it, may wait for that work, and a sink may finish it
-  // only once backward handed it more chunks; the sink paces the steps then. A failure of the
-  // worker is thrown here, before the caller moved anything.
-  std::byte* take_ring_block(std::uint32_t c) {
-    std::size_t const q = ring_blocks();
-    if (q == 0) return nullptr;
-    if (grad_ring_.empty()) {
-      try {
-        for (std::size_t k = 0; k < q; ++k)
-          grad_ring_.push_back(static_cast<std::byte*>(this->host_.allocate(this->grad_[0].capacity(), 256)));
-      } catch (...) {
-        free_grad_ring();
-        throw;
-      }
-      grad_ring_free_ = grad_ring_;
-    }
-    release_ring_blocks(false);
-    while (grad_ring_free_.empty() && !grad_ring_used_.empty() && !reductions_outstanding()) {
-      auto const t0 = std::chrono::steady_clock::now();
-      busy_[grad_ring_used_.front().first].synchronize();  // in order: the oldest finishes first
-      this->cur_.stall_ms += ms_since(t0);
-      std::size_t const before = grad_ring_used_.size();
-      release_ring_blocks(false);
-      if (grad_ring_used_.size() == before) break;  // the oldest is held by its chunk: the pool serves
-    }
-    if (grad_ring_free_.empty()) return nullptr;
-    std::byte* const p = grad_ring_free_.back();
-    grad_ring_free_.pop_back();
-    grad_ring_used_.push_back({c, p});
-    return p;
-  }
-  // Ring blocks back to the ring once read: each left its gradient chunk (the step was queued)
-  // and its step ran (all_ran: the workers are idle, nothing to ask). One a failure left in its
-  // chunk comes back when the chunk frees it (reclaim_ring_block).
-  void release_ring_blocks(bool all_ran) {
-    std::erase_if(grad_ring_used_, [&](std::pair<std::uint32_t, std::byte*> const& u) {
-      if (this->grad_[u.first].payload() == u.second || (!all_ran && !busy_[u.first].query())) return false;
-      grad_ring_free_.push_back(u.second);
-      return true;
-    });
-  }
-  // Frees of host blocks come here first: a ring block goes back to the ring, not to the pool.
-  bool reclaim_ring_block(std::byte* p) noexcept {
-    if (std::find(grad_ring_.begin(), grad_ring_.end(), p) == grad_ring_.end()) return false;
-    std::erase_if(grad_ring_used_, [&](std::pair<std::uint32_t, std::byte*> const& u) { return u.second == p; });
-    if (std::find(grad_ring_free_.begin(), grad_ring_free_.end(), p) == grad_ring_free_.end())
-      grad_ring_free_.push_back(p);  // within the capacity reserved: q blocks in all
-    return true;
-  }
-  // The ring's size: more blocks than chunks would never be used.
-  [[nodiscard]] std::size_t ring_blocks() const noexcept {
-    return std::min<std::size_t>(static_cast<std::size_t>(options_.host_steps_in_flight), this->n_);
-  }
-  // Every ring block back to the pool (the workers are idle).
-  void free_grad_ring() noexcept {
-    for (std::byte* p : grad_ring_) this->host_.deallocate(p, this->grad_[0].capacity(), 256);
-    grad_ring_.clear();
-    grad_ring_free_.clear();
-    grad_ring_used_.clear();
-  }
+  // Frees of host blocks come here first (chunk_store): a ring block goes back to the ring.
+  bool reclaim_ring_block(std::byte* p) noexcept { return runner_.reclaim_ring_block(p); }
   // Whether the sink still works on a chunk handed over in this step (reducing_ is in hand-over
   // order; the first not yet finished is remembered, so a step's queries are O(chunks) in all).
   [[nodiscard]] bool reductions_outstanding() {
@@ -860,17 +712,14 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   void check_spill() {
     if (!files_) return;
     for (std::uint32_t c : files_->stepped())
-      if (jobs_[c].io.failure) {
-        std::exception_ptr const e = std::exchange(jobs_[c].io.failure, nullptr);
+      if (runner_.job_of(c).io.failure) {
+        std::exception_ptr const e = std::exchange(runner_.job_of(c).io.failure, nullptr);
         forget_spill_failures();
         files_->discard();
         std::rethrow_exception(e);
       }
   }
-  void forget_spill_failures() noexcept {
-    if (files_)
-      for (std::uint32_t c : files_->stepped()) jobs_[c].io.failure = nullptr;
-  }
+  void forget_spill_failures() noexcept { runner_.abort(); }
   undo_record* begin_undo(std::uint32_t c, index_t n) {
     if (!options_.undo_on_error) return nullptr;
     update_targets<T> x = targets_of(c);
@@ -974,7 +823,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       if (this->shadow_[c] != nullptr) bytes += this->param_[c].capacity();
     for (std::uint32_t id = 0; id < this->ids_; ++id)
       if (this->stale_[id] != nullptr) bytes += this->param_.chunk_bytes();  // parameter and gradient chunks: one size
-    bytes += (pending_grad_frees_.size() + grad_ring_used_.size()) * this->param_.chunk_bytes();
+    bytes += runner_.held_blocks() * this->param_.chunk_bytes();
     return bytes;
   }
 
@@ -1008,7 +857,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       wait([&] { this->activation_stream_->synchronize(); });
     }
     for (std::uint32_t c = 0; c < this->n_; ++c) wait([&] { wait_reduced(c); });
-    wait([&] { optimizer_stream_.synchronize(); });
+    wait([&] { runner_.synchronize(); });
     if (failure) {
       wait_idle();
       this->spans_.clear();
@@ -1016,10 +865,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     }
     this->spans_.clear();
     free_reduced_unowned(true);
-    for (std::uint32_t c = 0; c < this->n_; ++c) optimizer_pending_[c] = false;
-    for (auto const& [c, p] : pending_grad_frees_) this->host_.deallocate(p, this->grad_[c].capacity(), 256);
-    pending_grad_frees_.clear();
-    release_ring_blocks(true);
+    runner_.drained();
     for (std::uint32_t id = 0; id < this->ids_; ++id) this->settle(id);
   }
   // Waits until the workers ran out of work, without reporting anything (for the destructor and
@@ -1027,7 +873,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // are waited for too: its work may still read a gradient chunk.
   void wait_idle() noexcept {
     auto const activations_idle = [&] { return !this->activation_stream_ || this->activation_stream_->query(); };
-    while (!this->copy_stream_.query() || !activations_idle() || !optimizer_stream_.query()) std::this_thread::yield();
+    while (!this->copy_stream_.query() || !activations_idle() || !runner_.idle()) std::this_thread::yield();
     quiet_reductions();
   }
   // Waits for the sink's work on every chunk handed over, without reporting anything: when a step
@@ -1042,31 +888,20 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   }
 
   // ---- state ----------------------------------------------------------------------------------
-  O optimizer_;
   S sink_;
   Src source_;
   scheduler_options options_;
-  memory::stream<B> optimizer_stream_;
-  thread_pool optimizer_pool_{1};
-  std::atomic<std::int64_t> optimizer_ns_{0};
   undo_journal<B, T> undo_;
   extra_journal<B> extra_undo_;  // the extra lists of the chunks handed to the sink in this step
+  update_runner<B, T, O> runner_;  // the optimizer lane and the gradient ring
   float lr_;
 
-  std::vector<memory::event<B>> busy_;     // by chunk: its host optimizer step
   std::vector<memory::event<B>> reduced_;  // by chunk: the sink finished with its gradients
   std::vector<memory::event<B>> block_free_;  // by chunk: a handed-over block may be written (other sources)
-  std::vector<bool> optimizer_pending_, reduce_pending_, os_on_device_;  // by chunk
+  std::vector<bool> reduce_pending_, os_on_device_;  // by chunk
   std::vector<bool> swapped_;  // by chunk: its gradients hold its parameter chunk's slot (reuse_grad_slots)
   std::size_t sink_chunks_ = 0;  // chunks handed to the sink per step (those whose gradients complete)
   std::size_t handed_ = 0;       // of them, handed in this step
-  std::vector<host_job> jobs_;
-  std::vector<std::vector<optim::update_tensor<T>>> decayed_, plain_;  // by chunk (decay_matrices_only)
-  std::vector<std::pair<std::uint32_t, std::byte*>> pending_grad_frees_;
-  // The gradient ring: host_steps_in_flight host blocks for gradients copied out for a queued host
-  // step; free, and in use by (chunk, block) in queue order.
-  std::vector<std::byte*> grad_ring_, grad_ring_free_;
-  std::vector<std::pair<std::uint32_t, std::byte*>> grad_ring_used_;
   std::vector<std::uint32_t> reducing_;  // this step's chunks the sink took with work in flight, in order
   std::size_t reduced_upto_ = 0;         // reducing_[< this] are known finished
   // The NVMe tier: only when host_budget sent something to file (null: no file-tier state).

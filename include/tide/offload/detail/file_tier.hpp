@@ -34,6 +34,7 @@
 #include "tide/core/backend.hpp"
 #include "tide/memory/file_store.hpp"
 #include "tide/memory/pinned_pool.hpp"
+#include "tide/offload/detail/clock.hpp"
 #include "tide/offload/detail/file_plan.hpp"
 #include "tide/offload/detail/spill.hpp"
 #include "tide/offload/stats.hpp"
@@ -256,7 +257,7 @@ class file_tier {
         a.c = no_chunk;  // free again, whatever the read did
         auto const t0 = std::chrono::steady_clock::now();
         params_.finish(a.io);
-        stats_->stall_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        stats_->stall_ms += ms_since(t0);
         from = a.block->data;
       }
       if (from == nullptr) {
@@ -470,7 +471,7 @@ class file_tier {
     bool const waited = reads_[r].issued > 0;
     finish_quietly(state_, reads_[r]);
     if (waited)
-      stats_->stall_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      stats_->stall_ms += ms_since(t0);
     finish_quietly(params_, param_reads_[r]);
   }
 
