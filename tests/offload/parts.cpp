@@ -3,7 +3,8 @@
 // - file_tier (offload/detail/file_tier.hpp): the files, their slots and their staging blocks;
 // - shard_map (offload/detail/shard_map.hpp): ZeRO-3's held chunks and gathers, through a port
 //   that records what the engine would do;
-// - update_runner (offload/detail/update_runner.hpp): the optimizer lane and the gradient ring.
+// - update_runner (offload/detail/update_runner.hpp): the optimizer lane and the gradient ring;
+// - sink_lane (offload/detail/sink_lane.hpp): the gradient sink's work on this step's chunks.
 // The scheduler's runs with them are in offload/faults.cpp, offload/slots.cpp, train/trainer.cpp
 // and the MPI tests.
 #include <doctest/doctest.h>
@@ -23,11 +24,13 @@
 #include <tide/offload/detail/file_plan.hpp>
 #include <tide/offload/detail/file_tier.hpp>
 #include <tide/offload/detail/shard_map.hpp>
+#include <tide/offload/detail/sink_lane.hpp>
 #include <tide/offload/detail/update_runner.hpp>
 #include <tide/optim/sgd.hpp>
 
 #include "support/errors.hpp"
 #include "support/files.hpp"
+#include "support/gate.hpp"
 
 using tide::offload::detail::file_plan;
 using tide::offload::detail::file_plan_input;
@@ -373,4 +376,61 @@ TEST_CASE("update_runner: the gradient ring lends its blocks, keeps one its chun
   (void)f.grads[2].detach();  // the ring's blocks go back to the pool with the runner, not with the chunks
   auto none = make_lane_without_ring(f);
   CHECK(none.take_ring_block(0, never) == nullptr);  // host_steps_in_flight = 0: no ring
+}
+
+namespace {
+
+// A sink whose work runs on its own stream behind a gate, recording `done` after it; the chunk
+// named `fails` fails there.
+struct gated_sink {
+  tide::memory::stream<tide::host>* work = nullptr;
+  tide::test::gate* open = nullptr;
+  std::vector<std::pair<std::uint32_t, bool>>* seen = nullptr;  // (chunk, last) as handed
+  std::uint32_t fails = 99;
+  struct failing {
+    void operator()() const { throw std::runtime_error("the network went away"); }
+  };
+  bool reduce(tide::offload::ready_chunk<tide::host, float> const& r) {
+    seen->push_back({r.chunk, r.last});
+    work->launch(&tide::test::gate::pass, open);
+    if (r.chunk == fails) work->launch_owned(failing{});
+    r.done->record(*work);
+    return true;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("sink_lane: the sink's work is waited for per chunk, counted once, and quieted when a step is abandoned") {
+  tide::memory::stream<tide::host> work;
+  tide::test::gate open;
+  std::vector<std::pair<std::uint32_t, bool>> seen;
+  tide::offload::offload_stats stats{};
+  tide::offload::detail::sink_lane<tide::host, float, gated_sink> lane({&work, &open, &seen, 1}, 3, stats);
+  lane.set_chunks_per_step(2);
+  lane.begin_step();
+  std::array<float, 4> grads{};
+  for (std::uint32_t c : {2u, 1u}) {
+    tide::offload::ready_chunk<tide::host, float> r{c, grads};
+    lane.hand(r);
+  }
+  CHECK(seen == std::vector<std::pair<std::uint32_t, bool>>{{2, false}, {1, true}});  // the step's last chunk
+  CHECK(lane.pending(2));
+  CHECK_FALSE(lane.pending(0));
+  CHECK(lane.busy(2));          // behind the gate
+  CHECK(lane.outstanding());
+  open.open();
+  lane.wait(2);
+  CHECK_FALSE(lane.pending(2));
+  CHECK_THROWS(lane.wait(1));   // chunk 1's work failed: reported by the wait that meets it
+  CHECK_FALSE(lane.pending(1));
+  lane.wait(1);                 // once
+  CHECK_FALSE(lane.outstanding());
+
+  // An abandoned step: quiet() waits for the rest and reports nothing.
+  lane.begin_step();
+  tide::offload::ready_chunk<tide::host, float> r{0, grads};
+  lane.hand(r);
+  lane.quiet();
+  CHECK_FALSE(lane.pending(0));
 }

@@ -171,7 +171,7 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
   [[nodiscard]] std::span<tide_sample const> memory_tide() const noexcept { return this->last_tide_; }
   [[nodiscard]] policy_type const& policy() const noexcept { return this->policy_; }
   [[nodiscard]] Optimizer const& optimizer() const noexcept { return this->runner_.optimizer(); }
-  [[nodiscard]] Sink& sink() noexcept { return this->sink_; }
+  [[nodiscard]] Sink& sink() noexcept { return this->sinks_.sink(); }
   [[nodiscard]] Source& source() noexcept { return this->source_; }
   [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return this->t_ - 1; }
   [[nodiscard]] bool os_on_device(std::uint32_t c) const { return this->os_on_device_.at(c); }
@@ -521,13 +521,13 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     this->in_block_ = false;
     std::fill(this->access_.begin(), this->access_.end(), std::uint8_t{0});
     if (!this->step_open_ && !was_in_block) return;
-    this->quiet_reductions();  // the sink's failures in this step are the step's failure
+    this->sinks_.quiet();  // the sink's failures in this step are the step's failure
     try {
       this->drain();
     } catch (std::exception const& e) {
       this->broken_ = e.what();
     }
-    if constexpr (offload::StepAbandoningSink<Sink>) this->sink_.abandon_step();
+    this->sinks_.abandon();  // a sink that can start afresh does; no other rank's gradients are kept
     if (this->broken_.empty()) {
       for (detail::undo_record const& r : this->undo_.records()) {
         this->drop_shadow(r.c);  // the host copy of a device-resident chunk may hold the update
@@ -557,7 +557,6 @@ class scheduler : public detail::engine_core<B, T, std::remove_cv_t<Policy>, Opt
     if (this->files_) this->files_->abort();  // the files' current slots hold the state before the step
     this->undo_.discard();
     this->extra_undo_.discard();
-    this->unowned_grads_.clear();  // released with the step's other gradients above
     this->tracer_.abort_step();
     this->backward_passes_ = 0;
     this->next_backward_ = this->uses_.last_block();

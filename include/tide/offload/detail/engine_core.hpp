@@ -31,6 +31,7 @@
 #include "tide/offload/detail/chunk_store.hpp"
 #include "tide/offload/detail/residency.hpp"
 #include "tide/offload/detail/shard_map.hpp"
+#include "tide/offload/detail/sink_lane.hpp"
 #include "tide/offload/detail/file_plan.hpp"
 #include "tide/offload/detail/file_tier.hpp"
 #include "tide/offload/detail/undo.hpp"
@@ -65,7 +66,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
               Src const& source)
       : base(ex, arena, std::move(params), std::move(uses), policy, state_lists, extra_lists_of<S>(),
              options.lock_host_pages, shard_of(sink), options.host_budget == 0),
-        sink_(sink),
+        sinks_(sink, this->n_, this->cur_),
         source_(source),
         options_(options),
         undo_(this->host_, this->layout_.chunks(), state_lists),
@@ -96,18 +97,15 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     std::uint32_t const n = this->n_;
     swapped_.assign(n, false);
     this->keep_host_copies_ = options_.keep_host_copies;
-    reduced_.resize(n);
     block_free_.resize(n);
-    reduce_pending_.assign(n, false);
     os_on_device_.assign(n, false);
     next_backward_ = this->uses_.last_block();
     // Everything the steady state appends to is sized here: a step allocates nothing on the heap.
-    unowned_grads_.reserve(n);
-    reducing_.reserve(n);
-    shared_.reserve(n);
     this->ctx_.state_lists = fp32_lists;
-    if constexpr (LayoutAwareSink<S>) sink_.bind_layout(this->layout_, this->params_.all());
-    for (int b = this->uses_.first_block; b <= this->uses_.last_block(); ++b) sink_chunks_ += this->completes_at(b).size();
+    if constexpr (LayoutAwareSink<S>) sinks_.sink().bind_layout(this->layout_, this->params_.all());
+    std::size_t completing = 0;
+    for (int b = this->uses_.first_block; b <= this->uses_.last_block(); ++b) completing += this->completes_at(b).size();
+    sinks_.set_chunks_per_step(completing);
     open_files();
     runner_.set_files(files_.get());
     if (options_.host_budget != 0) attach_host_state();
@@ -233,7 +231,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     // Gradients (a gradient chunk, or a parameter chunk whose slot they took) are copied after
     // the sink finished with them: the copy stream waits for its event, this thread does not.
     std::uint32_t const c = id < this->n_ ? id : id - this->n_;
-    if ((id >= this->n_ || swapped_[c]) && reduce_pending_[c]) this->copy_stream_.wait(reduced_[c]);
+    if ((id >= this->n_ || swapped_[c]) && sinks_.pending(c)) this->copy_stream_.wait(sinks_.reduced(c));
     if (id >= this->n_) return;
     TIDE_CHECK(has_param(id), internal, "offload ", P::name(), ": parameter chunk ", id, " was to be fetched, but "
                "under ZeRO-3 this rank does not hold it (it is gathered only for the blocks that use it)");
@@ -263,7 +261,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // stream waits for the sink's event, the calling thread does not.
   void before_copy_out(std::uint32_t id) {
     std::uint32_t const c = id < this->n_ ? id : id - this->n_;
-    if ((id >= this->n_ || swapped_[c]) && reduce_pending_[c]) this->copy_stream_.wait(reduced_[c]);
+    if ((id >= this->n_ || swapped_[c]) && sinks_.pending(c)) this->copy_stream_.wait(sinks_.reduced(c));
   }
   // Whether parameter chunk c holds parameters (its host copy may be kept while unchanged), not
   // gradients that a sink or gradient_of() may still write.
@@ -293,9 +291,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     flush_spilled();  // a checkpoint's reads or writes of spilled state go back to file first
     drop_view();
     step_open_ = true;
-    handed_ = 0;
-    reducing_.clear();
-    reduced_upto_ = 0;
+    sinks_.begin_step();
     this->tracer_.begin_step();
     if (files_) files_->begin_step();
     this->ctx_.recording = this->tracer_.recording();
@@ -352,11 +348,11 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   }
   void gather_async(std::uint32_t c, std::byte* block) {
     if constexpr (ParameterShardingSink<S>)
-      sink_.gather_async(c, std::span<T>(reinterpret_cast<T*>(block), this->param_[c].capacity() / sizeof(T)));
+      sinks_.sink().gather_async(c, std::span<T>(reinterpret_cast<T*>(block), this->param_[c].capacity() / sizeof(T)));
   }
   void wait_gathered() {
     auto const t0 = std::chrono::steady_clock::now();
-    if constexpr (ParameterShardingSink<S>) sink_.wait_gathered();
+    if constexpr (ParameterShardingSink<S>) sinks_.sink().wait_gathered();
     this->cur_.stall_ms += ms_since(t0);
   }
   void attach_gathered(std::uint32_t c, std::byte* block) noexcept {
@@ -392,24 +388,17 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
       this->grad_.transition_chunk(c, chunk::tensor_state::ready_for_reduce);
       chunk::chunk& g = grad_chunk(c);
       ready_chunk<B, T> r{c, {reinterpret_cast<T*>(g.payload()), g.capacity() / sizeof(T)}, g.tier(), nullptr,
-                          &reduced_[c], t_, c == complete.back(), ++handed_ == sink_chunks_};
+                          nullptr, t_, c == complete.back()};
       if constexpr (extra_count > 0) {
         if (options_.undo_on_error) extra_undo_.save(c, this->extra_);  // the sink may change them
         for (std::size_t k = 0; k < extra_count; ++k)
           r.lists[k] = {this->extra_[k][c].payload(), this->extra_[k][c].capacity()};
       }
       r.trace = this->tracing() ? this->trace_ : nullptr;
-      reduce_pending_[c] = sink_.reduce(r);
-      if (reduce_pending_[c]) reducing_.push_back(c);
+      sinks_.hand(r);
     }
   }
-  void wait_reduced(std::uint32_t c) {
-    if (!reduce_pending_[c]) return;
-    reduce_pending_[c] = false;  // a failure is reported once, here, and fails the step
-    auto const t0 = std::chrono::steady_clock::now();
-    reduced_[c].synchronize();
-    this->cur_.stall_ms += ms_since(t0);
-  }
+  void wait_reduced(std::uint32_t c) { sinks_.wait(c); }
   // Waits for optimizer work on parameter chunk c (the host step writes its host payload).
   void wait_optimizer(std::uint32_t c) { runner_.wait(c); }
 
@@ -424,28 +413,24 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   }
   // The gradients of chunks another rank steps, once the sink finished with them (wait: all).
   void free_reduced_unowned(bool wait) {
-    std::erase_if(unowned_grads_, [&](std::uint32_t c) {
-      if (!wait && !reduced_[c].query()) return false;
-      wait_reduced(c);
-      release_grad(c);
-      return true;
-    });
+    sinks_.free_unowned(wait, [this](std::uint32_t c) { release_grad(c); });
   }
 
   // ZeRO: after the step's updates, every chunk's parameters from the rank that stepped it. The
   // chunks this rank did not step are journalled first, so a failed exchange is undone.
   void share_parameters() {
     if constexpr (ShardingSink<S>) {
-      shared_.clear();
+      auto& shared = sinks_.shared();
+      shared.clear();
       for (std::uint32_t c = 0; c < this->n_; ++c) {
         if (!this->shard_.owns(c)) {
           if (undo_record* u = begin_undo(c, step_elements(c))) undo_.save(*u, targets_of(c));
           this->drop_shadow(c);  // its device copy changes: the host one would be stale
         }
         chunk::chunk& p = this->param_[c];
-        shared_.push_back({reinterpret_cast<T*>(p.payload()), p.capacity() / sizeof(T)});
+        shared.push_back({reinterpret_cast<T*>(p.payload()), p.capacity() / sizeof(T)});
       }
-      sink_.share_parameters(std::span<std::span<T> const>(shared_));
+      sinks_.share_parameters(std::span<std::span<T> const>(shared));
     }
   }
 
@@ -476,8 +461,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   void optimizer_step(std::uint32_t c, bool apply) {
     if (!this->shard_.owns(c)) {  // ZeRO: another rank steps it; its parameters come in share_parameters
       this->param_.transition_chunk(c, chunk::tensor_state::hold);
-      if (reduce_pending_[c] && !reduced_[c].query()) {
-        unowned_grads_.push_back(c);  // freed once the sink is done with it, without waiting here
+      if (sinks_.busy(c)) {
+        sinks_.defer_unowned(c);  // freed once the sink is done with it, without waiting here
         return;
       }
       wait_reduced(c);
@@ -513,7 +498,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     // ring (host_steps_in_flight blocks), acquired before anything moves.
     std::byte* const ring =
         apply && options_.overlap_optimizer && this->on_device(this->n_ + c)
-            ? runner_.take_ring_block(c, [this] { return reductions_outstanding(); })
+            ? runner_.take_ring_block(c, [this] { return sinks_.outstanding(); })
             : nullptr;
     undo_record* undo = nullptr;
     try {
@@ -541,7 +526,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     if (options_.overlap_optimizer) {
       // The worker waits for the copies and for the sink; backward goes on (the gradients' copy
       // out, if any, already waits for the sink on the copy stream).
-      if (reduce_pending_[c]) runner_.stream().wait(reduced_[c]);
+      if (sinks_.pending(c)) runner_.stream().wait(sinks_.reduced(c));
       runner_.stream().wait(this->ready_[c]);
       runner_.stream().wait(this->ready_[this->n_ + c]);
       runner_.queue(c);
@@ -562,12 +547,6 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   }
   // Frees of host blocks come here first (chunk_store): a ring block goes back to the ring.
   bool reclaim_ring_block(std::byte* p) noexcept { return runner_.reclaim_ring_block(p); }
-  // Whether the sink still works on a chunk handed over in this step (reducing_ is in hand-over
-  // order; the first not yet finished is remembered, so a step's queries are O(chunks) in all).
-  [[nodiscard]] bool reductions_outstanding() {
-    while (reduced_upto_ < reducing_.size() && reduced_[reducing_[reduced_upto_]].query()) ++reduced_upto_;
-    return reduced_upto_ < reducing_.size();
-  }
   // ---- the NVMe tier (detail/file_tier.hpp holds its bytes; here, when they move) -------------
   [[nodiscard]] bool state_on_file(std::uint32_t c) const noexcept { return files_ && files_->state_on_file(c); }
   [[nodiscard]] bool params_spilled(std::uint32_t c) const noexcept { return files_ && files_->params_spilled(c); }
@@ -874,21 +853,11 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   void wait_idle() noexcept {
     auto const activations_idle = [&] { return !this->activation_stream_ || this->activation_stream_->query(); };
     while (!this->copy_stream_.query() || !activations_idle() || !runner_.idle()) std::this_thread::yield();
-    quiet_reductions();
-  }
-  // Waits for the sink's work on every chunk handed over, without reporting anything: when a step
-  // is abandoned its sink failures are the step's failure, already reported (a failed sink skips
-  // the rest of its queue, so this ends).
-  void quiet_reductions() noexcept {
-    for (std::uint32_t c = 0; c < this->n_; ++c)
-      if (reduce_pending_[c]) {
-        while (!reduced_[c].query()) std::this_thread::yield();
-        reduce_pending_[c] = false;
-      }
+    sinks_.quiet();
   }
 
   // ---- state ----------------------------------------------------------------------------------
-  S sink_;
+  sink_lane<B, T, S> sinks_;  // the gradient sink and its work on this step's chunks
   Src source_;
   scheduler_options options_;
   undo_journal<B, T> undo_;
@@ -896,21 +865,14 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   update_runner<B, T, O> runner_;  // the optimizer lane and the gradient ring
   float lr_;
 
-  std::vector<memory::event<B>> reduced_;  // by chunk: the sink finished with its gradients
   std::vector<memory::event<B>> block_free_;  // by chunk: a handed-over block may be written (other sources)
-  std::vector<bool> reduce_pending_, os_on_device_;  // by chunk
+  std::vector<bool> os_on_device_;  // by chunk: its optimizer state lives on the device
   std::vector<bool> swapped_;  // by chunk: its gradients hold its parameter chunk's slot (reuse_grad_slots)
-  std::size_t sink_chunks_ = 0;  // chunks handed to the sink per step (those whose gradients complete)
-  std::size_t handed_ = 0;       // of them, handed in this step
-  std::vector<std::uint32_t> reducing_;  // this step's chunks the sink took with work in flight, in order
-  std::size_t reduced_upto_ = 0;         // reducing_[< this] are known finished
   // The NVMe tier: only when host_budget sent something to file (null: no file-tier state).
   std::unique_ptr<file_tier<B>> files_;
   std::size_t host_kept_ = 0;              // host_budget: the model data kept on the host between steps
   std::size_t activation_host_bytes_ = 0;  // the model's offloaded activations, in the host pool
   std::vector<std::uint32_t> touched_, on_host_, released_;
-  std::vector<std::uint32_t> unowned_grads_;  // ZeRO: gradients of chunks another rank steps, freed once reduced
-  std::vector<std::span<T>> shared_;          // ZeRO: every parameter chunk, for share_parameters
   std::vector<std::uint32_t> ids_pair_ = std::vector<std::uint32_t>(2);
   bool params_sharded_ = false;  // ZeRO-3 on more than one rank
   shard_map shards_;             // ZeRO-3: the chunks held now, the gathers in flight
