@@ -659,7 +659,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     TIDE_REQUIRE(!evaluating_, "offload::scheduler: parameter chunk ", c, " is on file (host_budget), and its "
                  "bytes can be written only between steps and evaluations; call end_evaluation() first");
     chunk::chunk& p = this->param_[c];
-    std::byte* const host = files_->take_param(c);
+    std::byte* const host = files_->take_param(c, step_open_ || evaluating_);
     if (p.payload() != nullptr) {  // a clean device copy
       this->settle(c);
       free_param_payload(c);
@@ -731,8 +731,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         if (to_file) files_->write_master(c, staging->data);
       }
       master_written_ = true;
-      if (files_) {  // the views of parameter chunks on file end with it
-        files_->end_param_view();
+      if (files_) files_->end_param_view();  // the views of parameter chunks on file end with it
+      if (staging || (files_ && !files_->param_chunks().empty())) {
         staging.reset();
         this->host_.trim();  // the pool caches freed blocks: back under host_budget
       }

@@ -4,10 +4,9 @@
 // stages it. The engine owns one only when plan_files (detail/file_plan.hpp) sent something to
 // file; a scheduler without it holds a null pointer and no file-tier state.
 //
-// Two state_spill files (detail/spill.hpp): the optimizer state of the chunks past the budget
-// (their moments, with bf16 / f16 their fp32 masters: "lists", in that order), and past every
-// chunk's state, parameter chunks. Staging, in host blocks from the pinned pool (host memory on
-// every backend, as pinned memory is on CUDA):
+// Two state_spill files (detail/spill.hpp): the state of the chunks past the budget (moments, then
+// bf16 / f16 masters: "lists"), and past that, parameter chunks. Staging, in host blocks from the
+// pinned pool (host memory on every backend, as pinned memory is on CUDA):
 // - two ring blocks for host steps of chunks on file, used in turn: the step's reads start when
 //   it is staged (or earlier, by prefetch), so they overlap the updates queued before it;
 // - two blocks for parameter reads the prefetch started, for the fetches that follow;
@@ -114,7 +113,6 @@ class file_tier {
   }
   file_tier(file_tier const&) = delete;
   file_tier& operator=(file_tier const&) = delete;
-
   // ---- where a chunk's bytes are ------------------------------------------------------------
   [[nodiscard]] bool state_on_file(std::uint32_t c) const noexcept { return state_.spilled(c); }
   [[nodiscard]] bool params_spilled(std::uint32_t c) const noexcept { return params_.spilled(c); }
@@ -305,13 +303,14 @@ class file_tier {
     }
   }
   // Chunk c's parameters on a new host block, for a caller that writes them between steps: the
-  // views end, the other materialized chunks go back to file first. The caller attaches the block
-  // (and frees a device copy), then calls params_attached(c).
-  std::byte* take_param(std::uint32_t c) {
-    drop_view();
+  // views end, the other materialized chunks go back to file first (and the pool back under the
+  // budget). The caller attaches the block (and frees a device copy), then calls
+  // params_attached(c). `counted` as read_param.
+  std::byte* take_param(std::uint32_t c, bool counted) {
+    bool const freed = drop_view();
     drop_ahead();
-    flush(c);
-    return read_param(c, false);
+    if (flush(c) || freed) host_->trim();  // the pool caches freed blocks
+    return read_param(c, counted);
   }
   void params_attached(std::uint32_t c) noexcept { params_.set_materialized(c, true); }
   // Chunk c's parameters read from file into one block the next views of c share (nullptr: not
@@ -329,8 +328,7 @@ class file_tier {
     }
     return param_view_->data;
   }
-  // The parameter views end (the masters were written from them).
-  void end_param_view() noexcept {
+  void end_param_view() noexcept {  // the masters were written from the views
     param_view_chunk_ = no_chunk;
     param_view_.reset();
   }
@@ -340,8 +338,8 @@ class file_tier {
   // current slots; flush() writes them back. One chunk's lists on the host at a time.
   void materialize(std::uint32_t c) {
     if (!state_.spilled(c) || state_.materialized(c)) return;
-    drop_view();
-    flush(c);  // c's parameters, if on the host for the same load, stay
+    bool const freed = drop_view();
+    if (flush(c) || freed) host_->trim();  // c's parameters, if on the host for the same load, stay
     staging const s(*host_, state_.staging_bytes());
     std::array<std::size_t, max_lists> blocks{};
     for (std::size_t k = 0; k < state_.lists(); ++k) blocks[k] = state_.block(c, k, false);
@@ -402,7 +400,9 @@ class file_tier {
   }
   // The materialized chunks' lists back to file (the other slot, then current), their host blocks
   // freed, but chunk `keep`'s. A failed write keeps them attached and current on the host:
-  // nothing is lost. True: some went.
+  // nothing is lost. True: some went. Their blocks go straight to the pool: a materialized chunk
+  // is on host blocks of its own (never the device, never the gradient ring), as begin_step and
+  // begin_evaluation flush before anything may fetch it.
   bool flush(std::uint32_t keep = no_chunk) {
     bool flushed = false;
     for (std::uint32_t c : params_.chunks()) {
