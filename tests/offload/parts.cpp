@@ -420,17 +420,34 @@ TEST_CASE("sink_lane: the sink's work is waited for per chunk, counted once, and
   CHECK(lane.busy(2));          // behind the gate
   CHECK(lane.outstanding());
   open.open();
-  lane.wait(2);
-  CHECK_FALSE(lane.pending(2));
-  CHECK_THROWS(lane.wait(1));   // chunk 1's work failed: reported by the wait that meets it
+  // Chunk 1's work fails, and the sink's stream stays failed (sticky, as CUDA's): whichever wait
+  // meets it reports it, once per chunk.
+  CHECK_THROWS(lane.wait(1));
   CHECK_FALSE(lane.pending(1));
-  lane.wait(1);                 // once
+  lane.wait(1);  // once
+  CHECK_THROWS(lane.wait(2));
+  lane.wait(2);
   CHECK_FALSE(lane.outstanding());
 
-  // An abandoned step: quiet() waits for the rest and reports nothing.
+}
+
+TEST_CASE("sink_lane: an abandoned step's quiet() waits for the sink's work and reports nothing, its failure included") {
+  tide::memory::stream<tide::host> work;  // a failed stream takes no more work: one per case
+  tide::test::gate open;
+  std::vector<std::pair<std::uint32_t, bool>> seen;
+  tide::offload::offload_stats stats{};
+  tide::offload::detail::sink_lane<tide::host, float, gated_sink> lane({&work, &open, &seen, 0}, 3, stats);
+  lane.set_chunks_per_step(2);
   lane.begin_step();
-  tide::offload::ready_chunk<tide::host, float> r{0, grads};
-  lane.hand(r);
-  lane.quiet();
+  std::array<float, 4> grads{};
+  for (std::uint32_t c : {0u, 2u}) {
+    tide::offload::ready_chunk<tide::host, float> r{c, grads};
+    lane.hand(r);
+  }
+  CHECK(lane.busy(0));
+  open.open();
+  lane.quiet();  // chunk 0's work failed: not reported here
   CHECK_FALSE(lane.pending(0));
+  CHECK_FALSE(lane.pending(2));
+  CHECK_FALSE(lane.busy(2));
 }
