@@ -13,6 +13,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -401,25 +402,41 @@ struct gated_sink {
 
 }  // namespace
 
-TEST_CASE("sink_lane: the sink's work is waited for per chunk, counted once, and quieted when a step is abandoned") {
+namespace {
+
+// A sink_lane over 3 chunks, 2 per step, whose sink fails on chunk `fails`; each case has its own
+// stream, as a failed stream takes no more work.
+struct sink_fixture {
   tide::memory::stream<tide::host> work;
   tide::test::gate open;
   std::vector<std::pair<std::uint32_t, bool>> seen;
   tide::offload::offload_stats stats{};
-  tide::offload::detail::sink_lane<tide::host, float, gated_sink> lane({&work, &open, &seen, 1}, 3, stats);
-  lane.set_chunks_per_step(2);
-  lane.begin_step();
+  tide::offload::detail::sink_lane<tide::host, float, gated_sink> lane;
   std::array<float, 4> grads{};
-  for (std::uint32_t c : {2u, 1u}) {
-    tide::offload::ready_chunk<tide::host, float> r{c, grads};
-    lane.hand(r);
+  explicit sink_fixture(std::uint32_t fails) : lane({&work, &open, &seen, fails}, 3, stats) {
+    lane.set_chunks_per_step(2);
+    lane.begin_step();
   }
-  CHECK(seen == std::vector<std::pair<std::uint32_t, bool>>{{2, false}, {1, true}});  // the step's last chunk
+  void hand(std::initializer_list<std::uint32_t> chunks) {
+    for (std::uint32_t c : chunks) {
+      tide::offload::ready_chunk<tide::host, float> r{c, grads};
+      lane.hand(r);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("sink_lane: the sink's work is waited for per chunk, and each failure reported once") {
+  sink_fixture f(1);
+  auto& lane = f.lane;
+  f.hand({2, 1});
+  CHECK(f.seen == std::vector<std::pair<std::uint32_t, bool>>{{2, false}, {1, true}});  // the step's last chunk
   CHECK(lane.pending(2));
   CHECK_FALSE(lane.pending(0));
   CHECK(lane.busy(2));          // behind the gate
   CHECK(lane.outstanding());
-  open.open();
+  f.open.open();
   // Chunk 1's work fails, and the sink's stream stays failed (sticky, as CUDA's): whichever wait
   // meets it reports it, once per chunk.
   CHECK_THROWS(lane.wait(1));
@@ -428,24 +445,14 @@ TEST_CASE("sink_lane: the sink's work is waited for per chunk, counted once, and
   CHECK_THROWS(lane.wait(2));
   lane.wait(2);
   CHECK_FALSE(lane.outstanding());
-
 }
 
 TEST_CASE("sink_lane: an abandoned step's quiet() waits for the sink's work and reports nothing, its failure included") {
-  tide::memory::stream<tide::host> work;  // a failed stream takes no more work: one per case
-  tide::test::gate open;
-  std::vector<std::pair<std::uint32_t, bool>> seen;
-  tide::offload::offload_stats stats{};
-  tide::offload::detail::sink_lane<tide::host, float, gated_sink> lane({&work, &open, &seen, 0}, 3, stats);
-  lane.set_chunks_per_step(2);
-  lane.begin_step();
-  std::array<float, 4> grads{};
-  for (std::uint32_t c : {0u, 2u}) {
-    tide::offload::ready_chunk<tide::host, float> r{c, grads};
-    lane.hand(r);
-  }
+  sink_fixture f(0);
+  auto& lane = f.lane;
+  f.hand({0, 2});
   CHECK(lane.busy(0));
-  open.open();
+  f.open.open();
   lane.quiet();  // chunk 0's work failed: not reported here
   CHECK_FALSE(lane.pending(0));
   CHECK_FALSE(lane.pending(2));
