@@ -183,34 +183,7 @@ class trainer {
   // One optimizer step over micro_steps micro-batches (one per micro-step). A step that throws
   // (the device budget, a copy, the model) changes nothing: parameters, optimizer state, the
   // step count and the loss scale stay as they were, and the trainer stays usable.
-  step_stats step(std::span<batch_type const> micro_batches) {
-    auto const m = static_cast<std::size_t>(optimizer_.micro_steps);
-    TIDE_REQUIRE(micro_batches.size() == m, "trainer::step: ", micro_batches.size(),
-                 " micro-batches given, the optimizer accumulates micro_steps = ", m, "; pass exactly that many");
-    std::size_t const refusals = arena_.refusals();
-    try {
-      return run_step(micro_batches);
-    } catch (tide::error const& e) {
-      scheduler_.abort_step();
-      // The arena refused the model's own activations before the scheduler placed anything: say
-      // what the budget must hold, as the scheduler's own check does.
-      std::size_t const non_model = arena_.stats().in_use + arena_.last_refused();
-      if (e.category() == errc::budget && !scheduler_.placed() && arena_.refusals() != refusals &&
-          non_model > arena_.config().budget) {
-        std::size_t const need = scheduler_.minimum_device_bytes(non_model);
-        TIDE_FAIL(budget, "make_trainer: device_budget ", bytes_of{arena_.config().budget},
-                  " cannot hold the activations and workspaces of this batch (the model asked for ",
-                  bytes_of{arena_.last_refused()}, " more with ", bytes_of{arena_.stats().in_use},
-                  " in use); offload ", scheduler_type::name(), " then needs at least ", bytes_of{need}, " = ",
-                  scheduler_.minimum_explained(non_model), "; raise device_budget to at least ", bytes_of{need},
-                  ", or use a smaller batch or sequence");
-      }
-      throw;
-    } catch (...) {
-      scheduler_.abort_step();
-      throw;
-    }
-  }
+  step_stats step(std::span<batch_type const> micro_batches);
   step_stats step(batch_type const& b) { return step(std::span<batch_type const>(&b, 1)); }
 
  private:
@@ -225,98 +198,14 @@ class trainer {
       return 0;
   }
   // The global gradient norm (the norm of the mean gradient times loss_scale m W).
-  double gradient_norm() {
-    auto const g = scheduler_.gradients();
-    if constexpr (staged) {
-      // Each parameter once (wte on the first stage, not the last), summed over the stages.
-      owned_grads_.clear();
-      for (std::uint32_t i = 0; i < g.size(); ++i)
-        if (stage_.counted[i]) owned_grads_.push_back(g[i]);
-      double const local = kernels::global_grad_norm(ex_, owned_grads_);
-      return std::sqrt(pipeline_.sum_over_stages(local * local));
-    }
-    if constexpr (requires { comm_.zero; comm_.sum_over_ranks(0.0); }) {
-      if (comm_.zero >= 2 && comm_.world_size() > 1) {
-        // ZeRO-2: a rank holds the summed gradients of its own chunks only; the norm is the root
-        // of their squares summed over the ranks (a non-finite one poisons the sum on every rank).
-        owned_grads_.clear();
-        for (std::uint32_t i = 0; i < g.size(); ++i)
-          if (scheduler_.keeps_state(i)) owned_grads_.push_back(g[i]);
-        double const local = kernels::global_grad_norm(ex_, owned_grads_);
-        return std::sqrt(comm_.sum_over_ranks(local * local));
-      }
-    }
-    return kernels::global_grad_norm(ex_, g);
-  }
+  double gradient_norm();
   // The pipeline policy's forward and backward. A pipeline of one stage per rank then agrees with
   // the other data-parallel replicas that every stage of every replica ran (the executor already
   // agreed within the replica), before any gradient is summed: a step lost on one rank is lost on
   // every rank alike. Then the sums: over the replicas (the sink), and of the tied embedding over
   // the first and last stage (the first stage's gradient plus the last's zero, on both).
-  double run_pipeline(std::span<batch_type const> micro_batches, float loss_scale) {
-    if constexpr (staged) {
-      double loss = 0;
-      std::exception_ptr failure;
-      try {
-        loss = pipeline_.run(ex_, model_, micro_batches, loss_scale);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      bool const everywhere = agree(!failure);
-      if (failure) std::rethrow_exception(failure);
-      TIDE_CHECK(everywhere, usage, "make_trainer: a pipeline stage of another data-parallel replica failed in "
-                                    "this step (its error says why); the step is dropped on every rank");
-      scheduler_.hand_over_gradients();
-      for (std::uint32_t j : stage_.shared) pipeline_.sum_shared(scheduler_.gradient_of(j));
-      return loss;
-    } else {
-      return pipeline_.run(ex_, model_, micro_batches, loss_scale);
-    }
-  }
-  step_stats run_step(std::span<batch_type const> micro_batches) {
-    auto const m = static_cast<std::size_t>(optimizer_.micro_steps);
-    auto const t0 = std::chrono::steady_clock::now();
-    step_stats st;
-    st.step = step_ + 1;
-    st.lr = optimizer_.schedule(optimizer_.lr, step_);
-    st.loss_scale = scaler_.scale();
-    scheduler_.set_learning_rate(st.lr);
-    // The gradient is the sum over micro-batches and, with data parallelism, over ranks (the sink
-    // sums): the mean is the sum times inv, exact for powers of two.
-    float const inv = 1.f / (st.loss_scale * static_cast<float>(m) * static_cast<float>(comm_.world_size()));
-    if (!needs_all_gradients(optimizer_)) scheduler_.set_grad_scale(inv);
-    std::size_t const reduced_before = bytes_reduced();
-    double const loss = run_pipeline(micro_batches, st.loss_scale);
-    for (batch_type const& b : micro_batches) st.tokens += model_type::tokens_in(b);
-    if constexpr (requires { pipeline_.last()->bubble_fraction; })
-      if (auto const* ran = pipeline_.last()) st.bubble_fraction = ran->bubble_fraction;
-    st.loss = static_cast<float>(loss / static_cast<double>(m));
-    if (needs_all_gradients(optimizer_)) {
-      double const norm = gradient_norm();
-      st.skipped = !std::isfinite(norm);
-      if (st.skipped) {
-        scheduler_.skip_step();
-      } else {
-        st.grad_norm = norm * static_cast<double>(inv);
-        float const clip = optimizer_.clip_norm > 0.f ? kernels::clip_scale(st.grad_norm, optimizer_.clip_norm) : 1.f;
-        scheduler_.set_grad_scale(clip * inv);
-        scheduler_.step();
-      }
-      scaler_.update(st.skipped);
-    } else {
-      scheduler_.step();
-    }
-    ++step_;
-    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    st.tokens_per_s = st.seconds > 0 ? static_cast<double>(st.tokens) / st.seconds : 0;
-    st.offload = scheduler_.last_step();
-    st.device_bytes = st.offload.peak_device_bytes;
-    st.host_bytes = st.offload.host_model_bytes;
-    st.bytes_moved = st.offload.bytes_moved();
-    st.stall_ms = st.offload.stall_ms;
-    st.bytes_reduced = bytes_reduced() - reduced_before;  // the step drained its sink
-    return st;
-  }
+  double run_pipeline(std::span<batch_type const> micro_batches, float loss_scale);
+  step_stats run_step(std::span<batch_type const> micro_batches);
 
  public:
   // ---- checkpoints ----------------------------------------------------------------------------
@@ -411,35 +300,10 @@ class trainer {
   // model data is deferred: the commit reads each tensor when it writes it (tensor_source), so
   // optimizer state in the NVMe tier comes from the file one chunk at a time, never all at once.
   // A deferred section's id: 4 i + what (0: parameter, 1 + k: state list k, 3: master).
-  void add_sections(checkpoint_writer& w) {
-    shape_ = shape_text();
-    w.add("model.shape", std::as_bytes(std::span(shape_)));
-    state const st{step_, scheduler_.optimizer_steps(), scaler_.scale(), scaler_.good_steps(), scaler_.skipped()};
-    w.add_value("trainer.state", st);
-    auto const& list = model_.parameters();
-    for (std::uint32_t i = 0; i < list.size(); ++i) {
-      // A sink's lists are this rank's own (a residual), kept for every chunk: all in its shard.
-      for (std::size_t k = 0; k < extra_lists.size(); ++k)
-        w.add(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, i));
-      if (!scheduler_.keeps_state(i)) continue;  // ZeRO: the rank that owns its chunk writes it
-      std::size_t const id = 4 * std::size_t{i};
-      w.add_deferred(section("p/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::param, i), id);
-      for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
-        w.add_deferred(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, i),
-                       id + 1 + k);
-      if constexpr (scheduler_type::has_master)
-        w.add_deferred(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, i), id + 3);
-    }
-  }
+  void add_sections(checkpoint_writer& w);
   // The caller's sections: with add or add_value, as the deferred ones are the trainer's.
   template <class Extra>
-  void add_extra(checkpoint_writer& w, Extra& extra) {
-    std::size_t const own = w.deferred_count();
-    extra(w);
-    TIDE_REQUIRE(w.deferred_count() == own, "trainer::save: extra(writer) added ", w.deferred_count() - own,
-                 " deferred section(s); the trainer's source answers only its own tensors: add the caller's "
-                 "sections with add or add_value");
-  }
+  void add_extra(checkpoint_writer& w, Extra& extra);
   // The bytes of add_sections' deferred sections, read at the commit.
   [[nodiscard]] auto tensor_source() {
     static_assert(Optimizer::state_lists <= 2, "trainer: a deferred section's id 4 i + what has room for 2 state "
@@ -454,64 +318,10 @@ class trainer {
   }
 
   template <class Extra>
-  void save_set(std::filesystem::path const& dir, Extra& extra) {
-    int const rank = comm_.rank(), ranks = comm_.world_size();
-    auto const nonce = static_cast<std::uint64_t>(
-        comm_.of_rank0(std::chrono::steady_clock::now().time_since_epoch().count()));
-    std::string const set = checkpoint_set::set_name(step_, nonce);
-    std::string why;
-    try {
-      checkpoint_writer w;
-      add_sections(w);
-      add_extra(w, extra);
-      w.commit(checkpoint_set::shard_path(dir, set, rank, ranks), tensor_source());
-    } catch (tide::error const& e) {
-      why = e.message();
-    } catch (std::exception const& e) {
-      why = e.what();
-    } catch (...) {
-      why = "an exception that is not a std::exception";
-    }
-    bool const written = agree(why.empty());
-    TIDE_CHECK(written, io, "checkpoint set ", dir.string(), ": ", why.empty() ? "another rank" : "rank " +
-               std::to_string(rank), " could not write its shard", why.empty() ? "" : " (" + why + ")",
-               "; the previous checkpoint set stays the checkpoint");
-    if (rank == 0) {
-      try {
-        checkpoint_set::write_manifest(dir, {set, ranks, step_});
-      } catch (tide::error const& e) {
-        why = e.message();
-      } catch (std::exception const& e) {
-        why = e.what();
-      }
-    }
-    bool const committed = agree(why.empty());
-    TIDE_CHECK(committed, io, "checkpoint set ", dir.string(), ": the manifest was not written",
-               why.empty() ? "" : " (" + why + ")", "; the previous checkpoint set stays the checkpoint");
-    if (rank == 0) checkpoint_set::remove_other_sets(dir, set);
-  }
+  void save_set(std::filesystem::path const& dir, Extra& extra);
 
   template <class Extra>
-  void load_set(std::filesystem::path const& dir, Extra& extra) {
-    std::vector<checkpoint_reader> files;
-    std::exception_ptr failure;
-    std::string where = dir.string();
-    try {
-      auto const m = checkpoint_set::read_manifest(dir);
-      where += " (" + m.set + ", " + std::to_string(m.ranks) + " shards)";
-      for (int r = 0; r < m.ranks; ++r) {
-        files.emplace_back(checkpoint_set::shard_path(dir, m.set, r, m.ranks));
-        files.back().verify();
-      }
-      TIDE_CHECK(files[0].contains("trainer.state") && files[0].size_of("trainer.state") == sizeof(state) &&
-                     files[0].read_value<state>("trainer.state").step == m.step,
-                 corrupt, "checkpoint set ", where, ": shard 0 is not of step ", m.step, " as the manifest says");
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    int const n = static_cast<int>(files.size());
-    load_from(files, where, failure, extra, n > 0 ? static_cast<std::size_t>(comm_.rank() % n) : 0);
-  }
+  void load_set(std::filesystem::path const& dir, Extra& extra);
 
   // Checks every file against this model (and the set's files against each other), agrees with
   // the other ranks that all could, then reads: every parameter, and the state of this rank's
@@ -556,87 +366,9 @@ class trainer {
   // shard r mod n). On another rank count a rank's own list (a residual, what it has not sent
   // yet) is re-sharded so that the sum over the ranks stays what it was: rank r takes the sum of
   // shards r, r + W, r + 2W, ..., in that order, or zeros when there is none.
-  void read_extras(std::span<checkpoint_reader const> files, std::uint32_t i, std::size_t extra_file) {
-    auto const n = static_cast<int>(files.size());
-    int const w = comm_.world_size(), r = comm_.rank();
-    auto const& list = model_.parameters();
-    for (std::size_t k = 0; k < extra_lists.size(); ++k) {
-      std::string const x = extra_section(k, list[i].name());
-      auto const out = scheduler_.extra_bytes(k, i);
-      if (n == w || extra_lists[k].shared) {
-        files[extra_file].read(x, out);
-        continue;
-      }
-      TIDE_ASSERT(extra_lists[k].type == dtype::f32);  // check_files refused the others
-      std::fill(out.begin(), out.end(), std::byte{0});
-      reshard_.resize(out.size());
-      auto* const acc = reinterpret_cast<float*>(out.data());
-      auto const* const add = reinterpret_cast<float const*>(reshard_.data());
-      for (int j = r; j < n; j += w) {
-        files[static_cast<std::size_t>(j)].read(x, std::span<std::byte>(reshard_));
-        for (std::size_t e = 0; e < out.size() / sizeof(float); ++e) acc[e] += add[e];
-      }
-    }
-  }
+  void read_extras(std::span<checkpoint_reader const> files, std::uint32_t i, std::size_t extra_file);
 
-  void check_files(std::span<checkpoint_reader const> files, std::string const& where, std::vector<std::size_t>& from) {
-    std::string const shape = shape_text();
-    state first{};
-    for (std::size_t f = 0; f < files.size(); ++f) {
-      checkpoint_reader const& r = files[f];
-      TIDE_CHECK(r.contains("model.shape") && r.size_of("model.shape") == shape.size(), usage,
-                 "checkpoint ", where, ": section \"model.shape\" does not describe this model (",
-                 r.contains("model.shape") ? r.size_of("model.shape") : 0, " bytes, this model's is ", shape.size(),
-                 "); it was saved from another model configuration");
-      std::string stored(shape.size(), '\0');
-      r.read("model.shape", std::as_writable_bytes(std::span(stored)));
-      TIDE_CHECK(stored == shape, usage, "checkpoint ", where,
-                 ": section \"model.shape\" differs from this model (shape mismatch); saved:\n", stored,
-                 "this model:\n", shape);
-      TIDE_CHECK(r.contains("trainer.state") && r.size_of("trainer.state") == sizeof(state), usage, "checkpoint ",
-                 where, ": section \"trainer.state\" is missing or has another size (",
-                 r.contains("trainer.state") ? r.size_of("trainer.state") : 0, " bytes, this trainer's is ",
-                 sizeof(state), ")");
-      auto const st = r.read_value<state>("trainer.state");
-      if (f == 0) first = st;
-      TIDE_CHECK(std::memcmp(&st, &first, sizeof(state)) == 0, corrupt, "checkpoint set ", where, ": shard ", f,
-                 " is of step ", st.step, ", shard 0 of step ", first.step, "; the set is mixed from two saves");
-    }
-    auto const& list = model_.parameters();
-    for (std::uint32_t i = 0; i < list.size(); ++i)
-      for (std::size_t f = 0; f < files.size() && from[i] == files.size(); ++f)
-        if (files[f].contains(section("p/", list[i].name()))) from[i] = f;
-    // Every section is checked (present, its size that of this model's tensor) before anything
-    // is written: a mismatch anywhere leaves the trainer as it was.
-    for (std::uint32_t i = 0; i < list.size(); ++i) {
-      std::string const p = section("p/", list[i].name());
-      TIDE_CHECK(from[i] < files.size(), usage, "checkpoint ", where, ": no section \"", p, "\"",
-                 files.size() > 1 ? " in any shard" : "");
-      auto expect_in = [&](checkpoint_reader const& r, std::string const& name, std::size_t want) {
-        TIDE_CHECK(r.contains(name), usage, "checkpoint ", where, ": no section \"", name, "\"",
-                   tide::detail::concat(" (was it saved with another optimizer than ", Optimizer::name,
-                                        " or another gradient sink?)"));
-        TIDE_CHECK(r.size_of(name) == want, usage, "checkpoint ", where, ": section \"", name, "\" holds ",
-                   r.size_of(name), " bytes, this model's tensor has ", want,
-                   " (saved from a model of another shape or dtype); nothing was loaded");
-      };
-      auto expect = [&](std::string const& name, std::size_t want) { expect_in(files[from[i]], name, want); };
-      expect(p, scheduler_.tensor_size(chunk::chunk_role::param, i));
-      for (std::size_t k = 0; k < extra_lists.size(); ++k) {  // every shard has them (read_extras may sum them)
-        TIDE_CHECK(extra_lists[k].type == dtype::f32 || extra_lists[k].shared ||
-                       files.size() == static_cast<std::size_t>(comm_.world_size()),
-                   usage, "checkpoint ", where, ": the gradient sink's list \"", extra_lists[k].name, "\" was saved on ",
-                   files.size(), " ranks; loading it on ", comm_.world_size(), " sums shards, which tide does for f32 "
-                   "lists only: load it on ", files.size(), " ranks");
-        for (checkpoint_reader const& f : files) expect_in(f, extra_section(k, list[i].name()), scheduler_.extra_size(k, i));
-      }
-      if (!scheduler_.keeps_state(i)) continue;
-      for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
-        expect(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, i));
-      if constexpr (scheduler_type::has_master)
-        expect(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, i));
-    }
-  }
+  void check_files(std::span<checkpoint_reader const> files, std::string const& where, std::vector<std::size_t>& from);
 
  public:
   // ---- parts ----------------------------------------------------------------------------------
@@ -749,3 +481,7 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline> make_trainer(Spec co
 }
 
 }  // namespace tide::train
+
+// The larger members, defined out of line by what they do.
+#include "tide/train/detail/trainer_checkpoint.hpp"
+#include "tide/train/detail/trainer_step.hpp"

@@ -1,0 +1,228 @@
+#pragma once
+// nn::gpt's passes, out of line (the class is in nn/gpt.hpp, which includes this file): the
+// activations planned for a batch, the parameters' first values, forward and backward block by
+// block through the hooks, the activations' copies out and back when they are offloaded, and
+// the gradients zeroed.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "tide/nn/gpt.hpp"
+
+namespace tide::nn {
+
+template <Backend B, Element T, class Hooks>
+void gpt<B, T, Hooks>::prepare(index_t Bn, index_t Tn) {
+  if (Bn == batch_ && Tn == seq_ && activations_) return;
+  batch_ = seq_ = 0;
+  head_slot_ = -1;
+  stages_.clear();
+  for (slot_state& s : slots_) s = {};
+  report_ = {};
+  release_activation_host();  // no copy reads the old buffer any more
+  activations_.release();
+  plan_.replan(Bn, Tn);
+  auto const n = static_cast<std::size_t>(options_.in_flight);
+  std::size_t const stride = round_up(plan_.footprint(), options_.alignment);
+  std::size_t const bytes = (n - 1) * stride + plan_.footprint();  // in_flight = 1: the plan
+  activations_ = detail::arena_block<B>(*arena_, bytes, options_.alignment);
+  if (!options_.offload_activations.empty()) {
+    try {
+      reserve_activation_host(plan_.host_bytes());
+    } catch (...) {  // no host memory for them: no activations either, as above
+      activations_.release();
+      throw;
+    }
+  }
+  batch_ = Bn;
+  seq_ = Tn;
+  report_ = {Bn, Tn, plan_.size(), bytes, n * plan_.peak_live(), n * plan_.unplanned(), options_.in_flight, stride,
+             plan_.host_bytes()};
+}
+
+template <Backend B, Element T, class Hooks>
+void gpt<B, T, Hooks>::initialise(thread_pool* pool, std::uint64_t seed) {
+  if constexpr (B::is_device) {
+    static_assert(!external_storage, "gpt<B, T, Hooks> on a device backend: the hooks keep the parameters in their "
+                                     "own storage, which only the host backend's offload schedulers do so far; "
+                                     "build gpt<tide::host, ...> with them, or use tide::nn::no_hooks");
+    // Made on the host in the buffer's layout (the padding zero), then copied in one piece.
+    std::vector<std::byte> staged(params_list_.bytes(), std::byte{0});
+    for (std::size_t i = 0; i < params_list_.size(); ++i) {
+      parameter const& p = params_list_[i];
+      detail::initialise_parameter(pool, config_, i, p, reinterpret_cast<T*>(staged.data() + p.offset), seed);
+    }
+    memory::copy_to_device(B{}, params_.data(), staged.data(), staged.size());
+    return;
+  }
+  if constexpr (!external_storage)  // the padding, and a base for the zero tensors
+    std::fill(params_.data(), params_.data() + params_list_.bytes(), std::byte{0});
+  // External storage: the hooks hand out host-writable memory for every parameter outside a
+  // step (a scheduler keeps its chunks on the host tier until the first step).
+  for (std::size_t i = 0; i < params_list_.size(); ++i)
+    detail::initialise_parameter(pool, config_, i, params_list_[i], param(params_list_[i]).data(), seed);
+}
+
+template <Backend B, Element T, class Hooks>
+float
+gpt<B, T, Hooks>::run_forward(exec<B> const& ex, int first, int last, int micro, token_view tokens,
+                              token_view const* targets) {
+  prepare(tokens.extent(0), tokens.extent(1));
+  slot_state& s = slot(micro);
+  stages_.set(first, last, micro, false);  // overwritten from here: nothing to go back through
+  if (first == embedding_block) s.tokens = tokens;
+  bool const head = last == last_block();
+  if (head) {
+    loss_ = std::numeric_limits<float>::quiet_NaN();
+    head_slot_ = micro;
+    s.targets_given = false;
+    if (targets != nullptr) s.targets = *targets;
+  }
+  offloading const guard{this};
+  for (int b = first; b <= last; ++b) {
+    hooks_.pre_forward(b);
+    forward_block(ex, b, micro, b == last_block() && targets != nullptr);
+    if (mover_) {  // block b's saved activations leave; block b-1's must have left by now
+      send(ex, b, micro);
+      mover_->wait_sent(ex, b - 1);
+    }
+    hooks_.post_forward(b);
+    stages_.set(b, b, micro, true);
+  }
+  if (mover_) mover_->finish(mover_->sending, mover_->sent);
+  if (head && targets == nullptr)  // no loss: nothing of this slot to go back through
+    stages_.set(embedding_block, last, micro, false);
+  return head ? loss_ : std::numeric_limits<float>::quiet_NaN();
+}
+
+template <Backend B, Element T, class Hooks>
+void gpt<B, T, Hooks>::forward_block(exec<B> const& ex, int b, int micro, bool with_targets) {
+  slot_state& s = slot(micro);
+  if (b == embedding_block) {
+    kernels::encoder_forward(ex, act<T>(plan_.encoded, micro, {batch_, seq_, index_t{config_.channels}}), s.tokens,
+                             wte(), cparam(wpe()));
+  } else if (b < config_.layers) {
+    detail::block_forward(ex, residual_in(b, micro, false), block_acts(b, micro, false), weights(b),
+                          index_t{config_.heads});
+  } else {
+    auto const h = head_acts(micro);
+    detail::head_forward(ex, residual_in(b, micro, false), h, cparam(lnf_w()), cparam(lnf_b()), wte());
+    if (!with_targets) return;
+    kernels::fused_classifier(ex, h.dlogits, h.losses, view<T const>(h.logits), s.targets, index_t{config_.vocab});
+    double const sum = detail::ordered_sum(ex, view<float const>(h.losses));
+    loss_ = static_cast<float>(sum / static_cast<double>(batch_ * seq_));
+    s.targets_given = true;
+  }
+}
+
+template <Backend B, Element T, class Hooks>
+void
+gpt<B, T, Hooks>::run_backward(char const* op, exec<B> const& ex, int first, int last, int micro, float loss_scale) {
+  stages_.check_backward(op, first, last, micro);
+  if (!external_storage && !grads_) zero_grad(ex);
+  stages_.set(first, last, micro, false);  // one backward per forward
+  if (last == last_block() && loss_scale != 1.f) detail::scale_in_place(ex, head_acts(micro).dlogits, loss_scale);
+  offloading const guard{this};
+  if (mover_) std::fill(mover_->fetching.begin(), mover_->fetching.end(), std::uint8_t{0});
+  for (int b = last; b >= first; --b) {
+    hooks_.pre_backward(b);
+    if (mover_) {  // what block b reads arrives; what block b-1 reads starts to
+      fetch(ex, b - 1, micro);
+      fetch(ex, b - 2, micro);
+      mover_->wait_fetched(ex, b - 1);
+    }
+    backward_block(ex, b, micro);
+    hooks_.post_backward(b);
+  }
+  if (mover_) mover_->finish(mover_->fetching, mover_->fetched);
+}
+
+template <Backend B, Element T, class Hooks>
+void gpt<B, T, Hooks>::backward_block(exec<B> const& ex, int b, int micro) {
+  auto const dres = act<T>(plan_.dres, micro, {batch_, seq_, index_t{config_.channels}});
+  if (b == last_block()) {
+    auto const h = head_acts(micro);
+    // The head's share of wte's gradient: its own buffer (overwritten), or wte's gradient (+=).
+    if (plan_.has_tied()) detail::zero_fill(ex, h.tied);
+    detail::head_backward(ex, dres, residual_in(b, micro, true), h, cparam(lnf_w()), wte(),
+                          plan_.has_tied() ? cut_like_wte(h.tied) : dwte(), dparam(lnf_w()), dparam(lnf_b()));
+  } else if (b >= 0) {
+    auto const x = residual_in(b, micro, true);
+    auto const a = block_acts(b, micro, true);
+    if (plan_.recomputed(b)) detail::block_forward_to_gelu(ex, x, a, weights(b), index_t{config_.heads});
+    detail::block_backward(ex, dres, x, a, weights(b), weight_grads(b), index_t{config_.heads});
+  } else {
+    // The head's share of wte's gradient first, then the embedding's: one order of additions
+    // per micro-batch, however stages of other micro-batches interleave.
+    auto const g = dwte();
+    if (plan_.has_tied()) {
+      auto const tied = cut_like_wte(head_acts(micro).tied);
+      for (int j = 0; j < g.pieces; ++j)
+        detail::add_in_place(ex, detail::piece_view<B>(g, j), view<T const>(detail::piece_view<B>(tied, j)));
+    }
+    kernels::encoder_backward(ex, g, dparam(wpe()), view<T const>(dres), slot(micro).tokens);
+  }
+}
+
+template <Backend B, Element T, class Hooks>
+void gpt<B, T, Hooks>::send(exec<B> const& ex, int b, int micro) {
+  if (b >= config_.layers || plan_.moves(b).empty()) return;
+  std::byte* const base = slot_base(micro);
+  mover_->batch.clear();
+  for (auto const& m : plan_.moves(b))
+    mover_->batch.push_back({mover_->host + m.host_offset, base + plan_.offset(m.forward), plan_.bytes(m.forward)});
+  memory::record(ex, mover_->ready);
+  carrier().copy_activations(b, memory::copy_direction::device_to_host, mover_->batch, mover_->ready,
+                             mover_->sent[activation_mover::at(b)]);
+  mover_->sending[activation_mover::at(b)] = 1;
+}
+
+template <Backend B, Element T, class Hooks>
+void gpt<B, T, Hooks>::fetch(exec<B> const& ex, int b, int micro) {
+  if (b < embedding_block || b >= config_.layers || plan_.moves(b).empty() || mover_->fetching[activation_mover::at(b)])
+    return;
+  std::byte* const base = slot_base(micro);
+  mover_->batch.clear();
+  for (auto const& m : plan_.moves(b))
+    mover_->batch.push_back({base + plan_.offset(m.backward), mover_->host + m.host_offset, plan_.bytes(m.forward)});
+  memory::record(ex, mover_->ready);
+  carrier().copy_activations(b, memory::copy_direction::host_to_device, mover_->batch, mover_->ready,
+                             mover_->fetched[activation_mover::at(b)]);
+  mover_->fetching[activation_mover::at(b)] = 1;
+}
+
+template <Backend B, Element T, class Hooks>
+void gpt<B, T, Hooks>::reserve_activation_host(std::size_t bytes) {
+  if (!mover_) mover_ = std::make_unique<activation_mover>(config_.layers);
+  if (bytes != 0) mover_->host = carrier().activation_host(bytes);
+  mover_->host_bytes = bytes;
+  std::size_t most = 0;
+  for (int b = embedding_block; b < config_.layers; ++b) most = std::max(most, plan_.moves(b).size());
+  mover_->batch.reserve(most);
+}
+
+template <Backend B, Element T, class Hooks>
+void gpt<B, T, Hooks>::release_activation_host() noexcept {
+  if (!mover_) return;
+  drain_activations();
+  if (mover_->host != nullptr) carrier().release_activation_host(mover_->host, mover_->host_bytes);
+  mover_->host = nullptr;
+  mover_->host_bytes = 0;
+}
+
+template <Backend B, Element T, class Hooks>
+void gpt<B, T, Hooks>::zero_grad(exec<B> const& ex) {
+  if constexpr (external_storage) {
+    hooks_.zero_grad();
+  } else {
+    if (!grads_) grads_ = detail::arena_block<B>(*arena_, params_list_.bytes(), options_.alignment);
+    detail::zero_fill(ex, flat(grads_));
+  }
+}
+
+}  // namespace tide::nn

@@ -1,0 +1,313 @@
+#pragma once
+// The offload engine's step, out of line (the class is in detail/engine_core.hpp): a block's
+// moment entered and left, the gradients handed over, a step finished or undone, the placement
+// at the first moment, and draining. A step that threw is undone by abort_step(): each part's
+// abort() (the sinks, the shard map, the update runner, the NVMe tier, the journals), then the
+// step's own state.
+//
+// One step, for chunked<P>:
+//   pre_forward(b)   the chunks of b's parameters become resident (a victim's device block is
+//                    handed over: its copy to the host and the new copy in run in order on the
+//                    copy stream), tensors -> COMPUTE; then the next moments' chunks are
+//                    prefetched as far as the budget allows (belady: also by evicting a chunk
+//                    used later than the one fetched)
+//   post_forward(b)  tensors -> HOLD_AFTER_FWD
+//   pre_backward(b)  parameter and gradient chunks resident (a FREE gradient chunk is created
+//                    zero-filled: no copy), tensors -> COMPUTE
+//   post_backward(b) tensors -> HOLD_AFTER_BWD; every chunk whose last backward use was b
+//                    (reuse_grad_slots: its gradient block first becomes its parameter chunk's
+//                    payload) goes to READY_FOR_REDUCE and to the sink, then is stepped (after
+//                    the sink's event): on the device when its state is there, else its parameter and
+//                    gradient chunks are copied to the host and the host update runs on the
+//                    optimizer worker beside the rest of backward; the gradient chunk is freed
+//   step()           waits for the optimizer, ends the step (the warm-up step becomes the trace)
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <thread>
+
+#include "tide/offload/detail/engine_core.hpp"
+
+namespace tide::offload::detail {
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
+  if (this->tracing()) block_t0_ = trace_recorder::now_us();
+  TIDE_CHECK(block >= this->uses_.first_block && block <= this->uses_.last_block(), usage, "offload ", P::name(),
+             ": block ", block, " is not one of uses() (", this->uses_.first_block, "..", this->uses_.last_block(), ")");
+  TIDE_CHECK(!this->in_block_, usage, "offload ", P::name(), ": block ", block, " entered while block ", this->block_,
+             " is still open; call post_forward / post_backward of each block before the next");
+  if (this->evaluating_) {
+    TIDE_REQUIRE(ph == chunk::phase::forward, "offload::scheduler: backward during evaluation; call "
+                                              "end_evaluation() before training");
+    this->require_intact();
+    if (!this->placed_) this->first_placement();
+    ++this->tick_;
+    this->reclaim_stale(false);
+    this->gather_for(block, ph);
+    this->make_resident(this->ids_of(block, ph), store::untraced);
+    for (std::uint32_t i : this->uses_.of(block)) this->param_.transition(i, chunk::tensor_state::compute);
+    this->open_block(block, ph);
+    return;
+  }
+  this->begin_step_if_needed();
+  ++this->tick_;
+  this->reclaim_stale(false);
+  auto const& ids = this->ids_of(block, ph);
+  std::size_t const t = this->tracer_.at({block, ph}, ids);
+  this->current_ = t;
+  this->gather_for(block, ph);  // before the block's clock starts: the warm-up times compute only
+  if (ph == chunk::phase::forward && this->tracer_.recording()) block_start_ = std::chrono::steady_clock::now();
+  this->make_resident(ids, t);
+  for (std::uint32_t i : this->uses_.of(block)) {
+    this->param_.transition(i, chunk::tensor_state::compute);
+    if (ph == chunk::phase::backward) this->grad_.transition(i, chunk::tensor_state::compute);
+  }
+  sample_non_model();
+  this->tide_.push_back({{block, ph}, this->model_on_device(), this->non_model_now(), this->ctx_.budget});
+  this->prefetch(t);
+  add_moves_to_last_sample();
+  this->open_block(block, ph);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::post_forward(int block) {
+  if (this->tracing())
+    this->trace_->complete(tide::detail::concat("forward ", block), "compute", lane::compute, block_t0_,
+                           trace_recorder::now_us());
+  for (std::uint32_t i : this->uses_.of(block))
+    this->param_.transition(i, this->evaluating_ ? chunk::tensor_state::hold : chunk::tensor_state::hold_after_fwd);
+  this->leave_block(block);
+  sample_non_model();
+  if (this->tracer_.recording() && !this->evaluating_) {  // the warm-up's compute time, for policies
+    this->forward_ms_ += detail::ms_since(block_start_);
+    ++this->forward_blocks_;
+  }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::pre_backward(int block) {
+  if (!this->evaluating_) {
+    TIDE_CHECK(block == this->next_backward_, usage, "offload ", P::name(), ": pre_backward(", block, ") but block ",
+               this->next_backward_, " is next: backward must visit the blocks of uses() in reverse, ",
+               this->uses_.last_block(), " down to ", this->uses_.first_block, ", each once per pass");
+    if (block == this->uses_.last_block()) ++this->backward_passes_;  // a pass begins
+  }
+  enter(block, chunk::phase::backward);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::post_backward(int block) {
+  if (this->tracing())
+    this->trace_->complete(tide::detail::concat("backward ", block), "compute", lane::compute, block_t0_,
+                           trace_recorder::now_us());
+  for (std::uint32_t i : this->uses_.of(block)) {
+    this->param_.transition(i, chunk::tensor_state::hold_after_bwd);
+    this->grad_.transition(i, chunk::tensor_state::hold_after_bwd);
+  }
+  this->leave_block(block);
+  this->next_backward_ = block == this->uses_.first_block ? this->uses_.last_block() : block - 1;
+  sample_non_model();
+  if (this->backward_passes_ % this->options_.micro_steps != 0) return;  // gradients accumulate
+  this->take_grad_slots(block);  // reuse_grad_slots: the completed gradients move into their parameters' slots
+  this->prefetch_spilled(block);  // deferred updates: the first spilled chunks' state reads start now
+  sample_non_model();
+  if (this->options_.defer_sink) return;  // hand_over_gradients() hands them over
+  this->hand_to_sink(block);
+  if (this->options_.defer_optimizer) return;  // step() runs it
+  this->optimizer_moments_of(block, true);
+  add_moves_to_last_sample();  // the optimizer moment's copies belong to this block's bar
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::hand_over_gradients() {
+  TIDE_REQUIRE(this->options_.defer_sink, "offload::scheduler::hand_over_gradients needs options.defer_sink "
+                                          "(without it backward hands each chunk over as it completes)");
+  auto const m = static_cast<std::size_t>(this->options_.micro_steps);
+  TIDE_REQUIRE(this->step_open_ && this->backward_passes_ > 0 && this->backward_passes_ % m == 0 &&
+                   this->next_backward_ == this->uses_.last_block() && !handed_over_,
+               "offload::scheduler::hand_over_gradients: call it once per step, after the last of ", m,
+               " backward passes (", this->backward_passes_ % m, " ran)");
+  handed_over_ = true;
+  for (int b = this->uses_.last_block(); b >= this->uses_.first_block; --b) this->hand_to_sink(b);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::finish(bool apply) {
+  this->require_intact();
+  TIDE_REQUIRE(this->step_open_, "offload::scheduler::step() without a forward since the last step");
+  auto const m = static_cast<std::size_t>(this->options_.micro_steps);
+  TIDE_REQUIRE(this->backward_passes_ % m == 0 && this->backward_passes_ > 0 &&
+                   this->next_backward_ == this->uses_.last_block(),
+               "offload::scheduler::step(): ", this->backward_passes_ % m, " of ", m,
+               " micro-step backward passes ran",
+               this->next_backward_ != this->uses_.last_block() ? " (one stopped before its first block)" : "",
+               "; step after the last one");
+  TIDE_REQUIRE(!this->options_.defer_sink || handed_over_, "offload::scheduler::step(): with options.defer_sink, "
+               "call hand_over_gradients() after the last backward pass first");
+  handed_over_ = false;
+  if (this->options_.defer_optimizer)
+    for (int b = this->uses_.last_block(); b >= this->uses_.first_block; --b) this->optimizer_moments_of(b, apply);
+  auto const t0 = std::chrono::steady_clock::now();
+  this->drain();
+  this->check_spill();  // a failed spill read or write fails the step; the file keeps the old state
+  this->return_grad_slots(apply);  // skipped: the parameters back from the masters
+  this->cur_.stall_ms += detail::ms_since(t0);
+  if (this->params_sharded_) this->release_params();  // ZeRO-3: gathered again when next used
+  else if (apply) this->share_parameters();         // ZeRO-1/2: the parameters other ranks stepped
+  this->policy_.after_step(*this);
+  this->undo_.discard();  // the step is complete: nothing left to undo
+  this->extra_undo_.discard();
+  if (this->files_) this->files_->commit();  // the new state on file becomes current
+  bool const warm_up = this->tracer_.recording();
+  this->tracer_.end_step();
+  this->ctx_.recording = false;
+  if (warm_up && this->tracer_.warm()) this->after_warm_up();
+  if (apply) ++this->t_;
+  this->backward_passes_ = 0;
+  this->step_open_ = false;
+  this->cur_.optimizer_ms += this->runner_.take_ms();
+  this->finish_stats(warm_up, this->t_ - 1);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::abort_step() noexcept {
+  bool const was_in_block = this->in_block_;
+  this->in_block_ = false;
+  std::fill(this->access_.begin(), this->access_.end(), std::uint8_t{0});
+  if (!this->step_open_ && !was_in_block) return;
+  this->sinks_.quiet();  // the sink's failures in this step are the step's failure
+  try {
+    this->drain();
+  } catch (std::exception const& e) {
+    this->broken_ = e.what();
+  }
+  this->sinks_.abandon();  // a sink that can start afresh does; no other rank's gradients are kept
+  if (this->broken_.empty()) {
+    for (detail::undo_record const& r : this->undo_.records()) {
+      this->drop_shadow(r.c);  // the host copy of a device-resident chunk may hold the update
+      this->undo_.restore(r, this->targets_of(r.c));
+    }
+    this->extra_undo_.restore(this->extra_);
+    this->drop_param_file_copies();
+    // reuse_grad_slots: the journal keeps no parameters; every chunk stepped or holding gradients
+    // gets round(master) back, after the masters were restored.
+    if (this->options_.reuse_grad_slots)
+      for (detail::undo_record const& r : this->undo_.records()) this->round_masters_back(r.c);
+    this->return_grad_slots(false);
+    for (std::uint32_t i = 0; i < this->params_.size(); ++i) {
+      if (this->param_.tensor(i).state != chunk::tensor_state::hold)
+        this->param_.transition(i, chunk::tensor_state::hold);
+      if (this->grad_.tensor(i).state == chunk::tensor_state::compute)
+        this->grad_.transition(i, chunk::tensor_state::hold);
+    }
+    if (this->step_open_) {
+      for (std::uint32_t c = 0; c < this->n_; ++c) this->release_grad(c);  // the step's gradients are dropped
+      this->aborted_ = true;  // the policy restores its placement at the next step
+    }
+  }
+  this->release_params_quietly();  // ZeRO-3: gathered again when next used
+  if (!this->step_open_) return;  // an evaluation: no step to undo
+  this->forget_spill_failures();
+  if (this->files_) this->files_->abort();  // the files' current slots hold the state before the step
+  this->undo_.discard();
+  this->extra_undo_.discard();
+  this->tracer_.abort_step();
+  this->backward_passes_ = 0;
+  this->next_backward_ = this->uses_.last_block();
+  this->step_open_ = false;
+  handed_over_ = false;
+  this->cur_ = {};
+  this->tide_.clear();
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::first_placement() {
+  std::size_t const non_model = this->arena_->stats().in_use - this->device_bytes_;
+  auto const need = this->policy_.minimum(this->ctx_, non_model);
+  TIDE_CHECK(this->ctx_.budget >= need.bytes, budget, "offload ", P::name(), ": the device budget ",
+             bytes_of{this->ctx_.budget},
+             " is below this scheduler's minimum ", bytes_of{need.bytes}, " = ", need.why,
+             "; raise device_budget to at least ", bytes_of{need.bytes}, need.advice);
+  init_master();
+  this->policy_.place(*this);
+  placed_ = true;
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::begin_step_if_needed() {
+  if (step_open_) return;
+  require_intact();
+  flush_spilled();  // a checkpoint's reads or writes of spilled state go back to file first
+  drop_view();
+  step_open_ = true;
+  sinks_.begin_step();
+  this->tracer_.begin_step();
+  if (files_) files_->begin_step();
+  this->ctx_.recording = this->tracer_.recording();
+  this->arena_->reset_peak();
+  this->tide_.clear();
+  moves_mark_ = {this->cur_.h2d_bytes, this->evicted_bytes_};
+  release_params();  // ZeRO-3: every block takes its parameters from their owners
+  if (!placed_) first_placement();
+  if (aborted_) {  // the policy puts back what a failed step left out of place
+    this->policy_.after_step(*this);
+    aborted_ = false;
+  }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::drain() {
+  std::exception_ptr failure;
+  auto wait = [&failure](auto&& f) {
+    try {
+      f();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  };
+  wait([&] { this->engine_.synchronize(); });
+  wait([&] { this->copy_stream_.synchronize(); });  // the timeline's stamps run after the copies
+  if (this->activation_engine_) {
+    wait([&] { this->activation_engine_->synchronize(); });
+    wait([&] { this->activation_stream_->synchronize(); });
+  }
+  for (std::uint32_t c = 0; c < this->n_; ++c) wait([&] { wait_reduced(c); });
+  wait([&] { runner_.synchronize(); });
+  if (failure) {
+    wait_idle();
+    this->spans_.clear();
+    std::rethrow_exception(failure);
+  }
+  this->spans_.clear();
+  free_reduced_unowned(true);
+  runner_.drained();
+  for (std::uint32_t id = 0; id < this->ids_; ++id) this->settle(id);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::wait_idle() noexcept {
+  auto const activations_idle = [&] { return !this->activation_stream_ || this->activation_stream_->query(); };
+  while (!this->copy_stream_.query() || !activations_idle() || !runner_.idle()) std::this_thread::yield();
+  sinks_.quiet();
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::add_moves_to_last_sample() {
+  if (this->tide_.empty()) return;
+  this->tide_.back().fetched_bytes += this->cur_.h2d_bytes - this->moves_mark_.first;
+  this->tide_.back().evicted_bytes += this->evicted_bytes_ - this->moves_mark_.second;
+  this->moves_mark_ = {this->cur_.h2d_bytes, this->evicted_bytes_};
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::sample_non_model() {
+  if (this->evaluating_) return;
+  this->tracer_.non_model(this->current_, this->non_model_now());
+  this->cur_.peak_model_bytes = std::max(this->cur_.peak_model_bytes, this->model_bytes_now());
+}
+
+}  // namespace tide::offload::detail

@@ -1,0 +1,302 @@
+#pragma once
+// Where the offload engine's bytes come from, out of line (the class is in detail/engine_core.hpp):
+// the NVMe tier's moves (detail/file_tier.hpp holds the files), the masters' first values, ZeRO-3's
+// gathered parameter chunks (detail/shard_map.hpp decides, these members move), the chunk
+// source's fills, and the model's offloaded activations.
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tide/offload/detail/engine_core.hpp"
+
+namespace tide::offload::detail {
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::stage_spilled(host_job& job) {
+  job.io = files_->stage(job.c, update_of_chunk_done());
+  for (std::size_t k = 0; k < files_->lists(); ++k) {
+    float* const list = files_->list_of(job.io, k);
+    if (k < state_lists) {
+      job.whole.state[k] = list;
+      job.targets.state[k] = list;
+    } else {  // the fp32 master
+      job.whole.master = list;
+      job.targets.master = list;
+    }
+  }
+  if (job.io.params != nullptr) {  // the parameters (fp32: the master; else the working copy) too
+    if constexpr (store::has_master) job.whole.working = reinterpret_cast<T*>(job.io.params);
+    else job.whole.master = reinterpret_cast<float*>(job.io.params);
+    job.targets.param = nullptr;
+  }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::prefetch_spilled(int block) {
+  if (!files_ || !options_.defer_optimizer) return;
+  for (std::uint32_t c : this->completes_at(block)) {
+    if (!files_->state_on_file(c) || !this->shard_.owns(c) || os_on_device_[c]) continue;
+    if (!files_->prefetch(c, update_of_chunk_done())) return;
+  }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::open_files() {
+  bool const masters_may_go = store::has_master && !options_.reuse_grad_slots;
+  std::size_t const lists = state_lists + (masters_may_go ? 1 : 0);
+  std::size_t kept = 0;
+  std::vector<std::uint32_t> owned;
+  for (std::uint32_t c = 0; c < this->n_; ++c) {
+    if (!params_sharded_ || this->shard_.owns(c)) kept += round_up(this->param_[c].capacity(), 256);  // ZeRO-3: own only
+    for (auto& l : this->extra_) kept += round_up(l[c].capacity(), 256);
+    if (!this->shard_.owns(c)) continue;
+    owned.push_back(c);
+    if constexpr (store::has_master)
+      if (!masters_may_go) kept += round_up(this->master_[c].capacity(), 256);
+  }
+  // Parameter chunks go to file past the state, but not under a sharding sink (ZeRO: other
+  // ranks write a rank's parameter chunks) nor with reuse_grad_slots (the gradients take them).
+  file_plan const plan = plan_files({.host_budget = options_.host_budget,
+                                     .host_reserve = options_.host_reserve,
+                                     .have_folder = !options_.spill_folder.empty(),
+                                     .kept = kept,
+                                     .owned = owned,
+                                     .lists = lists,
+                                     .list_bytes = this->state_block_bytes(),
+                                     .param_bytes = round_up(this->param_[0].capacity(), 256),
+                                     .chunks = this->n_,
+                                     .params_may_go = !ShardingSink<S> && !options_.reuse_grad_slots,
+                                     .masters_stay = store::has_master && !masters_may_go,
+                                     .extra_lists = extra_count > 0,
+                                     .sharding = ShardingSink<S>,
+                                     .masters_go = masters_may_go});
+  host_kept_ = plan.host_kept;
+  if (plan.empty()) return;
+  std::array<chunk::chunk_list*, file_tier<B>::max_lists> to_file{};
+  for (std::size_t k = 0; k < state_lists; ++k) to_file[k] = &this->state_[k];
+  if (masters_may_go) to_file[state_lists] = &this->master_;
+  files_ = std::make_unique<file_tier<B>>(this->host_, this->cur_, std::span(to_file.data(), lists), this->param_,
+                                          plan, options_.spill_folder, this->n_, this->state_block_bytes());
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::attach_host_state() {
+  bool const masters_on_file = files_ && files_->holds_masters(state_lists);
+  for (std::uint32_t c = 0; c < this->n_; ++c) {
+    if (!params_spilled(c)) this->attach_host_zeroed(this->param_[c]);
+    if (!this->shard_.owns(c)) continue;
+    for (std::size_t k = 0; k < state_lists; ++k)
+      if (!state_on_file(c)) this->attach_host_zeroed(this->state_[k][c]);
+    if constexpr (store::has_master)
+      if (!masters_on_file || !state_on_file(c)) this->attach_host_zeroed(this->master_[c]);
+  }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::materialize_param(std::uint32_t c) {
+  if (!param_in_file(c)) return;
+  TIDE_REQUIRE(!evaluating_, "offload::scheduler: parameter chunk ", c, " is on file (host_budget), and its "
+               "bytes can be written only between steps and evaluations; call end_evaluation() first");
+  chunk::chunk& p = this->param_[c];
+  std::byte* const host = files_->take_param(c, step_open_ || evaluating_);
+  if (p.payload() != nullptr) {  // a clean device copy
+    this->settle(c);
+    free_param_payload(c);
+  }
+  p.attach(host, chunk::tier::host);
+  files_->params_attached(c);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::init_master() {
+  if constexpr (store::has_master) {
+    if (master_written_) return;
+    drain();
+    std::optional<typename file_tier<B>::staging> staging;  // one block, for the masters that go to file
+    for (std::uint32_t c = 0; c < this->n_; ++c) {
+      if (!this->shard_.owns(c)) continue;  // another rank keeps its master
+      bool const to_file = files_ && files_->master_on_file(c, state_lists);
+      if (to_file && !staging) staging.emplace(this->host_, files_->list_bytes());
+      if (to_file) std::memset(staging->data, 0, staging->bytes);
+      std::byte const* const on_file = param_file_view(c);
+      for (std::uint32_t i = this->layout_.first_param[c]; i < this->layout_.first_param[c + 1]; ++i) {
+        auto const* src = on_file != nullptr ? reinterpret_cast<T const*>(on_file) + this->layout_.offset_of[i]
+                                             : reinterpret_cast<T const*>(this->param_.data(i));
+        auto* dst = to_file ? reinterpret_cast<float*>(staging->data) + this->layout_.offset_of[i]
+                            : reinterpret_cast<float*>(this->master_.data(i));
+        for (index_t k = 0; k < this->params_[i].numel(); ++k) dst[k] = to_float(src[k]);
+      }
+      if (to_file) files_->write_master(c, staging->data);
+    }
+    master_written_ = true;
+    if (files_) files_->end_param_view();  // the views of parameter chunks on file end with it
+    if (staging || (files_ && !files_->param_chunks().empty())) {
+      staging.reset();
+      this->host_.trim();  // the pool caches freed blocks: back under host_budget
+    }
+  }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::check_spill() {
+  if (!files_) return;
+  for (std::uint32_t c : files_->stepped())
+    if (runner_.job_of(c).io.failure) {
+      std::exception_ptr const e = std::exchange(runner_.job_of(c).io.failure, nullptr);
+      forget_spill_failures();
+      files_->discard();
+      std::rethrow_exception(e);
+    }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::drop_param_file_copies() noexcept {
+  if (!files_) return;
+  for (std::uint32_t c : files_->param_chunks())
+    if (files_->param_in_file(c) && this->param_[c].payload() != nullptr) free_param_payload(c);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::gather_for(int block, chunk::phase ph) {
+  if (!params_sharded_) return;
+  auto const next = next_moment(block, ph);
+  std::span<std::uint32_t const> next_ids;
+  if (next) next_ids = this->ids_of(next->first, next->second);
+  shards_.gather_for(*this, this->ids_of(block, ph), next ? &next_ids : nullptr);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+std::optional<std::pair<int, chunk::phase>>
+engine_core<B, T, P, O, S, Src>::next_moment(int block, chunk::phase ph) const {
+  int const first = this->uses_.first_block, last = this->uses_.last_block();
+  if (ph == chunk::phase::forward) {
+    if (block < last) return std::pair{block + 1, ph};
+    if (evaluating_) return std::nullopt;
+    return std::pair{last, chunk::phase::backward};
+  }
+  if (block > first) return std::pair{block - 1, ph};
+  if (!evaluating_ && backward_passes_ % static_cast<std::size_t>(options_.micro_steps) != 0)
+    return std::pair{first, chunk::phase::forward};  // another micro-step's pass follows
+  return std::nullopt;
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::send_own(std::uint32_t c, std::byte* block) {
+  this->settle(c);
+  std::memcpy(block, this->param_[c].payload(), this->param_[c].capacity());  // tide::host: a device block is host memory
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::gather_async(std::uint32_t c, std::byte* block) {
+  if constexpr (ParameterShardingSink<S>)
+    sinks_.sink().gather_async(c, std::span<T>(reinterpret_cast<T*>(block), this->param_[c].capacity() / sizeof(T)));
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::wait_gathered() {
+  auto const t0 = std::chrono::steady_clock::now();
+  if constexpr (ParameterShardingSink<S>) sinks_.sink().wait_gathered();
+  this->cur_.stall_ms += ms_since(t0);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::drop_param(std::uint32_t c) {
+  this->settle(c);  // a copy in flight reads or writes it
+  this->drop_shadow(c);
+  free_param_payload(c);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::free_param_payload(std::uint32_t c) noexcept {
+  unpin_param(c);
+  bool const was_on_device = this->on_device(c);
+  this->free_payload(this->param_[c]);
+  if (was_on_device) this->released(c);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void
+engine_core<B, T, P, O, S, Src>::fill_chunk(std::uint32_t c, std::byte* device, std::byte const* host,
+                                              std::size_t bytes, bool handed_over) {
+  if (swapped_[c]) {  // it holds gradients (reuse_grad_slots), not what the source makes: a plain copy
+    this->engine_.copy_async(device, host, bytes, memory::copy_direction::host_to_device, this->ready_[c]);
+    return;
+  }
+  memory::event<B> const* free_after = nullptr;
+  if constexpr (!std::is_same_v<Src, host_source>) {
+    if (handed_over) {
+      block_free_[c].record(this->copy_stream_);
+      free_after = &block_free_[c];
+    }
+  }
+  source_.fill(fill_request<B>{c, device, host, bytes, &this->engine_, &this->copy_stream_, free_after,
+                               &this->ready_[c]});
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::before_fetch(std::uint32_t id) {
+  // Gradients (a gradient chunk, or a parameter chunk whose slot they took) are copied after
+  // the sink finished with them: the copy stream waits for its event, this thread does not.
+  std::uint32_t const c = id < this->n_ ? id : id - this->n_;
+  if ((id >= this->n_ || swapped_[c]) && sinks_.pending(c)) this->copy_stream_.wait(sinks_.reduced(c));
+  if (id >= this->n_) return;
+  TIDE_CHECK(has_param(id), internal, "offload ", P::name(), ": parameter chunk ", id, " was to be fetched, but "
+             "under ZeRO-3 this rank does not hold it (it is gathered only for the blocks that use it)");
+  wait_optimizer(id);  // the host step writes the chunk's host payload
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void
+engine_core<B, T, P, O, S, Src>::copy_activations(int block, memory::copy_direction d,
+                                                    std::span<memory::copy_request const> copies,
+                                                    memory::event<B> const& ready, memory::event<B>& done) {
+  std::size_t bytes = 0;
+  for (auto const& c : copies) bytes += c.bytes;
+  bool const out = d == memory::copy_direction::device_to_host;
+  auto& engine = this->activation_engine();
+  auto* span = this->open_span(tide::detail::concat("activations ", block, out ? " out" : " back"), bytes, true);
+  engine.copy_stream().wait(ready);
+  engine.copy_async(copies, d, done);
+  this->close_span(span);
+  (out ? this->cur_.activation_d2h_bytes : this->cur_.activation_h2d_bytes) += bytes;
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+std::byte* engine_core<B, T, P, O, S, Src>::activation_host(std::size_t bytes) {
+  (void)this->activation_engine();  // their copy stream, from the first request on
+  if (options_.host_budget != 0) {
+    std::size_t const used = host_kept_ + activation_host_bytes_;
+    std::size_t const left = options_.host_budget - std::min(options_.host_budget, used);
+    TIDE_CHECK(bytes <= left, budget, "offload::scheduler: the model's offloaded activations need ",
+               bytes_of{bytes}, " of host memory, and host_budget ", bytes_of{options_.host_budget}, " leaves ",
+               bytes_of{left}, " beside the model data kept on the host (", bytes_of{host_kept_}, ")",
+               activation_host_bytes_ != 0 ? tide::detail::concat(" and the activations already held (",
+                                                                  bytes_of{activation_host_bytes_}, ")")
+                                           : std::string(),
+               "; set host_reserve to at least ", bytes_of{bytes + activation_host_bytes_},
+               " (the NVMe tier then takes that much more optimizer state to file), raise host_budget, or "
+               "offload fewer blocks");
+  }
+  auto* p = static_cast<std::byte*>(this->host_.allocate(bytes, 256));
+  activation_host_bytes_ += bytes;
+  return p;
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::release_activation_host(std::byte* p, std::size_t bytes) noexcept {
+  this->host_.deallocate(p, bytes, 256);
+  activation_host_bytes_ -= bytes;
+  if (options_.host_budget != 0) this->host_.trim();  // the pool caches freed blocks: back under host_budget
+}
+
+}  // namespace tide::offload::detail

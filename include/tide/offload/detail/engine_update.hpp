@@ -1,0 +1,285 @@
+#pragma once
+// The offload engine's updates, out of line (the class is in detail/engine_core.hpp): the
+// placement members policies call, the hand-over to the gradient sink, each chunk's optimizer
+// step on the tier where its state lives (the update runner takes the host ones), ZeRO's
+// shared parameters, and gradient-slot reuse.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "tide/offload/detail/engine_core.hpp"
+
+namespace tide::offload::detail {
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::pin_parameters() {
+  for (std::uint32_t c = 0; c < this->n_; ++c) {
+    if (params_sharded_ && !this->shard_.owns(c)) continue;
+    if (!this->on_device(c)) this->fetch(c, 0, {});
+    if (this->param_[c].pinned()) continue;
+    this->param_[c].set_pinned(true);
+    this->ctx_.pinned_bytes += this->block_bytes();
+  }
+  this->engine_.synchronize();
+  for (std::uint32_t c = 0; c < this->n_; ++c) this->settle(c);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+std::uint32_t engine_core<B, T, P, O, S, Src>::place_state_on_device(std::uint32_t count, bool required) {
+  init_master();
+  std::uint32_t placed = 0;
+  for (std::uint32_t c = 0; c < this->n_ && c < count; ++c, ++placed) {
+    if (os_on_device_[c] || !this->shard_.owns(c)) continue;  // another rank keeps (and steps) its state
+    if (state_on_file(c)) {
+      if (!required) continue;  // its state stays on file and is stepped on the host
+      // A policy that needs every state on the device takes it from file, and the parameters
+      // leave the file for good: a clean device copy becomes the chunk's only one, else they
+      // come to a host block. Both are read before either file lets go of the chunk.
+      if (params_spilled(c) && !this->on_device(c)) materialize_param(c);
+      materialize(c);
+      if (files_->forget(c)) host_kept_ += round_up(this->param_[c].capacity(), 256);  // on the host again
+    }
+    try {
+      this->move_state_to_device(c);
+    } catch (tide::error const& e) {
+      if (required || e.category() != errc::budget) throw;
+      break;
+    }
+    os_on_device_[c] = true;
+  }
+  if (this->tracer_.warm()) {  // a planned change, not a divergence: the optimizer moments now touch them
+    this->tracer_.amend([&](std::size_t, chunk::moment m, std::vector<std::uint32_t>& touched,
+                      std::vector<std::uint32_t>& on_host, std::vector<std::uint32_t>& released) {
+      if (m.phase == chunk::phase::optimizer) optimizer_moment(m.block, touched, on_host, released);
+    });
+  }
+  return placed;
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void
+engine_core<B, T, P, O, S, Src>::optimizer_moment(int block, std::vector<std::uint32_t>& touched,
+                                                    std::vector<std::uint32_t>& on_host,
+                                                    std::vector<std::uint32_t>& released) const {
+  touched.clear();
+  on_host.clear();
+  released.clear();
+  for (std::uint32_t c : this->completes_at(block)) {
+    released.push_back(this->n_ + c);
+    if (!this->shard_.owns(c)) continue;  // another rank steps it: nothing moves here
+    auto& list = os_on_device_[c] ? touched : on_host;
+    list.push_back(c);
+    if (!options_.reuse_grad_slots) list.push_back(this->n_ + c);  // reuse: the gradients are in c
+  }
+  std::ranges::sort(touched);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::hand_to_sink(int block) {
+  auto const complete = this->completes_at(block);
+  for (std::uint32_t c : complete) {
+    this->grad_.transition_chunk(c, chunk::tensor_state::ready_for_reduce);
+    chunk::chunk& g = grad_chunk(c);
+    ready_chunk<B, T> r{c, {reinterpret_cast<T*>(g.payload()), g.capacity() / sizeof(T)}, g.tier(), nullptr,
+                        nullptr, t_, c == complete.back()};
+    if constexpr (extra_count > 0) {
+      if (options_.undo_on_error) extra_undo_.save(c, this->extra_);  // the sink may change them
+      for (std::size_t k = 0; k < extra_count; ++k)
+        r.lists[k] = {this->extra_[k][c].payload(), this->extra_[k][c].capacity()};
+    }
+    r.trace = this->tracing() ? this->trace_ : nullptr;
+    sinks_.hand(r);
+  }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::optimizer_moments_of(int block, bool apply) {
+  optimizer_moment(block, touched_, on_host_, released_);
+  if (released_.empty()) return;
+  this->current_ = this->tracer_.at({block, chunk::phase::optimizer}, touched_, on_host_, released_);
+  free_reduced_unowned(false);
+  for (std::uint32_t c : this->completes_at(block)) optimizer_step(c, apply);
+  this->cur_.peak_model_bytes = std::max(this->cur_.peak_model_bytes, model_bytes_now());  // copies out in flight
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::share_parameters() {
+  if constexpr (ShardingSink<S>) {
+    auto& shared = sinks_.shared();
+    shared.clear();
+    for (std::uint32_t c = 0; c < this->n_; ++c) {
+      if (!this->shard_.owns(c)) {
+        if (undo_record* u = begin_undo(c, step_elements(c))) undo_.save(*u, targets_of(c));
+        this->drop_shadow(c);  // its device copy changes: the host one would be stale
+      }
+      chunk::chunk& p = this->param_[c];
+      shared.push_back({reinterpret_cast<T*>(p.payload()), p.capacity() / sizeof(T)});
+    }
+    sinks_.share_parameters(std::span<std::span<T> const>(shared));
+  }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::optimizer_step(std::uint32_t c, bool apply) {
+  if (!this->shard_.owns(c)) {  // ZeRO: another rank steps it; its parameters come in share_parameters
+    this->param_.transition_chunk(c, chunk::tensor_state::hold);
+    if (sinks_.busy(c)) {
+      sinks_.defer_unowned(c);  // freed once the sink is done with it, without waiting here
+      return;
+    }
+    wait_reduced(c);
+    release_grad(c);
+    return;
+  }
+  index_t const n = step_elements(c);
+  optim::update_args const args{t_, lr_, options_.grad_scale, true};
+  if (os_on_device_[c]) {
+    wait_reduced(c);  // the update runs here: the sink must have finished with the gradients
+    if (!this->on_device(c) || (!swapped_[c] && !this->on_device(this->n_ + c))) {  // deferred: evicted since?
+      ids_pair_.assign({c, this->n_ + c});
+      if (swapped_[c]) ids_pair_.pop_back();  // the gradients are in c
+      this->make_resident(ids_pair_, this->current_);
+    }
+    auto const t0 = std::chrono::steady_clock::now();
+    undo_record* const u = apply ? begin_undo(c, n) : nullptr;
+    if (apply) this->drop_shadow(c);  // the device copy changes: the host one is stale
+    double const start = this->tracing() ? trace_recorder::now_us() : 0;
+    if (apply) runner_.journalled_update(this->ex_, c, update_of(c), targets_of(c), u, args);
+    if (apply && this->tracing())
+      this->trace_->complete(tide::detail::concat(O::name, " chunk ", c, " (device)"), "optimizer", lane::compute,
+                             start, trace_recorder::now_us(), static_cast<std::size_t>(n) * (8 + 4 * fp32_lists));
+    this->cur_.optimizer_ms += ms_since(t0);
+    ++this->cur_.device_optimizer_chunks;
+    this->param_.transition_chunk(c, chunk::tensor_state::hold);
+    release_grad(c);
+    return;
+  }
+  // Host state: parameters and gradients go to the host; the step runs on the optimizer worker
+  // after both copies, and the parameter chunk is not fetched again before it finished.
+  // The gradients copied out for a step queued on the worker go to a block of the gradient
+  // ring (host_steps_in_flight blocks), acquired before anything moves.
+  std::byte* const ring =
+      apply && options_.overlap_optimizer && this->on_device(this->n_ + c)
+          ? runner_.take_ring_block(c, [this] { return sinks_.outstanding(); })
+          : nullptr;
+  undo_record* undo = nullptr;
+  try {
+    undo = apply ? begin_undo(c, n) : nullptr;  // acquired before anything moves
+    if (this->on_device(c)) this->set_stale(c, this->copy_out(c), chunk::tier::device);
+    if (this->on_device(this->n_ + c))
+      this->set_stale(this->n_ + c, this->copy_out(this->n_ + c, ring), chunk::tier::device);
+  } catch (...) {
+    if (ring != nullptr && this->grad_[c].payload() != ring) runner_.reclaim_ring_block(ring);  // not taken
+    throw;
+  }
+  unpin_param(c);
+  ++this->cur_.host_optimizer_chunks;
+  if (!apply) {  // the moves happened; nothing to compute
+    wait_reduced(c);  // the gradients are freed below
+    this->param_.transition_chunk(c, chunk::tensor_state::hold);
+    release_grad(c);
+    return;
+  }
+  host_job& job = runner_.job_of(c);
+  job = {&runner_, c, update_of(c), targets_of(c), args, this->tracing() ? this->trace_ : nullptr, undo, {}};
+  if (state_on_file(c)) stage_spilled(job);
+  this->param_.transition_chunk(c, chunk::tensor_state::hold);
+  this->grad_.transition_chunk(c, chunk::tensor_state::free);
+  if (options_.overlap_optimizer) {
+    // The worker waits for the copies and for the sink; backward goes on (the gradients' copy
+    // out, if any, already waits for the sink on the copy stream).
+    if (sinks_.pending(c)) runner_.stream().wait(sinks_.reduced(c));
+    runner_.stream().wait(this->ready_[c]);
+    runner_.stream().wait(this->ready_[this->n_ + c]);
+    runner_.queue(c);
+    // The gradient's host block is freed once the step read it: a ring block goes back to the
+    // ring when a later host step finds the step done (take_ring_block); a block from the pool
+    // (gradients the policy evicted before they were complete) at drain.
+    if (!swapped_[c]) {
+      std::byte* const g = this->grad_[c].detach();
+      if (g != ring) runner_.free_after_drain(c, g);  // a ring block is in the ring's used list already
+    }
+  } else {
+    wait_reduced(c);
+    this->settle(c);
+    this->settle(this->n_ + c);
+    runner_.run(c);
+    this->free_payload(this->grad_[c]);
+  }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::take_grad_slots(int block) {
+  if (!options_.reuse_grad_slots) return;
+  for (std::uint32_t c : this->completes_at(block)) {
+    chunk::chunk& p = this->param_[c];
+    chunk::chunk& g = this->grad_[c];
+    this->settle(c);
+    this->settle(this->n_ + c);  // a copy out of the gradients lands first
+    TIDE_ASSERT(g.payload() != nullptr && !swapped_[c]);
+    this->drop_shadow(c);
+    bool const was_on_device = this->on_device(c);
+    if (g.tier() != chunk::tier::device) unpin_param(c);  // a pinned chunk stays on the device
+    this->free_payload(p);
+    if (was_on_device) this->released(c);
+    chunk::tier const where = g.tier();
+    p.attach(g.detach(), where);
+    swapped_[c] = true;
+  }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::round_masters_back(std::uint32_t c) {
+  if constexpr (store::has_master) {
+    this->drop_shadow(c);  // the host copy of a device-resident chunk holds gradients
+    kernels::detail::cast_contiguous(reinterpret_cast<float const*>(this->master_[c].payload()),
+                                     reinterpret_cast<T*>(this->param_[c].payload()), step_elements(c));
+  }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::return_grad_slots(bool stepped) {
+  for (std::uint32_t c = 0; c < this->n_; ++c) {
+    if (!swapped_[c]) continue;
+    if (!stepped) round_masters_back(c);
+    swapped_[c] = false;
+  }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+std::size_t engine_core<B, T, P, O, S, Src>::model_bytes_now() const {
+  std::size_t bytes = 0;
+  auto add = [&](chunk::chunk_list const& list) {
+    for (std::uint32_t c = 0; c < this->n_; ++c)
+      if (list[c].payload() != nullptr) bytes += list[c].capacity();
+  };
+  add(this->param_);
+  add(this->grad_);
+  add(this->master_);
+  for (auto const& l : this->state_) add(l);
+  for (auto const& l : this->extra_) add(l);
+  for (std::uint32_t c = 0; c < this->n_; ++c)
+    if (this->shadow_[c] != nullptr) bytes += this->param_[c].capacity();
+  for (std::uint32_t id = 0; id < this->ids_; ++id)
+    if (this->stale_[id] != nullptr) bytes += this->param_.chunk_bytes();  // parameter and gradient chunks: one size
+  bytes += runner_.held_blocks() * this->param_.chunk_bytes();
+  return bytes;
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::release_grad(std::uint32_t c) {
+  chunk::chunk& g = this->grad_[c];
+  if (g.payload() == nullptr && this->stale_[this->n_ + c] == nullptr) {
+    this->grad_.transition_chunk(c, chunk::tensor_state::free);  // reuse_grad_slots: the gradients were in c
+    return;
+  }
+  this->settle(this->n_ + c);
+  this->grad_.transition_chunk(c, chunk::tensor_state::free);
+  this->free_payload(g);
+}
+
+}  // namespace tide::offload::detail

@@ -1,0 +1,203 @@
+#pragma once
+// make_trainer's checkpoints, out of line (the class is in train/trainer.hpp, which includes this
+// file): the sections a save writes (parameters, masters, optimizer state, a sink's extra lists,
+// the caller's extra sections), a checkpoint set of one file per rank (ZeRO, per-rank residuals),
+// and the checks a load makes before it changes anything.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tide/train/trainer.hpp"
+
+namespace tide::train {
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+void trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::add_sections(checkpoint_writer& w) {
+  shape_ = shape_text();
+  w.add("model.shape", std::as_bytes(std::span(shape_)));
+  state const st{step_, scheduler_.optimizer_steps(), scaler_.scale(), scaler_.good_steps(), scaler_.skipped()};
+  w.add_value("trainer.state", st);
+  auto const& list = model_.parameters();
+  for (std::uint32_t i = 0; i < list.size(); ++i) {
+    // A sink's lists are this rank's own (a residual), kept for every chunk: all in its shard.
+    for (std::size_t k = 0; k < extra_lists.size(); ++k)
+      w.add(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, i));
+    if (!scheduler_.keeps_state(i)) continue;  // ZeRO: the rank that owns its chunk writes it
+    std::size_t const id = 4 * std::size_t{i};
+    w.add_deferred(section("p/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::param, i), id);
+    for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
+      w.add_deferred(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, i),
+                     id + 1 + k);
+    if constexpr (scheduler_type::has_master)
+      w.add_deferred(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, i), id + 3);
+  }
+}
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+template <class Extra>
+void trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::add_extra(checkpoint_writer& w, Extra& extra) {
+  std::size_t const own = w.deferred_count();
+  extra(w);
+  TIDE_REQUIRE(w.deferred_count() == own, "trainer::save: extra(writer) added ", w.deferred_count() - own,
+               " deferred section(s); the trainer's source answers only its own tensors: add the caller's "
+               "sections with add or add_value");
+}
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+template <class Extra>
+void
+trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::save_set(std::filesystem::path const& dir, Extra& extra) {
+  int const rank = comm_.rank(), ranks = comm_.world_size();
+  auto const nonce = static_cast<std::uint64_t>(
+      comm_.of_rank0(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::string const set = checkpoint_set::set_name(step_, nonce);
+  std::string why;
+  try {
+    checkpoint_writer w;
+    add_sections(w);
+    add_extra(w, extra);
+    w.commit(checkpoint_set::shard_path(dir, set, rank, ranks), tensor_source());
+  } catch (tide::error const& e) {
+    why = e.message();
+  } catch (std::exception const& e) {
+    why = e.what();
+  } catch (...) {
+    why = "an exception that is not a std::exception";
+  }
+  bool const written = agree(why.empty());
+  TIDE_CHECK(written, io, "checkpoint set ", dir.string(), ": ", why.empty() ? "another rank" : "rank " +
+             std::to_string(rank), " could not write its shard", why.empty() ? "" : " (" + why + ")",
+             "; the previous checkpoint set stays the checkpoint");
+  if (rank == 0) {
+    try {
+      checkpoint_set::write_manifest(dir, {set, ranks, step_});
+    } catch (tide::error const& e) {
+      why = e.message();
+    } catch (std::exception const& e) {
+      why = e.what();
+    }
+  }
+  bool const committed = agree(why.empty());
+  TIDE_CHECK(committed, io, "checkpoint set ", dir.string(), ": the manifest was not written",
+             why.empty() ? "" : " (" + why + ")", "; the previous checkpoint set stays the checkpoint");
+  if (rank == 0) checkpoint_set::remove_other_sets(dir, set);
+}
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+template <class Extra>
+void
+trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::load_set(std::filesystem::path const& dir, Extra& extra) {
+  std::vector<checkpoint_reader> files;
+  std::exception_ptr failure;
+  std::string where = dir.string();
+  try {
+    auto const m = checkpoint_set::read_manifest(dir);
+    where += " (" + m.set + ", " + std::to_string(m.ranks) + " shards)";
+    for (int r = 0; r < m.ranks; ++r) {
+      files.emplace_back(checkpoint_set::shard_path(dir, m.set, r, m.ranks));
+      files.back().verify();
+    }
+    TIDE_CHECK(files[0].contains("trainer.state") && files[0].size_of("trainer.state") == sizeof(state) &&
+                   files[0].read_value<state>("trainer.state").step == m.step,
+               corrupt, "checkpoint set ", where, ": shard 0 is not of step ", m.step, " as the manifest says");
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  int const n = static_cast<int>(files.size());
+  load_from(files, where, failure, extra, n > 0 ? static_cast<std::size_t>(comm_.rank() % n) : 0);
+}
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+void
+trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::read_extras(std::span<checkpoint_reader const> files,
+                                                                         std::uint32_t i, std::size_t extra_file) {
+  auto const n = static_cast<int>(files.size());
+  int const w = comm_.world_size(), r = comm_.rank();
+  auto const& list = model_.parameters();
+  for (std::size_t k = 0; k < extra_lists.size(); ++k) {
+    std::string const x = extra_section(k, list[i].name());
+    auto const out = scheduler_.extra_bytes(k, i);
+    if (n == w || extra_lists[k].shared) {
+      files[extra_file].read(x, out);
+      continue;
+    }
+    TIDE_ASSERT(extra_lists[k].type == dtype::f32);  // check_files refused the others
+    std::fill(out.begin(), out.end(), std::byte{0});
+    reshard_.resize(out.size());
+    auto* const acc = reinterpret_cast<float*>(out.data());
+    auto const* const add = reinterpret_cast<float const*>(reshard_.data());
+    for (int j = r; j < n; j += w) {
+      files[static_cast<std::size_t>(j)].read(x, std::span<std::byte>(reshard_));
+      for (std::size_t e = 0; e < out.size() / sizeof(float); ++e) acc[e] += add[e];
+    }
+  }
+}
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+void
+trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::check_files(std::span<checkpoint_reader const> files,
+                                                                         std::string const& where,
+                                                                         std::vector<std::size_t>& from) {
+  std::string const shape = shape_text();
+  state first{};
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    checkpoint_reader const& r = files[f];
+    TIDE_CHECK(r.contains("model.shape") && r.size_of("model.shape") == shape.size(), usage,
+               "checkpoint ", where, ": section \"model.shape\" does not describe this model (",
+               r.contains("model.shape") ? r.size_of("model.shape") : 0, " bytes, this model's is ", shape.size(),
+               "); it was saved from another model configuration");
+    std::string stored(shape.size(), '\0');
+    r.read("model.shape", std::as_writable_bytes(std::span(stored)));
+    TIDE_CHECK(stored == shape, usage, "checkpoint ", where,
+               ": section \"model.shape\" differs from this model (shape mismatch); saved:\n", stored,
+               "this model:\n", shape);
+    TIDE_CHECK(r.contains("trainer.state") && r.size_of("trainer.state") == sizeof(state), usage, "checkpoint ",
+               where, ": section \"trainer.state\" is missing or has another size (",
+               r.contains("trainer.state") ? r.size_of("trainer.state") : 0, " bytes, this trainer's is ",
+               sizeof(state), ")");
+    auto const st = r.read_value<state>("trainer.state");
+    if (f == 0) first = st;
+    TIDE_CHECK(std::memcmp(&st, &first, sizeof(state)) == 0, corrupt, "checkpoint set ", where, ": shard ", f,
+               " is of step ", st.step, ", shard 0 of step ", first.step, "; the set is mixed from two saves");
+  }
+  auto const& list = model_.parameters();
+  for (std::uint32_t i = 0; i < list.size(); ++i)
+    for (std::size_t f = 0; f < files.size() && from[i] == files.size(); ++f)
+      if (files[f].contains(section("p/", list[i].name()))) from[i] = f;
+  // Every section is checked (present, its size that of this model's tensor) before anything
+  // is written: a mismatch anywhere leaves the trainer as it was.
+  for (std::uint32_t i = 0; i < list.size(); ++i) {
+    std::string const p = section("p/", list[i].name());
+    TIDE_CHECK(from[i] < files.size(), usage, "checkpoint ", where, ": no section \"", p, "\"",
+               files.size() > 1 ? " in any shard" : "");
+    auto expect_in = [&](checkpoint_reader const& r, std::string const& name, std::size_t want) {
+      TIDE_CHECK(r.contains(name), usage, "checkpoint ", where, ": no section \"", name, "\"",
+                 tide::detail::concat(" (was it saved with another optimizer than ", Optimizer::name,
+                                      " or another gradient sink?)"));
+      TIDE_CHECK(r.size_of(name) == want, usage, "checkpoint ", where, ": section \"", name, "\" holds ",
+                 r.size_of(name), " bytes, this model's tensor has ", want,
+                 " (saved from a model of another shape or dtype); nothing was loaded");
+    };
+    auto expect = [&](std::string const& name, std::size_t want) { expect_in(files[from[i]], name, want); };
+    expect(p, scheduler_.tensor_size(chunk::chunk_role::param, i));
+    for (std::size_t k = 0; k < extra_lists.size(); ++k) {  // every shard has them (read_extras may sum them)
+      TIDE_CHECK(extra_lists[k].type == dtype::f32 || extra_lists[k].shared ||
+                     files.size() == static_cast<std::size_t>(comm_.world_size()),
+                 usage, "checkpoint ", where, ": the gradient sink's list \"", extra_lists[k].name, "\" was saved on ",
+                 files.size(), " ranks; loading it on ", comm_.world_size(), " sums shards, which tide does for f32 "
+                 "lists only: load it on ", files.size(), " ranks");
+      for (checkpoint_reader const& f : files) expect_in(f, extra_section(k, list[i].name()), scheduler_.extra_size(k, i));
+    }
+    if (!scheduler_.keeps_state(i)) continue;
+    for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
+      expect(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, i));
+    if constexpr (scheduler_type::has_master)
+      expect(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, i));
+  }
+}
+
+}  // namespace tide::train
