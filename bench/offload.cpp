@@ -52,6 +52,8 @@
 // both exist is cross-checked (detail.minimum_cross_checks, minimum_mismatches must be 0).
 //
 // TIDE_BENCH_SVG=path: the memory tide of a steady step of the offloaded run goes there.
+// TIDE_BENCH_ENGINE_ONLY=1: offload_4x_vs_resident and undo_on_error_vs_off only (the engine's
+// speed, about a minute; scripts/bench-engine-ab compares two commits' engines with it).
 // TIDE_BENCH_QUICK=1 (the smoke test): tiny shapes, one budget, seconds.
 
 #include <malloc.h>
@@ -540,6 +542,12 @@ void prove_by_training(tide::exec<host> const& ex, bool quick, best_model const&
              "nothing from its file");
 }
 
+// TIDE_BENCH_ENGINE_ONLY=1: stop after the engine's speed figures.
+bool engine_only() {
+  char const* const v = std::getenv("TIDE_BENCH_ENGINE_ONLY");
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
+}
+
 }  // namespace
 
 int main() {
@@ -668,6 +676,7 @@ int main() {
                           {"loadavg_1min_after", load_average()}}};
       print_figure(u, {});
     }
+    if (engine_only()) return 0;
 
     // ---- (d) activation memory: recompute and offload against keeping every activation --------
     {

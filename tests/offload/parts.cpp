@@ -329,7 +329,9 @@ TEST_CASE("update_runner: a queued step runs on the lane, journalled, and the jo
   CHECK(r.take_ms() == 0);
   REQUIRE(f.journal.records().size() == 1);
   CHECK(f.journal.records()[0].saved);  // written by SGD's own pass (keeps_prev)
-  f.journal.restore(f.journal.records()[0], {f.param[1].data(), nullptr, {f.momentum[1].data()}});
+  tide::thread_pool pool{1};
+  f.journal.restore(f.journal.records()[0], {f.param[1].data(), nullptr, {f.momentum[1].data()}},
+                    tide::exec<tide::host>{pool});
   CHECK(f.param[1][0] == 1.f);
   CHECK(f.momentum[1][0] == 0.f);
   f.journal.discard();

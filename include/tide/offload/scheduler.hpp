@@ -34,8 +34,10 @@
 // A step that throws is abandoned by abort_step() with parameters, optimizer state and step
 // number as before it (tests/offload/faults.cpp, tests/offload/slots.cpp; docs/offload.md).
 //
-// Host backend only so far (device payloads are arena memory the host can read): the CUDA
-// instantiation needs compute-stream events around handovers and device zero fills.
+// On a device backend (tide::sealed, the test device) every copy of a block is ordered after the
+// compute work issued before it by an event, zero fills and the optimizer's device steps run on
+// the compute stream, and the host reads device memory only through read_param (staged). Not
+// yet there: gradient sinks, the NVMe tier, gradient-slot reuse, checkpoint views of device memory.
 
 #include <algorithm>
 #include <chrono>
@@ -67,8 +69,14 @@ namespace tide::offload {
 template <Backend B, Element T, class Policy, class Optimizer = optim::adamw, class Sink = no_sink,
           class Source = host_source>
 class scheduler {
-  static_assert(!B::is_device, "offload::scheduler runs on tide::host only: instantiate scheduler<tide::host, T, "
-                               "Policy> (its device is a budgeted device_arena<tide::host>)");
+  static_assert(!B::is_device || std::is_same_v<Sink, no_sink>,
+                "offload::scheduler on a device backend takes no gradient sink yet (the data-parallel and "
+                "compressing sinks read gradients on the host): use no_sink there, or train on tide::host");
+  static_assert(!B::is_device || requires(Optimizer const& o, exec<B> const& ex, optim::update_args const& a,
+                                          std::span<optim::update_tensor<T> const> ts) { o.update(ex, a, ts); },
+                "offload::scheduler on a device backend: the Optimizer's update must take exec<B> for the chunks "
+                "whose state lives on the device (template <Backend B, class T> void update(exec<B> const&, ...); "
+                "tide::optim::adamw, adam and sgd do)");
   static_assert(check_scheduler_policy<std::remove_cv_t<Policy>>(), "offload::scheduler<B, T, Policy>: Policy must be a "
                                                   "SchedulerPolicy (resident, chunked<P>, layer_window<W>, "
                                                   "static_partition, or your own: offload/scheduler_policy.hpp)");
@@ -203,9 +211,10 @@ class scheduler {
       e_.fail_access(i, "parameter");
     } else {
       e_.drain();
-      require_held(i, "param_data");
+      e_.require_held(i, "param_data");
       e_.materialize_param(e_.layout_.chunk_of[i]);  // from the NVMe tier's file
       e_.drop_shadow(e_.layout_.chunk_of[i]);
+      e_.require_host_side(e_.param_, i, "param_data");
     }
     return reinterpret_cast<T*>(e_.param_.data(i));
   }
@@ -221,7 +230,7 @@ class scheduler {
   [[nodiscard]] std::vector<T> read_param(std::uint32_t i) {
     e_.check_index(i, "read_param");
     e_.drain();
-    require_held(i, "read_param");
+    e_.require_held(i, "read_param");
     std::vector<T> out(static_cast<std::size_t>(e_.params_[i].numel()));
     std::uint32_t const c = e_.layout_.chunk_of[i];
     if (!e_.holds_parameters(c)) {  // reuse_grad_slots, inside a step: the slot holds gradients
@@ -230,8 +239,8 @@ class scheduler {
       return out;
     }
     std::byte const* const on_file = e_.param_file_view(c);
-    std::memcpy(out.data(), on_file != nullptr ? on_file + e_.layout_.offset_of[i] * sizeof(T) : e_.param_.data(i),
-                e_.params_[i].bytes);
+    memory::read_to_host(e_.ex_, out.data(), on_file != nullptr ? on_file + e_.layout_.offset_of[i] * sizeof(T)
+                                                                : e_.param_.data(i), e_.params_[i].bytes);
     return out;
   }
   // The bytes of parameter i in the list of `role` (param: T; master and the optimizer's state
@@ -249,10 +258,11 @@ class scheduler {
       e_.master_written_ = true;
     }
     if (role == chunk::chunk_role::param) {
-      require_held(i, "tensor_bytes");
+      e_.require_held(i, "tensor_bytes");
       e_.materialize_param(e_.layout_.chunk_of[i]);  // from the NVMe tier's file
       e_.drop_shadow(e_.layout_.chunk_of[i]);  // the caller may write
     }
+    e_.require_host_side(list(role), i, "tensor_bytes");
     return {list(role).data(i), tensor_size(role, i)};
   }
   // The same bytes, to read (a checkpoint's save): valid until the next tensor_view, state_view,
@@ -264,9 +274,10 @@ class scheduler {
     check_tensor(role, i, "tensor_view");
     std::size_t const bytes = tensor_size(role, i);
     if (role == chunk::chunk_role::param) {
-      require_held(i, "tensor_view");
+      e_.require_held(i, "tensor_view");
       if (std::byte const* on_file = e_.param_file_view(e_.layout_.chunk_of[i]))
         return {on_file + e_.layout_.offset_of[i] * sizeof(T), bytes};
+      e_.require_host_side(e_.param_, i, "tensor_view");
       return {e_.param_.data(i), bytes};
     }
     if (role == chunk::chunk_role::master) e_.init_master();  // the masters start as the parameters
@@ -274,6 +285,7 @@ class scheduler {
                           : role == chunk::chunk_role::exp_avg ? 0 : 1;
     if (std::byte const* lists = e_.spilled_view(e_.layout_.chunk_of[i], k))
       return {lists + e_.layout_.offset_of[i] * sizeof(float), bytes};
+    e_.require_host_side(list(role), i, "tensor_view");
     return {list(role).data(i), bytes};
   }
   // Frees the host block the views read state from the NVMe tier into (a save ended; the next
@@ -478,13 +490,6 @@ class scheduler {
                  e_.shard_.ranks, " keeps (ZeRO); read it there, or ask keeps_state(i) first");
   }
 
-  void require_held(std::uint32_t i, char const* what) const {
-    std::uint32_t const c = e_.layout_.chunk_of[i];
-    TIDE_CHECK(e_.has_param(c), usage, "offload::scheduler::", what, "(", i, "): under ZeRO-3 rank ",
-               e_.shard_.rank, " keeps only its own chunks' parameters between steps, and \"", e_.params_[i].name(),
-               "\" lies in chunk ", c, " of rank ", e_.shard_.owner(c), "; call gather_parameters() on every rank "
-               "first, or ask holds_parameter(i)");
-  }
 
   core e_;  // the engine: every part, and the step
   std::vector<kernels::grad_tensor<T>> grads_out_;  // what gradients() returns

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "tide/kernels/adam/adam.hpp"
+#include "tide/kernels/sealed.hpp"
 #include "tide/optim/optimizer.hpp"
 #include "tide/optim/training.hpp"
 
@@ -33,8 +34,8 @@ struct adam {
   warmup_cosine schedule{};
   loss_scaling scaling{};
 
-  template <class T>
-  void update(exec<host> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const {
+  template <Backend B, class T>
+  void update(exec<B> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const {
     kernels::adam_hparams const hp{a.lr, beta1, beta2, eps, a.decay ? weight_decay : 0.f};
     detail::in_batches<kernels::adam_tensor<T, T>>(
         tensors,

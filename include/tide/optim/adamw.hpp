@@ -15,6 +15,7 @@
 
 #include "tide/core/error.hpp"
 #include "tide/kernels/adamw/adamw.hpp"
+#include "tide/kernels/sealed.hpp"
 #include "tide/optim/optimizer.hpp"
 #include "tide/optim/training.hpp"
 
@@ -43,8 +44,8 @@ struct adamw {
   // The optimizer must see every gradient before it steps (clipping, overflow checks).
   [[nodiscard]] bool needs_all_gradients() const noexcept { return clip_norm > 0.f || scaling.enabled; }
 
-  template <class T>
-  void update(exec<host> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const {
+  template <Backend B, class T>
+  void update(exec<B> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const {
     kernels::adamw_hparams hp = hparams(a.lr);
     if (!a.decay) hp.weight_decay = 0.f;
     detail::in_batches<kernels::adamw_tensor<T, T>>(

@@ -8,8 +8,8 @@
 //     static constexpr std::size_t state_lists = 1;      // fp32 values per parameter it keeps (0..2)
 //     static constexpr std::string_view state_name(std::size_t k) { return "buf"; }  // checkpoint sections
 //     float lr = 1e-3f;                                  // the base learning rate (the trainer's schedule scales it)
-//     template <class T>
-//     void update(exec<host> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const;
+//     template <Backend B, class T>
+//     void update(exec<B> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const;
 //     static constexpr bool keeps_prev = true;  // optional: update writes the prev_* arrays (below)
 //   };
 //   static_assert(tide::optim::check_optimizer<my_optimizer>());   // names a missing member
@@ -22,9 +22,12 @@
 // zero and must stay zero. An optimizer is elementwise, so the engine may split or join runs
 // freely; a result must not depend on how the elements are grouped.
 //
-// The offload engine runs on tide::host, so the slot takes exec<host> and host pointers. The
-// optimizers' CUDA kernels (tide::kernels::adamw, adam, sgd in their cuda.cuh) are compiled by
-// the nvcc test and called directly; the slot reaches them when the engine runs on tide::cuda.
+// The slot takes the exec of the tier where the chunk's state lives: exec<host> for state on the
+// host (every optimizer must take it), the engine's exec<B> for state on a device backend's
+// device (tide::sealed: the kernel is enqueued on its compute stream; adamw, adam and sgd take
+// any exec their kernels have an entry for). The CUDA kernels (tide::kernels::adamw, adam, sgd in
+// their cuda.cuh) are compiled by the nvcc test; the slot reaches them when the engine runs on
+// tide::cuda.
 
 #include <array>
 #include <concepts>

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "tide/kernels/sgd/sgd.hpp"
+#include "tide/kernels/sealed.hpp"
 #include "tide/optim/optimizer.hpp"
 #include "tide/optim/training.hpp"
 
@@ -34,8 +35,8 @@ struct sgd {
   warmup_cosine schedule{};
   loss_scaling scaling{};
 
-  template <class T>
-  void update(exec<host> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const {
+  template <Backend B, class T>
+  void update(exec<B> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const {
     kernels::sgd_hparams const hp{a.lr, momentum, dampening, a.decay ? weight_decay : 0.f, nesterov};
     detail::in_batches<kernels::sgd_tensor<T, T>>(
         tensors,

@@ -47,10 +47,7 @@ void gpt<B, T, Hooks>::prepare(index_t Bn, index_t Tn) {
 
 template <Backend B, Element T, class Hooks>
 void gpt<B, T, Hooks>::initialise(thread_pool* pool, std::uint64_t seed) {
-  if constexpr (B::is_device) {
-    static_assert(!external_storage, "gpt<B, T, Hooks> on a device backend: the hooks keep the parameters in their "
-                                     "own storage, which only the host backend's offload schedulers do so far; "
-                                     "build gpt<tide::host, ...> with them, or use tide::nn::no_hooks");
+  if constexpr (B::is_device && !external_storage) {
     // Made on the host in the buffer's layout (the padding zero), then copied in one piece.
     std::vector<std::byte> staged(params_list_.bytes(), std::byte{0});
     for (std::size_t i = 0; i < params_list_.size(); ++i) {
@@ -63,7 +60,7 @@ void gpt<B, T, Hooks>::initialise(thread_pool* pool, std::uint64_t seed) {
   if constexpr (!external_storage)  // the padding, and a base for the zero tensors
     std::fill(params_.data(), params_.data() + params_list_.bytes(), std::byte{0});
   // External storage: the hooks hand out host-writable memory for every parameter outside a
-  // step (a scheduler keeps its chunks on the host tier until the first step).
+  // step, on every backend (a scheduler keeps its chunks on the host tier until the first step).
   for (std::size_t i = 0; i < params_list_.size(); ++i)
     detail::initialise_parameter(pool, config_, i, params_list_[i], param(params_list_[i]).data(), seed);
 }

@@ -33,6 +33,7 @@
 #include "tide/core/exec.hpp"
 #include "tide/core/parameters.hpp"
 #include "tide/memory/device_arena.hpp"
+#include "tide/memory/ops.hpp"
 #include "tide/memory/pinned_pool.hpp"
 #include "tide/memory/stream.hpp"
 #include "tide/memory/transfer_engine.hpp"
@@ -234,6 +235,7 @@ class chunk_store {
       if (from_file != nullptr) host_.deallocate(from_file, ch.capacity(), 256);
       throw;
     }
+    after_compute();  // the block's last reader may be a kernel still running
     if (from_file != nullptr) {
       copy_span* span = open_span(id, "fetch ", ch.capacity());
       try {
@@ -251,7 +253,7 @@ class chunk_store {
       ++cur_.fetches;
       cur_.h2d_bytes += ch.capacity();
     } else if (ch.payload() == nullptr) {
-      std::memset(dev, 0, ch.capacity());  // a FREE slot is zero-filled; nothing to copy
+      memory::fill_zeros(ex_, dev, ch.capacity());  // a FREE slot is zero-filled, in compute order
       ch.attach(dev, chunk::tier::device);
       ++cur_.allocations;
     } else {
@@ -287,6 +289,7 @@ class chunk_store {
     chunk::chunk& ch = chunk_of(id);
     settle(id);
     self().before_copy_out(id);
+    after_compute();  // the block's last writer may be a kernel still running
     if (id < n_ && self().param_in_file(id)) {  // clean: the file holds these bytes, nothing to copy
       std::byte* dev = ch.detach();
       ++cur_.clean_drops;
@@ -322,8 +325,8 @@ class chunk_store {
     return dev;
   }
   // Evicts `victim` and returns its device block for chunk `id`. A copy into the block queues
-  // behind the victim's copy out on the copy stream; a zero fill runs on this thread, so it
-  // waits for the copy out first.
+  // behind the victim's copy out on the copy stream; a zero fill runs in compute order, so this
+  // thread waits for the copy out first.
   std::byte* hand_over(std::uint32_t victim, std::uint32_t id) {
     ++cur_.evictions;
     std::byte* block = copy_out(victim);
@@ -374,12 +377,22 @@ class chunk_store {
     }
     for (std::size_t i = 0; i < k; ++i) {
       chunk::chunk& ch = *lists[i];
-      std::memcpy(dev[i], ch.payload(), ch.capacity());
+      memory::write_from_host(ex_, dev[i], ch.payload(), ch.capacity());  // in compute order; staged
       std::byte* host = ch.detach();
       ch.attach(dev[i], chunk::tier::device);
       host_.deallocate(host, ch.capacity(), 256);
       device_bytes_ += round_up(ch.capacity(), 256);
       cur_.h2d_bytes += ch.capacity();
+    }
+  }
+
+  // Copies issued on the copy stream from now on run after the compute work issued so far: a
+  // device block a kernel still reads or writes is copied, or refilled, only after it. Free on
+  // tide::host, whose kernels have finished when they return.
+  void after_compute() {
+    if constexpr (B::is_device) {
+      memory::record(ex_, computed_);
+      copy_stream_.wait(computed_);
     }
   }
 
@@ -458,6 +471,7 @@ class chunk_store {
   std::uint32_t ids_ = 0;  // trace ids: 2 n
 
   std::vector<memory::event<B>> ready_;  // by id: the last copy into its payload
+  memory::event<B> computed_;            // after_compute(): the compute work before a copy
   std::vector<std::byte*> stale_;        // by id: the block its last copy came from, freed when done
   std::vector<chunk::tier> stale_where_;
   // By parameter chunk: the host block a device-resident parameter chunk was fetched from, kept

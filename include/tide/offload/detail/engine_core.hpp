@@ -88,6 +88,12 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         shards_(this->shard_, shards_parameters_of(sink), this->n_) {
     TIDE_REQUIRE(options_.host_steps_in_flight >= 0, "offload::scheduler: host_steps_in_flight = ",
                  options_.host_steps_in_flight, "; pass how many host steps may queue, >= 1, or 0 for no bound");
+    if constexpr (B::is_device) {
+      TIDE_REQUIRE(options_.host_budget == 0, "offload::scheduler on a device backend: host_budget (the NVMe tier) "
+                   "is not supported there yet; leave host_budget = 0, or train on tide::host");
+      TIDE_REQUIRE(!options_.reuse_grad_slots, "offload::scheduler on a device backend: reuse_grad_slots is not "
+                   "supported there yet; leave it off, or train on tide::host");
+    }
     TIDE_REQUIRE(options_.micro_steps >= 1, "offload::scheduler: micro_steps = ", options_.micro_steps,
                  "; pass the number of backward passes per optimizer step, >= 1");
     if (options_.reuse_grad_slots) {
@@ -164,6 +170,24 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // device-state ones are touched there; the completed gradient chunks are released after it.
   void optimizer_moment(int block, std::vector<std::uint32_t>& touched, std::vector<std::uint32_t>& on_host,
                         std::vector<std::uint32_t>& released) const;
+
+  // ---- what the scheduler checks before it hands out a parameter ----------------------------
+  // A device backend: what a caller reads or writes between steps must be in host memory.
+  void require_host_side(chunk::chunk_list const& list, std::uint32_t i, char const* what) const {
+    if constexpr (B::is_device) {
+      chunk::chunk const& ch = list[this->layout_.chunk_of[i]];
+      TIDE_CHECK(ch.payload() == nullptr || ch.tier() != chunk::tier::device, usage, "offload::scheduler::", what,
+                 "(", i, "): \"", this->params_[i].name(), "\" lies in device memory between steps on this backend, "
+                 "which the host cannot address; read parameters with read_param(i)");
+    }
+  }
+  void require_held(std::uint32_t i, char const* what) const {
+    std::uint32_t const c = this->layout_.chunk_of[i];
+    TIDE_CHECK(this->has_param(c), usage, "offload::scheduler::", what, "(", i, "): under ZeRO-3 rank ",
+               this->shard_.rank, " keeps only its own chunks' parameters between steps, and \"", this->params_[i].name(),
+               "\" lies in chunk ", c, " of rank ", this->shard_.owner(c), "; call gather_parameters() on every rank "
+               "first, or ask holds_parameter(i)");
+  }
 
   // ---- the step: the scheduler's hooks (detail/engine_step.hpp) ------------------------------
   // A block's moment (pre_forward: forward; pre_backward: backward): its chunks resident, the

@@ -187,9 +187,14 @@ void engine_core<B, T, P, O, S, Src>::abort_step() noexcept {
   }
   this->sinks_.abandon();  // a sink that can start afresh does; no other rank's gradients are kept
   if (this->broken_.empty()) {
-    for (detail::undo_record const& r : this->undo_.records()) {
-      this->drop_shadow(r.c);  // the host copy of a device-resident chunk may hold the update
-      this->undo_.restore(r, this->targets_of(r.c));
+    try {
+      for (detail::undo_record const& r : this->undo_.records()) {
+        this->drop_shadow(r.c);  // the host copy of a device-resident chunk may hold the update
+        this->undo_.restore(r, this->targets_of(r.c), this->ex_);
+      }
+      memory::synchronize(this->ex_);  // a device: the restores landed before the host reads on
+    } catch (std::exception const& e) {
+      this->broken_ = e.what();  // a device whose stream failed: the data may be lost
     }
     this->extra_undo_.restore(this->extra_);
     this->drop_param_file_copies();
@@ -269,6 +274,7 @@ void engine_core<B, T, P, O, S, Src>::drain() {
       if (!failure) failure = std::current_exception();
     }
   };
+  if constexpr (B::is_device) wait([&] { memory::synchronize(this->ex_); });  // device steps, zero fills
   wait([&] { this->engine_.synchronize(); });
   wait([&] { this->copy_stream_.synchronize(); });  // the timeline's stamps run after the copies
   if (this->activation_engine_) {

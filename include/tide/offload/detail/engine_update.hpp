@@ -113,7 +113,7 @@ void engine_core<B, T, P, O, S, Src>::share_parameters() {
     shared.clear();
     for (std::uint32_t c = 0; c < this->n_; ++c) {
       if (!this->shard_.owns(c)) {
-        if (undo_record* u = begin_undo(c, step_elements(c))) undo_.save(*u, targets_of(c));
+        if (undo_record* u = begin_undo(c, step_elements(c))) undo_.save(*u, targets_of(c), this->ex_);
         this->drop_shadow(c);  // its device copy changes: the host one would be stale
       }
       chunk::chunk& p = this->param_[c];

@@ -17,6 +17,8 @@
 
 #include "tide/core/dtype.hpp"
 #include "tide/core/error.hpp"
+#include "tide/core/exec.hpp"
+#include "tide/memory/ops.hpp"
 #include "tide/memory/pinned_pool.hpp"
 #include "tide/chunk/chunk.hpp"
 #include "tide/offload/gradient_sink.hpp"
@@ -96,16 +98,23 @@ class undo_journal {
   }
   static void mark_saved(undo_record& r) noexcept { r.saved = true; }
 
-  void save(undo_record& r, update_targets<T> const& x) const noexcept {
+  // Copies the values before the update into r's host blocks, after the work `ex` ran so far
+  // (the tier's exec: exec<host> for a host step, the engine's for a device one). Throws only
+  // for a device whose stream failed.
+  template <Backend E>
+  void save(undo_record& r, update_targets<T> const& x, exec<E> const& ex) const {
     for (std::size_t k = 0; k < slots(); ++k)
-      if (r.copy[k] != nullptr) std::memcpy(r.copy[k], address(x, k), bytes(k, r.elements));
+      if (r.copy[k] != nullptr) memory::read_to_host(ex, r.copy[k], address(x, k), bytes(k, r.elements));
     r.saved = true;
   }
-  // Puts the values back wherever the chunks are now (host-readable on tide::host).
-  void restore(undo_record const& r, update_targets<T> const& x) const noexcept {
+  // Puts the values back wherever the chunks are now, in ex's order (a device: the caller
+  // synchronizes before the host reads them).
+  template <Backend E>
+  void restore(undo_record const& r, update_targets<T> const& x, exec<E> const& ex) const {
     if (!r.saved) return;  // the update never ran
     for (std::size_t k = 0; k < slots(); ++k)
-      if (r.copy[k] != nullptr) std::memcpy(const_cast<void*>(address(x, k)), r.copy[k], bytes(k, r.elements));
+      if (r.copy[k] != nullptr)
+        memory::write_from_host(ex, const_cast<void*>(address(x, k)), r.copy[k], bytes(k, r.elements));
   }
   [[nodiscard]] std::span<undo_record const> records() const noexcept { return records_; }
   void discard() noexcept {

@@ -116,8 +116,8 @@ class update_runner {
   // The update of chunk c: one call over the chunk, or (decay_matrices_only) one over its
   // matrices and one without decay over the rest, listed in c's own reserved vectors (no two
   // steps of one chunk run at once).
-  void run_update(exec<host> const& ex, std::uint32_t c, optim::update_tensor<T> const& whole,
-                  optim::update_args a) {
+  template <Backend E>
+  void run_update(exec<E> const& ex, std::uint32_t c, optim::update_tensor<T> const& whole, optim::update_args a) {
     if (!decay_matrices_only_) {
       optimizer_.update(ex, a, std::span<optim::update_tensor<T> const>(&whole, 1));
       return;
@@ -143,11 +143,12 @@ class update_runner {
   // decay_matrices_only (two calls over the tensors, not the padding between them: a second call
   // that threw would leave the first one's chunk without a restorable copy), they are copied
   // first. Marked saved only once the update returned: an update throws before it writes.
-  void journalled_update(exec<host> const& ex, std::uint32_t c, optim::update_tensor<T> u,
+  template <Backend E>
+  void journalled_update(exec<E> const& ex, std::uint32_t c, optim::update_tensor<T> u,
                          update_targets<T> const& targets, undo_record* undo, optim::update_args const& a) {
     bool const fold = optim::keeps_prev_v<O> && !decay_matrices_only_;
     if (undo != nullptr && !(fold && journal_->attach(*undo, targets, u))) {
-      journal_->save(*undo, targets);
+      journal_->save(*undo, targets, ex);
       undo = nullptr;  // saved already
     }
     run_update(ex, c, u, a);
