@@ -187,3 +187,29 @@ TEST_CASE("offload::scheduler on sealed: a parameter on the device between steps
   compute.synchronize();
   inputs.deallocate(tokens, 2 * batch * seq * sizeof(std::int32_t));
 }
+
+TEST_CASE("offload::scheduler on sealed: what it cannot do there yet is refused at construction") {
+  tide::thread_pool pool{1};
+  mem::stream<sealed> compute;
+  tide::exec<sealed> ex{pool, compute};
+  mem::device_arena<sealed> arena{{.budget = 4_MiB}};
+  using sched_t = off::scheduler<sealed, float, off::chunked<off::belady>>;
+  auto make = [&](off::scheduler_options const& o) {
+    sched_t s{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config),
+              {.chunk_bytes = chunk_bytes}, o, adamw};
+  };
+  // The message names the device backend (float parameters would refuse reuse_grad_slots anyway).
+  auto refusal = [&](off::scheduler_options const& o) -> std::string {
+    try {
+      make(o);
+    } catch (tide::error const& e) {
+      CHECK(e.category() == tide::errc::usage);
+      return e.what();
+    }
+    FAIL("not refused");
+    return {};
+  };
+  CHECK(refusal({.host_budget = 1_MiB}).find("device backend: host_budget") != std::string::npos);  // the NVMe tier
+  CHECK(refusal({.reuse_grad_slots = true}).find("device backend: reuse_grad_slots") != std::string::npos);
+  CHECK(arena.stats().in_use == 0);  // a refused scheduler keeps nothing
+}
