@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "support/flaky_comm.hpp"
 #include "support/gpt_steps.hpp"
 #include "tide/comm/self.hpp"
 #include "tide/compress/sink.hpp"
@@ -23,39 +24,7 @@ namespace {
 
 namespace cx = tide::compress;
 
-// One rank whose collective number `fail_at` throws before it does anything, as a failed
-// network call would.
-struct flaky_self {
-  static constexpr std::string_view name = "flaky_self";
-  int* calls = nullptr;
-  int fail_at = 0;
-  tide::comm::self one{};
-  [[nodiscard]] int rank() const { return 0; }
-  [[nodiscard]] int size() const { return 1; }
-  template <class T>
-  void all_reduce(std::span<T> x, tide::comm::reduce_op op) {
-    tick();
-    one.all_reduce(x, op);
-  }
-  template <class T>
-  void all_gather(std::span<T const> in, std::span<T> out) {
-    tick();
-    one.all_gather(in, out);
-  }
-  template <class T>
-  void all_gatherv(std::span<T const> in, std::span<T> out, std::span<tide::index_t const> counts) {
-    tick();
-    one.all_gatherv(in, out, counts);
-  }
-  template <class T>
-  void broadcast(std::span<T> x, int root) {
-    tick();
-    one.broadcast(x, root);
-  }
-  void tick() {
-    if (++*calls == fail_at) throw tide::error(tide::errc::mpi, "test: the collective failed");
-  }
-};
+using tide::test::flaky_self;
 
 // Four steps without a failure, then the same four steps with collective number `fail_at`
 // failing, for each fail_at: the failed step changes nothing, its retry and the rest give the

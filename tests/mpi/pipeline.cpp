@@ -288,3 +288,55 @@ TEST_CASE("mpi pipeline: make_trainer with 1F1B on ranks equals data parallelism
   // One layer per chunk: the last stage's list holds wte, of a layer outside its blocks.
   pipelined_trainer_matches(tide::offload::layer_window<2>{.device_budget = std::size_t{8} << 20}, "layer_window");
 }
+
+TEST_CASE("mpi pipeline: make_trainer with 1F1B on ranks on sealed, a device the host cannot read, gives the host's bits") {
+  // Activations and gradients cross stages through host buffers: read from the device after the
+  // compute work that made them, written in compute order; the tied embedding's gradient is
+  // summed over the first and last stage on the host.
+  if (tide::test::world().size() % 2 != 0) return;
+  auto& world = tide::test::world();
+  int const stages = 2, m = 4, steps = 2;
+  auto g = pp::make_groups(world, stages);
+  tide::optim::adamw const opt{.lr = 1e-2f, .clip_norm = 1e6f, .micro_steps = m};
+  tide::comm::data_parallel<tide::comm::mpi> const dp{.comm = &g.data};
+  tide::offload::chunked<tide::offload::belady> tight{.chunk_bytes = std::size_t{16} << 10};
+  tight.device_budget = std::size_t{4} << 20;
+  auto const policy = pp::on_ranks<pp::kind::one_f_one_b, tide::comm::mpi>{.stages = stages, .micro = m,
+                                                                           .group = &g.pipeline, .tied = &g.tied};
+  std::vector<data> batches;
+  for (int s = 0; s < steps; ++s) batches.emplace_back(m, 200 + 10 * static_cast<std::uint32_t>(s) +
+                                                           static_cast<std::uint32_t>(g.replica));
+  auto on_host = tide::train::make_trainer(staged_spec, tight, opt, dp, tide::train::no_compress{}, policy);
+  std::vector<float> host_losses;
+  for (data const& d : batches) host_losses.push_back(on_host.step(batches_for<decltype(on_host)>(d)).loss);
+
+  tide::nn::gpt_spec<tide::sealed> const sealed_spec{.config = config, .options = staged_spec.options};
+  auto on_device = tide::train::make_trainer(sealed_spec, tight, opt, dp, tide::train::no_compress{}, policy);
+  // The micro-batches' tokens and targets in device memory of their own, written in compute order.
+  std::size_t const each = static_cast<std::size_t>(B * T) * sizeof(std::int32_t);
+  tide::memory::device_arena<tide::sealed> inputs{{.budget = 2 * static_cast<std::size_t>(m) * each + 64_KiB}};
+  auto* tokens = static_cast<std::int32_t*>(inputs.allocate(2 * static_cast<std::size_t>(m) * each));
+  std::vector<float> sealed_losses;
+  for (data const& d : batches) {
+    std::vector<decltype(on_device)::batch_type> micro;
+    for (int k = 0; k < m; ++k) {
+      std::int32_t* at = tokens + 2 * k * B * T;
+      auto const& b = d.micro[static_cast<std::size_t>(k)];
+      tide::memory::write_from_host(on_device.executor(), at, b.tokens.data(), each);
+      tide::memory::write_from_host(on_device.executor(), at + B * T, b.targets.data(), each);
+      micro.push_back({{at, {B, T}}, {at + B * T, {B, T}}});
+    }
+    sealed_losses.push_back(on_device.step(micro).loss);
+  }
+  CHECK(sealed_losses == host_losses);
+  auto const want = params_of(on_host);
+  auto const got = params_of(on_device);
+  REQUIRE(got.size() == want.size());
+  int differ = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    differ += got[i].first != want[i].first || got[i].second.size() != want[i].second.size() ||
+              std::memcmp(got[i].second.data(), want[i].second.data(), got[i].second.size() * sizeof(float)) != 0;
+  CHECK(differ == 0);
+  tide::memory::synchronize(on_device.executor());
+  inputs.deallocate(tokens, 2 * static_cast<std::size_t>(m) * each);
+}

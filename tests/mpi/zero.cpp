@@ -358,3 +358,25 @@ TEST_CASE("ZeRO-3 with micro-steps: each pass gathers again (the next pass's fir
   CHECK(tide::test::max_difference(two, three) == 0.f);
   CHECK(tide::test::same_on_every_rank(three));
 }
+
+TEST_CASE("ZeRO-0 to 3 on sealed, a device the host cannot read: the host's bits on every rank") {
+  // The sink sums and shares on the host: the engine stages each device chunk's gradients through
+  // host blocks, the parameters ZeRO-1/2 share, and those a ZeRO-3 owner sends.
+  auto& world = tide::test::world();
+  int const w = world.size(), r = world.rank();
+  tide::nn::gpt_spec<tide::sealed> const on_device{.config = config, .options = spec.options};
+  for (int zero : {0, 1, 2, 3}) {
+    CAPTURE(zero);
+    tide::comm::data_parallel<tide::comm::mpi> const dp{.comm = &world, .bucket_bytes = 60_KiB, .zero = zero};
+    auto on_host = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(0.5f), dp);
+    train(on_host, 0, steps, w, r);
+    auto const want = flat_params(on_host);
+    auto t = tide::train::make_trainer(on_device, tide::test::tiny_tight(), adamw(0.5f), dp);
+    tide::test::batch_feeder<decltype(t), batch, seq, 64> feed;
+    for (int s = 0; s < steps; ++s) (void)t.step(feed(t, s * w + r));
+    auto const got = flat_params(t);
+    REQUIRE(got.size() == want.size());
+    CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+    CHECK(t.scheduler().sink().stats().bytes == on_host.scheduler().sink().stats().bytes);
+  }
+}

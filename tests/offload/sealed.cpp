@@ -6,12 +6,20 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <optional>
+#include <span>
+#include <string_view>
+#include <utility>
 #include <string>
 #include <vector>
 
+#include "tide/comm/data_parallel.hpp"
+#include "tide/comm/self.hpp"
+#include "tide/compress/sink.hpp"
 #include "tide/core/bytes.hpp"
 #include "tide/core/error.hpp"
 #include "tide/core/parallel.hpp"
@@ -22,7 +30,10 @@
 #include "tide/nn/gpt.hpp"
 #include "tide/offload/scheduler.hpp"
 #include "tide/optim/adamw.hpp"
+#include "tide/train/trainer.hpp"
 #include "support/errors.hpp"
+#include "support/flaky_comm.hpp"
+#include "support/files.hpp"
 #include "support/gpt_steps.hpp"
 
 namespace {
@@ -42,11 +53,12 @@ constexpr tide::optim::adamw adamw{.lr = 3e-3f, .weight_decay = 0.1f};
 struct run_result {
   std::vector<std::vector<float>> params;  // by parameter, after the last step
   std::vector<float> losses;
+  std::vector<float> lists;  // the gradient sink's lists, by parameter
   off::offload_stats last{};
 };
 
 bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // The compute timeline of B: the calling thread (host), or a stream of its own (sealed).
@@ -63,10 +75,10 @@ struct timeline {
 
 // steps of the model under scheduler<B, float, Policy> in a device arena of `budget` bytes; the
 // tokens live in device memory of their own (a user's input buffer), written in compute order.
-template <tide::Backend B, class Policy>
+template <tide::Backend B, class Policy, class Sink = off::no_sink>
 run_result train(Policy const& policy, std::size_t budget, tide::nn::gpt_options options = {.seed = 7},
-                 off::scheduler_options const& opts = {}) {
-  using sched_t = off::scheduler<B, float, Policy>;
+                 off::scheduler_options const& opts = {}, Sink const& sink = {}) {
+  using sched_t = off::scheduler<B, float, Policy, tide::optim::adamw, Sink>;
   timeline<B> tl;
   mem::device_arena<B> arena{{.budget = budget}};
   mem::device_arena<B> inputs{{.budget = 64_KiB}};
@@ -74,7 +86,7 @@ run_result train(Policy const& policy, std::size_t budget, tide::nn::gpt_options
   run_result r;
   {
     sched_t sched{tl.ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config),
-                  policy, opts, adamw};
+                  policy, opts, adamw, sink};
     tide::nn::gpt<B, float, off::hooks<sched_t>> model{config, arena, options, {&sched}};
     for (int s = 0; s < steps; ++s) {
       auto const data = tide::test::token_runs(s, batch, seq, config.vocab);  // tokens (B, T), then targets
@@ -85,7 +97,14 @@ run_result train(Policy const& policy, std::size_t budget, tide::nn::gpt_options
       sched.step();
     }
     r.last = sched.last_step();
-    for (std::uint32_t i = 0; i < model.parameters().size(); ++i) r.params.push_back(sched.read_param(i));
+    for (std::uint32_t i = 0; i < model.parameters().size(); ++i) {
+      r.params.push_back(sched.read_param(i));
+      for (std::size_t k = 0; k < off::extra_lists_of<Sink>().size(); ++k) {  // the sink's lists: on the host
+        auto const x = sched.extra_bytes(k, i);
+        auto const* f = reinterpret_cast<float const*>(x.data());
+        r.lists.insert(r.lists.end(), f, f + x.size() / sizeof(float));
+      }
+    }
     mem::synchronize(tl.ex);  // nothing queued may outlive the memory it uses
   }
   inputs.deallocate(tokens, 2 * batch * seq * sizeof(std::int32_t));
@@ -102,14 +121,15 @@ std::size_t minimum_of(Policy const& policy) {
   return sched.minimum_device_bytes(tide::test::activation_bytes(config, batch, seq));
 }
 
-// The sealed run against the host run of the same policy, budget and options.
-template <class Policy>
+// The sealed run against the host run of the same policy, budget, options and sink.
+template <class Policy, class Sink = off::no_sink>
 run_result check_same_bits(Policy const& policy, std::size_t budget, std::string const& what,
-                           tide::nn::gpt_options options = {.seed = 7}) {
+                           tide::nn::gpt_options options = {.seed = 7}, Sink const& sink = {}) {
   INFO(what);
-  run_result const want = train<host>(policy, budget, options);
-  run_result got = train<sealed>(policy, budget, options);
+  run_result const want = train<host>(policy, budget, options, {}, sink);
+  run_result got = train<sealed>(policy, budget, options, {}, sink);
   CHECK(same_bits(got.losses, want.losses));
+  CHECK(same_bits(got.lists, want.lists));
   REQUIRE(got.params.size() == want.params.size());
   for (std::size_t i = 0; i < want.params.size(); ++i) {
     INFO("parameter " << i);
@@ -159,7 +179,34 @@ TEST_CASE("offload::scheduler on sealed: recompute and activation offload keep t
   CHECK(moved.last.activation_d2h_bytes > 0);
 }
 
-TEST_CASE("offload::scheduler on sealed: a parameter on the device between steps is read with read_param") {
+TEST_CASE("offload::scheduler on sealed: data parallelism and the compressing sinks, staged through the host") {
+  // One rank (comm::self): the sinks run all their work (buckets, ZeRO's shares, selection, error
+  // feedback, PowerSGD's products) on host copies of the device's gradients, which come back.
+  tide::comm::self one;
+  auto const tight = off::chunked<off::belady>{.chunk_bytes = chunk_bytes};
+  std::size_t const minimum = minimum_of(tight) + 4_KiB;
+  for (int zero : {0, 1, 2, 3}) {
+    auto const dp = tide::comm::data_parallel<tide::comm::self>{.comm = &one, .bucket_bytes = 48_KiB, .zero = zero};
+    auto const resident = check_same_bits(off::resident{.chunk_bytes = chunk_bytes}, 64_MiB,
+                                          "data_parallel, resident, ZeRO-" + std::to_string(zero), {.seed = 7}, dp.sink());
+    CHECK(resident.last.device_optimizer_chunks > 0);
+    check_same_bits(tight, minimum, "data_parallel, chunked<belady>, ZeRO-" + std::to_string(zero), {.seed = 7},
+                    dp.sink());
+  }
+  auto const sparse = tide::compress::sparse_data_parallel<tide::comm::self>{
+      .comm = &one, .compressor = {.density = 0.05f}};
+  // On one rank the sparse sink sums dense (nothing to save), its residual stays zero.
+  check_same_bits(off::resident{.chunk_bytes = chunk_bytes}, 64_MiB, "sparse, resident", {.seed = 7}, sparse.sink());
+  check_same_bits(tight, minimum, "sparse, chunked<belady>", {.seed = 7}, sparse.sink());
+  // PowerSGD compresses on one rank too: its error and Q lists change every step, on the host.
+  auto const powersgd = tide::compress::powersgd_data_parallel<tide::comm::self>{.comm = &one, .compressor = {.rank = 2}};
+  auto const kept = check_same_bits(off::resident{.chunk_bytes = chunk_bytes}, 64_MiB, "powersgd, resident",
+                                    {.seed = 7}, powersgd.sink());
+  CHECK(std::ranges::any_of(kept.lists, [](float x) { return x != 0.f; }));
+  check_same_bits(tight, minimum, "powersgd, chunked<belady>", {.seed = 7}, powersgd.sink());
+}
+
+TEST_CASE("offload::scheduler on sealed: a parameter on the device between steps is read with read_param and staged views") {
   tide::thread_pool pool{2};
   mem::stream<sealed> compute;
   tide::exec<sealed> ex{pool, compute};
@@ -180,36 +227,238 @@ TEST_CASE("offload::scheduler on sealed: a parameter on the device between steps
   sched.step();
   // resident keeps them on the device: the host cannot address them, and says so.
   CHECK(tide::test::category_of([&] { (void)sched.param_data(0); }) == tide::errc::usage);
-  CHECK(tide::test::category_of([&] { (void)sched.tensor_view(tide::chunk::chunk_role::exp_avg, 0); }) ==
-        tide::errc::usage);
   auto const p = sched.read_param(0);  // staged through the host
   CHECK(p.size() == static_cast<std::size_t>(model.parameters()[0].numel()));
+  // A checkpoint's views are staged too: one tensor at a time, in a host block.
+  auto const view = sched.tensor_view(tide::chunk::chunk_role::param, 0);
+  CHECK_FALSE(tide::is_sealed(view.data()));
+  CHECK(std::memcmp(view.data(), p.data(), view.size()) == 0);
+  // What the host writes through tensor_bytes reaches the device when the view ends.
+  auto bytes = sched.tensor_bytes(tide::chunk::chunk_role::param, 0);
+  std::memset(bytes.data(), 0, bytes.size());
+  CHECK(std::ranges::all_of(sched.read_param(0), [](float v) { return v == 0.f; }));
   compute.synchronize();
   inputs.deallocate(tokens, 2 * batch * seq * sizeof(std::int32_t));
 }
 
-TEST_CASE("offload::scheduler on sealed: what it cannot do there yet is refused at construction") {
-  tide::thread_pool pool{1};
-  mem::stream<sealed> compute;
-  tide::exec<sealed> ex{pool, compute};
-  mem::device_arena<sealed> arena{{.budget = 4_MiB}};
-  using sched_t = off::scheduler<sealed, float, off::chunked<off::belady>>;
-  auto make = [&](off::scheduler_options const& o) {
-    sched_t s{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config),
-              {.chunk_bytes = chunk_bytes}, o, adamw};
-  };
-  // The message names the device backend (float parameters would refuse reuse_grad_slots anyway).
-  auto refusal = [&](off::scheduler_options const& o) -> std::string {
-    try {
-      make(o);
-    } catch (tide::error const& e) {
-      CHECK(e.category() == tide::errc::usage);
-      return e.what();
+// ---- make_trainer on sealed --------------------------------------------------------------------
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Batches of token_runs, on the trainer's device.
+template <class Trainer>
+using feeder = tide::test::batch_feeder<Trainer, batch, seq, config.vocab>;
+
+// Parameters, then the optimizer's state, of every tensor (through the staged view on sealed).
+template <class Trainer>
+std::vector<float> state_of(Trainer& t) {
+  std::vector<float> all;
+  auto& sched = t.scheduler();
+  for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
+    auto const p = sched.read_param(i);
+    all.insert(all.end(), p.begin(), p.end());
+    for (std::size_t k = 0; k < 2; ++k) {
+      auto const b = sched.state_view(k, i);
+      auto const* f = reinterpret_cast<float const*>(b.data());
+      all.insert(all.end(), f, f + b.size() / sizeof(float));
     }
-    FAIL("not refused");
-    return {};
+  }
+  return all;
+}
+
+template <tide::Backend B>
+tide::nn::gpt_spec<B> spec_on() {
+  return {.config = config, .options = {.seed = 7}};
+}
+
+using tide::test::flaky_self;
+
+}  // namespace
+
+TEST_CASE("make_trainer on sealed: the host's bits, with clipping and data parallelism; its checkpoints are the host's") {
+  tide::optim::adamw const clipped{.lr = 3e-3f, .weight_decay = 0.1f, .clip_norm = 0.5f};  // the global norm on the device
+  tide::comm::self one;
+  auto const dp = tide::comm::data_parallel<tide::comm::self>{.comm = &one, .bucket_bytes = 48_KiB};
+  auto policy = off::chunked<off::belady>{.chunk_bytes = chunk_bytes};
+  policy.device_budget = minimum_of(policy) + 4_KiB;
+  tide::test::scratch_dir dir{"sealed_trainer"};
+  auto run = [&]<tide::Backend B>(B, char const* name) {
+    auto t = tide::train::make_trainer(spec_on<B>(), policy, clipped, dp);
+    feeder<decltype(t)> feed;
+    std::vector<float> losses;
+    for (int s = 0; s < steps; ++s) {
+      if (s == 2) t.save(dir.path / name);
+      losses.push_back(t.step(feed(t, s)).loss);
+    }
+    return std::pair{losses, state_of(t)};
   };
-  CHECK(refusal({.host_budget = 1_MiB}).find("device backend: host_budget") != std::string::npos);  // the NVMe tier
-  CHECK(refusal({.reuse_grad_slots = true}).find("device backend: reuse_grad_slots") != std::string::npos);
-  CHECK(arena.stats().in_use == 0);  // a refused scheduler keeps nothing
+  auto const [host_losses, host_state] = run(host{}, "host.tide");
+  auto const [sealed_losses, sealed_state] = run(sealed{}, "sealed.tide");
+  CHECK(same_bits(sealed_losses, host_losses));
+  CHECK(same_bits(sealed_state, host_state));
+  // The same checkpoint, byte for byte: parameters and state read through staging.
+  CHECK(tide::test::file_text(dir.path / "sealed.tide") == tide::test::file_text(dir.path / "host.tide"));
+
+  // Loaded on sealed (written back through staging), the last steps give the straight run's bits.
+  auto t = tide::train::make_trainer(spec_on<sealed>(), policy, clipped, dp);
+  t.load(dir.path / "host.tide");
+  feeder<decltype(t)> feed;
+  for (int s = 2; s < steps; ++s) (void)t.step(feed(t, s));
+  CHECK(same_bits(state_of(t), host_state));
+}
+
+TEST_CASE("make_trainer on sealed: a step whose collective fails loses nothing, and training goes on to the same bits") {
+  // The sparse sink (dense on one rank) starts afresh when a step is abandoned; the lane's
+  // staging streams, which the failure reached, are made again.
+  tide::optim::adamw const opt{.lr = 3e-3f};
+  using sparse = tide::compress::sparse_data_parallel<flaky_self>;
+  auto policy = off::chunked<off::belady>{.chunk_bytes = chunk_bytes};
+  policy.device_budget = minimum_of(policy) + 4_KiB;
+  off::resident const resident{.device_budget = 64_MiB, .chunk_bytes = chunk_bytes};
+  auto each = [&](auto const& offload, char const* what) {
+    INFO(what);
+    int calls = 0;
+    flaky_self never{&calls, 0};
+    auto straight = tide::train::make_trainer(spec_on<sealed>(), offload, opt, sparse{.comm = &never});
+    feeder<decltype(straight)> feed;
+    for (int s = 0; s < steps; ++s) (void)straight.step(feed(straight, s));
+    int const per_run = calls;
+    REQUIRE(per_run > 8);
+    auto const reference = state_of(straight);
+    for (int fail_at : {1, per_run / 2, per_run}) {
+      CAPTURE(fail_at);
+      calls = 0;
+      flaky_self comm{&calls, fail_at};
+      auto t = tide::train::make_trainer(spec_on<sealed>(), offload, opt, sparse{.comm = &comm});
+      int failures = 0;
+      for (int s = 0; s < steps; ++s) {
+        auto const before = state_of(t);
+        try {
+          (void)t.step(feed(t, s));
+        } catch (tide::error const& e) {
+          ++failures;
+          CHECK(e.category() == tide::errc::mpi);
+          CHECK(state_of(t) == before);  // parameters and optimizer state as they were
+          (void)t.step(feed(t, s));      // the same step again
+        }
+      }
+      CHECK(failures == 1);
+      CHECK(same_bits(state_of(t), reference));
+    }
+  };
+  each(policy, "chunked<belady>: the optimizer on the host beside backward");
+  each(resident, "resident: the optimizer on the device");
+}
+
+TEST_CASE("make_trainer on sealed: the NVMe tier, with state and with parameters on file, keeps the host's bits") {
+  tide::optim::adamw const opt{.lr = 3e-3f};
+  auto policy = off::chunked<off::belady>{.chunk_bytes = chunk_bytes};
+  policy.device_budget = minimum_of(policy) + 4_KiB;
+  std::size_t n = 0, block = 0;
+  {
+    tide::thread_pool pool{1};
+    tide::exec<host> ex{pool};
+    mem::device_arena<host> arena{{.budget = 64_MiB}};
+    off::scheduler<host, float, off::chunked<off::belady>> probe{ex, arena, spec_on<host>().parameters(),
+                                                                 spec_on<host>().uses(), policy};
+    n = probe.layout().chunks();
+    block = tide::round_up(probe.chunk_bytes(), 256);
+  }
+  auto each = [&](std::size_t host_budget, char const* what) {
+    INFO(what);
+    auto run = [&]<tide::Backend B>(B) {
+      tide::test::scratch_dir const folder{"sealed_nvme"};
+      auto cfg = policy;
+      cfg.host_budget = host_budget;
+      cfg.spill_folder = folder.path;
+      auto t = tide::train::make_trainer(spec_on<B>(), cfg, opt);
+      feeder<decltype(t)> feed;
+      std::vector<float> losses;
+      for (int s = 0; s < steps; ++s) losses.push_back(t.step(feed(t, s)).loss);
+      CHECK(t.scheduler().last_step().nvme_write_bytes > 0);  // the tier is in use
+      return std::pair{losses, state_of(t)};
+    };
+    auto const [host_losses, host_state] = run(host{});
+    auto const [sealed_losses, sealed_state] = run(sealed{});
+    CHECK(same_bits(sealed_losses, host_losses));
+    CHECK(same_bits(sealed_state, host_state));
+  };
+  each(n * block + (n / 2) * 2 * block, "m and v of half the chunks on file");
+  each((n / 2) * block + 256, "every chunk's state and half the parameters on file");
+}
+
+TEST_CASE("make_trainer on sealed: bf16 parameters with fp32 masters keep the host's bits, resident, offloaded, with "
+          "gradient-slot reuse and a failed step") {
+  // The masters start as the parameters, which the model initialised on the host; the updates
+  // round them into the working copies on the tier where the state lives.
+  tide::optim::adamw const opt{.lr = 3e-3f, .clip_norm = 1.f};
+  auto every_byte = [](auto& t) {  // parameters, masters and state, staged
+    std::vector<std::byte> all;
+    auto& sched = t.scheduler();
+    auto add = [&](std::span<std::byte const> b) { all.insert(all.end(), b.begin(), b.end()); };
+    for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
+      add(sched.tensor_view(tide::chunk::chunk_role::param, i));
+      add(sched.tensor_view(tide::chunk::chunk_role::master, i));
+      for (std::size_t k = 0; k < 2; ++k) add(sched.state_view(k, i));
+    }
+    return all;
+  };
+  auto each = [&](auto const& offload, char const* what) {
+    INFO(what);
+    auto run = [&]<tide::Backend B>(B) {
+      auto t = tide::train::make_trainer(tide::nn::gpt_spec<B, tide::bf16>{.config = config, .options = {.seed = 7}},
+                                         offload, opt);
+      feeder<decltype(t)> feed;
+      std::vector<float> losses;
+      for (int s = 0; s < steps; ++s) losses.push_back(t.step(feed(t, s)).loss);
+      return std::pair{losses, every_byte(t)};
+    };
+    auto const [host_losses, host_bytes] = run(host{});
+    auto const [sealed_losses, sealed_bytes] = run(sealed{});
+    CHECK(same_bits(sealed_losses, host_losses));
+    CHECK(sealed_bytes == host_bytes);
+  };
+  each(off::resident{.device_budget = 64_MiB, .chunk_bytes = chunk_bytes}, "resident: masters and state on the device");
+  auto policy = off::chunked<off::belady>{.chunk_bytes = chunk_bytes};
+  policy.device_budget = 64_MiB;  // room: the state of the chunks that fit moves to the device after the warm-up
+  each(policy, "chunked<belady> with room");
+  policy.device_budget = tide::test::scheduler_minimum<decltype(policy), tide::bf16>(config, policy, batch, seq) + 4_KiB;
+  each(policy, "chunked<belady> at its minimum: state on the host");
+  policy.reuse_grad_slots = true;  // the gradients take their parameters' slots; the masters round them back
+  policy.device_budget = 64_MiB;
+  each(policy, "chunked<belady> with room, gradient-slot reuse");
+  policy.device_budget = tide::test::scheduler_minimum<decltype(policy), tide::bf16>(config, policy, batch, seq) + 4_KiB;
+  each(policy, "chunked<belady> at its minimum, gradient-slot reuse");
+
+  // A step that fails after some slots took gradients: each chunk's parameters come back rounded
+  // from its master, wherever either lies, and training goes on to the same bits.
+  int calls = 0;
+  flaky_self never{&calls, 0};
+  using sparse = tide::compress::sparse_data_parallel<flaky_self>;
+  tide::nn::gpt_spec<sealed, tide::bf16> const bf16_spec{.config = config, .options = {.seed = 7}};
+  auto straight = tide::train::make_trainer(bf16_spec, policy, opt, sparse{.comm = &never});
+  feeder<decltype(straight)> feed;
+  for (int s = 0; s < steps; ++s) (void)straight.step(feed(straight, s));
+  auto const reference = every_byte(straight);
+  for (int fail_at : {1, calls / 2, calls}) {
+    CAPTURE(fail_at);
+    int n = 0;
+    flaky_self comm{&n, fail_at};
+    auto t = tide::train::make_trainer(bf16_spec, policy, opt, sparse{.comm = &comm});
+    int failures = 0;
+    for (int s = 0; s < steps; ++s) {
+      auto const before = every_byte(t);
+      try {
+        (void)t.step(feed(t, s));
+      } catch (tide::error const&) {
+        ++failures;
+        CHECK(every_byte(t) == before);
+        (void)t.step(feed(t, s));
+      }
+    }
+    CHECK(failures == 1);
+    CHECK(every_byte(t) == reference);
+  }
 }

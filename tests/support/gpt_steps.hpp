@@ -10,6 +10,7 @@
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
 #include "tide/memory/device_arena.hpp"
+#include "tide/memory/ops.hpp"
 #include "tide/nn/gpt.hpp"
 #include "tide/offload/scheduler.hpp"
 
@@ -51,6 +52,34 @@ inline std::vector<std::int32_t> token_runs(int s, index_t batch, index_t seq, i
   }
   return v;
 }
+
+// A trainer's batches of token_runs(s, Batch, Seq, Vocab): views of host memory on tide::host; on
+// a device backend, of a device buffer of its own that the tokens are written to in compute order
+// (a user's input buffer), so the trainer reads them where its kernels run.
+//
+//   batch_feeder<decltype(t), 2, 16, 64> feed;
+//   t.step(feed(t, s));
+template <class Trainer, index_t Batch, index_t Seq, int Vocab>
+struct batch_feeder {
+  using B = typename Trainer::backend;
+  static constexpr std::size_t bytes = 2 * Batch * Seq * sizeof(std::int32_t);
+  memory::device_arena<B> inputs{{.budget = std::size_t{64} << 10}};
+  std::int32_t* device = static_cast<std::int32_t*>(inputs.allocate(bytes));
+  std::vector<std::int32_t> host;
+  batch_feeder() = default;
+  batch_feeder(batch_feeder const&) = delete;
+  batch_feeder& operator=(batch_feeder const&) = delete;
+  ~batch_feeder() { inputs.deallocate(device, bytes); }
+  typename Trainer::batch_type operator()(Trainer& t, int s) {
+    host = token_runs(s, Batch, Seq, Vocab);
+    std::int32_t const* at = host.data();
+    if constexpr (B::is_device) {
+      memory::write_from_host(t.executor(), device, host.data(), bytes);
+      at = device;
+    }
+    return {{at, {Batch, Seq}}, {at + Batch * Seq, {Batch, Seq}}};
+  }
+};
 
 // The arena bytes of a (batch, seq) forward's activations, rounded to the arena's alignment.
 // options: the model's (recompute and offload_activations shrink the plan).

@@ -108,4 +108,18 @@ inline void write_from_host(exec<sealed> const& ex, void* dst, void const* src, 
   ex.stream.launch_owned([a = unseal(dst), staged] { std::memcpy(a, staged->data(), staged->size()); });
 }
 
+// The backends that supply every operation above: the offload engine runs on these.
+template <class B>
+concept MemoryOps = Backend<B> && requires(exec<B> const& ex, event<B>& e, void* p, void const* q) {
+  fill_zeros(ex, p, std::size_t{0});
+  copy_in_order(ex, p, q, std::size_t{0});
+  record(ex, e);
+  wait(ex, e);
+  synchronize(ex);
+  read_to_host(ex, p, q, std::size_t{0});
+  write_from_host(ex, p, q, std::size_t{0});
+  copy_to_device(B{}, p, q, std::size_t{0});
+};
+static_assert(MemoryOps<host> && MemoryOps<sealed>);
+
 }  // namespace tide::memory

@@ -20,7 +20,9 @@
 //
 // The span is the chunk's whole gradient payload (padding included: zero, and it must stay
 // zero), on `tier`, valid after `valid_after` (null: valid now; the host backend computes on the
-// calling thread). It stays valid and unmoved until `done` completes. Gradients are in the
+// calling thread). It stays valid and unmoved until `done` completes. On a device backend a sink
+// gets a host copy of a device chunk (ready_chunk<host, T>), which goes back once it is done,
+// unless it declares `static constexpr bool reads_device = true` (detail/sink_lane.hpp). Gradients are in the
 // model's element type, unscaled: the optimizer applies grad_scale afterwards, so a sink that
 // scales (averaging over ranks) composes with clipping and loss scaling.
 
@@ -121,7 +123,8 @@ struct chunk_shard {
 // The engine then keeps no master and no optimizer state for the chunks it does not step (its
 // host bytes per parameter fall as the ranks grow), frees their gradients once the sink is done
 // with them, and calls share_parameters after the last update of every applied step with each
-// parameter chunk's whole payload (host-writable on tide::host). A failure there fails the step:
+// parameter chunk's whole payload (host-writable: on a device backend a host copy, written back
+// after). A failure there fails the step:
 // the engine puts back what it overwrote.
 template <class S>
 concept ShardingSink = requires(S const& s) {

@@ -69,9 +69,8 @@ namespace tide::offload {
 template <Backend B, Element T, class Policy, class Optimizer = optim::adamw, class Sink = no_sink,
           class Source = host_source>
 class scheduler {
-  static_assert(!B::is_device || std::is_same_v<Sink, no_sink>,
-                "offload::scheduler on a device backend takes no gradient sink yet (the data-parallel and "
-                "compressing sinks read gradients on the host): use no_sink there, or train on tide::host");
+  static_assert(memory::MemoryOps<B>, "offload::scheduler<B, ...>: the engine runs on the backends that supply the "
+                "memory operations of tide/memory/ops.hpp (tide::host, tide::sealed); this one does not yet");
   static_assert(!B::is_device || requires(Optimizer const& o, exec<B> const& ex, optim::update_args const& a,
                                           std::span<optim::update_tensor<T> const> ts) { o.update(ex, a, ts); },
                 "offload::scheduler on a device backend: the Optimizer's update must take exec<B> for the chunks "
@@ -244,9 +243,10 @@ class scheduler {
     return out;
   }
   // The bytes of parameter i in the list of `role` (param: T; master and the optimizer's state
-  // lists: fp32), host-readable on tide::host wherever the chunk is, after finishing pending
-  // work. For checkpoints: valid until the next hook or step. exp_avg / exp_avg_sq name the
-  // optimizer's state lists 0 and 1 (state_bytes(k, i) says it for any optimizer).
+  // lists: fp32), host-readable wherever the chunk is (on a device backend staged through one
+  // host block, written back when the span ends), after finishing pending work. For checkpoints:
+  // valid until the next tensor_bytes or tensor_view, read, hook or step. exp_avg / exp_avg_sq
+  // name the optimizer's state lists 0 and 1 (state_bytes(k, i) says it for any optimizer).
   // With the NVMe tier (host_budget), one chunk's lists from the file are on the host at a time:
   // asking for another such chunk's state or parameters writes the first back to file, and its
   // spans end then.
@@ -262,8 +262,7 @@ class scheduler {
       e_.materialize_param(e_.layout_.chunk_of[i]);  // from the NVMe tier's file
       e_.drop_shadow(e_.layout_.chunk_of[i]);  // the caller may write
     }
-    e_.require_host_side(list(role), i, "tensor_bytes");
-    return {list(role).data(i), tensor_size(role, i)};
+    return e_.host_side(list(role), i, tensor_size(role, i), true);
   }
   // The same bytes, to read (a checkpoint's save): valid until the next tensor_view, state_view,
   // tensor_bytes, hook or step. The state of a chunk in the NVMe tier is read from the file into
@@ -277,20 +276,21 @@ class scheduler {
       e_.require_held(i, "tensor_view");
       if (std::byte const* on_file = e_.param_file_view(e_.layout_.chunk_of[i]))
         return {on_file + e_.layout_.offset_of[i] * sizeof(T), bytes};
-      e_.require_host_side(e_.param_, i, "tensor_view");
-      return {e_.param_.data(i), bytes};
+      return e_.host_side(e_.param_, i, bytes, false);
     }
     if (role == chunk::chunk_role::master) e_.init_master();  // the masters start as the parameters
     std::size_t const k = role == chunk::chunk_role::master ? core::state_lists
                           : role == chunk::chunk_role::exp_avg ? 0 : 1;
     if (std::byte const* lists = e_.spilled_view(e_.layout_.chunk_of[i], k))
       return {lists + e_.layout_.offset_of[i] * sizeof(float), bytes};
-    e_.require_host_side(list(role), i, "tensor_view");
-    return {list(role).data(i), bytes};
+    return e_.host_side(list(role), i, bytes, false);
   }
   // Frees the host block the views read state from the NVMe tier into (a save ended; the next
   // step or load frees it too).
-  void end_views() { e_.drop_view(); }
+  void end_views() {
+    e_.flush_views();
+    e_.drop_view();
+  }
   [[nodiscard]] std::span<std::byte const> state_view(std::size_t k, std::uint32_t i) {
     TIDE_REQUIRE(k < Optimizer::state_lists, "offload::scheduler::state_view(", k, ", ", i, "): ", Optimizer::name,
                  " keeps ", Optimizer::state_lists, " state lists (k < ", Optimizer::state_lists, ")");
@@ -376,6 +376,7 @@ class scheduler {
   // the budget, nothing is traced, so the trace of the training steps stays. Between steps only.
   void begin_evaluation() {
     TIDE_REQUIRE(!e_.step_open_, "offload::scheduler::begin_evaluation inside a training step; call it after step()");
+    e_.flush_views();    // a tensor a caller wrote between steps goes back to the device
     e_.flush_spilled();  // parameters a caller wrote between steps go back to file first
     e_.drop_view();
     e_.evaluating_ = true;

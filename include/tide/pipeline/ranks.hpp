@@ -49,6 +49,7 @@
 #include "tide/core/backend.hpp"
 #include "tide/core/error.hpp"
 #include "tide/core/exec.hpp"
+#include "tide/memory/ops.hpp"
 #include "tide/pipeline/executor.hpp"
 #include "tide/pipeline/schedule.hpp"
 #include "tide/pipeline/simulate.hpp"
@@ -129,7 +130,7 @@ class rank_executor {
     sends_.clear();
     std::fill(sent_.begin(), sent_.end(), false);
     auto const t0 = detail::clock::now();
-    links_of<Model> l{*this, model};
+    links_of<Model, B> l{*this, model, ex};
     try {
       detail::run_stage(me_, schedule_, cut_, model, ex, micro, scale, slots_, l, t0, stats_.stages[0], losses_.data());
     } catch (...) {
@@ -293,10 +294,15 @@ class rank_executor {
           if (same(x, in.order[i])) return in.received[i];
     return false;
   }
-  template <class T>
-  void send(int to, message const& x, T const* data, std::size_t n) {
+  // Sends n elements at `data` (the model's memory on B, read to the message's host buffer first,
+  // after the compute work so far; or that buffer itself).
+  template <class T, Backend B = host>
+  void send(int to, message const& x, T const* data, std::size_t n, exec<B> const* on = nullptr) {
     auto& buf = buffers<T>()[key(x)];
-    if (buf.data() != data) std::memcpy(buf.data(), data, n * sizeof(T));
+    if (buf.data() != data) {
+      if constexpr (B::is_device) memory::read_to_host(*on, buf.data(), data, n * sizeof(T));
+      else std::memcpy(buf.data(), data, n * sizeof(T));
+    }
     int const ch = link(me_, to);
     sends_.emplace_back(ch, channels_[static_cast<std::size_t>(ch)].send_async(std::span<T const>(buf), to, tag(x)));
     for (std::size_t i = 0; i < outgoing_.size(); ++i)
@@ -329,14 +335,17 @@ class rank_executor {
           });
   }
 
-  template <class Model>
+  // What crosses stages, between the model's memory (on B) and the messages' host buffers: on a
+  // device backend written in compute order and read after it (memory/ops.hpp).
+  template <class Model, Backend B>
   struct links_of {
     rank_executor& ex;
     Model& model;
+    exec<B> const& on;
     [[nodiscard]] int at(int q) const noexcept { return stage_of(ex.schedule_, q); }
     template <class View>
-    static void copy_in(View to, auto const& from) {
-      std::memcpy(to.data(), from.data(), from.size() * sizeof(from[0]));
+    void copy_in(View to, auto const& from) const {
+      memory::write_from_host(on, to.data(), from.data(), from.size() * sizeof(from[0]));
     }
     void before_forward(int q, int k, int slot) {
       if (q == 0 || at(q - 1) == ex.me_) return;
@@ -347,7 +356,7 @@ class rank_executor {
     void after_forward(int q, int k, int slot) {
       if (q + 1 == ex.cut_.pieces() || at(q + 1) == ex.me_) return;
       auto const out = model.boundary(ex.cut_.last[static_cast<std::size_t>(q)], slot);
-      ex.send(at(q + 1), {kind::act, q + 1, k}, out.data(), static_cast<std::size_t>(out.size()));
+      ex.send(at(q + 1), {kind::act, q + 1, k}, out.data(), static_cast<std::size_t>(out.size()), &on);
     }
     void before_backward(int q, int k, int slot) {
       if (q + 1 < ex.cut_.pieces() && at(q + 1) != ex.me_) {
@@ -366,12 +375,12 @@ class rank_executor {
     void after_backward(int q, int k, int slot) {
       if (q > 0 && at(q - 1) != ex.me_) {
         auto const out = model.boundary_grad(slot);
-        ex.send(at(q - 1), {kind::grad, q - 1, k}, out.data(), static_cast<std::size_t>(out.size()));
+        ex.send(at(q - 1), {kind::grad, q - 1, k}, out.data(), static_cast<std::size_t>(out.size()), &on);
       }
       if constexpr (requires { model.tied_grad(0); }) {
         if (q == ex.cut_.pieces() - 1 && ex.tied_) {
           auto const out = model.tied_grad(slot);
-          ex.send(at(0), {kind::tied, 0, k}, out.data(), static_cast<std::size_t>(out.size()));
+          ex.send(at(0), {kind::tied, 0, k}, out.data(), static_cast<std::size_t>(out.size()), &on);
         }
       }
     }

@@ -27,6 +27,7 @@
 #include "tide/core/dtype.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/memory/device_arena.hpp"
+#include "tide/memory/ops.hpp"
 #include "tide/nn/gpt.hpp"  // nn::no_hooks
 #include "tide/core/parameters.hpp"
 #include "tide/offload/scheduler.hpp"
@@ -136,14 +137,14 @@ concept StagedModel = Model<M, B> && StagedHasBlocks<M> && StagedHasForwardBlock
 
 namespace detail {
 // The hooks a trainer hands the model: the interface is the same under every offload policy, so
-// resident stands for them all. A spec without a valid host backend gets no_hooks, which keeps
-// ModelSpec<S> false rather than a hard error (scheduler<cuda, ...> does not exist yet).
+// resident stands for them all. A spec whose backend the engine does not run on gets no_hooks,
+// which keeps ModelSpec<S> false rather than a hard error (scheduler<cuda, ...> does not exist yet).
 template <class S>
 struct trainer_hooks {
   using type = nn::no_hooks;
 };
 template <class S>
-  requires SpecHasBackend<S> && SpecHasElementType<S> && (!S::backend::is_device)
+  requires SpecHasBackend<S> && SpecHasElementType<S> && memory::MemoryOps<typename S::backend>
 struct trainer_hooks<S> {
   using type = offload::hooks<offload::scheduler<typename S::backend, typename S::element_type, offload::resident>>;
 };

@@ -44,7 +44,10 @@
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
 #include "tide/kernels/grad_norm/grad_norm.hpp"
+#include "tide/kernels/sealed.hpp"
 #include "tide/memory/device_arena.hpp"
+#include "tide/memory/ops.hpp"
+#include "tide/memory/stream.hpp"
 #include "tide/core/parameters.hpp"
 #include "tide/offload/scheduler.hpp"
 #include "tide/offload/schedulers.hpp"
@@ -52,6 +55,7 @@
 #include "tide/pipeline/stages.hpp"
 #include "tide/train/checkpoint.hpp"
 #include "tide/train/checkpoint_set.hpp"
+#include "tide/train/detail/offload_options.hpp"
 #include "tide/train/model.hpp"
 #include "tide/train/slots.hpp"
 
@@ -130,21 +134,21 @@ class trainer {
         compress_(compress),
         pipeline_(pipeline),
         pool_(threads),
-        ex_{pool_},
+        ex_(make_exec()),
         arena_({.budget = budget_of(spec, off)}),
         stage_(stage_of(spec, pipeline, comm, opt)),
         elsewhere_(std::max<std::size_t>(stage_.largest_elsewhere, 1)),
         scheduler_(ex_, arena_, staged ? stage_.params : spec.parameters(), staged ? stage_.uses : spec.uses(), off,
                    {.micro_steps = opt.micro_steps,
-                    .host_steps_in_flight = host_steps_in_flight_of(off),
+                    .host_steps_in_flight = detail::host_steps_in_flight_of(off),
                     .defer_optimizer = staged || needs_all_gradients(opt),  // a stage sums wte before stepping
                     .defer_sink = staged,  // summed once every stage and replica ran backward
                     .decay_matrices_only = opt.decay_matrices_only,
-                    .host_budget = host_budget_of(off),
-                    .spill_folder = spill_folder_of(off),
-                    .host_reserve = host_reserve_of(off),
-                    .reuse_grad_slots = reuse_grad_slots_of(off),
-                    .keep_host_copies = keep_host_copies_of(off)},
+                    .host_budget = detail::host_budget_of(off),
+                    .spill_folder = detail::spill_folder_of(off),
+                    .host_reserve = detail::host_reserve_of(off),
+                    .reuse_grad_slots = detail::reuse_grad_slots_of(off),
+                    .keep_host_copies = detail::keep_host_copies_of(off)},
                    opt, comm.sink(), comm.source()),
         model_(spec.build(arena_, staged ? hooks_type{&scheduler_, stage_.index.data(), elsewhere_.data()}
                                          : hooks_type{&scheduler_})),
@@ -152,32 +156,14 @@ class trainer {
 
   trainer(trainer const&) = delete;
   trainer& operator=(trainer const&) = delete;
-
-  // The memory-scale options of an offload policy that has them (offload::chunked: host_budget,
-  // spill_folder, host_reserve, reuse_grad_slots, keep_host_copies, host_steps_in_flight).
-  static std::size_t host_budget_of(Offload const& off) {
-    if constexpr (requires { off.host_budget; }) return off.host_budget;
-    else return 0;
-  }
-  static std::filesystem::path spill_folder_of(Offload const& off) {
-    if constexpr (requires { off.spill_folder; }) return off.spill_folder;
-    else return {};
-  }
-  static std::size_t host_reserve_of(Offload const& off) {
-    if constexpr (requires { off.host_reserve; }) return off.host_reserve;
-    else return 0;
-  }
-  static bool reuse_grad_slots_of(Offload const& off) {
-    if constexpr (requires { off.reuse_grad_slots; }) return off.reuse_grad_slots;
-    else return false;
-  }
-  static bool keep_host_copies_of(Offload const& off) {
-    if constexpr (requires { off.keep_host_copies; }) return off.keep_host_copies;
-    else return true;
-  }
-  static int host_steps_in_flight_of(Offload const& off) {
-    if constexpr (requires { off.host_steps_in_flight; }) return off.host_steps_in_flight;
-    else return offload::scheduler_options{}.host_steps_in_flight;
+  // On a device backend the model's last kernels finish before its memory goes.
+  ~trainer() {
+    if constexpr (backend::is_device) {
+      try {
+        compute_.synchronize();
+      } catch (...) {  // a failure the last step reported already
+      }
+    }
   }
 
   // One optimizer step over micro_steps micro-batches (one per micro-step). A step that throws
@@ -440,6 +426,10 @@ class trainer {
     return out;
   }
 
+  exec<backend> make_exec() {
+    if constexpr (backend::is_device) return {pool_, compute_};
+    else return {pool_};
+  }
   static Optimizer const& checked(Optimizer const& o) {
     TIDE_REQUIRE(o.micro_steps >= 1, "optimizer micro_steps = ", o.micro_steps, "; pass >= 1");
     TIDE_REQUIRE(o.clip_norm >= 0.f && std::isfinite(o.clip_norm), "optimizer clip_norm = ", o.clip_norm,
@@ -459,6 +449,9 @@ class trainer {
   Compress compress_;
   Pipeline pipeline_;
   thread_pool pool_;
+  struct no_stream {};
+  // A device backend's compute stream: the model's kernels, in order (the host's is the caller).
+  [[no_unique_address]] std::conditional_t<backend::is_device, memory::stream<backend>, no_stream> compute_;
   exec<backend> ex_;
   memory::device_arena<backend> arena_;
   pipeline::stage_part stage_;         // a pipeline stage's parameters (empty without one)
@@ -470,6 +463,7 @@ class trainer {
   std::string shape_;  // what a checkpoint's "model.shape" section points to until its commit
   std::vector<kernels::grad_tensor<element_type>> owned_grads_;  // ZeRO-2: this rank's part of the norm
   std::vector<std::byte> reshard_;  // a shard's list while load re-shards it
+  std::vector<element_type> shared_;  // device: a shared parameter's gradient, summed on the host
 };
 
 template <class Spec, class Offload, class Optimizer, class Comm = no_comm, class Compress = no_compress,

@@ -365,7 +365,8 @@ class chunk_store {
       if (ch.payload() != nullptr) lists[k++] = &ch;
     };
     for (auto& l : state_) add(l[c]);
-    for (auto& l : extra_) add(l[c]);
+    if constexpr (!B::is_device)  // on a device the sink that keeps them reads them on the host
+      for (auto& l : extra_) add(l[c]);
     if constexpr (has_master) add(master_[c]);
     std::array<std::byte*, lists.size()> dev{};
     try {

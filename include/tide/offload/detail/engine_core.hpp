@@ -36,6 +36,7 @@
 #include "tide/offload/detail/residency.hpp"
 #include "tide/offload/detail/shard_map.hpp"
 #include "tide/offload/detail/sink_lane.hpp"
+#include "tide/offload/detail/staged_view.hpp"
 #include "tide/offload/detail/file_plan.hpp"
 #include "tide/offload/detail/file_tier.hpp"
 #include "tide/offload/detail/undo.hpp"
@@ -88,12 +89,6 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
         shards_(this->shard_, shards_parameters_of(sink), this->n_) {
     TIDE_REQUIRE(options_.host_steps_in_flight >= 0, "offload::scheduler: host_steps_in_flight = ",
                  options_.host_steps_in_flight, "; pass how many host steps may queue, >= 1, or 0 for no bound");
-    if constexpr (B::is_device) {
-      TIDE_REQUIRE(options_.host_budget == 0, "offload::scheduler on a device backend: host_budget (the NVMe tier) "
-                   "is not supported there yet; leave host_budget = 0, or train on tide::host");
-      TIDE_REQUIRE(!options_.reuse_grad_slots, "offload::scheduler on a device backend: reuse_grad_slots is not "
-                   "supported there yet; leave it off, or train on tide::host");
-    }
     TIDE_REQUIRE(options_.micro_steps >= 1, "offload::scheduler: micro_steps = ", options_.micro_steps,
                  "; pass the number of backward passes per optimizer step, >= 1");
     if (options_.reuse_grad_slots) {
@@ -180,6 +175,20 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
                  "(", i, "): \"", this->params_[i].name(), "\" lies in device memory between steps on this backend, "
                  "which the host cannot address; read parameters with read_param(i)");
     }
+  }
+  // Tensor i of `list` (bytes long) where the host can read it, between steps: in place, or on a
+  // device backend through the staged view (written back when it ends if `write_back`).
+  std::span<std::byte> host_side(chunk::chunk_list const& list, std::uint32_t i, std::size_t bytes, bool write_back) {
+    if constexpr (B::is_device) {
+      chunk::chunk const& ch = list[this->layout_.chunk_of[i]];
+      if (ch.payload() != nullptr && ch.tier() == chunk::tier::device)
+        return views_.stage(this->ex_, list.data(i), bytes, write_back);
+    }
+    return {list.data(i), bytes};
+  }
+  // A writable staged view ends (drain and the start of a step end it too).
+  void flush_views() {
+    if constexpr (B::is_device) views_.flush(this->ex_);
   }
   void require_held(std::uint32_t i, char const* what) const {
     std::uint32_t const c = this->layout_.chunk_of[i];
@@ -423,6 +432,9 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
 
   // ---- state ----------------------------------------------------------------------------------
   sink_lane<B, T, S> sinks_;  // the gradient sink and its work on this step's chunks
+  memory::event<B> handed_;   // device: the compute work before the last hand-over to the sink
+  // Device: the tensor the host reads or writes between steps.
+  [[no_unique_address]] std::conditional_t<B::is_device, staged_view<B>, empty_part> views_;
   Src source_;
   scheduler_options options_;
   undo_journal<B, T> undo_;

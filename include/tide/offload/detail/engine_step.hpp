@@ -192,17 +192,17 @@ void engine_core<B, T, P, O, S, Src>::abort_step() noexcept {
         this->drop_shadow(r.c);  // the host copy of a device-resident chunk may hold the update
         this->undo_.restore(r, this->targets_of(r.c), this->ex_);
       }
+      // reuse_grad_slots: the journal keeps no parameters; every chunk stepped or holding
+      // gradients gets round(master) back, after the masters were restored.
+      if (this->options_.reuse_grad_slots)
+        for (detail::undo_record const& r : this->undo_.records()) this->round_masters_back(r.c);
+      this->return_grad_slots(false);
       memory::synchronize(this->ex_);  // a device: the restores landed before the host reads on
     } catch (std::exception const& e) {
       this->broken_ = e.what();  // a device whose stream failed: the data may be lost
     }
     this->extra_undo_.restore(this->extra_);
     this->drop_param_file_copies();
-    // reuse_grad_slots: the journal keeps no parameters; every chunk stepped or holding gradients
-    // gets round(master) back, after the masters were restored.
-    if (this->options_.reuse_grad_slots)
-      for (detail::undo_record const& r : this->undo_.records()) this->round_masters_back(r.c);
-    this->return_grad_slots(false);
     for (std::uint32_t i = 0; i < this->params_.size(); ++i) {
       if (this->param_.tensor(i).state != chunk::tensor_state::hold)
         this->param_.transition(i, chunk::tensor_state::hold);
@@ -246,6 +246,7 @@ template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::begin_step_if_needed() {
   if (step_open_) return;
   require_intact();
+  flush_views();    // a tensor the host wrote between steps goes back to the device
   flush_spilled();  // a checkpoint's reads or writes of spilled state go back to file first
   drop_view();
   step_open_ = true;
@@ -267,6 +268,7 @@ void engine_core<B, T, P, O, S, Src>::begin_step_if_needed() {
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::drain() {
   std::exception_ptr failure;
+  flush_views();  // a tensor the host wrote between steps goes back first
   auto wait = [&failure](auto&& f) {
     try {
       f();

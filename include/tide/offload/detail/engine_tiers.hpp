@@ -193,7 +193,9 @@ engine_core<B, T, P, O, S, Src>::next_moment(int block, chunk::phase ph) const {
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::send_own(std::uint32_t c, std::byte* block) {
   this->settle(c);
-  std::memcpy(block, this->param_[c].payload(), this->param_[c].capacity());  // tide::host: a device block is host memory
+  chunk::chunk const& p = this->param_[c];
+  if (p.tier() == chunk::tier::device) memory::read_to_host(this->ex_, block, p.payload(), p.capacity());
+  else std::memcpy(block, p.payload(), p.capacity());
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -81,10 +82,17 @@ engine_core<B, T, P, O, S, Src>::optimizer_moment(int block, std::vector<std::ui
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::hand_to_sink(int block) {
   auto const complete = this->completes_at(block);
+  if (complete.empty()) return;
+  // The kernels that completed them run on the compute timeline: the sink starts after them.
+  memory::event<B> const* valid_after = nullptr;
+  if constexpr (B::is_device) {
+    memory::record(this->ex_, handed_);
+    valid_after = &handed_;
+  }
   for (std::uint32_t c : complete) {
     this->grad_.transition_chunk(c, chunk::tensor_state::ready_for_reduce);
     chunk::chunk& g = grad_chunk(c);
-    ready_chunk<B, T> r{c, {reinterpret_cast<T*>(g.payload()), g.capacity() / sizeof(T)}, g.tier(), nullptr,
+    ready_chunk<B, T> r{c, {reinterpret_cast<T*>(g.payload()), g.capacity() / sizeof(T)}, g.tier(), valid_after,
                         nullptr, t_, c == complete.back()};
     if constexpr (extra_count > 0) {
       if (options_.undo_on_error) extra_undo_.save(c, this->extra_);  // the sink may change them
@@ -117,9 +125,21 @@ void engine_core<B, T, P, O, S, Src>::share_parameters() {
         this->drop_shadow(c);  // its device copy changes: the host one would be stale
       }
       chunk::chunk& p = this->param_[c];
-      shared.push_back({reinterpret_cast<T*>(p.payload()), p.capacity() / sizeof(T)});
+      std::byte* bytes = p.payload();
+      if constexpr (decltype(sinks_)::staged)  // the sink shares them on the host: a device chunk through staging
+        if (p.tier() == chunk::tier::device) {
+          bytes = sinks_.share_staging(c, p.capacity());
+          memory::read_to_host(this->ex_, bytes, p.payload(), p.capacity());
+        }
+      shared.push_back({reinterpret_cast<T*>(bytes), p.capacity() / sizeof(T)});
     }
     sinks_.share_parameters(std::span<std::span<T> const>(shared));
+    if constexpr (decltype(sinks_)::staged)
+      for (std::uint32_t c = 0; c < this->n_; ++c) {
+        chunk::chunk& p = this->param_[c];
+        if (!this->shard_.owns(c) && p.tier() == chunk::tier::device)
+          memory::write_from_host(this->ex_, p.payload(), shared[c].data(), p.capacity());
+      }
   }
 }
 
@@ -236,8 +256,21 @@ template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::round_masters_back(std::uint32_t c) {
   if constexpr (store::has_master) {
     this->drop_shadow(c);  // the host copy of a device-resident chunk holds gradients
-    kernels::detail::cast_contiguous(reinterpret_cast<float const*>(this->master_[c].payload()),
-                                     reinterpret_cast<T*>(this->param_[c].payload()), step_elements(c));
+    chunk::chunk const& m = this->master_[c];
+    chunk::chunk& p = this->param_[c];
+    index_t const n = step_elements(c);
+    if constexpr (B::is_device) {  // either may be in device memory: the rounding runs on host copies
+      std::vector<float> master(static_cast<std::size_t>(n));
+      std::vector<T> param(static_cast<std::size_t>(n));
+      memory::read_to_host(this->ex_, master.data(), m.payload(), master.size() * sizeof(float));
+      kernels::detail::cast_contiguous(master.data(), param.data(), n);
+      std::size_t const bytes = param.size() * sizeof(T);
+      if (p.tier() == chunk::tier::device) memory::write_from_host(this->ex_, p.payload(), param.data(), bytes);
+      else std::memcpy(p.payload(), param.data(), bytes);
+    } else {
+      kernels::detail::cast_contiguous(reinterpret_cast<float const*>(m.payload()), reinterpret_cast<T*>(p.payload()),
+                                       n);
+    }
   }
 }
 

@@ -6,12 +6,23 @@
 //
 // A failure of the sink's work is reported once, by the wait that meets it, and fails the step;
 // abandoning the step waits for the rest without reporting (quiet()).
+//
+// On a device backend the sinks tide has (data parallelism over MPI, the compressing sinks) read
+// and write gradients on the host, as a host communicator must without device-aware MPI. The
+// lane stages for them: a chunk on the device is copied to a host block of its own on `down`,
+// after the event the engine gave; a host job waits for that copy and marks the block valid; the
+// sink gets the host block (ready_chunk<host, T>); `up` waits for the sink's `done`, copies the
+// block back and records the chunk's `reduced` event, which is all the engine waits for. Two
+// device streams, so that a bucket waiting for a later chunk never blocks that chunk's copy in.
+// A sink that reads device memory itself (NCCL) says `static constexpr bool reads_device = true`
+// and gets the device chunk.
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "tide/memory/stream.hpp"
@@ -21,10 +32,40 @@
 
 namespace tide::offload::detail {
 
+// Whether the lane hands sink S host copies of device chunks (see above).
+template <class B, class S>
+inline constexpr bool stages_for_sink = B::is_device && !std::is_same_v<S, no_sink> && !requires {
+  requires S::reads_device;
+};
+
+// A device chunk's host copies for a sink that reads the host: its gradients, the events of one
+// hand-over (landed: the copy in; valid: the host may read; done: the sink's record).
+template <Backend B>
+struct staged_chunk {
+  std::vector<std::byte> grads;
+  memory::event<B> landed;
+  memory::event<host> valid;
+  memory::event<host> done;
+};
+
+template <Backend B>
+struct sink_staging {
+  explicit sink_staging(std::uint32_t n) : chunks(n) {}
+  std::vector<staged_chunk<B>> chunks;           // by chunk; blocks sized at first use
+  std::vector<std::vector<std::byte>> params;    // ZeRO-1/2: parameter chunks shared on the host
+  memory::stream<B> down, up;                    // device -> host copies; waits for the sink, host -> device
+  memory::stream<host> bridge;                   // host jobs that wait for `landed`
+};
+struct no_staging {
+  explicit no_staging(std::uint32_t) {}
+};
+
 template <Backend B, Element T, class S>
 class sink_lane {
  public:
-  sink_lane(S const& sink, std::uint32_t n, offload_stats& stats) : sink_(sink), stats_(&stats) {
+  static constexpr bool staged = stages_for_sink<B, S>;
+
+  sink_lane(S const& sink, std::uint32_t n, offload_stats& stats) : sink_(sink), stats_(&stats), stage_(n) {
     reduced_.resize(n);
     pending_.assign(n, false);
     reducing_.reserve(n);  // a step appends to these, and allocates nothing
@@ -45,9 +86,13 @@ class sink_lane {
   // Chunk c's gradients to the sink (r names them; its `done` and `last` are filled here).
   void hand(ready_chunk<B, T>& r) {
     std::uint32_t const c = r.chunk;
-    r.done = &reduced_[c];
     r.last = ++handed_ == chunks_per_step_;
-    pending_[c] = sink_.reduce(r);
+    if constexpr (staged) {
+      hand_staged(r);
+    } else {
+      r.done = &reduced_[c];
+      pending_[c] = sink_.reduce(r);
+    }
     if (pending_[c]) reducing_.push_back(c);
   }
   // The sink's work on chunk c is still to be waited for; the event it records when done.
@@ -83,6 +128,14 @@ class sink_lane {
   void abandon() noexcept {
     if constexpr (StepAbandoningSink<S>) sink_.abandon_step();
     unowned_.clear();
+    if constexpr (staged) {  // a failure of the sink is sticky on the streams that waited for it
+      try {
+        stage_.down = memory::stream<B>{};
+        stage_.up = memory::stream<B>{};
+        stage_.bridge = memory::stream<host>{};
+      } catch (...) {  // no thread to make: the old streams stay, and the next step fails as this one did
+      }
+    }
   }
 
   // ---- ZeRO: chunks another rank steps --------------------------------------------------------
@@ -102,10 +155,46 @@ class sink_lane {
   void share_parameters(std::span<std::span<T> const> chunks) {
     if constexpr (ShardingSink<S>) sink_.share_parameters(chunks);
   }
+  // The host block chunk c's parameters are shared through (bytes long), when they are on the device.
+  [[nodiscard]] std::byte* share_staging(std::uint32_t c, std::size_t bytes)
+    requires staged
+  {
+    if (stage_.params.size() <= c) stage_.params.resize(reduced_.size());
+    stage_.params[c].resize(bytes);
+    return stage_.params[c].data();
+  }
   // The list share_parameters() takes, reused from step to step.
   [[nodiscard]] std::vector<std::span<T>>& shared() noexcept { return shared_; }
 
  private:
+  // The hand-over through host staging (see the top of this file).
+  void hand_staged(ready_chunk<B, T> const& r) {
+    std::uint32_t const c = r.chunk;
+    staged_chunk<B>& s = stage_.chunks[c];
+    bool const on_device = r.tier == chunk::tier::device;
+    std::size_t const bytes = r.grads.size_bytes();
+    T* grads = r.grads.data();
+    if (on_device) {
+      s.grads.resize(bytes);
+      grads = reinterpret_cast<T*>(s.grads.data());
+    }
+    if (r.valid_after != nullptr) stage_.down.wait(*r.valid_after);
+    if (on_device) stage_.down.copy(grads, r.grads.data(), bytes);
+    s.landed.record(stage_.down);
+    stage_.bridge.launch_owned([&landed = s.landed] { landed.synchronize(); });
+    s.valid.record(stage_.bridge);
+    ready_chunk<host, T> h{c, {grads, r.grads.size()}, chunk::tier::host, &s.valid, &s.done, r.step, r.ends_block,
+                           r.last, r.lists, r.trace};
+    bool const later = sink_.reduce(h);
+    // The copy back runs after the copy in (a sink that finished at once may not have read it)
+    // and after the sink's work; a failure of either fails `reduced`.
+    stage_.up.wait(s.landed);
+    if (later) stage_.up.launch_owned([&done = s.done] { done.synchronize(); });
+    if (on_device) stage_.up.copy(r.grads.data(), grads, bytes);
+    reduced_[c].record(stage_.up);
+    pending_[c] = true;
+  }
+
   S sink_;
   std::size_t chunks_per_step_ = 0;
   offload_stats* stats_;
@@ -116,6 +205,7 @@ class sink_lane {
   std::size_t reduced_upto_ = 0;           // reducing_[< this] are known finished
   std::vector<std::uint32_t> unowned_;     // ZeRO: gradients of chunks another rank steps, freed once reduced
   std::vector<std::span<T>> shared_;       // ZeRO: every parameter chunk, for share_parameters
+  [[no_unique_address]] std::conditional_t<staged, sink_staging<B>, no_staging> stage_;  // a host sink on a device backend
 };
 
 }  // namespace tide::offload::detail

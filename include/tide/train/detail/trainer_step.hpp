@@ -85,7 +85,17 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::run_pipeline(std::s
     TIDE_CHECK(everywhere, usage, "make_trainer: a pipeline stage of another data-parallel replica failed in "
                                   "this step (its error says why); the step is dropped on every rank");
     scheduler_.hand_over_gradients();
-    for (std::uint32_t j : stage_.shared) pipeline_.sum_shared(scheduler_.gradient_of(j));
+    for (std::uint32_t j : stage_.shared) {
+      std::span<element_type> const g = scheduler_.gradient_of(j);
+      if constexpr (backend::is_device) {  // summed on the host, as the sinks sum
+        shared_.resize(g.size());
+        memory::read_to_host(ex_, shared_.data(), g.data(), g.size_bytes());
+        pipeline_.sum_shared(std::span<element_type>(shared_));
+        memory::write_from_host(ex_, g.data(), shared_.data(), g.size_bytes());
+      } else {
+        pipeline_.sum_shared(g);
+      }
+    }
     return loss;
   } else {
     return pipeline_.run(ex_, model_, micro_batches, loss_scale);
