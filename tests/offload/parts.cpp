@@ -1,4 +1,6 @@
 // The parts the offload engine owns, each on its own, without a scheduler:
+// - moment_map (offload/detail/moments.hpp): what each moment of a step touches and completes;
+// - block_access (offload/detail/block_access.hpp): what the open block may touch;
 // - plan_files (offload/detail/file_plan.hpp): which chunks go to file, a pure decision;
 // - file_tier (offload/detail/file_tier.hpp): the files, their slots and their staging blocks;
 // - shard_map (offload/detail/shard_map.hpp): ZeRO-3's held chunks and gathers, through a port
@@ -22,8 +24,11 @@
 #include <tide/chunk/chunk.hpp>
 #include <tide/chunk/layout.hpp>
 #include <tide/core/error.hpp>
+#include <tide/core/parameters.hpp>
+#include <tide/offload/detail/block_access.hpp>
 #include <tide/offload/detail/file_plan.hpp>
 #include <tide/offload/detail/file_tier.hpp>
+#include <tide/offload/detail/moments.hpp>
 #include <tide/offload/detail/shard_map.hpp>
 #include <tide/offload/detail/sink_lane.hpp>
 #include <tide/offload/detail/update_runner.hpp>
@@ -50,6 +55,51 @@ file_plan_input eight_chunks(std::vector<std::uint32_t> const& owned, std::size_
 }
 
 }  // namespace
+
+TEST_CASE("moment_map: each moment's chunks, where each chunk's gradients complete, and the working set") {
+  // 4 parameters in 3 chunks (1 and 2 share chunk 1); block 2 reads parameter 0 again (a tied
+  // embedding), so chunk 0's gradients are complete only after block 0's backward.
+  tide::chunk::chunk_layout layout;
+  layout.chunk_of = {0, 1, 1, 2};
+  layout.offset_of = {0, 0, 64, 0};
+  layout.first_param = {0, 1, 3, 4};
+  tide::block_uses const uses{.first_block = 0, .params = {{0}, {1, 2}, {0, 3}}};
+  tide::offload::detail::moment_map const m{uses, layout, 3};
+  using tide::chunk::phase;
+  CHECK(m.ids_of(0, phase::forward) == ids{0});
+  CHECK(m.ids_of(1, phase::forward) == ids{1});
+  CHECK(m.ids_of(2, phase::forward) == ids{0, 2});
+  CHECK(m.ids_of(2, phase::backward) == ids{0, 2, 3, 5});  // gradient chunks are 3 + c
+  CHECK(ids(m.completes_at(2).begin(), m.completes_at(2).end()) == ids{2});
+  CHECK(ids(m.completes_at(1).begin(), m.completes_at(1).end()) == ids{1});
+  CHECK(ids(m.completes_at(0).begin(), m.completes_at(0).end()) == ids{0});  // after its last use in backward
+  CHECK(m.working_set() == 4);
+  CHECK(m.working_set_moment() == "block 2's backward");
+  CHECK(m.grads_per_moment() == 2);
+  CHECK(category_of([&] { (void)m.ids_of(3, phase::forward); }) == tide::errc::usage);
+}
+
+TEST_CASE("block_access: a block's parameters while it is open, their gradients in its backward only") {
+  tide::offload::detail::block_access a{4};
+  ids const block1{1, 2};
+  CHECK_FALSE(a.in_block());
+  a.open(block1, 1, tide::chunk::phase::forward);
+  CHECK(a.in_block());
+  CHECK(a.block() == 1);
+  CHECK((a.may_read(1) && a.may_read(2)));
+  CHECK_FALSE(a.may_read(0));
+  CHECK_FALSE(a.may_write_grad(1));  // forward: no gradients
+  a.leave(block1);
+  CHECK_FALSE(a.in_block());
+  CHECK_FALSE(a.may_read(1));
+  a.open(block1, 1, tide::chunk::phase::backward);
+  CHECK(a.may_write_grad(2));
+  CHECK(a.phase() == tide::chunk::phase::backward);
+  a.abort();  // a failed step: nothing open, nothing touchable
+  CHECK_FALSE(a.in_block());
+  CHECK_FALSE(a.may_read(1));
+  CHECK_FALSE(a.may_write_grad(2));
+}
 
 TEST_CASE("plan_files: nothing goes to file without a budget or when everything fits") {
   ids const owned{0, 1, 2, 3, 4, 5, 6, 7};

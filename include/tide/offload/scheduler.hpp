@@ -203,8 +203,8 @@ class scheduler {
   // a step the caller may write, so a device-resident chunk forgets its host copy.
   [[nodiscard]] T* param_data(std::uint32_t i) {
     e_.check_index(i, "param_data");
-    if (e_.in_block_) {
-      if (!(e_.access_[i] & e_.readable)) [[unlikely]]
+    if (e_.access_.in_block()) {
+      if (!e_.access_.may_read(i)) [[unlikely]]
         e_.fail_access(i, "parameter");
     } else if (e_.step_open_ || e_.evaluating_) [[unlikely]] {
       e_.fail_access(i, "parameter");
@@ -219,8 +219,8 @@ class scheduler {
   }
   [[nodiscard]] T* grad_data(std::uint32_t i) {
     e_.check_index(i, "grad_data");
-    bool const open = e_.in_block_;
-    if ((open && !(e_.access_[i] & e_.writable_grad)) || (!open && (e_.step_open_ || e_.evaluating_)))
+    bool const open = e_.access_.in_block();
+    if ((open && !e_.access_.may_write_grad(i)) || (!open && (e_.step_open_ || e_.evaluating_)))
         [[unlikely]]
       e_.fail_access(i, "gradient");
     return reinterpret_cast<T*>(e_.grad_.data(i));
@@ -418,7 +418,7 @@ class scheduler {
   void pre_backward(int block) { e_.pre_backward(block); }
   void post_backward(int block) { e_.post_backward(block); }
 
-  // The gradient of every parameter, in parameter order, wherever its chunk is (host-e_.readable on
+  // The gradient of every parameter, in parameter order, wherever its chunk is (host-readable on
   // tide::host): for global_grad_norm and any_non_finite. Waits for copies and sinks in flight
   // first. Valid until the next hook or step.
   [[nodiscard]] std::span<kernels::grad_tensor<T> const> gradients() {

@@ -38,8 +38,8 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
   if (this->tracing()) block_t0_ = trace_recorder::now_us();
   TIDE_CHECK(block >= this->uses_.first_block && block <= this->uses_.last_block(), usage, "offload ", P::name(),
              ": block ", block, " is not one of uses() (", this->uses_.first_block, "..", this->uses_.last_block(), ")");
-  TIDE_CHECK(!this->in_block_, usage, "offload ", P::name(), ": block ", block, " entered while block ", this->block_,
-             " is still open; call post_forward / post_backward of each block before the next");
+  TIDE_CHECK(!this->access_.in_block(), usage, "offload ", P::name(), ": block ", block, " entered while block ",
+             this->access_.block(), " is still open; call post_forward / post_backward of each block before the next");
   if (this->evaluating_) {
     TIDE_REQUIRE(ph == chunk::phase::forward, "offload::scheduler: backward during evaluation; call "
                                               "end_evaluation() before training");
@@ -50,7 +50,7 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
     this->gather_for(block, ph);
     this->make_resident(this->ids_of(block, ph), store::untraced);
     for (std::uint32_t i : this->uses_.of(block)) this->param_.transition(i, chunk::tensor_state::compute);
-    this->open_block(block, ph);
+    this->access_.open(this->uses_.of(block), block, ph);
     return;
   }
   this->begin_step_if_needed();
@@ -70,7 +70,7 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
   this->tide_.push_back({{block, ph}, this->model_on_device(), this->non_model_now(), this->ctx_.budget});
   this->prefetch(t);
   add_moves_to_last_sample();
-  this->open_block(block, ph);
+  this->access_.open(this->uses_.of(block), block, ph);
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
@@ -80,7 +80,7 @@ void engine_core<B, T, P, O, S, Src>::post_forward(int block) {
                            trace_recorder::now_us());
   for (std::uint32_t i : this->uses_.of(block))
     this->param_.transition(i, this->evaluating_ ? chunk::tensor_state::hold : chunk::tensor_state::hold_after_fwd);
-  this->leave_block(block);
+  this->access_.leave(this->uses_.of(block));
   sample_non_model();
   if (this->tracer_.recording() && !this->evaluating_) {  // the warm-up's compute time, for policies
     this->forward_ms_ += detail::ms_since(block_start_);
@@ -108,7 +108,7 @@ void engine_core<B, T, P, O, S, Src>::post_backward(int block) {
     this->param_.transition(i, chunk::tensor_state::hold_after_bwd);
     this->grad_.transition(i, chunk::tensor_state::hold_after_bwd);
   }
-  this->leave_block(block);
+  this->access_.leave(this->uses_.of(block));
   this->next_backward_ = block == this->uses_.first_block ? this->uses_.last_block() : block - 1;
   sample_non_model();
   if (this->backward_passes_ % this->options_.micro_steps != 0) return;  // gradients accumulate
@@ -175,9 +175,8 @@ void engine_core<B, T, P, O, S, Src>::finish(bool apply) {
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::abort_step() noexcept {
-  bool const was_in_block = this->in_block_;
-  this->in_block_ = false;
-  std::fill(this->access_.begin(), this->access_.end(), std::uint8_t{0});
+  bool const was_in_block = this->access_.in_block();
+  this->access_.abort();
   if (!this->step_open_ && !was_in_block) return;
   this->sinks_.quiet();  // the sink's failures in this step are the step's failure
   try {

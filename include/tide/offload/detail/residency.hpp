@@ -1,8 +1,9 @@
 #pragma once
-// The residency layer of the offload engine: the moments of a step and the chunks each touches,
-// the per-moment budget the scheduler policy grants, making a moment's chunks resident (evicting
-// the policy's victims, handing their blocks over) and prefetching the next moments' chunks. It
-// decides nothing itself: budgets, prefetch depth and victims come from the policy P.
+// The residency layer of the offload engine: the per-moment budget the scheduler policy grants,
+// making a moment's chunks resident (evicting the policy's victims, handing their blocks over)
+// and prefetching the next moments' chunks. It decides nothing itself: budgets, prefetch depth
+// and victims come from the policy P, the moments from its moment_map (detail/moments.hpp), and
+// what the open block may touch is its block_access (detail/block_access.hpp).
 
 #include <algorithm>
 #include <cstddef>
@@ -13,7 +14,9 @@
 #include <vector>
 
 #include "tide/chunk/memory_tracer.hpp"
+#include "tide/offload/detail/block_access.hpp"
 #include "tide/offload/detail/chunk_store.hpp"
+#include "tide/offload/detail/moments.hpp"
 #include "tide/offload/scheduler_policy.hpp"
 
 namespace tide::offload::detail {
@@ -30,10 +33,13 @@ class residency : public chunk_store<B, T, Engine> {
       : store(ex, arena, params, uses, policy.layout(params, uses, arena.config().budget, sizeof(T)), state_lists,
               extras, lock_pages, shard, attach_state),
         policy_(policy),
-        tracer_({.device_budget = arena.config().budget, .reserved = policy.reserved_bytes()}) {
+        tracer_({.device_budget = arena.config().budget, .reserved = policy.reserved_bytes()}),
+        moments_(this->uses_, this->layout_, this->n_),
+        access_(this->params_.size()) {
     tracer_.set_chunks(this->ids_);
-    build_moments();
-    access_.assign(this->params_.size(), 0);
+    ctx_.working_set = moments_.working_set();
+    ctx_.working_set_moment = moments_.working_set_moment();
+    ctx_.grads_per_moment = moments_.grads_per_moment();
     ctx_.budget = arena.config().budget;
     ctx_.chunks = this->n_;
     ctx_.block_bytes = this->block_bytes();
@@ -58,9 +64,7 @@ class residency : public chunk_store<B, T, Engine> {
     return policy_.policy.victim(std::span<std::uint32_t const>(candidates_), t);
   }
 
-  // ---- what the open block may touch ------------------------------------------------------
-  static constexpr std::uint8_t readable = 1, writable_grad = 2;
-
+  // ---- what the open block may touch (block_access) and the moments (moment_map) ----------------
   void check_index(std::uint32_t i, char const* what) const {
     TIDE_CHECK(i < this->params_.size(), usage, "offload::scheduler::", what, "(", i, "): the model has ",
                this->params_.size(), " parameters (indices 0..", this->params_.size() - 1, ")");
@@ -71,76 +75,18 @@ class residency : public chunk_store<B, T, Engine> {
       for (std::uint32_t j : this->uses_.of(b))
         if (j == i) blocks.append(blocks.empty() ? "" : ", ").append(std::to_string(b));
     std::string const where =
-        in_block_ ? tide::detail::concat("in block ", block_, "'s ", phase_ == chunk::phase::forward ? "forward" : "backward")
-                  : std::string("between blocks (outside every pre_*/post_* pair)");
+        access_.in_block() ? tide::detail::concat("in block ", access_.block(), "'s ",
+                                                  access_.phase() == chunk::phase::forward ? "forward" : "backward")
+                           : std::string("between blocks (outside every pre_*/post_* pair)");
     TIDE_FAIL(usage, "offload ", P::name(), ": the model asked for the ", what, " of \"", this->params_[i].name(),
               "\" (parameter ", i, ") ", where, ", but uses() lists it only for block",
               blocks.find(',') != std::string::npos ? "s " : " ", blocks.empty() ? std::string("s: none") : blocks,
               std::string_view(what) == "gradient" ? " (gradients: in their backward only)" : "",
               "; add it to that block's uses() (tide::block_uses) or read it inside a block that lists it");
   }
-  void leave_block(int block) {
-    in_block_ = false;
-    for (std::uint32_t i : this->uses_.of(block)) this->access_[i] = 0;
-  }
-  void open_block(int block, chunk::phase ph) {
-    for (std::uint32_t i : this->uses_.of(block))
-      this->access_[i] = static_cast<std::uint8_t>(readable | (ph == chunk::phase::backward ? writable_grad : 0));
-    block_ = block;
-    phase_ = ph;
-    in_block_ = true;
-  }
-
-  // ---- moments ----------------------------------------------------------------------------------
-  // The moments of one step and the chunks each touches, known before the step from the block
-  // uses and the layout (the tracer checks every step against them).
-  void build_moments() {
-    int const first = this->uses_.first_block, last = this->uses_.last_block();
-    auto chunks_of = [&](int b, bool with_grads) {
-      std::vector<std::uint32_t> ids;
-      for (std::uint32_t i : this->uses_.of(b)) {
-        ids.push_back(this->layout_.chunk_of[i]);
-        if (with_grads) ids.push_back(static_cast<std::uint32_t>(this->n_ + this->layout_.chunk_of[i]));
-      }
-      std::ranges::sort(ids);
-      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-      return ids;
-    };
-    for (int b = first; b <= last; ++b) {
-      forward_ids_.push_back(chunks_of(b, false));
-      backward_ids_.push_back(chunks_of(b, true));
-    }
-    // A chunk's gradients are complete after the last block (in backward order) that uses it.
-    completes_.assign(static_cast<std::size_t>(last - first + 1), {});
-    std::vector<bool> done(this->n_, false);
-    for (int b = first; b <= last; ++b)
-      for (std::uint32_t id : forward_ids_[static_cast<std::size_t>(b - first)])
-        if (!done[id]) {
-          done[id] = true;
-          completes_[static_cast<std::size_t>(b - first)].push_back(id);
-        }
-    std::size_t busiest = 0;
-    for (std::size_t k = 0; k < backward_ids_.size(); ++k) {
-      auto const grads = static_cast<std::size_t>(
-          std::ranges::count_if(backward_ids_[k], [&](std::uint32_t id) { return id >= this->n_; }));
-      ctx_.grads_per_moment = std::max(ctx_.grads_per_moment, grads);
-    }
-    for (std::size_t k = 0; k < backward_ids_.size(); ++k)
-      if (backward_ids_[k].size() > ctx_.working_set) ctx_.working_set = backward_ids_[k].size(), busiest = k;
-    working_set_moment_ = tide::detail::concat("block ", static_cast<int>(busiest) + first, "'s backward");
-    for (std::size_t k = 0; k < forward_ids_.size(); ++k)
-      if (forward_ids_[k].size() > ctx_.working_set) {
-        ctx_.working_set = forward_ids_[k].size();
-        working_set_moment_ = tide::detail::concat("block ", static_cast<int>(k) + first, "'s forward");
-      }
-    ctx_.working_set_moment = working_set_moment_;
-  }
-  [[nodiscard]] std::span<std::uint32_t const> completes_at(int block) const {
-    return completes_[static_cast<std::size_t>(block - this->uses_.first_block)];
-  }
+  [[nodiscard]] std::span<std::uint32_t const> completes_at(int block) const { return moments_.completes_at(block); }
   [[nodiscard]] std::vector<std::uint32_t> const& ids_of(int block, chunk::phase ph) const {
-    auto const k = static_cast<std::size_t>(block - this->uses_.first_block);
-    return ph == chunk::phase::forward ? forward_ids_.at(k) : backward_ids_.at(k);
+    return moments_.ids_of(block, ph);
   }
 
   // What chunks can physically take now: the budget minus the non-model bytes and the reserve.
@@ -268,16 +214,12 @@ class residency : public chunk_store<B, T, Engine> {
 
   P policy_;
   chunk::memory_tracer tracer_;
+  moment_map moments_;    // what each moment touches and completes
+  block_access access_;   // what the open block may touch
   policy_context ctx_{};
-  std::string working_set_moment_;
-  std::vector<std::vector<std::uint32_t>> forward_ids_, backward_ids_, completes_;
   std::vector<std::uint32_t> candidates_, protect_;
   std::uint64_t tick_ = 0;
   std::size_t current_ = 0;
-  std::vector<std::uint8_t> access_;  // by parameter: what the open block may touch (readable | writable_grad)
-  bool in_block_ = false;
-  int block_ = 0;
-  chunk::phase phase_ = chunk::phase::forward;
   double forward_ms_ = 0;         // forward block time in the warm-up (for policies: layer_window<0>)
   std::size_t forward_blocks_ = 0;
   offload_stats last_{};          // the last completed step
