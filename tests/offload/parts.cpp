@@ -6,24 +6,31 @@
 // - shard_map (offload/detail/shard_map.hpp): ZeRO-3's held chunks and gathers, through a port
 //   that records what the engine would do;
 // - update_runner (offload/detail/update_runner.hpp): the optimizer lane and the gradient ring;
-// - sink_lane (offload/detail/sink_lane.hpp): the gradient sink's work on this step's chunks.
+// - sink_lane (offload/detail/sink_lane.hpp): the gradient sink's work on this step's chunks, and
+//   on tide::sealed its host staging.
 // The scheduler's runs with them are in offload/faults.cpp, offload/slots.cpp, train/trainer.cpp
 // and the MPI tests.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <tide/chunk/chunk.hpp>
 #include <tide/chunk/layout.hpp>
 #include <tide/core/error.hpp>
+#include <tide/core/sealed.hpp>
+#include <tide/memory/device_arena.hpp>
+#include <tide/memory/ops.hpp>
+#include <tide/memory/stream.hpp>
 #include <tide/core/parameters.hpp>
 #include <tide/offload/detail/block_access.hpp>
 #include <tide/offload/detail/file_plan.hpp>
@@ -509,4 +516,79 @@ TEST_CASE("sink_lane: an abandoned step's quiet() waits for the sink's work and 
   CHECK_FALSE(lane.pending(0));
   CHECK_FALSE(lane.pending(2));
   CHECK_FALSE(lane.busy(2));
+}
+
+namespace {
+
+// A host sink on tide::sealed: it doubles the gradients it gets, on its own stream, after they
+// are valid; the chunk `fails` fails there. It notes whether each span was host memory.
+struct doubling_sink {
+  tide::memory::stream<tide::host>* work = nullptr;
+  std::vector<bool>* on_host = nullptr;
+  std::uint32_t fails = 99;
+  bool reduce(tide::offload::ready_chunk<tide::host, float> const& r) {
+    on_host->push_back(!tide::is_sealed(r.grads.data()));
+    if (r.valid_after != nullptr) work->wait(*r.valid_after);
+    if (r.chunk == fails) work->launch_owned(gated_sink::failing{});
+    work->launch_owned([g = r.grads] {
+      for (float& x : g) x *= 2;
+    });
+    r.done->record(*work);
+    return true;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("sink_lane on sealed: a host sink gets a host copy of a device chunk after its kernels, and its writes "
+          "come back; an abandoned step remakes the streams a failure reached") {
+  namespace mem = tide::memory;
+  tide::thread_pool pool{1};
+  mem::stream<tide::sealed> compute;
+  tide::exec<tide::sealed> const ex{pool, compute};
+  mem::device_arena<tide::sealed> arena{{.budget = 64 * KiB}};
+  constexpr std::size_t n = 1024;
+  auto* grads = static_cast<float*>(arena.allocate(n * sizeof(float)));
+  std::vector<float> const ones(n, 1.f);
+  mem::write_from_host(ex, grads, ones.data(), n * sizeof(float));
+  // A late kernel writes the gradients: the lane's copy must wait for the event after it.
+  compute.launch_owned([a = tide::unseal(grads)] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (std::size_t k = 0; k < n; ++k) a[k] = 3.f;
+  });
+  mem::event<tide::sealed> computed;
+  mem::record(ex, computed);
+
+  mem::stream<tide::host> work;
+  std::vector<bool> on_host;
+  tide::offload::offload_stats stats{};
+  using lane_t = tide::offload::detail::sink_lane<tide::sealed, float, doubling_sink>;
+  static_assert(lane_t::staged);
+  lane_t lane({&work, &on_host, 1}, 2, stats);
+  lane.set_chunks_per_step(1);
+  auto hand = [&](std::uint32_t c) {
+    lane.begin_step();
+    tide::offload::ready_chunk<tide::sealed, float> r{c, {grads, n}, tide::chunk::tier::device, &computed};
+    lane.hand(r);
+  };
+  hand(0);
+  CHECK(lane.pending(0));
+  lane.wait(0);
+  std::vector<float> out(n);
+  mem::read_to_host(ex, out.data(), grads, n * sizeof(float));
+  CHECK(std::ranges::all_of(out, [](float x) { return x == 6.f; }));  // 3, doubled on the host, back
+  CHECK(on_host == std::vector<bool>{true});
+
+  // Chunk 1's sum fails: its wait reports it; the sink's stream and the lane's are failed.
+  hand(1);
+  CHECK_THROWS(lane.wait(1));
+  lane.quiet();
+  work = mem::stream<tide::host>{};  // the sink starts afresh, and so does the lane
+  lane.abandon();
+  hand(0);
+  lane.wait(0);
+  mem::read_to_host(ex, out.data(), grads, n * sizeof(float));
+  CHECK(out[0] == 12.f);
+  compute.synchronize();
+  arena.deallocate(grads, n * sizeof(float));
 }
