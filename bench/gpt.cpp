@@ -99,6 +99,8 @@ int main() {
   std::vector<double> fwd, bwd, opt;
   std::int64_t t = 0;
   float loss = 0;
+  tide::kernels::detail::call_scratch const norm_ws(
+      tide::kernels::global_grad_norm_scratch_bytes(ex, tide::tensor_view<float const>(model.flat_params())));
   auto step = [&] {
     auto const t0 = clock::now();
     model.zero_grad(ex);
@@ -106,7 +108,7 @@ int main() {
     auto const t1 = clock::now();
     model.backward(ex);
     auto const t2 = clock::now();
-    double const norm = tide::kernels::global_grad_norm(ex, model.flat_grads());
+    double const norm = tide::kernels::global_grad_norm(ex, model.flat_grads(), norm_ws.get());
     tide::kernels::adamw(ex, {.lr = 1e-4f, .weight_decay = 0.1f}, ++t, model.flat_params(), model.flat_grads(), mv,
                          vv, tide::kernels::clip_scale(norm, 1.0f));
     auto const t3 = clock::now();

@@ -68,8 +68,13 @@ inline void bench_attention() {
     tensor_view<float> const Q{qkv.data(), {B, T, 3 * C}}, O{out.data(), {B, T, C}}, L{lse.data(), {B, NH, T}},
         DO{dout.data(), {B, T, C}}, DQ{dqkv.data(), {B, T, 3 * C}};
     int const reps = q ? 3 : 5;
-    double const fwd = median_seconds([&] { tide::kernels::attention_forward(ex, O, L, Q, NH); }, reps, 1);
-    double const bwd = median_seconds([&] { tide::kernels::attention_backward(ex, DQ, DO, Q, O, L, NH); }, reps, 1);
+    // The kernels' scratch, made once (a training loop plans it with its activations).
+    tide::kernels::detail::call_scratch const fws(tide::kernels::attention_forward_scratch_bytes(ex, B, T, C, NH)),
+        bws(tide::kernels::attention_backward_scratch_bytes(ex, B, T, C, NH));
+    double const fwd =
+        median_seconds([&] { tide::kernels::attention_forward(ex, O, L, Q, NH, fws.get()); }, reps, 1);
+    double const bwd =
+        median_seconds([&] { tide::kernels::attention_backward(ex, DQ, DO, Q, O, L, NH, bws.get()); }, reps, 1);
     keep(dqkv[dqkv.size() / 2]);
     double const pairs = static_cast<double>(B * NH) * static_cast<double>(T) * static_cast<double>(T + 1) / 2;
     double const fwd_flop = 4.0 * HS * pairs, bwd_flop = 8.0 * HS * pairs;
@@ -107,17 +112,21 @@ inline void bench_attention() {
         DW2{dw2.data(), {C, H}}, DB2{db2.data(), {C}};
     namespace k = tide::kernels;
     int const reps = q ? 3 : 7;
+    k::detail::call_scratch const ws(std::max({k::matmul_forward_scratch_bytes<float>(ex, N, C, H),
+                                              k::matmul_forward_scratch_bytes<float>(ex, N, H, C),
+                                              k::matmul_backward_scratch_bytes<float>(ex, N, H, C),
+                                              k::matmul_backward_scratch_bytes<float>(ex, N, C, H)}));
     double const fwd = median_seconds(
         [&] {
-          k::matmul_forward_gelu(ex, Hv, P, X, W1, B1);
-          k::matmul_forward(ex, Y, Hv, W2, B2);
+          k::matmul_forward_gelu(ex, Hv, P, X, W1, B1, ws.get());
+          k::matmul_forward(ex, Y, Hv, W2, B2, ws.get());
         },
         reps, 1);
     double const bwd = median_seconds(
         [&] {
           std::fill(dh.begin(), dh.end(), 0.0f);
-          k::matmul_backward(ex, DH, DW2, DB2, DY, Hv, W2);
-          k::matmul_backward_gelu(ex, DX, DW1, DB1, DH, P, X, W1);
+          k::matmul_backward(ex, DH, DW2, DB2, DY, Hv, W2, ws.get());
+          k::matmul_backward_gelu(ex, DX, DW1, DB1, DH, P, X, W1, ws.get());
         },
         reps, 1);
     keep(dx[nc / 2]);

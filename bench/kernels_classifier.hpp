@@ -10,6 +10,7 @@
 //   softmax_ns_per_elem     softmax_forward on (256, 50257), ns per element. Anchor: the same
 //                           three-pass row softmax with scalar std::exp, threaded the same way.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -82,11 +83,15 @@ inline void bench_classifier() {
 
   // Logits are overwritten by dlogits on every call; the timing does not depend on the values
   // (exp_poly is branch-free), so the runs keep going on the previous call's output.
-  double const fused_s = median_seconds([&] { k::fused_classifier(ex, lv, loss_v, lv, tv, vocab, dloss); }, reps);
+  // Scratch made once for both paths (a training loop plans it with its activations).
+  k::detail::call_scratch const ws(std::max(k::fused_classifier_scratch_bytes(ex, rows, vocab),
+                                            k::softmax_forward_scratch_bytes(ex, rows, vp)));
+  double const fused_s =
+      median_seconds([&] { k::fused_classifier(ex, lv, loss_v, lv, tv, vocab, dloss, ws.get()); }, reps);
   keep(losses[0]);
   double const unfused_s = median_seconds(
       [&] {
-        k::softmax_forward_masked(ex, pv, lv, len);
+        k::softmax_forward_masked(ex, pv, lv, len, 1.f, ws.get());
         k::crossentropy_forward(ex, loss_v, pv, tv, vocab);
         k::crossentropy_softmax_backward(ex, lv, pv, tv, vocab, dloss);
       },
@@ -116,7 +121,8 @@ inline void bench_classifier() {
   std::vector<float> y(x.size());
   tensor_view<float const> xv{x.data(), {rows, vocab}};
   tensor_view<float> yv{y.data(), {rows, vocab}};
-  double const vec_s = median_seconds([&] { k::softmax_forward(ex, yv, xv); }, reps);
+  k::detail::call_scratch const sws(k::softmax_forward_scratch_bytes(ex, rows, vocab));
+  double const vec_s = median_seconds([&] { k::softmax_forward(ex, yv, xv, 1.f, sws.get()); }, reps);
   keep(y[0]);
   double const scalar_s =
       median_seconds([&] { classifier_detail::softmax_scalar_expf(pool, y.data(), x.data(), rows, vocab); }, reps);

@@ -45,7 +45,9 @@ inline void bench_layernorm() {
   double const copy = copy_probe_gbs();
   double const fwd = median_seconds([&] { kernels::layernorm_forward(ex, O, M, R, X, W, B); }, reps, 2);
   keep(out[nc / 2]);
-  double const bwd = median_seconds([&] { kernels::layernorm_backward(ex, DI, DW, DB, DO, X, W, M, R); }, reps, 2);
+  kernels::detail::call_scratch const ws(kernels::layernorm_backward_scratch_bytes(ex, N, C));  // made once
+  double const bwd =
+      median_seconds([&] { kernels::layernorm_backward(ex, DI, DW, DB, DO, X, W, M, R, ws.get()); }, reps, 2);
   keep(dinp[nc / 2]);
 
   double const elems = static_cast<double>(nc);

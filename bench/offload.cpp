@@ -169,7 +169,9 @@ std::size_t mem_available_bytes() {
 // probe model (C = 8, NH = 2, Vp = 128, the trainers' options) run on one token gives every
 // tensor's kind by its bytes, and a copy of its planner replans with the real sizes: the same
 // planner, the same footprint as the real model. The (Vp, C) tied gradient (vpc) exists only
-// with gpt_options::separate_tied_grad or in_flight > 1; the trainers here use neither.
+// with gpt_options::separate_tied_grad or in_flight > 1; the trainers here use neither. The
+// kernels' scratch tensors (named *scratch) are sized by the kernels' own queries
+// (nn::gpt_scratch_of) for the trainers' pool.
 class activation_model {
  public:
   explicit activation_model(int layers, tide::nn::gpt_options const& options = {}) : offloaded_(options.offload_activations) {
@@ -181,6 +183,14 @@ class activation_model {
     probe.forward(ex, tide::tensor_view<std::int32_t const, host>(&token, {1, 1}));
     planner_ = probe.activation_planner();
     for (std::uint32_t i = 0; i < planner_.size(); ++i) {
+      std::string_view const name = planner_.name({i});
+      if (name.ends_with("scratch")) {
+        kinds_.push_back(name == "head.scratch"             ? kind::ws_head
+                         : name == "encoder.dscratch"       ? kind::ws_encoder
+                         : name.ends_with(".dscratch")      ? kind::ws_backward
+                                                            : kind::ws_forward);
+        continue;
+      }
       std::size_t const b = planner_.bytes({i});
       kind const k = b == 32 ? kind::btc : b == 4 ? kind::bt : b == 96 ? kind::bt3c : b == 128 ? kind::bt4c
                    : b == 8 ? kind::bnht : b == 512 ? kind::btvp : b == 4096 ? kind::vpc : kind::unknown;
@@ -206,6 +216,9 @@ class activation_model {
 
  private:
   std::size_t plan(index_t B, index_t T, tide::nn::gpt_config const& c, std::size_t element_bytes) {
+    tide::exec<host> const ex{pool_};
+    tide::nn::gpt_scratch const ws = element_bytes == 4 ? tide::nn::gpt_scratch_of<float>(ex, c, B, T)
+                                                        : tide::nn::gpt_scratch_of<tide::bf16>(ex, c, B, T);
     auto const C = static_cast<std::size_t>(c.channels), bt = static_cast<std::size_t>(B * T);
     auto const Vp = static_cast<std::size_t>(tide::nn::padded_vocab_of(c));
     sizes_.resize(kinds_.size());
@@ -218,13 +231,19 @@ class activation_model {
         case kind::bnht: sizes_[i] = static_cast<std::size_t>(B * c.heads * T) * 4; break;
         case kind::btvp: sizes_[i] = bt * Vp * element_bytes; break;
         case kind::vpc: sizes_[i] = Vp * C * element_bytes; break;  // the tied gradient, whatever B and T
+        case kind::ws_forward: sizes_[i] = std::max<std::size_t>(ws.block_forward, 1); break;
+        case kind::ws_backward: sizes_[i] = std::max<std::size_t>(ws.block_backward, 1); break;
+        case kind::ws_head: sizes_[i] = std::max<std::size_t>(ws.head, 1); break;
+        case kind::ws_encoder: sizes_[i] = std::max<std::size_t>(ws.encoder_backward, 1); break;
         case kind::unknown: break;
       }
     }
     return tide::round_up(planner_.replan(sizes_).footprint(), 256);
   }
 
-  enum class kind : std::uint8_t { btc, bt, bt3c, bt4c, bnht, btvp, vpc, unknown };
+  enum class kind : std::uint8_t { btc, bt, bt3c, bt4c, bnht, btvp, vpc, ws_forward, ws_backward, ws_head, ws_encoder,
+                                   unknown };
+  tide::thread_pool pool_{tide::bench::probe_threads};  // the trainers' pool size: the host kernels' scratch follows it
   tide::nn::block_set offloaded_;
   tide::memory::lifetime_planner planner_;
   std::vector<kind> kinds_;
@@ -562,7 +581,7 @@ int main() {
   cross_check cc;  // (c)'s formula of the least device bytes against the schedulers
   {
     // ---- (a) 4x the budget vs resident ----------------------------------------------------------
-    shape const s = q ? shape{{.layers = 4, .heads = 2, .channels = 128, .vocab = 256, .max_seq = 32}, 2, 16}
+    shape const s = q ? shape{{.layers = 6, .heads = 2, .channels = 128, .vocab = 256, .max_seq = 32}, 2, 16}
                       : shape{{.layers = 8, .heads = 12, .channels = 768, .vocab = 2048, .max_seq = 128}, 4, 64};
     int const warm_steps = 2, measured = q ? 2 : 7;
     auto const params = static_cast<std::size_t>(tide::nn::parameter_count(tide::nn::resolve(s.config)));

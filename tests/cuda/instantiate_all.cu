@@ -90,44 +90,56 @@ void activations_of(cuda_exec const& ex) {
   device_view<float> losses{};
   tokens_view tokens{};
 
+  // Every kernel that takes scratch, with its query (kernels/scratch.hpp); none allocates.
+  k::scratch<tide::cuda> const ws{};
+  (void)k::softmax_forward_scratch_bytes(ex, 4, 8);
   k::softmax_forward(ex, y, x);
-  k::softmax_forward_causal(ex, y, x, 0.125f);
-  k::softmax_forward_masked(ex, y, x, tokens);
+  k::softmax_forward(ex, y, x, 1.f, ws);
+  k::softmax_forward_causal(ex, y, x, 0.125f, ws);
+  k::softmax_forward_masked(ex, y, x, tokens, 1.f, ws);
   k::softmax_backward(ex, y, x, x);
 
-  k::fused_classifier(ex, y, losses, x, tokens, 50257);
-  k::fused_classifier(ex, y, losses, x, tokens, 50257, 0.5f);
-  k::fused_classifier(ex, y, losses, x, tokens, 50257, device_view<float const>{});
+  (void)k::fused_classifier_scratch_bytes(ex, 4, 50257);
+  k::fused_classifier(ex, y, losses, x, tokens, 50257, ws);
+  k::fused_classifier(ex, y, losses, x, tokens, 50257, 0.5f, ws);
+  k::fused_classifier(ex, y, losses, x, tokens, 50257, device_view<float const>{}, ws);
   k::crossentropy_forward(ex, losses, x, tokens, 50257);
   k::crossentropy_softmax_backward(ex, y, x, tokens, 50257, 0.5f);
 
+  (void)k::encoder_backward_scratch_bytes(ex, 4, 64, 768, 50257);
   k::encoder_forward(ex, y, tokens, x, x);
-  k::encoder_backward(ex, device_view<float>{}, device_view<float>{}, x, tokens);
+  k::encoder_backward(ex, device_view<float>{}, device_view<float>{}, x, tokens, ws);
   k::encoder_forward(ex, y, tokens, k::row_table<T const>{}, x);  // a table in row pieces
-  k::encoder_backward(ex, k::row_table<T>{}, device_view<T>{}, x, tokens);
+  k::encoder_backward(ex, k::row_table<T>{}, device_view<T>{}, x, tokens, ws);
 
+  (void)k::matmul_forward_scratch_bytes<T>(ex, 4, 8, 8);
+  (void)k::matmul_backward_scratch_bytes<T>(ex, 4, 8, 8);
   k::matmul_forward(ex, y, x, x);
-  k::matmul_forward(ex, y, x, x, x);
-  k::matmul_forward_gelu(ex, y, y, x, x, x);
-  k::matmul_backward(ex, y, y, y, x, x, x);
-  k::matmul_backward_gelu(ex, y, y, y, y, x, x, x);
+  k::matmul_forward(ex, y, x, x, x, ws);
+  k::matmul_forward_gelu(ex, y, y, x, x, x, ws);
+  k::matmul_backward(ex, y, y, y, x, x, x, ws);
+  k::matmul_backward_gelu(ex, y, y, y, y, x, x, x, ws);
 
   k::gelu_forward(ex, y, x);
   k::gelu_backward(ex, y, x, x);
   k::bias_gelu_forward(ex, y, x, x);
-  k::bias_gelu_backward(ex, y, y, x, x, x);
+  (void)k::bias_gelu_backward_scratch_bytes(ex, 4, 8);
+  k::bias_gelu_backward(ex, y, y, x, x, x, ws);
 
   device_view<float> stats{};
   device_view<float const> saved{};
   k::layernorm_forward(ex, y, stats, stats, x, x, x);
   k::residual_layernorm_forward(ex, y, y, stats, stats, x, x, x, x);
-  k::layernorm_backward(ex, y, y, y, x, x, x, saved, saved);
+  (void)k::layernorm_backward_scratch_bytes(ex, 4, 8);
+  k::layernorm_backward(ex, y, y, y, x, x, x, saved, saved, ws);
 
   k::residual_forward(ex, y, x, x);
   k::residual_backward(ex, y, y, x);
 
-  k::attention_forward(ex, y, losses, x, 12);
-  k::attention_backward(ex, y, x, x, x, device_view<float const>{}, 12);
+  (void)k::attention_forward_scratch_bytes(ex, 1, 4, 8, 2);
+  (void)k::attention_backward_scratch_bytes(ex, 1, 4, 8, 2);
+  k::attention_forward(ex, y, losses, x, 12, ws);
+  k::attention_backward(ex, y, x, x, x, device_view<float const>{}, 12, ws);
 }
 
 // ---- memory: the cuda specialisations and the class templates over them ----------------------
@@ -196,7 +208,7 @@ void nccl_of(tide::comm::mpi& world) {
 
 // ---- compress/select: the device selectors ----------------------------------------------------
 void compress_of(cuda_exec const& ex) {
-  tide::compress::device_select_scratch scratch;
+  tide::compress::device_select_scratch scratch{{nullptr, tide::compress::select_scratch_bytes(1)}};
   tide::compress::threshold_search_cuda t;
   (void)t.select(ex, device_view<float const>{}, 1, device_view<std::uint32_t>{}, scratch);
   (void)tide::compress::exact_topk_cuda{}.select(ex, device_view<float const>{}, 1, device_view<std::uint32_t>{},

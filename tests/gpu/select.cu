@@ -70,7 +70,11 @@ int main() {
   tide::exec<tide::cuda> const ex{stream, nullptr};
   tide::thread_pool pool(2);
   tide::exec<tide::host> const hx{pool};
-  tide::compress::device_select_scratch scratch;
+  // The selectors' scratch: the caller's, for the largest input below.
+  std::size_t const scratch_bytes = tide::compress::select_scratch_bytes(std::size_t{1} << 20);
+  std::byte* scratch_memory = nullptr;
+  TIDE_CUDA_CHECK(cudaMalloc(&scratch_memory, scratch_bytes));
+  tide::compress::device_select_scratch scratch{{scratch_memory, scratch_bytes}};
   for (std::size_t n : {std::size_t{1000}, std::size_t{70001}, std::size_t{1} << 20}) {
     for (bool const nan : {true, false}) {
       auto x = values(n, static_cast<std::uint32_t>(n));
@@ -128,6 +132,7 @@ int main() {
       TIDE_CUDA_CHECK(cudaFree(dout));
     }
   }
+  TIDE_CUDA_CHECK(cudaFree(scratch_memory));
   TIDE_CUDA_CHECK(cudaStreamDestroy(stream));
   if (failures == 0) std::puts("ok");
   return failures == 0 ? 0 : 1;

@@ -339,8 +339,9 @@ TEST_CASE("sgemm_portable matches double sums and is identical for 1 and 3 threa
           };
           std::vector<float> c1 = c0, c3 = c0;
           tide::thread_pool p1{1}, p3{3};
-          k::detail::sgemm_portable(p1, ta, tb, M, N, K, a.data(), lda, b.data(), ldb, acc, c1.data(), N);
-          k::detail::sgemm_portable(p3, ta, tb, M, N, K, a.data(), lda, b.data(), ldb, acc, c3.data(), N);
+          std::vector<float> bt(static_cast<std::size_t>(K * N));  // the transposed B's scratch
+          k::detail::sgemm_portable(p1, ta, tb, M, N, K, a.data(), lda, b.data(), ldb, acc, c1.data(), N, bt.data());
+          k::detail::sgemm_portable(p3, ta, tb, M, N, K, a.data(), lda, b.data(), ldb, acc, c3.data(), N, bt.data());
           CHECK(same_bits(c1, c3));
           double worst = 0;
           for (index_t i = 0; i < M; ++i)

@@ -9,6 +9,8 @@
 #include <tide/memory/device_arena.hpp>
 #include <tide/memory/stream.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -48,10 +50,27 @@ struct layout {
   index_t total = at;
 };
 
+// The scratch the step's kernels need at most (each call has all of it: they run in order).
+template <class Ex>
+std::size_t step_scratch(Ex const& ex) {
+  layout const L;
+  return std::max({k::matmul_forward_scratch_bytes<float>(ex, B * T, C, 3 * C),
+                   k::matmul_forward_scratch_bytes<float>(ex, B * T, C, H),
+                   k::matmul_forward_scratch_bytes<float>(ex, B * T, H, V),
+                   k::matmul_backward_scratch_bytes<float>(ex, B * T, H, V),
+                   k::matmul_backward_scratch_bytes<float>(ex, B * T, C, H),
+                   k::matmul_backward_scratch_bytes<float>(ex, B * T, C, 3 * C),
+                   k::attention_forward_scratch_bytes(ex, B, T, C, NH), k::attention_backward_scratch_bytes(ex, B, T, C, NH),
+                   k::fused_classifier_scratch_bytes(ex, B * T, V), k::layernorm_backward_scratch_bytes(ex, B * T, C),
+                   k::encoder_backward_scratch_bytes(ex, B, T, C, V),
+                   k::global_grad_norm_scratch_bytes(ex, tensor_view<float const>{nullptr, {L.grads_end - L.dwte}})});
+}
+
 // One forward, backward and AdamW step of a one-block model, written once for both backends:
-// `base` is the buffer's first float (host memory, or a sealed device address).
+// `base` is the buffer's first float (host memory, or a sealed device address); `ws` the
+// kernels' scratch, step_scratch bytes of it.
 template <class Ex, class Space>
-double train_step(Ex const& ex, float* base, std::int32_t const* tok, std::int32_t const* tgt) {
+double train_step(Ex const& ex, float* base, std::int32_t const* tok, std::int32_t const* tgt, k::scratch<Space> ws) {
   layout const L;
   auto t = [&](index_t off, tide::shape s) { return tensor_view<float, Space>{base + off, s}; };
   auto c = [&](index_t off, tide::shape s) { return tensor_view<float const, Space>{base + off, s}; };
@@ -60,26 +79,26 @@ double train_step(Ex const& ex, float* base, std::int32_t const* tok, std::int32
   k::encoder_forward(ex, t(L.x, {B, T, C}), tokens, c(L.wte, {V, C}), c(L.wpe, {T, C}));
   k::layernorm_forward(ex, t(L.ln, {B, T, C}), t(L.mean, {B, T}), t(L.rstd, {B, T}), c(L.x, {B, T, C}),
                        c(L.lnw, {C}), c(L.lnb, {C}));
-  k::matmul_forward(ex, t(L.qkv, {B, T, 3 * C}), c(L.ln, {B, T, C}), c(L.wqkv, {3 * C, C}), c(L.bqkv, {3 * C}));
-  k::attention_forward(ex, t(L.att, {B, T, C}), t(L.lse, {B, NH, T}), c(L.qkv, {B, T, 3 * C}), NH);
+  k::matmul_forward(ex, t(L.qkv, {B, T, 3 * C}), c(L.ln, {B, T, C}), c(L.wqkv, {3 * C, C}), c(L.bqkv, {3 * C}), ws);
+  k::attention_forward(ex, t(L.att, {B, T, C}), t(L.lse, {B, NH, T}), c(L.qkv, {B, T, 3 * C}), NH, ws);
   k::matmul_forward_gelu(ex, t(L.h, {B, T, H}), t(L.pre, {B, T, H}), c(L.att, {B, T, C}), c(L.wfc, {H, C}),
-                         c(L.bfc, {H}));
-  k::matmul_forward(ex, t(L.logits, {B, T, V}), c(L.h, {B, T, H}), c(L.wout, {V, H}));
-  k::fused_classifier(ex, t(L.logits, {B, T, V}), t(L.losses, {B, T}), c(L.logits, {B, T, V}), targets, V);
+                         c(L.bfc, {H}), ws);
+  k::matmul_forward(ex, t(L.logits, {B, T, V}), c(L.h, {B, T, H}), c(L.wout, {V, H}), tensor_view<float const, Space>{}, ws);
+  k::fused_classifier(ex, t(L.logits, {B, T, V}), t(L.losses, {B, T}), c(L.logits, {B, T, V}), targets, V, ws);
 
   k::matmul_backward(ex, t(L.dh, {B, T, H}), t(L.dwout, {V, H}), tensor_view<float, Space>{}, c(L.logits, {B, T, V}),
-                     c(L.h, {B, T, H}), c(L.wout, {V, H}));
+                     c(L.h, {B, T, H}), c(L.wout, {V, H}), ws);
   k::gelu_backward(ex, t(L.dpre, {B, T, H}), c(L.pre, {B, T, H}), c(L.dh, {B, T, H}));
   k::matmul_backward(ex, t(L.datt, {B, T, C}), t(L.dwfc, {H, C}), t(L.dbfc, {H}), c(L.dpre, {B, T, H}),
-                     c(L.att, {B, T, C}), c(L.wfc, {H, C}));
+                     c(L.att, {B, T, C}), c(L.wfc, {H, C}), ws);
   k::attention_backward(ex, t(L.dqkv, {B, T, 3 * C}), c(L.datt, {B, T, C}), c(L.qkv, {B, T, 3 * C}),
-                        c(L.att, {B, T, C}), c(L.lse, {B, NH, T}), NH);
+                        c(L.att, {B, T, C}), c(L.lse, {B, NH, T}), NH, ws);
   k::matmul_backward(ex, t(L.dln, {B, T, C}), t(L.dwqkv, {3 * C, C}), t(L.dbqkv, {3 * C}), c(L.dqkv, {B, T, 3 * C}),
-                     c(L.ln, {B, T, C}), c(L.wqkv, {3 * C, C}));
+                     c(L.ln, {B, T, C}), c(L.wqkv, {3 * C, C}), ws);
   k::layernorm_backward(ex, t(L.dx, {B, T, C}), t(L.dlnw, {C}), t(L.dlnb, {C}), c(L.dln, {B, T, C}), c(L.x, {B, T, C}),
-                        c(L.lnw, {C}), c(L.mean, {B, T}), c(L.rstd, {B, T}));
-  k::encoder_backward(ex, t(L.dwte, {V, C}), t(L.dwpe, {T, C}), t(L.dx, {B, T, C}), tokens);
-  double const norm = k::global_grad_norm(ex, c(L.dwte, {L.grads_end - L.dwte}));
+                        c(L.lnw, {C}), c(L.mean, {B, T}), c(L.rstd, {B, T}), ws);
+  k::encoder_backward(ex, t(L.dwte, {V, C}), t(L.dwpe, {T, C}), t(L.dx, {B, T, C}), tokens, ws);
+  double const norm = k::global_grad_norm(ex, c(L.dwte, {L.grads_end - L.dwte}), ws);
   k::adamw(ex, k::adamw_hparams{.lr = 1e-2f, .weight_decay = 0.1f}, 1, t(L.wte, {V * C}), c(L.dwte, {V * C}), t(L.m, {V * C}),
            t(L.v, {V * C}));
   return norm;
@@ -97,9 +116,11 @@ TEST_CASE("a training step's kernels on sealed give the host's bits") {
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 37 + 11) % V);
 
   tide::thread_pool host_pool{2};
+  tide::exec<tide::host> const hx{host_pool};
   std::vector<float> on_host = init;
-  double const host_norm = train_step<tide::exec<tide::host>, tide::host>(
-      tide::exec<tide::host>{host_pool}, on_host.data(), ids.data(), ids.data() + B * T);
+  k::detail::call_scratch const host_ws(step_scratch(hx));
+  double const host_norm =
+      train_step<tide::exec<tide::host>, tide::host>(hx, on_host.data(), ids.data(), ids.data() + B * T, host_ws.get());
 
   mem::device_arena<tide::sealed> arena{{.budget = 4_MiB}};
   mem::stream<tide::sealed> compute;
@@ -133,7 +154,12 @@ TEST_CASE("a training step's kernels on sealed give the host's bits") {
     CHECK(snapshot[0] != 0.f);
     compute.copy(dev + l.x, init.data() + l.x, static_cast<std::size_t>(B * T * C) * sizeof(float));  // zero again
   }
-  double const sealed_norm = train_step<tide::exec<tide::sealed>, tide::sealed>(ex, dev, dev_ids, dev_ids + B * T);
+  // The scratch is device memory from the arena; the queries answer as on the host (the same pool size).
+  std::size_t const need = step_scratch(ex);
+  CHECK(need == step_scratch(hx));
+  CHECK(need > 0);
+  k::scratch<tide::sealed> const ws{static_cast<std::byte*>(arena.allocate(need)), need};
+  double const sealed_norm = train_step<tide::exec<tide::sealed>, tide::sealed>(ex, dev, dev_ids, dev_ids + B * T, ws);
   std::vector<float> on_sealed(n, -1.f);
   compute.copy(on_sealed.data(), dev, n * sizeof(float));
   compute.synchronize();
@@ -144,8 +170,32 @@ TEST_CASE("a training step's kernels on sealed give the host's bits") {
   // The step changed what it should: the loss rows, the gradients and the updated wte.
   CHECK(on_host[static_cast<std::size_t>(L.losses)] > 0.f);
   CHECK(on_host[static_cast<std::size_t>(L.wte)] != init[static_cast<std::size_t>(L.wte)]);
+  arena.deallocate(ws.data, need);
   arena.deallocate(dev_ids, ids.size() * sizeof(std::int32_t));
   arena.deallocate(dev, n * sizeof(float));
+}
+
+TEST_CASE("kernel scratch: a call with less than its query asks is refused before it writes") {
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> ex{pool};
+  constexpr index_t N = 8;
+  std::vector<float> dout(N * C, 1.f), inp(N * C, 0.5f), w(C, 1.f), mean(N, 0.f), rstd(N, 1.f), dinp(N * C, 0.f),
+      dw(C, 0.f), db(C, 0.f);
+  std::size_t const need = k::layernorm_backward_scratch_bytes(ex, N, C);
+  REQUIRE(need > 0);
+  k::detail::call_scratch const small(need - 4), enough(need);
+  auto call = [&](k::scratch<> ws) {
+    k::layernorm_backward(ex, tensor_view<float>{dinp.data(), {N, C}}, tensor_view<float>{dw.data(), {C}},
+                          tensor_view<float>{db.data(), {C}}, tensor_view<float const>{dout.data(), {N, C}},
+                          tensor_view<float const>{inp.data(), {N, C}}, tensor_view<float const>{w.data(), {C}},
+                          tensor_view<float const>{mean.data(), {N}}, tensor_view<float const>{rstd.data(), {N}}, ws);
+  };
+  CHECK_THROWS_WITH_AS(call(small.get()), doctest::Contains("layernorm_backward_scratch_bytes"), tide::error);
+  CHECK(std::all_of(db.begin(), db.end(), [](float x) { return x == 0.f; }));  // nothing written
+  k::scratch<> const misaligned{enough.get().data + 4, need};
+  CHECK_THROWS_WITH_AS(call(misaligned), doctest::Contains("aligned"), tide::error);
+  call(enough.get());
+  CHECK(db[0] == static_cast<float>(N));  // dbias = the column sums of dout
 }
 
 TEST_CASE("the list entries on sealed: every record's pointers reach the kernel as aliases") {
@@ -164,7 +214,7 @@ TEST_CASE("the list entries on sealed: every record's pointers reach the kernel 
   std::vector<float> on_host = host_mem;
   tide::thread_pool pool{2};
   tide::exec<tide::host> hx{pool};
-  double const hn = k::global_grad_norm(hx, grads(on_host.data()));
+  double const hn = k::global_grad_norm(hx, grads(on_host.data()));  // scratch for the call
   k::adamw(hx, k::adamw_hparams{.lr = 1e-2f}, 1, records(on_host.data()), 0.5f);
 
   mem::device_arena<tide::sealed> arena{{.budget = 1_MiB}};
@@ -174,7 +224,9 @@ TEST_CASE("the list entries on sealed: every record's pointers reach the kernel 
   std::size_t const bytes = host_mem.size() * sizeof(float);
   auto* dev = static_cast<float*>(arena.allocate(bytes));
   compute.copy(dev, host_mem.data(), bytes);
-  double const sn = k::global_grad_norm(ex, grads(dev));
+  std::size_t const need = k::global_grad_norm_scratch_bytes(ex, grads(dev));
+  k::scratch<tide::sealed> const ws{static_cast<std::byte*>(arena.allocate(need)), need};
+  double const sn = k::global_grad_norm(ex, grads(dev), ws);
   k::adamw(ex, k::adamw_hparams{.lr = 1e-2f}, 1, records(dev), 0.5f);  // the list is a temporary: copied
   std::vector<float> on_sealed(host_mem.size());
   compute.copy(on_sealed.data(), dev, bytes);
@@ -183,6 +235,7 @@ TEST_CASE("the list entries on sealed: every record's pointers reach the kernel 
   CHECK(hn > 0);
   CHECK(tide::test::same_bits(on_sealed, on_host));
   CHECK(on_host[0] != host_mem[0]);
+  arena.deallocate(ws.data, need);
   arena.deallocate(dev, bytes);
 }
 

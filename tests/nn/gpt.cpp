@@ -358,11 +358,15 @@ std::vector<float> train_sealed(gpt_config const& c, int B, int T, int steps, st
     mem::fill_zeros(ex, state, 2 * n * sizeof(float));
     tide::tensor_view<std::int32_t const, sealed> const tokens{dev_ids, {B, T}}, targets{dev_ids + B * T, {B, T}};
     tide::tensor_view<float, sealed> const mom{state, {static_cast<index_t>(n)}}, var{state + n, {static_cast<index_t>(n)}};
+    // The norm's scratch: device memory, as every kernel's on a device.
+    std::size_t const norm_bytes =
+        tide::kernels::global_grad_norm_scratch_bytes(ex, tide::tensor_view<float const, sealed>(m.flat_params()));
+    tide::kernels::scratch<sealed> const norm_ws{static_cast<std::byte*>(arena.allocate(norm_bytes)), norm_bytes};
     for (int step = 1; step <= steps; ++step) {
       m.zero_grad(ex);
       losses.push_back(m.forward(ex, tokens, targets));
       m.backward(ex);
-      double const norm = tide::kernels::global_grad_norm(ex, m.flat_grads());
+      double const norm = tide::kernels::global_grad_norm(ex, m.flat_grads(), norm_ws);
       tide::kernels::adamw(ex, tide::kernels::adamw_hparams{.lr = 1e-2f, .weight_decay = 0.0f}, step, m.flat_params(),
                            m.flat_grads(), mom, var, tide::kernels::clip_scale(norm, 1.0f));
     }
@@ -371,6 +375,7 @@ std::vector<float> train_sealed(gpt_config const& c, int B, int T, int steps, st
       mem::read_to_host(ex, final_params->data(), m.flat_params().data(), n * sizeof(float));
     }
     compute.synchronize();  // nothing queued may outlive the memory it reads
+    arena.deallocate(norm_ws.data, norm_bytes);
     arena.deallocate(state, 2 * n * sizeof(float));
     arena.deallocate(dev_ids, ids.size() * sizeof(std::int32_t));
   }
@@ -511,29 +516,42 @@ TEST_CASE("gpt: recompute_within picks the cheapest blocks that fit, and says wh
   using tide::nn::recompute_within;
   namespace d = tide::nn::detail;
   tide::nn::gpt_options const none{};
-  std::size_t const all = d::activation_bytes(c, none, 2, 16, 4);
-  std::size_t const least = d::activation_bytes(c, {.recompute = block_set::all(6)}, 2, 16, 4);
-  CHECK(recompute_within(c, none, 2, 16, all).empty());  // fits as it is
-  CHECK(recompute_within(c, none, 2, 16, least) == block_set::all(6));
+  // The kernels' scratch the model plans with its activations (the host kernels' on 2 threads).
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> const ex{pool};
+  tide::nn::gpt_scratch const sc = tide::nn::gpt_scratch_of<float>(ex, c, 2, 16);
+  CHECK(sc.block_backward > 0);  // attention's backward and the layernorms' partials, at least
+  std::size_t const all = d::activation_bytes(c, none, 2, 16, 4, sc);
+  std::size_t const least = d::activation_bytes(c, {.recompute = block_set::all(6)}, 2, 16, 4, sc);
+  CHECK(recompute_within(c, none, 2, 16, all, {}, 4, sc).empty());  // fits as it is
+  // At the footprint of every block recomputed: the fewest blocks (earliest first) that reach it.
+  // Here that is 5: the backward's kernel scratch (attention's), live in every backward, is the
+  // floor once five blocks recompute, so the sixth saves nothing.
+  block_set const most = recompute_within(c, none, 2, 16, least, {}, 4, sc);
+  REQUIRE(most.size() > 0);
+  CHECK(d::activation_bytes(c, {.recompute = most}, 2, 16, 4, sc) <= least);
+  std::vector<int> fewer;
+  for (int l = 0; l + 1 < static_cast<int>(most.size()); ++l) fewer.push_back(l);
+  CHECK(d::activation_bytes(c, {.recompute = block_set(fewer)}, 2, 16, 4, sc) > least);
   // A budget between: fewer blocks than all, and the plan with them fits it, the one with a
   // block fewer does not (the fewest blocks of that order).
   std::size_t const mid = (all + least) / 2;
   double const costs[6] = {5, 1, 4, 2, 6, 3};  // cheapest first: 1, 3, 5, 2, 0, 4
-  block_set const chosen = recompute_within(c, none, 2, 16, mid, costs);
+  block_set const chosen = recompute_within(c, none, 2, 16, mid, costs, 4, sc);
   REQUIRE(chosen.size() > 0);
   REQUIRE(chosen.size() < 6);
   int const order[6] = {1, 3, 5, 2, 0, 4};
   CHECK(chosen == block_set(std::vector<int>(order, order + chosen.size())));
-  CHECK(d::activation_bytes(c, {.recompute = chosen}, 2, 16, 4) <= mid);
+  CHECK(d::activation_bytes(c, {.recompute = chosen}, 2, 16, 4, sc) <= mid);
   CHECK(d::activation_bytes(c, {.recompute = block_set(std::vector<int>(order, order + chosen.size() - 1))}, 2,
-                            16, 4) > mid);
+                            16, 4, sc) > mid);
   // The model built with it plans exactly that.
   tide::memory::device_arena<tide::host> arena{{.budget = 16_MiB}};
   host_gpt m(c, arena, {.recompute = chosen});
-  m.plan_activations(2, 16);
-  CHECK(m.activations().footprint == d::activation_bytes(c, {.recompute = chosen}, 2, 16, 4));
+  m.plan_activations(ex, 2, 16);
+  CHECK(m.activations().footprint == d::activation_bytes(c, {.recompute = chosen}, 2, 16, 4, sc));
   try {
-    (void)recompute_within(c, none, 2, 16, least - 1);
+    (void)recompute_within(c, none, 2, 16, least - 1, {}, 4, sc);
     FAIL("expected a budget error");
   } catch (tide::error const& e) {
     CHECK(e.category() == tide::errc::budget);
@@ -723,9 +741,10 @@ TEST_CASE("gpt: activations are planned in one arena buffer, replanned when (B, 
   CHECK(r1.batch == tiny_B);
   CHECK(r1.seq == tiny_T);
   CHECK(r1.tensors == m.activation_planner().size());
-  // 20 per block, 8 around them (+1 with keep_logits, +1 with a tied buffer; more with recompute
-  // and offload)
-  CHECK(r1.tensors == 20 * 2 + 8);
+  // 20 per block and 2 of kernel scratch (forward, backward), 8 around them and 2 of scratch
+  // (the head's, the embedding backward's) (+1 with keep_logits, +1 with a tied buffer; more
+  // with recompute and offload)
+  CHECK(r1.tensors == 22 * 2 + 10);
   CHECK(r1.footprint >= r1.peak_live);
   CHECK(r1.footprint < r1.unplanned);  // tensors share memory
   CHECK_FALSE(tide::memory::find_conflict(m.activation_planner(), m.activation_offsets()).has_value());

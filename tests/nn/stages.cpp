@@ -210,7 +210,7 @@ TEST_CASE("stages: two models exchanging only boundary, boundary_grad and tied_g
   host_gpt s0(tiny, arena0, {.seed = 3, .in_flight = 2}), s1(tiny, arena1, {.seed = 3, .in_flight = 2});
   s0.zero_grad(ex);
   s1.zero_grad(ex);
-  s1.plan_activations(tiny_B, tiny_T);  // its buffers exist before the first receive
+  s1.plan_activations(ex, tiny_B, tiny_T);  // its buffers exist before the first receive
   auto const send = [](auto from, auto to) {
     REQUIRE(from.extents() == to.extents());
     std::memcpy(to.data(), from.data(), from.bytes());
@@ -402,10 +402,10 @@ std::vector<long> allocations_per_step(tide::nn::gpt_options const& options, int
   return counts;
 }
 
-// Every host kernel of the step keeps its scratch per thread (kernels/detail/scratch.hpp), and
-// the model's own code (the plan, the slot bookkeeping) allocates once: steps 3 .. 5 allocate
-// nothing, in float and in bf16 (its matmuls convert through float copies), with and without
-// the tied buffer.
+// Every kernel of the step takes its scratch from the model's plan (kernels/scratch.hpp: the
+// overloads that allocate their own are never called), and the model's own code (the plan, the
+// slot bookkeeping) allocates once: steps 3 .. 5 allocate nothing, in float and in bf16 (its
+// matmuls convert through float copies in the scratch), with and without the tied buffer.
 TEST_CASE("stages: a steady-state step allocates nothing on the heap") {
   heap_allocations = 0;
   counting = true;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <optional>
 #include <vector>
 
 #include "tide/core/bytes.hpp"
@@ -230,7 +231,7 @@ TEST_CASE("the host optimizer without overlap gives the same bits") {
 TEST_CASE("a budget below the minimum is refused at the first moment, naming the minimum and its parts") {
   off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
   std::size_t const minimum = minimum_of(cfg);
-  tide::thread_pool pool{1};
+  tide::thread_pool pool{2};  // as the minimum's activations were planned: the kernels' scratch grows with threads
   tide::exec<host> ex{pool};
   tide::memory::device_arena<host> arena{{.budget = minimum - 256}};
   sched_t<decltype(cfg)> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32),
@@ -261,7 +262,7 @@ TEST_CASE("a budget below the minimum is refused at the first moment, naming the
 TEST_CASE("the resident minimum is all model data; a budget below it is refused too") {
   off::resident const cfg{.chunk_bytes = chunk_bytes};
   std::size_t const minimum = minimum_of(cfg);
-  tide::thread_pool pool{1};
+  tide::thread_pool pool{2};  // as the minimum's activations were planned
   CHECK_THROWS_AS(train_offloaded(pool, minimum - 256, cfg), tide::error);
   auto const got = train_offloaded(pool, minimum, cfg);
   require_identical(got, reference(), "resident at exactly its minimum");
@@ -573,8 +574,8 @@ TEST_CASE("close() reports a failure in flight; destruction frees every block al
 namespace {
 
 // Six steps of the model through the scheduler (tracing off), steps 3..5 counted (0-based: the
-// 4th to 6th, well past the warm-up): the model's kernels keep their scratch per thread, the
-// scheduler sized every list it fills up front.
+// 4th to 6th, well past the warm-up): the model's kernels take their scratch from its plan, the
+// norm's is the caller's (made before counting), the scheduler sized every list it fills up front.
 template <class Config>
 long allocations_in_steady_steps(Config const& cfg, bool deferred) {
   tide::thread_pool pool{2};
@@ -587,6 +588,7 @@ long allocations_in_steady_steps(Config const& cfg, bool deferred) {
   model_t<Config> model{config, arena, {.seed = 7}, {&sched}};
   std::vector<std::vector<std::int32_t>> data;
   for (int s = 0; s < 6; ++s) data.push_back(batch_of(s));  // made before counting
+  std::optional<tide::kernels::detail::call_scratch> norm_ws;  // the norm's, made at the first step
   std::size_t moved = 0;
   for (int s = 0; s < 6; ++s) {
     if (s == 3) {
@@ -596,7 +598,10 @@ long allocations_in_steady_steps(Config const& cfg, bool deferred) {
     tide::tensor_view<std::int32_t const, host> x(data[s].data(), {batch, seq}), y(data[s].data() + batch * seq, {batch, seq});
     model.forward(ex, x, y);
     model.backward(ex);
-    if (deferred) (void)tide::kernels::global_grad_norm(ex, sched.gradients());
+    if (deferred) {
+      if (!norm_ws) norm_ws.emplace(tide::kernels::global_grad_norm_scratch_bytes(ex, sched.gradients()));
+      (void)tide::kernels::global_grad_norm(ex, sched.gradients(), norm_ws->get());
+    }
     sched.step();
     if (s >= 3) moved += sched.last_step().bytes_moved();
   }

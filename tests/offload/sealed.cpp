@@ -236,3 +236,49 @@ TEST_CASE("offload::scheduler on sealed: a parameter on the device between steps
   compute.synchronize();
   inputs.deallocate(tokens, 2 * batch * seq * sizeof(std::int32_t));
 }
+
+TEST_CASE("offload::scheduler on sealed: the arena's peak is the model's plan, kernel scratch included, plus the chunks") {
+  // resident with room: every chunk and the optimizer state on the device, nothing else. The
+  // kernels take their scratch from the model's plan (a kernel on sealed cannot be called without
+  // it: tests/compile_fail/sealed_kernel_without_scratch.cpp), so the arena holds exactly the
+  // activation buffer and the chunks, at every moment of the step.
+  using policy_t = off::resident;
+  using sched_t = off::scheduler<sealed, float, policy_t, tide::optim::adamw>;
+  timeline<sealed> tl;
+  mem::device_arena<sealed> arena{{.budget = 64_MiB}};
+  mem::device_arena<sealed> inputs{{.budget = 64_KiB}};
+  auto* tokens = static_cast<std::int32_t*>(inputs.allocate(2 * batch * seq * sizeof(std::int32_t)));
+  {
+    sched_t sched{tl.ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config),
+                  policy_t{.chunk_bytes = chunk_bytes}, {}, adamw};
+    tide::nn::gpt<sealed, float, off::hooks<sched_t>> model{config, arena, {.seed = 7}, {&sched}};
+    for (int s = 0; s < steps; ++s) {
+      auto const data = tide::test::token_runs(s, batch, seq, config.vocab);
+      mem::write_from_host(tl.ex, tokens, data.data(), data.size() * sizeof(std::int32_t));
+      tide::tensor_view<std::int32_t const, sealed> x(tokens, {batch, seq}), y(tokens + batch * seq, {batch, seq});
+      if (s == steps - 1) arena.reset_peak();  // a steady step: the warm-up moved the state in
+      (void)model.forward(tl.ex, x, y);
+      model.backward(tl.ex);
+      sched.step();
+    }
+    mem::synchronize(tl.ex);
+    off::offload_stats const st = sched.last_step();
+    CHECK_FALSE(st.warm_up);
+    CHECK(st.host_model_bytes == 0);  // everything on the device
+    std::size_t const plan = tide::round_up(model.activations().footprint, 256);
+    std::size_t scratch = 0;  // what the plan holds for the kernels
+    for (std::uint32_t i = 0; i < model.activation_planner().size(); ++i)
+      if (model.activation_planner().name({i}).ends_with("scratch")) scratch += model.activation_planner().bytes({i});
+    CHECK(scratch > 4_KiB);  // attention's, the layernorms' partials, the classifier's rows, ...
+    CHECK(st.device_model_bytes % 256 == 0);  // whole arena granules: chunk_bytes is a multiple of 256
+    // The chunks at the peak (peak_model_bytes, the engine's own count at the block hooks): the
+    // parameters and the state, still there after the step, and the gradient chunks backward
+    // holds at once (created zero-filled, st.allocations in all; each is freed once stepped).
+    CHECK(st.peak_model_bytes > st.device_model_bytes);
+    CHECK((st.peak_model_bytes - st.device_model_bytes) % chunk_bytes == 0);
+    CHECK(st.peak_model_bytes - st.device_model_bytes <= st.allocations * chunk_bytes);
+    CHECK(arena.stats().peak == plan + st.peak_model_bytes);
+    CHECK(arena.stats().in_use == plan + st.device_model_bytes);
+  }
+  inputs.deallocate(tokens, 2 * batch * seq * sizeof(std::int32_t));
+}

@@ -82,10 +82,11 @@ struct batch_feeder {
 };
 
 // The arena bytes of a (batch, seq) forward's activations, rounded to the arena's alignment.
-// options: the model's (recompute and offload_activations shrink the plan).
+// options: the model's (recompute and offload_activations shrink the plan). threads: the pool of
+// the run it sizes (the host kernels' scratch, planned with the activations, grows with it).
 inline std::size_t activation_bytes(nn::gpt_config const& config, index_t batch, index_t seq,
-                                    nn::gpt_options options = {}) {
-  thread_pool pool{1};
+                                    nn::gpt_options options = {}, int threads = 2) {
+  thread_pool pool{threads};
   exec<host> ex{pool};
   memory::device_arena<host> arena{{.budget = std::size_t{64} << 20}};
   options.seed = 7;

@@ -20,7 +20,8 @@
 // so its indices are still the host's; threshold_search's τ (and what it sends) may differ from
 // the host's while holding the same guarantees.
 //
-//   tide::compress::device_select_scratch scratch;        // device buffers, grown on demand
+//   std::size_t const bytes = tide::compress::select_scratch_bytes(n);  // the largest n selected
+//   tide::compress::device_select_scratch scratch{{device_memory, bytes}};  // the caller's
 //   tide::compress::threshold_search_cuda sel;
 //   std::size_t m = sel.select(ex, x, k, out, scratch);   // x, out: device memory; out holds 2k
 //
@@ -46,6 +47,7 @@
 #include "tide/core/cuda.cuh"
 #include "tide/core/exec.cuh"
 #include "tide/core/tensor_view.hpp"
+#include "tide/kernels/scratch.hpp"
 
 namespace tide::compress {
 
@@ -54,34 +56,21 @@ struct select_cuda_tuning {
   static constexpr int blocks = 512;  // a fixed grid: the reductions' order depends on nothing else
 };
 
-// Device memory the device selectors use, grown on demand on the caller's stream and freed at
-// destruction (after a device synchronisation).
+// Device memory the device selectors use: the caller's (kernels/scratch.hpp), at least
+// select_scratch_bytes(n) for inputs of up to n elements. A selector asked for more than it
+// holds throws tide::error(usage) before it runs anything.
 class device_select_scratch {
  public:
-  device_select_scratch() = default;
-  device_select_scratch(device_select_scratch const&) = delete;
-  device_select_scratch& operator=(device_select_scratch const&) = delete;
-  ~device_select_scratch() {
-    if (base_ != nullptr) {
-      (void)cudaDeviceSynchronize();
-      (void)cudaFree(base_);
-    }
-  }
-  // Room for n elements' keys and indices (twice each, for a sort), flags, CUB's temporary
-  // storage of `temp` bytes, and the partials.
-  void reserve(std::size_t n, std::size_t temp, cudaStream_t stream) {
+  explicit device_select_scratch(kernels::scratch<cuda> ws) noexcept : base_(ws.data), bytes_(ws.bytes) {}
+  // Lays out n elements' keys and indices (twice each, for a sort), flags, CUB's temporary
+  // storage of `temp` bytes, and the partials, if the memory holds them.
+  void reserve(std::size_t n, std::size_t temp, cudaStream_t) {
     if (n <= n_ && temp <= temp_) return;  // the current layout has room for both
     n = std::max(n, n_);
     temp = std::max(temp, temp_);
     std::size_t const need = layout(n, temp).total;
-    if (base_ != nullptr) {
-      TIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
-      TIDE_CUDA_CHECK(cudaFree(base_));
-      base_ = nullptr;
-      bytes_ = 0;
-    }
-    TIDE_CUDA_CHECK(cudaMalloc(&base_, need));
-    bytes_ = need;
+    TIDE_REQUIRE(need <= bytes_, "compress: the device selectors' scratch holds ", bytes_, " bytes, a selection over ",
+                 n, " elements needs ", need, "; pass tide::compress::select_scratch_bytes(n) bytes");
     n_ = n;
     temp_ = temp;
   }
@@ -104,12 +93,12 @@ class device_select_scratch {
   }
   template <class T>
   T* at(std::size_t offset) const noexcept {
-    return reinterpret_cast<T*>(static_cast<std::byte*>(base_) + offset);
+    return reinterpret_cast<T*>(base_ + offset);
   }
   [[nodiscard]] parts current() const { return layout(n_, temp_); }
 
  private:
-  void* base_ = nullptr;
+  std::byte* base_ = nullptr;
   std::size_t bytes_ = 0, n_ = 0, temp_ = 0;
 };
 
@@ -308,6 +297,11 @@ inline std::size_t device_topk_of_flagged(exec<cuda> const& ex, float const* x, 
 }
 
 }  // namespace detail
+
+// Device bytes a device_select_scratch needs for inputs of up to n elements.
+inline std::size_t select_scratch_bytes(std::size_t n) {
+  return device_select_scratch::layout(n, detail::select_temp_bytes(n)).total;
+}
 
 // The device exact_topk: the same indices as the host's exact_topk.
 struct exact_topk_cuda {

@@ -18,10 +18,17 @@
 // enqueue, then wait for the stream, as a copy of the result back from a GPU would.
 // A kernel that throws on the worker makes the stream's failure sticky: the next synchronize
 // reports it (a CUDA error behaves the same).
+//
+// Kernels that need scratch take a kernels::scratch<sealed> last (device memory, e.g. from the
+// arena: kernels/scratch.hpp), sized by their *_scratch_bytes query, which answers on sealed
+// what the host kernel it runs needs. A call without it does not compile: the host kernels'
+// overloads that allocate their own would put it in host memory the device budget never sees.
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <ranges>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -40,6 +47,7 @@
 #include "tide/kernels/layernorm/layernorm.hpp"
 #include "tide/kernels/matmul/matmul.hpp"
 #include "tide/kernels/residual/residual.hpp"
+#include "tide/kernels/scratch.hpp"
 #include "tide/kernels/sgd/sgd.hpp"
 #include "tide/kernels/softmax/softmax.hpp"
 #include "tide/memory/stream.hpp"
@@ -57,6 +65,7 @@ template <class T>
 tensor_view<T> to_alias(tensor_view<T, sealed> const& v) noexcept {
   return unseal(v);
 }
+inline scratch<host> to_alias(scratch<sealed> const& s) noexcept { return {unseal(s.data), s.bytes}; }
 template <class T>
 row_table<T> to_alias(row_table<T> const& t) noexcept {
   row_table<T> r = t;
@@ -111,6 +120,15 @@ auto result_of(exec<sealed> const& ex, F f, A const&... args) {
   return *out;
 }
 
+// Whether a sealed kernel call passes its scratch last.
+template <class... A>
+consteval bool ends_with_scratch() {
+  if constexpr (sizeof...(A) == 0)
+    return false;
+  else
+    return std::is_same_v<std::tuple_element_t<sizeof...(A) - 1, std::tuple<A...>>, scratch<sealed>>;
+}
+
 }  // namespace detail
 
 // One overload per kernel entry: the sealed exec first, everything else as the host entry takes it.
@@ -127,38 +145,87 @@ auto result_of(exec<sealed> const& ex, F f, A const&... args) {
         ex, [](exec<host> const& h, auto const&... a) { return name(h, a...); }, args...);            \
   }
 
+// A kernel with scratch: the call must pass a kernels::scratch<sealed> last.
+#define TIDE_SEALED_SCRATCH_KERNEL(name, query)                                                       \
+  template <class... A>                                                                               \
+  void name(exec<sealed> const& ex, A const&... args) {                                               \
+    static_assert(detail::ends_with_scratch<A...>(),                                                  \
+                  "tide::kernels::" #name " on tide::sealed takes its scratch last: pass a "          \
+                  "tide::kernels::scratch<tide::sealed> of " #query "(ex, ...) bytes of device "      \
+                  "memory (from the arena)");                                                         \
+    detail::enqueue_on(                                                                               \
+        ex, [](exec<host> const& h, auto const&... a) { name(h, a...); }, args...);                   \
+  }
+// A query: what the host kernel that runs on the worker needs.
+#define TIDE_SEALED_QUERY(query)                                                                      \
+  template <class... A>                                                                               \
+  std::size_t query(exec<sealed> const& ex, A const&... args) {                                       \
+    return query(exec<host>{ex.pool}, detail::to_alias(args)...);                                     \
+  }
+
 TIDE_SEALED_KERNEL(adam)
 TIDE_SEALED_KERNEL(adamw)
 TIDE_SEALED_KERNEL(sgd)
-TIDE_SEALED_KERNEL(attention_forward)
-TIDE_SEALED_KERNEL(attention_backward)
+TIDE_SEALED_SCRATCH_KERNEL(attention_forward, attention_forward_scratch_bytes)
+TIDE_SEALED_SCRATCH_KERNEL(attention_backward, attention_backward_scratch_bytes)
 TIDE_SEALED_KERNEL(cast)
-TIDE_SEALED_KERNEL(fused_classifier)
+TIDE_SEALED_SCRATCH_KERNEL(fused_classifier, fused_classifier_scratch_bytes)
 TIDE_SEALED_KERNEL(crossentropy_forward)
 TIDE_SEALED_KERNEL(crossentropy_softmax_backward)
 TIDE_SEALED_KERNEL(encoder_forward)
-TIDE_SEALED_KERNEL(encoder_backward)
+TIDE_SEALED_SCRATCH_KERNEL(encoder_backward, encoder_backward_scratch_bytes)
 TIDE_SEALED_KERNEL(gelu_forward)
 TIDE_SEALED_KERNEL(gelu_backward)
 TIDE_SEALED_KERNEL(bias_gelu_forward)
-TIDE_SEALED_KERNEL(bias_gelu_backward)
+TIDE_SEALED_SCRATCH_KERNEL(bias_gelu_backward, bias_gelu_backward_scratch_bytes)
 TIDE_SEALED_KERNEL(layernorm_forward)
-TIDE_SEALED_KERNEL(layernorm_backward)
+TIDE_SEALED_SCRATCH_KERNEL(layernorm_backward, layernorm_backward_scratch_bytes)
 TIDE_SEALED_KERNEL(residual_layernorm_forward)
-TIDE_SEALED_KERNEL(matmul_forward)
-TIDE_SEALED_KERNEL(matmul_forward_gelu)
-TIDE_SEALED_KERNEL(matmul_backward)
-TIDE_SEALED_KERNEL(matmul_backward_gelu)
+TIDE_SEALED_SCRATCH_KERNEL(matmul_forward, matmul_forward_scratch_bytes)
+TIDE_SEALED_SCRATCH_KERNEL(matmul_forward_gelu, matmul_forward_scratch_bytes)
+TIDE_SEALED_SCRATCH_KERNEL(matmul_backward, matmul_backward_scratch_bytes)
+TIDE_SEALED_SCRATCH_KERNEL(matmul_backward_gelu, matmul_backward_scratch_bytes)
 TIDE_SEALED_KERNEL(residual_forward)
 TIDE_SEALED_KERNEL(residual_backward)
-TIDE_SEALED_KERNEL(softmax_forward)
-TIDE_SEALED_KERNEL(softmax_forward_causal)
-TIDE_SEALED_KERNEL(softmax_forward_masked)
+TIDE_SEALED_SCRATCH_KERNEL(softmax_forward, softmax_forward_scratch_bytes)
+TIDE_SEALED_SCRATCH_KERNEL(softmax_forward_causal, softmax_forward_scratch_bytes)
+TIDE_SEALED_SCRATCH_KERNEL(softmax_forward_masked, softmax_forward_scratch_bytes)
 TIDE_SEALED_KERNEL(softmax_backward)
-TIDE_SEALED_REDUCTION(global_grad_norm)
 TIDE_SEALED_REDUCTION(any_non_finite)
 
+TIDE_SEALED_QUERY(attention_forward_scratch_bytes)
+TIDE_SEALED_QUERY(attention_backward_scratch_bytes)
+TIDE_SEALED_QUERY(fused_classifier_scratch_bytes)
+TIDE_SEALED_QUERY(encoder_backward_scratch_bytes)
+TIDE_SEALED_QUERY(bias_gelu_backward_scratch_bytes)
+TIDE_SEALED_QUERY(layernorm_backward_scratch_bytes)
+TIDE_SEALED_QUERY(softmax_forward_scratch_bytes)
+TIDE_SEALED_QUERY(global_grad_norm_scratch_bytes)
+
+// The matmul queries take the element type.
+template <Element T>
+std::size_t matmul_forward_scratch_bytes(exec<sealed> const& ex, index_t N, index_t C, index_t OC) {
+  return matmul_forward_scratch_bytes<T>(exec<host>{ex.pool}, N, C, OC);
+}
+template <Element T>
+std::size_t matmul_backward_scratch_bytes(exec<sealed> const& ex, index_t N, index_t C, index_t OC) {
+  return matmul_backward_scratch_bytes<T>(exec<host>{ex.pool}, N, C, OC);
+}
+
+// The gradient norm, its scratch last; the norm comes back to the host.
+template <class... A>
+double global_grad_norm(exec<sealed> const& ex, A const&... args) {
+  static_assert(detail::ends_with_scratch<A...>(),
+                "tide::kernels::global_grad_norm on tide::sealed takes its scratch last: pass a "
+                "tide::kernels::scratch<tide::sealed> of global_grad_norm_scratch_bytes(ex, grads) bytes of device "
+                "memory (from the arena)");
+  return detail::result_of(
+      ex, [](exec<host> const& h, auto const&... a) { return global_grad_norm(h, a...); }, args...);
+}
+
 #undef TIDE_SEALED_KERNEL
+#undef TIDE_SEALED_SCRATCH_KERNEL
+#undef TIDE_SEALED_QUERY
 #undef TIDE_SEALED_REDUCTION
 
 }  // namespace tide::kernels

@@ -224,13 +224,13 @@ class gpt {
     run_backward("gpt::backward_blocks", ex, first, last, micro, loss_scale);
   }
 
-  // Plans and allocates the activations of every slot for (B, T), as a forward of a new (B, T)
-  // does: a pipeline stage calls it before receiving its first boundary. Throws
-  // tide::error(budget) if they do not fit.
-  void plan_activations(index_t batch, index_t seq) {
+  // Plans and allocates the activations of every slot for (B, T), and the scratch of the kernels
+  // ex runs, as a forward of a new (B, T) does: a pipeline stage calls it before receiving its
+  // first boundary. Throws tide::error(budget) if they do not fit.
+  void plan_activations(exec<B> const& ex, index_t batch, index_t seq) {
     TIDE_REQUIRE(batch >= 1 && seq >= 1 && seq <= config_.max_seq, "gpt::plan_activations(", batch, ", ", seq,
                  "): pass B >= 1 and 1 <= T <= max_seq = ", config_.max_seq);
-    prepare(batch, seq);
+    prepare(ex, batch, seq);
   }
 
   // (B, T, C): the residual stream leaving `block` (embedding_block .. L-1) for slot `micro`,
@@ -323,7 +323,14 @@ class gpt {
   // Plans and allocates in_flight slots for (Bn, Tn) unless they are already. The old buffer
   // is returned first, so the arena never holds both; if the new one does not fit, the model
   // holds no activations (parameters and gradients are untouched) and the error propagates.
-  void prepare(index_t Bn, index_t Tn);
+  void prepare(exec<B> const& ex, index_t Bn, index_t Tn);
+  // Whether the current plan's scratch holds what these kernels ask (a pool of another size may
+  // ask more: the plan is then made again, as for a new (B, T)).
+  [[nodiscard]] bool scratch_fits(gpt_scratch const& s) const noexcept {
+    gpt_scratch const& p = plan_.scratch();
+    return s.block_forward <= p.block_forward && s.block_backward <= p.block_backward && s.head <= p.head &&
+           s.encoder_backward <= p.encoder_backward;
+  }
 
   template <class U>
   [[nodiscard]] view<U> act(memory::tensor_id id, int micro, shape s) const {

@@ -4,6 +4,9 @@
 // its op range. The tensors and lifetimes depend on the config and the options; the sizes follow
 // (B, T). The model keeps one copy of the plan per in-flight micro-batch (its slots), so the
 // plan's op order is one micro-batch's, whichever stages of other micro-batches run in between.
+// The kernels' scratch is planned with them (kernels/scratch.hpp): one tensor per block's
+// forward, per block's backward (with its recompute), for the head and for the embedding's
+// backward, each live while its kernels run and sized by their queries (gpt_scratch).
 
 #include <algorithm>
 #include <cstddef>
@@ -15,8 +18,21 @@
 #include "tide/core/backend.hpp"
 #include "tide/core/error.hpp"
 #include "tide/core/tensor_view.hpp"
+#include "tide/kernels/scratch.hpp"
 #include "tide/memory/lifetime_planner.hpp"
 #include "tide/nn/gpt_config.hpp"
+
+namespace tide::nn {
+
+// Bytes of kernel scratch the model's kernels ask for (their *_scratch_bytes queries) at one
+// (B, T), per scratch tensor of the plan: a block's forward, a block's backward (and its
+// recompute), the head (final LayerNorm, logits, loss and their backward), the embedding's
+// backward. nn::gpt computes it from its exec (gpt_scratch_of); all 0: none planned.
+struct gpt_scratch {
+  std::size_t block_forward = 0, block_backward = 0, head = 0, encoder_backward = 0;
+};
+
+}  // namespace tide::nn
 
 namespace tide::nn::detail {
 
@@ -49,6 +65,7 @@ struct block_tensors {
   memory::tensor_id ln1, ln1_mean, ln1_rstd, qkv, atty, lse, attproj, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
       fcproj, res3;
   memory::tensor_id dfch, dln2, datty, dqkv, dln1;
+  memory::tensor_id scratch;  // the kernels' scratch: the forward's, or the backward's
 };
 
 // One block's activations (forward) and activation gradients (backward) for one micro-batch.
@@ -58,6 +75,7 @@ struct block_views {
   tensor_view<float, B> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;                      // (B, T)
   tensor_view<float, B> lse;                                                          // (B, NH, T)
   tensor_view<T, B> dfch, dln2, datty, dqkv, dln1;
+  kernels::scratch<B> ws;  // the kernels' scratch (forward, or backward with its recompute)
 };
 
 template <Backend B, class T>
@@ -67,12 +85,14 @@ struct head_views {
   tensor_view<T, B> dlnf;                  // (B, T, C)
   tensor_view<T, B> tied;                  // (Vp, C): the head's share of wte's gradient; empty without the buffer
   tensor_view<T, B> piece;                 // (B, T, R): one wte piece's logits; empty when wte is whole
+  kernels::scratch<B> ws;                  // the head's kernels' scratch, forward and backward
 };
 
 class gpt_activation_plan {
  public:
   // How an activation's size follows (B, T); vpc (the head's wte gradient) does not.
-  enum class extent : std::uint8_t { btc, bt, bt3c, bt4c, bnht, btvp, vpc, btr };
+  enum class extent : std::uint8_t { btc, bt, bt3c, bt4c, bnht, btvp, vpc, btr, ws_forward, ws_backward, ws_head,
+                                     ws_encoder };
 
   // tied_buffer: the head's share of wte's gradient gets its own tensor (has_tied_buffer).
   // recompute, offload: gpt_options::recompute and offload_activations (checked).
@@ -83,9 +103,11 @@ class gpt_activation_plan {
     sizes_.resize(kinds_.size());
   }
 
-  // Sizes every tensor for (Bn, Tn) and places them: offsets(), footprint() and peak_live() are
-  // then that plan's. No allocation (the planner and the size list are reserved).
-  void replan(index_t Bn, index_t Tn) {
+  // Sizes every tensor for (Bn, Tn), the kernels' scratch as `scratch` says, and places them:
+  // offsets(), footprint() and peak_live() are then that plan's. No allocation (the planner and
+  // the size list are reserved).
+  void replan(index_t Bn, index_t Tn, gpt_scratch const& scratch = {}) {
+    scratch_ = scratch;
     unplanned_ = 0;
     for (std::size_t i = 0; i < kinds_.size(); ++i) {
       sizes_[i] = bytes_of(kinds_[i], Bn, Tn);
@@ -108,6 +130,7 @@ class gpt_activation_plan {
   [[nodiscard]] std::size_t footprint() const noexcept { return footprint_; }
   [[nodiscard]] std::size_t peak_live() const noexcept { return peak_live_; }
   [[nodiscard]] std::size_t unplanned() const noexcept { return unplanned_; }
+  [[nodiscard]] gpt_scratch const& scratch() const noexcept { return scratch_; }
   [[nodiscard]] std::size_t bytes(memory::tensor_id id) const noexcept { return sizes_[id.index]; }
   // Host bytes the offloaded activations take (0 without offload_activations).
   [[nodiscard]] std::size_t host_bytes() const noexcept { return host_bytes_; }
@@ -145,6 +168,11 @@ class gpt_activation_plan {
   [[nodiscard]] tensor_view<U, B> view_at(std::byte* base, memory::tensor_id id, shape s) const noexcept {
     return tensor_view<U, B>(reinterpret_cast<U*>(base + offsets_[id.index]), s);
   }
+  // A scratch tensor as kernel scratch.
+  template <Backend B>
+  [[nodiscard]] kernels::scratch<B> scratch_at(std::byte* base, memory::tensor_id id) const noexcept {
+    return {base + offsets_[id.index], sizes_[id.index]};
+  }
   // back: the backward's tensors (block_back), else the forward's.
   template <Backend B, class T>
   [[nodiscard]] block_views<B, T> block_at(std::byte* base, int l, index_t Bn, index_t Tn, bool back) const noexcept {
@@ -157,7 +185,7 @@ class gpt_activation_plan {
             t(b.ln2, btc),          t(b.fch, bt4c),     t(b.fch_gelu, bt4c), t(b.fcproj, btc),  t(b.res3, btc),
             f(b.ln1_mean, bt),      f(b.ln1_rstd, bt),  f(b.ln2_mean, bt),   f(b.ln2_rstd, bt),
             f(b.lse, {Bn, index_t{config_.heads}, Tn}), t(b.dfch, bt4c),     t(b.dln2, btc),    t(b.datty, btc),
-            t(b.dqkv, bt3c),        t(b.dln1, btc)};
+            t(b.dqkv, bt3c),        t(b.dln1, btc),     scratch_at<B>(base, b.scratch)};
   }
   template <Backend B, class T>
   [[nodiscard]] head_views<B, T> head_at(std::byte* base, index_t Bn, index_t Tn) const noexcept {
@@ -168,12 +196,14 @@ class gpt_activation_plan {
     return {t(lnf, btc),     t(logits, btv), t(dlogits, btv), f(lnf_mean, bt),
             f(lnf_rstd, bt), f(losses, bt),  t(dlnf, btc),
             has_tied_ ? t(tied, {Vp, C}) : tensor_view<T, B>{},
-            config_.wte_pieces > 1 ? t(piece, {Bn, Tn, wte_piece_rows(config_)}) : tensor_view<T, B>{}};
+            config_.wte_pieces > 1 ? t(piece, {Bn, Tn, wte_piece_rows(config_)}) : tensor_view<T, B>{},
+            scratch_at<B>(base, head_scratch)};
   }
 
   // The tensors around the blocks; `tied` only when has_tied(), `piece` only with wte in pieces.
   // encoded_back: x_0 as the backward reads it (encoded unless the embedding block is offloaded).
   memory::tensor_id encoded, encoded_back, lnf, lnf_mean, lnf_rstd, logits, dlogits, losses, dlnf, dres, tied, piece;
+  memory::tensor_id head_scratch, encoder_scratch;  // the head's and the embedding backward's kernel scratch
 
  private:
   memory::tensor_id add(std::string const& name, extent kind, std::size_t element_bytes, int first, int last) {
@@ -186,8 +216,8 @@ class gpt_activation_plan {
     op_numbers const op{config_.layers};
     int const L = config_.layers;
     std::size_t const f = sizeof(float);
-    planner_.reserve(static_cast<std::size_t>(40 * L + 12), static_cast<std::size_t>(L) * 320 + 96);
-    kinds_.reserve(static_cast<std::size_t>(40 * L + 12));
+    planner_.reserve(static_cast<std::size_t>(42 * L + 14), static_cast<std::size_t>(L) * 350 + 128);
+    kinds_.reserve(static_cast<std::size_t>(42 * L + 14));
     blocks_.resize(static_cast<std::size_t>(L));
     back_.resize(static_cast<std::size_t>(L));
     recompute_.assign(static_cast<std::size_t>(L), 0);
@@ -247,6 +277,10 @@ class gpt_activation_plan {
       b.datty = k.datty = add(name("datty"), extent::btc, t, op.bwd(l, 3), op.bwd(l, 4));
       b.dqkv = k.dqkv = add(name("dqkv"), extent::bt3c, t, op.bwd(l, 4), op.bwd(l, 5));
       b.dln1 = k.dln1 = add(name("dln1"), extent::btc, t, op.bwd(l, 5), op.bwd(l, 6));
+      // The kernels' scratch: the forward's matmuls and attention (ops 1 .. 6), the backward's
+      // from its recompute on.
+      b.scratch = add(name("scratch"), extent::ws_forward, 1, op.fwd(l, 1), op.fwd(l, 6));
+      k.scratch = add(name("dscratch"), extent::ws_backward, 1, op.recompute(l), op.bwd(l, 6));
     }
     int const last = op.encoder_bwd();
     lnf = add("lnf", extent::btc, t, op.lnf(), op.head_bwd());
@@ -266,6 +300,8 @@ class gpt_activation_plan {
     if (has_tied_) tied = add("tied.dwte", extent::vpc, t, op.head_bwd(), last);
     // One wte piece's logits (forward) or their gradient (backward), in turn.
     if (config_.wte_pieces > 1) piece = add("logits.piece", extent::btr, t, op.head(), op.head_bwd());
+    head_scratch = add("head.scratch", extent::ws_head, 1, op.head(), op.lnf_bwd());
+    encoder_scratch = add("encoder.dscratch", extent::ws_encoder, 1, op.encoder_bwd(), op.encoder_bwd());
   }
 
   struct kind_bytes {
@@ -285,12 +321,18 @@ class gpt_activation_plan {
       case extent::btvp: n = Bn * Tn * config_.padded_vocab; break;
       case extent::vpc: n = index_t{config_.padded_vocab} * C; break;
       case extent::btr: n = Bn * Tn * wte_piece_rows(config_); break;
+      // Scratch: at least a byte (the planner takes no empty tensor).
+      case extent::ws_forward: return std::max<std::size_t>(scratch_.block_forward, 1);
+      case extent::ws_backward: return std::max<std::size_t>(scratch_.block_backward, 1);
+      case extent::ws_head: return std::max<std::size_t>(scratch_.head, 1);
+      case extent::ws_encoder: return std::max<std::size_t>(scratch_.encoder_backward, 1);
     }
     return static_cast<std::size_t>(n) * a.element_bytes;
   }
 
   gpt_config config_;  // resolved
   memory::lifetime_planner planner_;
+  gpt_scratch scratch_{};  // of the current plan
   bool has_tied_ = false;
   std::size_t alignment_;
   std::vector<block_tensors> back_;             // by layer: the backward's ids
@@ -304,12 +346,13 @@ class gpt_activation_plan {
   std::size_t footprint_ = 0, peak_live_ = 0, unplanned_ = 0;
 };
 
-// Bytes of a model's activation buffer for (Bn, Tn): in_flight copies of one plan.
+// Bytes of a model's activation buffer for (Bn, Tn): in_flight copies of one plan, with the
+// kernels' scratch `scratch` (gpt_scratch_of).
 inline std::size_t activation_bytes(gpt_config const& c, gpt_options const& o, index_t Bn, index_t Tn,
-                                    std::size_t element_bytes) {
+                                    std::size_t element_bytes, gpt_scratch const& scratch = {}) {
   gpt_activation_plan plan(resolve(c), o.keep_logits, has_tied_buffer(o), element_bytes, o.alignment, o.recompute,
                            o.offload_activations);
-  plan.replan(Bn, Tn);
+  plan.replan(Bn, Tn, scratch);
   auto const n = static_cast<std::size_t>(o.in_flight);
   return (n - 1) * round_up(plan.footprint(), o.alignment) + plan.footprint();
 }
@@ -323,10 +366,11 @@ namespace tide::nn {
 // from pipeline::measure_blocks or any timer; empty: all equal, the earliest first), for the
 // smallest k that fits. Everything else in `options` (offload_activations, in_flight, ...) is
 // planned as given; options.recompute is ignored. Throws tide::error(budget) when even
-// recomputing every block does not fit, with the smallest footprint in the message.
+// recomputing every block does not fit, with the smallest footprint in the message. `scratch`:
+// the kernels' scratch the model will plan (gpt_scratch_of(ex, config, Bn, Tn)).
 inline block_set recompute_within(gpt_config const& config, gpt_options options, index_t Bn, index_t Tn,
                                   std::size_t budget, std::span<double const> forward_seconds = {},
-                                  std::size_t element_bytes = sizeof(float)) {
+                                  std::size_t element_bytes = sizeof(float), gpt_scratch const& scratch = {}) {
   gpt_config const c = resolve(config);
   int const L = c.layers;
   TIDE_REQUIRE(forward_seconds.empty() || forward_seconds.size() == static_cast<std::size_t>(L),
@@ -338,7 +382,7 @@ inline block_set recompute_within(gpt_config const& config, gpt_options options,
     std::ranges::stable_sort(order, {}, [&](int l) { return forward_seconds[static_cast<std::size_t>(l)]; });
   auto const bytes_with = [&](int k) {
     options.recompute = block_set(std::vector<int>(order.begin(), order.begin() + k));
-    return detail::activation_bytes(c, options, Bn, Tn, element_bytes);
+    return detail::activation_bytes(c, options, Bn, Tn, element_bytes, scratch);
   };
   if (bytes_with(0) <= budget) return {};
   std::size_t const least = bytes_with(L);

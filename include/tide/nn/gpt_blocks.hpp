@@ -218,6 +218,41 @@ void check_batch(char const* op, exec<B> const& ex, gpt_config const& config, te
 
 // ---- a transformer block ----------------------------------------------------------------------
 
+}  // namespace tide::nn::detail
+
+namespace tide::nn {
+
+// The scratch the model's kernels ask for at (Bn, Tn), element T, on ex's backend: the most any
+// kernel of each scratch tensor's ops needs (they run one after another on one stream). What
+// recompute_within takes to predict a model's footprint.
+template <Element T, Backend B>
+gpt_scratch gpt_scratch_of(exec<B> const& ex, gpt_config const& config, index_t Bn, index_t Tn) {
+  using namespace kernels;
+  gpt_config const c = resolve(config);
+  index_t const N = Bn * Tn, C = c.channels, NH = c.heads, R = wte_piece_rows(c);
+  std::size_t const to_gelu = std::max({matmul_forward_scratch_bytes<T>(ex, N, C, 3 * C),
+                                        attention_forward_scratch_bytes(ex, Bn, Tn, C, NH),
+                                        matmul_forward_scratch_bytes<T>(ex, N, C, C),
+                                        matmul_forward_scratch_bytes<T>(ex, N, C, 4 * C)});
+  gpt_scratch s;
+  s.block_forward = std::max(to_gelu, matmul_forward_scratch_bytes<T>(ex, N, 4 * C, C));
+  s.block_backward = std::max({to_gelu,  // the recompute
+                               matmul_backward_scratch_bytes<T>(ex, N, 4 * C, C),
+                               matmul_backward_scratch_bytes<T>(ex, N, C, 4 * C),
+                               layernorm_backward_scratch_bytes(ex, N, C),
+                               matmul_backward_scratch_bytes<T>(ex, N, C, C),
+                               attention_backward_scratch_bytes(ex, Bn, Tn, C, NH),
+                               matmul_backward_scratch_bytes<T>(ex, N, C, 3 * C)});
+  s.head = std::max({matmul_forward_scratch_bytes<T>(ex, N, C, R), fused_classifier_scratch_bytes(ex, N, c.vocab),
+                     matmul_backward_scratch_bytes<T>(ex, N, C, R), layernorm_backward_scratch_bytes(ex, N, C)});
+  s.encoder_backward = encoder_backward_scratch_bytes(ex, Bn, Tn, C, c.padded_vocab);
+  return s;
+}
+
+}  // namespace tide::nn
+
+namespace tide::nn::detail {
+
 // The 12 parameters (or gradients) of one block, indexed by block_param.
 template <class V>
 struct block_params {
@@ -243,12 +278,12 @@ void block_forward_to_gelu(exec<B> const& ex, tensor_view<T const, B> x, block_v
   using enum block_param;
   using cview = tensor_view<T const, B>;
   kernels::layernorm_forward(ex, a.ln1, a.ln1_mean, a.ln1_rstd, x, w[ln1_w], w[ln1_b]);
-  kernels::matmul_forward(ex, a.qkv, cview(a.ln1), w[qkv_w], w[qkv_b]);
-  kernels::attention_forward(ex, a.atty, a.lse, cview(a.qkv), NH);
-  kernels::matmul_forward(ex, a.attproj, cview(a.atty), w[attn_proj_w], w[attn_proj_b]);
+  kernels::matmul_forward(ex, a.qkv, cview(a.ln1), w[qkv_w], w[qkv_b], a.ws);
+  kernels::attention_forward(ex, a.atty, a.lse, cview(a.qkv), NH, a.ws);
+  kernels::matmul_forward(ex, a.attproj, cview(a.atty), w[attn_proj_w], w[attn_proj_b], a.ws);
   kernels::residual_layernorm_forward(ex, a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, cview(a.attproj), w[ln2_w],
                                       w[ln2_b]);
-  kernels::matmul_forward_gelu(ex, a.fch_gelu, a.fch, cview(a.ln2), w[fc_w], w[fc_b]);
+  kernels::matmul_forward_gelu(ex, a.fch_gelu, a.fch, cview(a.ln2), w[fc_w], w[fc_b], a.ws);
 }
 
 // x_{l+1} = res2 + mlp.proj(gelu(fc(ln2(res2)))), res2 = x_l + attn.proj(attention(qkv(ln1(x_l)))).
@@ -258,7 +293,7 @@ void block_forward(exec<B> const& ex, tensor_view<T const, B> x, block_views<B, 
   using enum block_param;
   using cview = tensor_view<T const, B>;
   block_forward_to_gelu(ex, x, a, w, NH);
-  kernels::matmul_forward(ex, a.fcproj, cview(a.fch_gelu), w[mlp_proj_w], w[mlp_proj_b]);
+  kernels::matmul_forward(ex, a.fcproj, cview(a.fch_gelu), w[mlp_proj_w], w[mlp_proj_b], a.ws);
   kernels::residual_forward(ex, a.res3, cview(a.res2), cview(a.fcproj));
 }
 
@@ -272,20 +307,23 @@ void block_backward(exec<B> const& ex, tensor_view<T, B> dres, tensor_view<T con
   using fview = tensor_view<float const, B>;
   // x_{l+1} = res2 + fcproj: d fcproj = d x_{l+1} = dres, which also flows on into res2.
   zero_fill(ex, a.dfch);
-  kernels::matmul_backward(ex, a.dfch, dw[mlp_proj_w], dw[mlp_proj_b], cview(dres), cview(a.fch_gelu), w[mlp_proj_w]);
+  kernels::matmul_backward(ex, a.dfch, dw[mlp_proj_w], dw[mlp_proj_b], cview(dres), cview(a.fch_gelu), w[mlp_proj_w],
+                           a.ws);
   zero_fill(ex, a.dln2);
-  kernels::matmul_backward_gelu(ex, a.dln2, dw[fc_w], dw[fc_b], a.dfch, cview(a.fch), cview(a.ln2), w[fc_w]);
+  kernels::matmul_backward_gelu(ex, a.dln2, dw[fc_w], dw[fc_b], a.dfch, cview(a.fch), cview(a.ln2), w[fc_w],
+                                a.ws);
   kernels::layernorm_backward(ex, dres, dw[ln2_w], dw[ln2_b], cview(a.dln2), cview(a.res2), w[ln2_w],
-                              fview(a.ln2_mean), fview(a.ln2_rstd));
+                              fview(a.ln2_mean), fview(a.ln2_rstd), a.ws);
   // res2 = x_l + attproj: d attproj = d res2 = dres.
   zero_fill(ex, a.datty);
-  kernels::matmul_backward(ex, a.datty, dw[attn_proj_w], dw[attn_proj_b], cview(dres), cview(a.atty), w[attn_proj_w]);
+  kernels::matmul_backward(ex, a.datty, dw[attn_proj_w], dw[attn_proj_b], cview(dres), cview(a.atty), w[attn_proj_w],
+                           a.ws);
   zero_fill(ex, a.dqkv);
-  kernels::attention_backward(ex, a.dqkv, cview(a.datty), cview(a.qkv), cview(a.atty), fview(a.lse), NH);
+  kernels::attention_backward(ex, a.dqkv, cview(a.datty), cview(a.qkv), cview(a.atty), fview(a.lse), NH, a.ws);
   zero_fill(ex, a.dln1);
-  kernels::matmul_backward(ex, a.dln1, dw[qkv_w], dw[qkv_b], cview(a.dqkv), cview(a.ln1), w[qkv_w]);
+  kernels::matmul_backward(ex, a.dln1, dw[qkv_w], dw[qkv_b], cview(a.dqkv), cview(a.ln1), w[qkv_w], a.ws);
   kernels::layernorm_backward(ex, dres, dw[ln1_w], dw[ln1_b], cview(a.dln1), x, w[ln1_w], fview(a.ln1_mean),
-                              fview(a.ln1_rstd));
+                              fview(a.ln1_rstd), a.ws);
 }
 
 // ---- the head: final LayerNorm, LM head tied to wte, loss -------------------------------------
@@ -303,12 +341,12 @@ void head_forward(exec<B> const& ex, tensor_view<T const, B> x, head_views<B, T>
                   tensor_view<T const, B> lnf_w, tensor_view<T const, B> lnf_b, kernels::row_table<T const> const& wte) {
   kernels::layernorm_forward(ex, h.lnf, h.lnf_mean, h.lnf_rstd, x, lnf_w, lnf_b);
   tensor_view<T const, B> const lnf(h.lnf);
-  if (wte.pieces == 1) return kernels::matmul_forward(ex, h.logits, lnf, piece_view<B>(wte, 0));
+  if (wte.pieces == 1) return kernels::matmul_forward(ex, h.logits, lnf, piece_view<B>(wte, 0), tensor_view<T const, B>{}, h.ws);
   index_t const N = h.logits.extent(0) * h.logits.extent(1), Vp = h.logits.extent(2);
   tensor_view<T const, B> const x2(h.lnf.data(), {N, wte.cols});
   for (int j = 0; j < wte.pieces; ++j) {
     tensor_view<T, B> const part(h.piece.data(), {N, wte.rows_of(j)});
-    kernels::matmul_forward(ex, part, x2, piece_view<B>(wte, j));
+    kernels::matmul_forward(ex, part, x2, piece_view<B>(wte, j), tensor_view<T const, B>{}, h.ws);
     copy_columns(ex, tensor_view<T, B>(h.logits.data(), {N, Vp}), j * wte.piece_rows, tensor_view<T const, B>(part), 0,
                  part.extent(1));
   }
@@ -326,19 +364,20 @@ void head_backward(exec<B> const& ex, tensor_view<T, B> dres, tensor_view<T cons
   zero_fill(ex, h.dlnf);
   if (wte.pieces == 1) {
     kernels::matmul_backward(ex, h.dlnf, piece_view<B>(dwte, 0), tensor_view<T, B>{}, cview(h.dlogits), cview(h.lnf),
-                             piece_view<B>(wte, 0));
+                             piece_view<B>(wte, 0), h.ws);
   } else {
     index_t const N = h.dlogits.extent(0) * h.dlogits.extent(1), Vp = h.dlogits.extent(2), C = wte.cols;
     for (int j = 0; j < wte.pieces; ++j) {
       tensor_view<T, B> const part(h.piece.data(), {N, wte.rows_of(j)});
       copy_columns(ex, part, 0, cview(h.dlogits.data(), {N, Vp}), j * wte.piece_rows, part.extent(1));
       kernels::matmul_backward(ex, tensor_view<T, B>(h.dlnf.data(), {N, C}), piece_view<B>(dwte, j),
-                               tensor_view<T, B>{}, cview(part), cview(h.lnf.data(), {N, C}), piece_view<B>(wte, j));
+                               tensor_view<T, B>{}, cview(part), cview(h.lnf.data(), {N, C}), piece_view<B>(wte, j),
+                               h.ws);
     }
   }
   zero_fill(ex, dres);
   kernels::layernorm_backward(ex, dres, dlnf_w, dlnf_b, cview(h.dlnf), x, lnf_w,
-                              tensor_view<float const, B>(h.lnf_mean), tensor_view<float const, B>(h.lnf_rstd));
+                              tensor_view<float const, B>(h.lnf_mean), tensor_view<float const, B>(h.lnf_rstd), h.ws);
 }
 
 }  // namespace tide::nn::detail

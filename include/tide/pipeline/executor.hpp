@@ -180,10 +180,11 @@ inline double seconds_between(clock::time_point a, clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// The checks every executor makes before its stages start.
-template <class Model, class Batch>
-void check_run(char const* who, schedule const& s, cut const& c, Model& model, std::span<Batch const> micro,
-               int slots) {
+// The checks every executor makes before its stages start; the model plans its activations and
+// its kernels' scratch for `ex` (the stages' execs all have its size).
+template <class Model, class Batch, class B>
+void check_run(char const* who, schedule const& s, cut const& c, Model& model, exec<B> const& ex,
+               std::span<Batch const> micro, int slots) {
   check(s);
   TIDE_REQUIRE(c.pieces() == s.stages * s.chunks, who, ": the cut has ", c.pieces(), " pieces, the schedule ",
                s.name, " has ", s.stages * s.chunks, " (p = ", s.stages, " stages of v = ", s.chunks,
@@ -209,8 +210,8 @@ void check_run(char const* who, schedule const& s, cut const& c, Model& model, s
                    who, ": micro-batches of different shapes ((", b.tokens.extent(0), ", ", b.tokens.extent(1),
                    ") and (", micro[0].tokens.extent(0), ", ", micro[0].tokens.extent(1),
                    ")); every micro-batch of a step has one (B, T)");
-    if constexpr (requires { model.plan_activations(micro[0].tokens.extent(0), micro[0].tokens.extent(1)); })
-      model.plan_activations(micro[0].tokens.extent(0), micro[0].tokens.extent(1));  // before any stage starts
+    if constexpr (requires { model.plan_activations(ex, micro[0].tokens.extent(0), micro[0].tokens.extent(1)); })
+      model.plan_activations(ex, micro[0].tokens.extent(0), micro[0].tokens.extent(1));  // before any stage starts
   }
   if constexpr (requires { model.has_grads(); })
     TIDE_REQUIRE(model.has_grads(), who, ": the model's gradients are not allocated; call model.zero_grad(ex) "
@@ -326,7 +327,7 @@ class thread_executor {
                     "pipeline::thread_executor: the model's hooks keep its parameters (an offload scheduler, which "
                     "serves one block order from one thread); give the stages a model with its own storage "
                     "(nn::no_hooks), or run a stage per rank (rank_executor, pipeline::on_ranks in make_trainer)");
-    detail::check_run("pipeline::thread_executor", schedule_, cut_, model, micro, slots_);
+    detail::check_run("pipeline::thread_executor", schedule_, cut_, model, exec<host>{*pools_.front()}, micro, slots_);
     int const p = schedule_.stages, m = schedule_.micro, Q = cut_.pieces();
     auto const n = static_cast<std::size_t>(Q) * static_cast<std::size_t>(m);
     forward_done_.reset(n);

@@ -105,7 +105,7 @@ class rank_executor {
     // throw here, before any message, rather than leave its peers to their deadline.
     std::exception_ptr failure;
     try {
-      detail::check_run("pipeline::rank_executor", schedule_, cut_, model, micro, slots_);
+      detail::check_run("pipeline::rank_executor", schedule_, cut_, model, ex, micro, slots_);
       bool tied = false;  // the head's share of wte travels (a model with a tied buffer, two ranks)
       if constexpr (requires { model.tied_grad(0); }) tied = stage_of(schedule_, 0) != stage_of(schedule_, Q - 1);
       if (tied && (me_ == stage_of(schedule_, 0) || me_ == stage_of(schedule_, Q - 1)))

@@ -55,6 +55,7 @@
 #include "tide/pipeline/stages.hpp"
 #include "tide/train/checkpoint.hpp"
 #include "tide/train/checkpoint_set.hpp"
+#include "tide/train/detail/norm_scratch.hpp"
 #include "tide/train/detail/offload_options.hpp"
 #include "tide/train/model.hpp"
 #include "tide/train/slots.hpp"
@@ -183,8 +184,13 @@ class trainer {
     else
       return 0;
   }
-  // The global gradient norm (the norm of the mean gradient times loss_scale m W).
+  // The global gradient norm (the norm of the mean gradient times loss_scale m W); norm_of one
+  // list, with the trainer's scratch.
   double gradient_norm();
+  template <class List>
+  double norm_of(List const& grads) {
+    return kernels::global_grad_norm(ex_, grads, norm_ws_.at_least(kernels::global_grad_norm_scratch_bytes(ex_, grads)));
+  }
   // The pipeline policy's forward and backward. A pipeline of one stage per rank then agrees with
   // the other data-parallel replicas that every stage of every replica ran (the executor already
   // agreed within the replica), before any gradient is summed: a step lost on one rank is lost on
@@ -458,6 +464,7 @@ class trainer {
   std::vector<element_type> elsewhere_;  // what the model's initialisation writes of other stages' parameters
   scheduler_type scheduler_;
   model_type model_;
+  detail::norm_scratch<backend> norm_ws_{arena_};
   optim::loss_scaler scaler_;
   std::int64_t step_ = 0;
   std::string shape_;  // what a checkpoint's "model.shape" section points to until its commit

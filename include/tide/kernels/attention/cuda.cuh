@@ -28,6 +28,7 @@
 #include "tide/core/exec.cuh"
 #include "tide/core/tensor_view.hpp"
 #include "tide/kernels/attention/checks.hpp"
+#include "tide/kernels/scratch.hpp"
 #include "tide/kernels/attention/math.hpp"
 
 namespace tide::kernels {
@@ -305,32 +306,27 @@ inline std::size_t attention_smem_bytes(attention_dims const& d, int extra_rows_
          static_cast<std::size_t>(2 * K * attention_tile_stride(hs) + extra_rows_of_hs * hs + extra_floats);
 }
 
-// A stream-ordered device allocation, freed on the same stream when it goes out of scope.
-class attention_scratch {
- public:
-  attention_scratch(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
-    TIDE_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&data_), bytes, stream));
-  }
-  attention_scratch(attention_scratch const&) = delete;
-  attention_scratch& operator=(attention_scratch const&) = delete;
-  ~attention_scratch() { (void)cudaFreeAsync(data_, stream_); }
-  [[nodiscard]] float* data() const noexcept { return data_; }
-
- private:
-  float* data_ = nullptr;
-  cudaStream_t stream_;
-};
-
 }  // namespace detail
 
 TIDE_ABI_NAMESPACE_BEGIN
+
+// Scratch on CUDA: none forward; backward, each query row's dout . out (B NH T floats).
+inline std::size_t attention_forward_scratch_bytes(exec<tide::cuda> const&, index_t, index_t, index_t,
+                                                   index_t) noexcept {
+  return 0;
+}
+inline std::size_t attention_backward_scratch_bytes(exec<tide::cuda> const&, index_t batch, index_t T, index_t,
+                                                    index_t NH) noexcept {
+  return static_cast<std::size_t>(batch * NH * T) * sizeof(float);
+}
 
 // out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C); as the host overload. HS <= 128.
 template <Element T, class Q>
   requires ReadView<Q, T, tide::cuda>
 void attention_forward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> out, tensor_view<float, tide::cuda> lse,
-                       Q qkv, index_t NH) {
+                       Q qkv, index_t NH, scratch<tide::cuda> ws) {
   auto const d = detail::check_attention_forward(out, lse, qkv, NH);
+  detail::check_scratch("attention_forward", "attention_forward_scratch_bytes", ws, 0);
   detail::check_attention_cuda_limits("attention_forward", d);
   if (d.B == 0 || d.T == 0) return;
   constexpr int W = attention_cuda_tuning::warps;
@@ -346,28 +342,30 @@ template <Element T, class D, class Q, class O, class L>
   requires ReadView<D, T, tide::cuda> && ReadView<Q, T, tide::cuda> && ReadView<O, T, tide::cuda> &&
       ReadView<L, float, tide::cuda>
 void attention_backward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dqkv, D dout, Q qkv, O out, L lse,
-                        index_t NH) {
+                        index_t NH, scratch<tide::cuda> ws) {
   auto const d = detail::check_attention_backward(dqkv, dout, qkv, out, lse, NH);
   detail::check_attention_cuda_limits("attention_backward", d);
+  detail::check_scratch("attention_backward", "attention_backward_scratch_bytes", ws,
+                        attention_backward_scratch_bytes(ex, d.B, d.T, d.C, d.NH));
   if (d.B == 0 || d.T == 0) return;
   constexpr int W = attention_cuda_tuning::warps, K = attention_cuda_tuning::tile;
   int const Tn = static_cast<int>(d.T), C = static_cast<int>(d.C), NHi = static_cast<int>(d.NH),
             HS = static_cast<int>(d.HS);
-  detail::attention_scratch const rowdot(static_cast<std::size_t>(d.B * d.NH * d.T) * sizeof(float), ex.stream);
+  float* const rowdot = detail::scratch_part<float>(ws, 0);  // (B, NH, T)
 
   constexpr int rows_per_block = attention_cuda_tuning::rows_block / 32;
   auto const rowdot_blocks = static_cast<unsigned>((d.B * d.NH * d.T + rows_per_block - 1) / rows_per_block);
   detail::attention_rowdot_kernel<T><<<rowdot_blocks, attention_cuda_tuning::rows_block, 0, ex.stream>>>(
-      rowdot.data(), dout.data(), out.data(), static_cast<int>(d.B), Tn, C, NHi, HS);
+      rowdot, dout.data(), out.data(), static_cast<int>(d.B), Tn, C, NHi, HS);
   TIDE_CUDA_CHECK(cudaGetLastError());
 
   dim3 const grid(static_cast<unsigned>((d.T + W - 1) / W), static_cast<unsigned>(d.B * d.NH));
   float const scale = attention_scale(d.HS);
   detail::attention_backward_kv_kernel<T><<<grid, 32 * W, detail::attention_smem_bytes(d, 2 * W, 2 * K), ex.stream>>>(
-      dqkv.data(), dout.data(), qkv.data(), lse.data(), rowdot.data(), Tn, C, NHi, HS, scale);
+      dqkv.data(), dout.data(), qkv.data(), lse.data(), rowdot, Tn, C, NHi, HS, scale);
   TIDE_CUDA_CHECK(cudaGetLastError());
   detail::attention_backward_q_kernel<T><<<grid, 32 * W, detail::attention_smem_bytes(d, 2 * W, 0), ex.stream>>>(
-      dqkv.data(), dout.data(), qkv.data(), lse.data(), rowdot.data(), Tn, C, NHi, HS, scale);
+      dqkv.data(), dout.data(), qkv.data(), lse.data(), rowdot, Tn, C, NHi, HS, scale);
   TIDE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -13,8 +13,8 @@
 // The five products of a block pair are 64 x 64 x HS block_gemm calls (matmul/block_gemm.hpp).
 //
 // Threads take contiguous slices of the B * NH pairs; a pair is computed by one thread in a fixed
-// order with its own scratch, so the results are bit-identical for any thread count. Scratch per
-// thread, taken before any work and kept for the next call (detail/scratch.hpp): about
+// order with its own part of the caller's scratch (kernels/scratch.hpp), so the results are
+// bit-identical for any thread count. Scratch per slice (min(threads, B NH) slices): about
 // (3 T HS + q_block (k_block + HS)) floats forward, (6 T HS + 2 T + 2 q_block k_block +
 // 2 k_block HS) backward (transposed copies are padded).
 
@@ -24,9 +24,9 @@
 #include "tide/core/exec.hpp"
 #include "tide/kernels/attention/checks.hpp"
 #include "tide/kernels/attention/math.hpp"
-#include "tide/kernels/detail/scratch.hpp"
 #include "tide/kernels/matmul/block_gemm.hpp"
 #include "tide/kernels/residual/rows.hpp"
+#include "tide/kernels/scratch.hpp"
 
 namespace tide::kernels {
 
@@ -43,14 +43,14 @@ struct attention_host_tuning {
 namespace detail {
 
 // f(pair, scratch) for every pair in [0, pairs): threads take contiguous slices of pairs, each
-// slice with its own `per_slice` floats of scratch, all of it the calling thread's (kept for the
-// next call) and taken before any work starts.
-struct attention_scratch;
+// slice with its own `per_slice` floats of the caller's scratch.
+inline int attention_slices(thread_pool const& pool, index_t pairs) noexcept {
+  return static_cast<int>(std::min<index_t>(pool.threads(), pairs));
+}
 template <class F>
-void attention_over_pairs(thread_pool& pool, index_t pairs, std::size_t per_slice, F&& f) {
+void attention_over_pairs(thread_pool& pool, index_t pairs, std::size_t per_slice, float* scratch, F&& f) {
   if (pairs == 0) return;
-  int const slices = static_cast<int>(std::min<index_t>(pool.threads(), pairs));
-  float* const scratch = thread_scratch<attention_scratch>(per_slice * static_cast<std::size_t>(slices));
+  int const slices = attention_slices(pool, pairs);
   parallel_for(pool, static_cast<std::size_t>(slices), [&](std::size_t s0, std::size_t s1) {
     for (std::size_t s = s0; s < s1; ++s) {
       auto const [p0, p1] = thread_pool::slice(static_cast<std::size_t>(pairs), slices, static_cast<int>(s));
@@ -119,9 +119,15 @@ void attention_load(T const* src, index_t C3, index_t c0, index_t Tn, index_t HS
   }
 }
 
+// Rows of a query block and of a key block that a sequence of T positions can fill: the score
+// blocks keep k_block columns (their row stride) but need no more rows than T.
+constexpr index_t attention_query_rows(index_t Tn) noexcept { return std::min(attention_host_tuning::q_block, Tn); }
+constexpr index_t attention_key_rows(index_t Tn) noexcept { return std::min(attention_host_tuning::k_block, Tn); }
+
 inline std::size_t attention_forward_scratch(attention_dims const& d) {
-  constexpr index_t BQ = attention_host_tuning::q_block, BK = attention_host_tuning::k_block;
-  return static_cast<std::size_t>(2 * d.T * d.HS + d.HS * attention_transposed_ld(d.T) + BQ * (BK + d.HS));
+  constexpr index_t BK = attention_host_tuning::k_block;
+  return static_cast<std::size_t>(2 * d.T * d.HS + d.HS * attention_transposed_ld(d.T) +
+                                  attention_query_rows(d.T) * (BK + d.HS));
 }
 
 // One (b, h) pair of the forward.
@@ -135,8 +141,9 @@ void attention_forward_pair(attention_dims const& d, index_t b, index_t h, T* ou
   float* const q = scratch;        // (T, HS), scaled
   float* const v = q + Tn * HS;    // (T, HS)
   float* const kt = v + Tn * HS;   // (HS, T), leading dimension ldt
-  float* const s = kt + HS * ldt;  // (BQ, BK): scores, then probabilities
-  float* const o = s + BQ * BK;    // (BQ, HS)
+  index_t const RQ = attention_query_rows(Tn);
+  float* const s = kt + HS * ldt;  // (RQ, BK): scores, then probabilities
+  float* const o = s + RQ * BK;    // (RQ, HS)
   T const* const seq = qkv + b * Tn * C3;
   attention_load(seq, C3, h * HS, Tn, HS, attention_scale(HS), q, false);
   attention_load(seq, C3, d.C + h * HS, Tn, HS, 1.0f, kt, true, ldt);
@@ -179,9 +186,9 @@ void attention_forward_pair(attention_dims const& d, index_t b, index_t h, T* ou
 }
 
 inline std::size_t attention_backward_scratch(attention_dims const& d) {
-  constexpr index_t BQ = attention_host_tuning::q_block, BK = attention_host_tuning::k_block;
-  return static_cast<std::size_t>(4 * d.T * d.HS + 2 * d.HS * attention_transposed_ld(d.T) + 2 * d.T + 2 * BQ * BK +
-                                  2 * BK * d.HS);
+  constexpr index_t BK = attention_host_tuning::k_block;
+  return static_cast<std::size_t>(4 * d.T * d.HS + 2 * d.HS * attention_transposed_ld(d.T) + 2 * d.T +
+                                  2 * attention_query_rows(d.T) * BK + 2 * attention_key_rows(d.T) * d.HS);
 }
 
 // One (b, h) pair of the backward.
@@ -199,10 +206,11 @@ void attention_backward_pair(attention_dims const& d, index_t b, index_t h, T* d
   float* const vt = kt + HS * ldt;  // (HS, T), leading dimension ldt
   float* const D = vt + HS * ldt;   // (T): dout . out per row
   float* const L = D + Tn;          // (T): lse
-  float* const p = L + Tn;          // (BQ, BK)
-  float* const ds = p + BQ * BK;    // (BQ, BK): dP, then dS
-  float* const dk = ds + BQ * BK;   // (BK, HS)
-  float* const dv = dk + BK * HS;   // (BK, HS)
+  index_t const RQ = attention_query_rows(Tn), RK = attention_key_rows(Tn);
+  float* const p = L + Tn;          // (RQ, BK)
+  float* const ds = p + RQ * BK;    // (RQ, BK): dP, then dS
+  float* const dk = ds + RQ * BK;   // (RK, HS)
+  float* const dv = dk + RK * HS;   // (RK, HS)
 
   T const* const seq = qkv + b * Tn * C3;
   attention_load(seq, C3, h * HS, Tn, HS, scale, qs, false);
@@ -257,28 +265,55 @@ void attention_backward_pair(attention_dims const& d, index_t b, index_t h, T* d
 
 }  // namespace detail
 
+// Scratch of attention_forward / attention_backward on the host for qkv (batch, T, 3C), NH heads.
+inline std::size_t attention_forward_scratch_bytes(exec<host> const& ex, index_t batch, index_t T, index_t C,
+                                                   index_t NH) {
+  detail::attention_dims const d{batch, T, C, NH, NH > 0 ? C / NH : 0};
+  return sizeof(float) * detail::attention_forward_scratch(d) *
+         static_cast<std::size_t>(detail::attention_slices(ex.pool, batch * NH));
+}
+inline std::size_t attention_backward_scratch_bytes(exec<host> const& ex, index_t batch, index_t T, index_t C,
+                                                    index_t NH) {
+  detail::attention_dims const d{batch, T, C, NH, NH > 0 ? C / NH : 0};
+  return sizeof(float) * detail::attention_backward_scratch(d) *
+         static_cast<std::size_t>(detail::attention_slices(ex.pool, batch * NH));
+}
+
 // out (B, T, C) = causal softmax(q k^T / sqrt(HS)) v per head; lse (B, NH, T) = log sum_j
 // exp(q_i . k_j / sqrt(HS)) per query row, saved for the backward. qkv (B, T, 3C).
 template <Element T, class Q>
   requires ReadView<Q, T>
-void attention_forward(exec<host> const& ex, tensor_view<T> out, tensor_view<float> lse, Q qkv, index_t NH) {
+void attention_forward(exec<host> const& ex, tensor_view<T> out, tensor_view<float> lse, Q qkv, index_t NH,
+                       scratch<host> ws) {
   auto const d = detail::check_attention_forward(out, lse, qkv, NH);
+  detail::check_scratch("attention_forward", "attention_forward_scratch_bytes", ws,
+                         attention_forward_scratch_bytes(ex, d.B, d.T, d.C, d.NH));
   if (d.T == 0) return;
   T* const o = out.data();
   float* const l = lse.data();
   T const* const x = qkv.data();
   detail::attention_over_pairs(ex.pool, d.B * d.NH, detail::attention_forward_scratch(d),
-                               [&](index_t pair, float* scratch) {
+                               detail::scratch_part<float>(ws, 0), [&](index_t pair, float* scratch) {
                                  detail::attention_forward_pair(d, pair / d.NH, pair % d.NH, o, l, x, scratch);
                                });
+}
+template <Element T, class Q>
+  requires ReadView<Q, T>
+void attention_forward(exec<host> const& ex, tensor_view<T> out, tensor_view<float> lse, Q qkv, index_t NH) {
+  detail::call_scratch const ws(
+      out.rank() == 3 ? attention_forward_scratch_bytes(ex, out.extent(0), out.extent(1), out.extent(2), NH) : 0);
+  attention_forward(ex, out, lse, qkv, NH, ws.get());
 }
 
 // dqkv (B, T, 3C) += the gradient of attention_forward's out, given dout (B, T, C), and the out and
 // lse that attention_forward returned for this qkv.
 template <Element T, class D, class Q, class O, class L>
   requires ReadView<D, T> && ReadView<Q, T> && ReadView<O, T> && ReadView<L, float>
-void attention_backward(exec<host> const& ex, tensor_view<T> dqkv, D dout, Q qkv, O out, L lse, index_t NH) {
+void attention_backward(exec<host> const& ex, tensor_view<T> dqkv, D dout, Q qkv, O out, L lse, index_t NH,
+                        scratch<host> ws) {
   auto const d = detail::check_attention_backward(dqkv, dout, qkv, out, lse, NH);
+  detail::check_scratch("attention_backward", "attention_backward_scratch_bytes", ws,
+                         attention_backward_scratch_bytes(ex, d.B, d.T, d.C, d.NH));
   if (d.T == 0) return;
   T* const g = dqkv.data();
   T const* const go = dout.data();
@@ -286,9 +321,17 @@ void attention_backward(exec<host> const& ex, tensor_view<T> dqkv, D dout, Q qkv
   T const* const o = out.data();
   float const* const l = lse.data();
   detail::attention_over_pairs(ex.pool, d.B * d.NH, detail::attention_backward_scratch(d),
-                               [&](index_t pair, float* scratch) {
+                               detail::scratch_part<float>(ws, 0), [&](index_t pair, float* scratch) {
                                  detail::attention_backward_pair(d, pair / d.NH, pair % d.NH, g, go, x, o, l, scratch);
                                });
+}
+template <Element T, class D, class Q, class O, class L>
+  requires ReadView<D, T> && ReadView<Q, T> && ReadView<O, T> && ReadView<L, float>
+void attention_backward(exec<host> const& ex, tensor_view<T> dqkv, D dout, Q qkv, O out, L lse, index_t NH) {
+  detail::call_scratch const ws(
+      dout.rank() == 3 ? attention_backward_scratch_bytes(ex, dout.extent(0), dout.extent(1), dout.extent(2), NH)
+                       : 0);
+  attention_backward(ex, dqkv, dout, qkv, out, lse, NH, ws.get());
 }
 
 }  // namespace tide::kernels

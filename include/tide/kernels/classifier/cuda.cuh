@@ -26,6 +26,7 @@
 #include "tide/kernels/classifier/check.hpp"
 #include "tide/kernels/classifier/math.hpp"
 #include "tide/kernels/softmax/cuda.cuh"
+#include "tide/kernels/scratch.hpp"
 
 namespace tide::kernels {
 
@@ -208,6 +209,36 @@ void crossentropy_softmax_backward(exec<tide::cuda> const& ex, tensor_view<T, ti
     detail::crossentropy_softmax_backward_kernel<block, 1>
         <<<grid, block, 0, ex.stream>>>(dlogits.data(), probs.data(), targets.data(), rows, vocab, vp, dloss);
   TIDE_CUDA_CHECK(cudaGetLastError());
+}
+
+// The scratch protocol on CUDA: a row is one block's, in registers and shared memory, so the
+// query answers 0 and the forms with scratch check it and run the above.
+inline std::size_t fused_classifier_scratch_bytes(exec<tide::cuda> const&, index_t, index_t) noexcept { return 0; }
+template <Element T>
+void fused_classifier(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dlogits,
+                      tensor_view<float, tide::cuda> losses,
+                      std::type_identity_t<tensor_view<T const, tide::cuda>> logits,
+                      tensor_view<std::int32_t const, tide::cuda> targets, index_t vocab, float dloss,
+                      scratch<tide::cuda> ws) {
+  detail::check_scratch("fused_classifier", "fused_classifier_scratch_bytes", ws, 0);
+  fused_classifier(ex, dlogits, losses, logits, targets, vocab, dloss);
+}
+template <Element T>
+void fused_classifier(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dlogits,
+                      tensor_view<float, tide::cuda> losses,
+                      std::type_identity_t<tensor_view<T const, tide::cuda>> logits,
+                      tensor_view<std::int32_t const, tide::cuda> targets, index_t vocab, scratch<tide::cuda> ws) {
+  detail::check_scratch("fused_classifier", "fused_classifier_scratch_bytes", ws, 0);
+  fused_classifier(ex, dlogits, losses, logits, targets, vocab);
+}
+template <Element T>
+void fused_classifier(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dlogits,
+                      tensor_view<float, tide::cuda> losses,
+                      std::type_identity_t<tensor_view<T const, tide::cuda>> logits,
+                      tensor_view<std::int32_t const, tide::cuda> targets, index_t vocab,
+                      tensor_view<float const, tide::cuda> dlosses, scratch<tide::cuda> ws) {
+  detail::check_scratch("fused_classifier", "fused_classifier_scratch_bytes", ws, 0);
+  fused_classifier(ex, dlogits, losses, logits, targets, vocab, dlosses);
 }
 
 TIDE_ABI_NAMESPACE_END

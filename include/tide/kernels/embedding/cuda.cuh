@@ -13,8 +13,8 @@
 //      dwte once; the other blocks return at once. Each (token, channel) has one writer;
 //   3. dwpe: one thread per (t, c) sums over b in order and adds once.
 // The same sums in the same order as host.hpp, so both backends give the same bits for the
-// same inputs. Scratch for the sort (4 N ints + CUB's temporary) comes from cudaMallocAsync on
-// ex.stream and is freed on it.
+// same inputs. Scratch for the sort (CUB's temporary + 4 N ints) is the caller's
+// (encoder_backward_scratch_bytes, kernels/scratch.hpp).
 
 #include <cuda_runtime.h>
 
@@ -33,6 +33,7 @@
 #include "tide/core/tensor_view.hpp"
 #include "tide/kernels/embedding/check.hpp"
 #include "tide/kernels/embedding/row_table.hpp"
+#include "tide/kernels/scratch.hpp"
 
 namespace tide::kernels {
 
@@ -126,6 +127,26 @@ inline unsigned encoder_grid(index_t items) {
 }
 
 TIDE_ABI_NAMESPACE_END
+
+// encoder_backward's scratch on CUDA: CUB's temporary storage for the sort of n keys in
+// [0, vocab], then keys and positions, in and out.
+struct encoder_cuda_layout {
+  std::size_t cub_bytes = 0, keys = 0, bytes = 0;
+};
+inline encoder_cuda_layout encoder_cuda_parts(index_t n, index_t vocab) {
+  encoder_cuda_layout e;
+  if (n == 0) return e;
+  int const end_bit = std::bit_width(static_cast<std::uint32_t>(vocab));
+  TIDE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, e.cub_bytes, static_cast<std::uint32_t const*>(nullptr), static_cast<std::uint32_t*>(nullptr),
+      static_cast<std::int32_t const*>(nullptr), static_cast<std::int32_t*>(nullptr), n, 0, end_bit));
+  scratch_parts p;
+  (void)p.add<std::byte>(e.cub_bytes);
+  e.keys = p.add<std::int32_t>(4 * static_cast<std::size_t>(n));
+  e.bytes = p.bytes();
+  return e;
+}
+
 }  // namespace detail
 
 TIDE_ABI_NAMESPACE_BEGIN
@@ -165,10 +186,18 @@ void encoder_forward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> out,
   encoder_forward(ex, out, tokens, row_table_of(wte), wpe);
 }
 
+
+// Scratch of encoder_backward on CUDA for dout (batch, T, C) and a table of V rows.
+inline std::size_t encoder_backward_scratch_bytes(exec<tide::cuda> const&, index_t batch, index_t T, index_t,
+                                                  index_t V) {
+  return detail::encoder_cuda_parts(batch * T, V).bytes;
+}
+
 template <Element G, class D>
   requires Element<std::remove_const_t<D>>
 void encoder_backward(exec<tide::cuda> const& ex, row_table<G> const& dwte, tensor_view<G, tide::cuda> dwpe,
-                      tensor_view<D, tide::cuda> dout, tensor_view<std::int32_t const, tide::cuda> tokens) {
+                      tensor_view<D, tide::cuda> dout, tensor_view<std::int32_t const, tide::cuda> tokens,
+                      scratch<tide::cuda> ws) {
   char const* what = "encoder_backward";
   detail::encoder_check_act(what, "dout", dout, tokens, dwpe);
   detail::check_row_table(what, "the token table", dwte, dout.extent(2));
@@ -178,24 +207,17 @@ void encoder_backward(exec<tide::cuda> const& ex, row_table<G> const& dwte, tens
                ": dout overlaps a gradient table; pass a separate buffer");
   index_t const b_len = dout.extent(0), t_len = dout.extent(1), c_len = dout.extent(2), vocab = dwte.rows;
   index_t const n = b_len * t_len;
-  if (n == 0 || c_len == 0) return;
   TIDE_REQUIRE(n < (index_t{1} << 31) && vocab < (index_t{1} << 31) - 1, what, ": ", n,
                " positions or a vocabulary of ", vocab, " do not fit the 32-bit sort keys; split the batch");
+  auto const parts = detail::encoder_cuda_parts(n, vocab);
+  detail::check_scratch(what, "encoder_backward_scratch_bytes", ws, parts.bytes);
+  if (n == 0 || c_len == 0) return;
   cudaStream_t const stream = ex.stream;
-
-  // Scratch: CUB's temporary storage first (cudaMallocAsync aligns it), then keys and positions
-  // in and out.
   int const end_bit = std::bit_width(static_cast<std::uint32_t>(vocab));  // keys are in [0, vocab]
-  std::size_t cub_bytes = 0;
-  TIDE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      nullptr, cub_bytes, static_cast<std::uint32_t const*>(nullptr), static_cast<std::uint32_t*>(nullptr),
-      static_cast<std::int32_t const*>(nullptr), static_cast<std::int32_t*>(nullptr), n, 0, end_bit, stream));
-  std::size_t const cub_rounded = (cub_bytes + 255) / 256 * 256;
+  std::size_t cub_bytes = parts.cub_bytes;
+  void* cub_temp = ws.data;
   auto const un = static_cast<std::size_t>(n);
-  void* scratch = nullptr;
-  TIDE_CUDA_CHECK(cudaMallocAsync(&scratch, cub_rounded + 4 * un * sizeof(std::int32_t), stream));
-  void* cub_temp = scratch;
-  auto* keys_in = reinterpret_cast<std::uint32_t*>(static_cast<char*>(scratch) + cub_rounded);
+  auto* keys_in = detail::scratch_part<std::uint32_t>(ws, parts.keys);
   auto* keys = keys_in + un;
   auto* pos_in = reinterpret_cast<std::int32_t*>(keys + un);
   auto* pos = pos_in + un;
@@ -217,17 +239,16 @@ void encoder_backward(exec<tide::cuda> const& ex, row_table<G> const& dwte, tens
         dwpe.data(), dout.data(), b_len, t_len, c_len);
     status = cudaGetLastError();
   }
-  cudaError_t const freed = cudaFreeAsync(scratch, stream);
   TIDE_CUDA_CHECK(status);
-  TIDE_CUDA_CHECK(freed);
 }
 
 template <Element G, class D>
   requires Element<std::remove_const_t<D>>
 void encoder_backward(exec<tide::cuda> const& ex, tensor_view<G, tide::cuda> dwte, tensor_view<G, tide::cuda> dwpe,
-                      tensor_view<D, tide::cuda> dout, tensor_view<std::int32_t const, tide::cuda> tokens) {
+                      tensor_view<D, tide::cuda> dout, tensor_view<std::int32_t const, tide::cuda> tokens,
+                      scratch<tide::cuda> ws) {
   detail::encoder_check_shapes("encoder_backward", "dout", dout, tokens, dwte, dwpe);
-  encoder_backward(ex, row_table_of(dwte), dwpe, dout, tokens);
+  encoder_backward(ex, row_table_of(dwte), dwpe, dout, tokens, ws);
 }
 
 TIDE_ABI_NAMESPACE_END

@@ -12,6 +12,7 @@
 #include "tide/core/exec.cuh"
 #include "tide/kernels/gelu/gelu.hpp"
 #include "tide/kernels/residual/rows.cuh"
+#include "tide/kernels/scratch.hpp"
 
 namespace tide::kernels::detail {
 TIDE_ABI_NAMESPACE_BEGIN
@@ -168,17 +169,23 @@ void bias_gelu_forward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> ou
   TIDE_CUDA_CHECK(cudaGetLastError());
 }
 
-// dinp = gelu'(inp + bias) * dout (assigned), dbias += its sum over rows, on ex.stream. Uses
-// ceil(N / chunk_rows) * C floats of stream-ordered scratch.
+// Scratch of bias_gelu_backward on CUDA: ceil(N / chunk_rows) * C floats of partials.
+inline std::size_t bias_gelu_backward_scratch_bytes(exec<tide::cuda> const&, index_t rows, index_t C) noexcept {
+  return sizeof(float) * detail::cuda_column_sums_floats<1>(rows, C);
+}
+
+// dinp = gelu'(inp + bias) * dout (assigned), dbias += its sum over rows, on ex.stream.
 template <Element T, Element W, class X, class B, class D>
   requires ReadView<X, T, tide::cuda> && ReadView<B, W, tide::cuda> && ReadView<D, T, tide::cuda>
 void bias_gelu_backward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dinp, tensor_view<W, tide::cuda> dbias,
-                        X inp, B bias, D dout) {
+                        X inp, B bias, D dout, scratch<tide::cuda> ws) {
   index_t const C = detail::check_bias_gelu_backward(dinp, dbias, inp, bias, dout);
   index_t const N = inp.size() / C;
+  detail::check_scratch("bias_gelu_backward", "bias_gelu_backward_scratch_bytes", ws,
+                        bias_gelu_backward_scratch_bytes(ex, N, C));
   if (N == 0) return;
   index_t const chunks = (N + cuda_row_tuning::chunk_rows - 1) / cuda_row_tuning::chunk_rows;
-  detail::stream_scratch partials(static_cast<std::size_t>(chunks * C) * sizeof(float), ex.stream);
+  float* const partials = detail::scratch_part<float>(ws, 0);
   std::size_t const acc_bytes = static_cast<std::size_t>(C) * sizeof(float);
   bool const shared = acc_bytes <= cuda_row_tuning::shared_partials_max;
   std::size_t const smem = shared ? acc_bytes : 0;
@@ -187,12 +194,12 @@ void bias_gelu_backward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> d
   if (C % w == 0 && detail::pack_aligned<T, w>(dinp.data()) && detail::pack_aligned<T, w>(inp.data()) &&
       detail::pack_aligned<W, w>(bias.data()) && detail::pack_aligned<T, w>(dout.data()))
     detail::bias_gelu_backward_kernel<T, W, w><<<blocks, cuda_row_tuning::block, smem, ex.stream>>>(
-        dinp.data(), partials.floats(), inp.data(), bias.data(), dout.data(), N, C, shared);
+        dinp.data(), partials, inp.data(), bias.data(), dout.data(), N, C, shared);
   else
     detail::bias_gelu_backward_kernel<T, W, 1><<<blocks, cuda_row_tuning::block, smem, ex.stream>>>(
-        dinp.data(), partials.floats(), inp.data(), bias.data(), dout.data(), N, C, shared);
+        dinp.data(), partials, inp.data(), bias.data(), dout.data(), N, C, shared);
   TIDE_CUDA_CHECK(cudaGetLastError());
-  detail::launch_column_sums<W, 1>(ex.stream, partials.floats(), chunks, C, {{dbias.data()}});
+  detail::launch_column_sums<W, 1>(ex.stream, partials, chunks, C, {{dbias.data()}});
 }
 
 TIDE_ABI_NAMESPACE_END

@@ -7,6 +7,7 @@
 #include "tide/kernels/gelu/checks.hpp"
 #include "tide/kernels/gelu/math.hpp"
 #include "tide/kernels/residual/rows.hpp"
+#include "tide/kernels/scratch.hpp"
 
 namespace tide::kernels {
 
@@ -78,20 +79,37 @@ void bias_gelu_forward(exec<host> const& ex, tensor_view<T> out, X inp, B bias) 
   });
 }
 
+// Scratch of bias_gelu_backward on the host for rows of C channels: the per-chunk partials of dbias.
+inline std::size_t bias_gelu_backward_scratch_bytes(exec<host> const&, index_t rows, index_t C) noexcept {
+  return sizeof(float) * detail::column_sums_floats<1>(rows, C);
+}
+
 // dinp(n, c) = gelu'(inp(n, c) + bias(c)) * dout(n, c), assigned; dbias(c) += sum over rows of
 // it (the float values, before dinp's rounding). dinp may be dout or inp.
 template <Element T, Element W, class X, class B, class D>
   requires ReadView<X, T> && ReadView<B, W> && ReadView<D, T>
-void bias_gelu_backward(exec<host> const& ex, tensor_view<T> dinp, tensor_view<W> dbias, X inp, B bias, D dout) {
+void bias_gelu_backward(exec<host> const& ex, tensor_view<T> dinp, tensor_view<W> dbias, X inp, B bias, D dout,
+                        scratch<host> ws) {
   index_t const C = detail::check_bias_gelu_backward(dinp, dbias, inp, bias, dout);
+  index_t const rows = inp.size() / C;
+  detail::check_scratch("bias_gelu_backward", "bias_gelu_backward_scratch_bytes", ws,
+                        bias_gelu_backward_scratch_bytes(ex, rows, C));
   T* const di = dinp.data();
   T const* const x = inp.data();
   T const* const g = dout.data();
   W const* const w = bias.data();
-  detail::rows_with_column_sums<1>(ex.pool, inp.size() / C, C, std::array<W*, 1>{dbias.data()},
+  detail::rows_with_column_sums<1>(ex.pool, rows, C, std::array<W*, 1>{dbias.data()},
+                                   detail::scratch_part<float>(ws, 0),
                                    [=](index_t r, std::array<float*, 1> const& acc) {
                                      detail::bias_gelu_backward_row(di + r * C, acc[0], x + r * C, w, g + r * C, C);
                                    });
+}
+template <Element T, Element W, class X, class B, class D>
+  requires ReadView<X, T> && ReadView<B, W> && ReadView<D, T>
+void bias_gelu_backward(exec<host> const& ex, tensor_view<T> dinp, tensor_view<W> dbias, X inp, B bias, D dout) {
+  index_t const C = detail::check_bias_gelu_backward(dinp, dbias, inp, bias, dout);
+  detail::call_scratch const ws(bias_gelu_backward_scratch_bytes(ex, inp.size() / C, C));
+  bias_gelu_backward(ex, dinp, dbias, inp, bias, dout, ws.get());
 }
 
 }  // namespace tide::kernels

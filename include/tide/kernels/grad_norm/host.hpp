@@ -28,7 +28,7 @@
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
 #include "tide/core/tensor_view.hpp"
-#include "tide/kernels/detail/scratch.hpp"
+#include "tide/kernels/scratch.hpp"
 #include "tide/kernels/grad_norm/math.hpp"
 
 namespace tide::kernels {
@@ -95,13 +95,10 @@ bool has_non_finite(Grad const* __restrict x, index_t n) {
   return found != 0;
 }
 
-// The grains' partials are the calling thread's scratch, kept for the next call: a training
-// loop's norm allocates nothing after its first step.
-struct grad_norm_partials;  // the scratch tag (grad_norm_scratch is the CUDA path's device record)
+// The grains' partials are the caller's scratch (one double per grain).
 template <class Record>
-double grad_sum_squares(thread_pool& pool, Record const* records, std::size_t count) {
+double grad_sum_squares(thread_pool& pool, Record const* records, std::size_t count, double* partial) {
   std::size_t const grains = grad_grains(records, count);
-  double* const partial = thread_scratch<grad_norm_partials, double>(grains);
   parallel_for(pool, grains, [&](std::size_t first, std::size_t last) {
     for_each_grad_grain(records, count, first, last,
                         [&](auto const* x, index_t n, std::size_t k) { partial[k] = sum_squares(x, n); });
@@ -140,22 +137,53 @@ grad_tensor<std::remove_const_t<Grad>> flat_grad_record(tensor_view<Grad> const&
 
 }  // namespace detail
 
+// Scratch of global_grad_norm on the host: one double per grain of the gradients.
+template <std::ranges::contiguous_range List>
+  requires GradientRecord<std::ranges::range_value_t<List>>
+std::size_t global_grad_norm_scratch_bytes(exec<host> const&, List const& grads) {
+  return sizeof(double) * detail::grad_grains(std::ranges::data(grads), static_cast<std::size_t>(std::ranges::size(grads)));
+}
+template <class Grad>
+  requires Element<std::remove_const_t<Grad>>
+std::size_t global_grad_norm_scratch_bytes(exec<host> const&, tensor_view<Grad> const& grads) {
+  grad_tensor<std::remove_const_t<Grad>> const record{nullptr, grads.size()};
+  return sizeof(double) * detail::grad_grains(&record, 1);
+}
+
 // sqrt(sum over tensors of sum g^2) over a list (any contiguous range of GradientRecord:
 // grad_tensor, adamw_tensor), threaded over ex.pool; identical for any thread count. Non-finite
-// exactly when some gradient is non-finite.
+// exactly when some gradient is.
+template <std::ranges::contiguous_range List>
+  requires GradientRecord<std::ranges::range_value_t<List>>
+double global_grad_norm(exec<host> const& ex, List const& grads, scratch<host> ws) {
+  auto const* records = detail::checked_grad_records(grads);
+  detail::check_scratch("global_grad_norm", "global_grad_norm_scratch_bytes", ws,
+                        global_grad_norm_scratch_bytes(ex, grads));
+  return std::sqrt(detail::grad_sum_squares(ex.pool, records, static_cast<std::size_t>(std::ranges::size(grads)),
+                                            detail::scratch_part<double>(ws, 0)));
+}
 template <std::ranges::contiguous_range List>
   requires GradientRecord<std::ranges::range_value_t<List>>
 double global_grad_norm(exec<host> const& ex, List const& grads) {
-  auto const* records = detail::checked_grad_records(grads);
-  return std::sqrt(detail::grad_sum_squares(ex.pool, records, static_cast<std::size_t>(std::ranges::size(grads))));
+  (void)detail::checked_grad_records(grads);
+  detail::call_scratch const ws(global_grad_norm_scratch_bytes(ex, grads));
+  return global_grad_norm(ex, grads, ws.get());
 }
 
 // The same over one flat chunk of gradients, any shape, contiguous.
 template <class Grad>
   requires Element<std::remove_const_t<Grad>>
-double global_grad_norm(exec<host> const& ex, tensor_view<Grad> grads) {
+double global_grad_norm(exec<host> const& ex, tensor_view<Grad> grads, scratch<host> ws) {
   auto const record = detail::flat_grad_record(grads);
-  return std::sqrt(detail::grad_sum_squares(ex.pool, &record, 1));
+  detail::check_scratch("global_grad_norm", "global_grad_norm_scratch_bytes", ws,
+                        global_grad_norm_scratch_bytes(ex, grads));
+  return std::sqrt(detail::grad_sum_squares(ex.pool, &record, 1, detail::scratch_part<double>(ws, 0)));
+}
+template <class Grad>
+  requires Element<std::remove_const_t<Grad>>
+double global_grad_norm(exec<host> const& ex, tensor_view<Grad> grads) {
+  detail::call_scratch const ws(global_grad_norm_scratch_bytes(ex, grads));
+  return global_grad_norm(ex, grads, ws.get());
 }
 
 // Whether any gradient is Inf or NaN (for loss scaling when no norm is needed; with a norm, test

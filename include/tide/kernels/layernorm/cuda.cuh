@@ -19,6 +19,7 @@
 #include "tide/core/exec.cuh"
 #include "tide/kernels/layernorm/layernorm.hpp"
 #include "tide/kernels/residual/rows.cuh"
+#include "tide/kernels/scratch.hpp"
 
 namespace tide::kernels::detail {
 TIDE_ABI_NAMESPACE_BEGIN
@@ -268,18 +269,25 @@ void residual_layernorm_forward(exec<tide::cuda> const& ex, tensor_view<T, tide:
   });
 }
 
-// dinp += ..., dweight += ..., dbias += ... on ex.stream; device views. Uses ceil(N / chunk_rows)
-// * 2C floats of stream-ordered scratch.
+// Scratch of layernorm_backward on CUDA: ceil(N / chunk_rows) * 2C floats of partials.
+inline std::size_t layernorm_backward_scratch_bytes(exec<tide::cuda> const&, index_t rows, index_t C) noexcept {
+  return sizeof(float) * detail::cuda_column_sums_floats<2>(rows, C);
+}
+
+// dinp += ..., dweight += ..., dbias += ... on ex.stream; device views.
 template <Element T, Element W, class D, class X, class Wv, class M, class R>
   requires ReadView<D, T, tide::cuda> && ReadView<X, T, tide::cuda> && ReadView<Wv, W, tide::cuda> &&
            ReadView<M, float, tide::cuda> && ReadView<R, float, tide::cuda>
 void layernorm_backward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dinp, tensor_view<W, tide::cuda> dweight,
-                        tensor_view<W, tide::cuda> dbias, D dout, X inp, Wv weight, M mean, R rstd) {
+                        tensor_view<W, tide::cuda> dbias, D dout, X inp, Wv weight, M mean, R rstd,
+                        scratch<tide::cuda> ws) {
   index_t const C = detail::check_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
   index_t const N = inp.size() / C;
+  detail::check_scratch("layernorm_backward", "layernorm_backward_scratch_bytes", ws,
+                        layernorm_backward_scratch_bytes(ex, N, C));
   if (N == 0) return;
   index_t const chunks = (N + cuda_row_tuning::chunk_rows - 1) / cuda_row_tuning::chunk_rows;
-  detail::stream_scratch partials(static_cast<std::size_t>(chunks * 2 * C) * sizeof(float), ex.stream);
+  float* const partials = detail::scratch_part<float>(ws, 0);
   std::size_t const acc_bytes = static_cast<std::size_t>(2 * C) * sizeof(float);
   bool const shared = acc_bytes <= cuda_row_tuning::shared_partials_max;
   std::size_t const smem = shared ? acc_bytes : 0;
@@ -287,12 +295,12 @@ void layernorm_backward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> d
   constexpr int w = detail::pack_width<T>;
   if (detail::rows_packable<T, W>(C, {dinp.data(), dout.data(), inp.data()}, {weight.data()}))
     detail::layernorm_backward_kernel<T, W, w><<<blocks, cuda_row_tuning::block, smem, ex.stream>>>(
-        dinp.data(), partials.floats(), dout.data(), inp.data(), weight.data(), mean.data(), rstd.data(), N, C, shared);
+        dinp.data(), partials, dout.data(), inp.data(), weight.data(), mean.data(), rstd.data(), N, C, shared);
   else
     detail::layernorm_backward_kernel<T, W, 1><<<blocks, cuda_row_tuning::block, smem, ex.stream>>>(
-        dinp.data(), partials.floats(), dout.data(), inp.data(), weight.data(), mean.data(), rstd.data(), N, C, shared);
+        dinp.data(), partials, dout.data(), inp.data(), weight.data(), mean.data(), rstd.data(), N, C, shared);
   TIDE_CUDA_CHECK(cudaGetLastError());
-  detail::launch_column_sums<W, 2>(ex.stream, partials.floats(), chunks, C, {{dweight.data(), dbias.data()}});
+  detail::launch_column_sums<W, 2>(ex.stream, partials, chunks, C, {{dweight.data(), dbias.data()}});
 }
 
 TIDE_ABI_NAMESPACE_END

@@ -11,6 +11,7 @@
 #include "tide/kernels/layernorm/checks.hpp"
 #include "tide/kernels/layernorm/math.hpp"
 #include "tide/kernels/residual/rows.hpp"
+#include "tide/kernels/scratch.hpp"
 
 namespace tide::kernels {
 
@@ -84,25 +85,43 @@ void layernorm_forward(exec<host> const& ex, tensor_view<T> out, tensor_view<flo
   });
 }
 
+// Scratch of layernorm_backward on the host for rows of C channels: the per-chunk partials of
+// dweight and dbias.
+inline std::size_t layernorm_backward_scratch_bytes(exec<host> const&, index_t rows, index_t C) noexcept {
+  return sizeof(float) * detail::column_sums_floats<2>(rows, C);
+}
+
 // dinp += dL/dinp (accumulated, as llm.c: dinp is the residual stream's gradient), dweight +=
 // dL/dweight, dbias += dL/dbias, from dout and the forward's inp, weight, mean and rstd.
 //   dinp, dout, inp: (N, C), contiguous; weight, dweight, dbias: (C); mean, rstd: one per row.
 template <Element T, Element W, class D, class X, class Wv, class M, class R>
   requires ReadView<D, T> && ReadView<X, T> && ReadView<Wv, W> && ReadView<M, float> && ReadView<R, float>
 void layernorm_backward(exec<host> const& ex, tensor_view<T> dinp, tensor_view<W> dweight, tensor_view<W> dbias,
-                        D dout, X inp, Wv weight, M mean, R rstd) {
+                        D dout, X inp, Wv weight, M mean, R rstd, scratch<host> ws) {
   index_t const C = detail::check_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+  index_t const rows = inp.size() / C;
+  detail::check_scratch("layernorm_backward", "layernorm_backward_scratch_bytes", ws,
+                        layernorm_backward_scratch_bytes(ex, rows, C));
   T* const di = dinp.data();
   T const* const g = dout.data();
   T const* const x = inp.data();
   W const* const w = weight.data();
   float const* const m = mean.data();
   float const* const s = rstd.data();
-  detail::rows_with_column_sums<2>(ex.pool, inp.size() / C, C, std::array<W*, 2>{dweight.data(), dbias.data()},
+  detail::rows_with_column_sums<2>(ex.pool, rows, C, std::array<W*, 2>{dweight.data(), dbias.data()},
+                                   detail::scratch_part<float>(ws, 0),
                                    [=](index_t r, std::array<float*, 2> const& acc) {
                                      detail::layernorm_backward_row(di + r * C, acc[0], acc[1], g + r * C, x + r * C, w,
                                                                     m[r], s[r], C);
                                    });
+}
+template <Element T, Element W, class D, class X, class Wv, class M, class R>
+  requires ReadView<D, T> && ReadView<X, T> && ReadView<Wv, W> && ReadView<M, float> && ReadView<R, float>
+void layernorm_backward(exec<host> const& ex, tensor_view<T> dinp, tensor_view<W> dweight, tensor_view<W> dbias,
+                        D dout, X inp, Wv weight, M mean, R rstd) {
+  index_t const C = detail::check_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+  detail::call_scratch const ws(layernorm_backward_scratch_bytes(ex, inp.size() / C, C));
+  layernorm_backward(ex, dinp, dweight, dbias, dout, inp, weight, mean, rstd, ws.get());
 }
 
 // residual = a + b, then out = layernorm(residual), in one pass over each row (llm.c's

@@ -28,6 +28,7 @@
 #include "tide/core/tensor_view.hpp"
 #include "tide/kernels/gelu/cuda.cuh"
 #include "tide/kernels/matmul/checks.hpp"
+#include "tide/kernels/scratch.hpp"
 
 namespace tide::kernels {
 
@@ -191,6 +192,48 @@ void matmul_backward_gelu(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda>
   detail::check_matmul_gelu_pre(dout, pre);
   gelu_backward(ex, dout, tensor_view<T const, tide::cuda>(pre), tensor_view<T const, tide::cuda>(dout));
   matmul_cuda::backward(ex, d, dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data());
+}
+
+// The scratch protocol on CUDA: cuBLAS needs none of the caller's (it keeps its own workspace per
+// handle), so the queries answer 0 and the overloads with scratch check it and run the above.
+template <Element T>
+std::size_t matmul_forward_scratch_bytes(exec<tide::cuda> const&, index_t, index_t, index_t) noexcept {
+  return 0;
+}
+template <Element T>
+std::size_t matmul_backward_scratch_bytes(exec<tide::cuda> const&, index_t, index_t, index_t) noexcept {
+  return 0;
+}
+template <Element T, class X, class W>
+  requires ReadView<X, T, tide::cuda> && ReadView<W, T, tide::cuda>
+void matmul_forward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> out, X inp, W weight,
+                    std::type_identity_t<tensor_view<T const, tide::cuda>> bias, scratch<tide::cuda> ws) {
+  detail::check_scratch("matmul_forward", "matmul_forward_scratch_bytes", ws, 0);
+  matmul_forward(ex, out, inp, weight, bias);
+}
+template <Element T, class X, class W>
+  requires ReadView<X, T, tide::cuda> && ReadView<W, T, tide::cuda>
+void matmul_forward_gelu(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> out, tensor_view<T, tide::cuda> pre,
+                         X inp, W weight, std::type_identity_t<tensor_view<T const, tide::cuda>> bias,
+                         scratch<tide::cuda> ws) {
+  detail::check_scratch("matmul_forward_gelu", "matmul_forward_scratch_bytes", ws, 0);
+  matmul_forward_gelu(ex, out, pre, inp, weight, bias);
+}
+template <Element T, class D, class X, class W>
+  requires ReadView<D, T, tide::cuda> && ReadView<X, T, tide::cuda> && ReadView<W, T, tide::cuda>
+void matmul_backward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dinp, tensor_view<T, tide::cuda> dweight,
+                     std::type_identity_t<tensor_view<T, tide::cuda>> dbias, D dout, X inp, W weight,
+                     scratch<tide::cuda> ws) {
+  detail::check_scratch("matmul_backward", "matmul_backward_scratch_bytes", ws, 0);
+  matmul_backward(ex, dinp, dweight, dbias, dout, inp, weight);
+}
+template <Element T, class P, class X, class W>
+  requires ReadView<P, T, tide::cuda> && ReadView<X, T, tide::cuda> && ReadView<W, T, tide::cuda>
+void matmul_backward_gelu(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dinp,
+                          tensor_view<T, tide::cuda> dweight, std::type_identity_t<tensor_view<T, tide::cuda>> dbias,
+                          tensor_view<T, tide::cuda> dout, P pre, X inp, W weight, scratch<tide::cuda> ws) {
+  detail::check_scratch("matmul_backward_gelu", "matmul_backward_scratch_bytes", ws, 0);
+  matmul_backward_gelu(ex, dinp, dweight, dbias, dout, pre, inp, weight);
 }
 
 TIDE_ABI_NAMESPACE_END

@@ -7,21 +7,22 @@
 //
 // bf16 / f16 operands are converted to float copies first (threaded, one pass each) and results
 // are rounded back once: scratch of (N*C + OC*C + N*OC) floats per forward, (N*OC + N*C + OC*C)
-// plus (N*C + OC*C) per backward (the calling thread's, kept for the next call: each of the five
-// buffers holds the largest size any call asked of it), and one conversion pass over each
+// plus (N*C + OC*C) per backward, from the caller (kernels/scratch.hpp:
+// matmul_forward_scratch_bytes, matmul_backward_scratch_bytes), and one conversion pass over each
 // operand, small against the 2*N*C*OC FLOP of a product for N of a few hundred rows
-// (docs/kernels/matmul.md).
+// (docs/kernels/matmul.md). Float operands need no scratch with BLAS; the portable sgemm
+// transposes the forward's weight into C*OC floats of it.
 
 #include <algorithm>
 #include <cstddef>
 #include <type_traits>
 
 #include "tide/core/exec.hpp"
-#include "tide/kernels/detail/scratch.hpp"
 #include "tide/kernels/gelu/host.hpp"
 #include "tide/kernels/matmul/block_gemm.hpp"
 #include "tide/kernels/matmul/checks.hpp"
 #include "tide/kernels/residual/rows.hpp"
+#include "tide/kernels/scratch.hpp"
 
 #if defined(TIDE_HAS_BLAS)
 #include <cblas.h>
@@ -58,15 +59,15 @@ inline void matmul_transpose(thread_pool& pool, index_t rows, index_t cols, floa
 }
 
 // Row-major C (M, N) = op(A) (M, K) @ op(B) (K, N), or C += it; op transposes when asked (A is then
-// stored (K, M), B (N, K)). block_gemm reads A^T in place; B^T is transposed into scratch first
-// (the calling thread's, kept). Every element of C is summed over k in order, whatever the threads.
-struct matmul_transpose_scratch;
+// stored (K, M), B (N, K)). block_gemm reads A^T in place; B^T is transposed into `bt` first (K * N
+// floats of the caller's; unused without transpose_b). Every element of C is summed over k in
+// order, whatever the threads.
 inline void sgemm_portable(thread_pool& pool, bool transpose_a, bool transpose_b, index_t M, index_t N, index_t K,
                            float const* a, index_t lda, float const* b, index_t ldb, bool accumulate, float* c,
-                           index_t ldc) {
+                           index_t ldc, float* bt) {
   if (M == 0 || N == 0) return;
   if (transpose_b) {
-    float* const bt = thread_scratch<matmul_transpose_scratch>(static_cast<std::size_t>(K * N));
+    TIDE_ASSERT(bt != nullptr || K == 0);  // K * N floats, none when K = 0
     matmul_transpose(pool, N, K, b, ldb, bt);  // (K, N)
     b = bt;
     ldb = N;
@@ -98,7 +99,8 @@ inline void blas_single_thread() {
 }
 #endif
 
-// The product the kernels use, row-major C (M, N) = op(A) @ op(B) (+= when accumulate).
+// The product the kernels use, row-major C (M, N) = op(A) @ op(B) (+= when accumulate). `bt`:
+// K * N floats for the portable path's transposed B (sgemm_transpose_floats), else unused.
 //
 // With BLAS: C is cut into blocks of whole rows (M >= N) or whole columns, one single-threaded
 // cblas_sgemm per block, blocks spread over ex.pool. The cut depends only on the shape, never on
@@ -106,8 +108,10 @@ inline void blas_single_thread() {
 // the thread count, and with it the rounding). Cutting the longer side re-packs the smaller
 // operand in every block. Without BLAS: sgemm_portable.
 inline void sgemm(thread_pool& pool, bool transpose_a, bool transpose_b, index_t M, index_t N, index_t K,
-                  float const* a, index_t lda, float const* b, index_t ldb, bool accumulate, float* c, index_t ldc) {
+                  float const* a, index_t lda, float const* b, index_t ldb, bool accumulate, float* c, index_t ldc,
+                  float* bt) {
 #if defined(TIDE_HAS_BLAS)
+  (void)bt;
   if (M == 0 || N == 0) return;
   blas_single_thread();
   bool const by_rows = M >= N;
@@ -131,31 +135,72 @@ inline void sgemm(thread_pool& pool, bool transpose_a, bool transpose_b, index_t
     }
   });
 #else
-  sgemm_portable(pool, transpose_a, transpose_b, M, N, K, a, lda, b, ldb, accumulate, c, ldc);
+  sgemm_portable(pool, transpose_a, transpose_b, M, N, K, a, lda, b, ldb, accumulate, c, ldc, bt);
 #endif
 }
 
-// The float copies of bf16 / f16 operands and results: the calling thread's scratch, kept for the
-// next call, one buffer per role (the roles of one call are live at once). out serves the
-// forward's result and the backward's dout (both N x OC, never in one call).
-enum class matmul_role : int { inp, weight, out, dinp, dweight };
-template <matmul_role Role>
-struct matmul_scratch;
+// Floats of scratch sgemm needs for a transposed B of (N, K): none with BLAS.
+constexpr std::size_t sgemm_transpose_floats(bool transpose_b, index_t N, index_t K) noexcept {
+#if defined(TIDE_HAS_BLAS)
+  (void)transpose_b, (void)N, (void)K;
+  return 0;
+#else
+  return transpose_b ? static_cast<std::size_t>(N * K) : 0;
+#endif
+}
 
-// A read-only operand as floats: the data itself for float, a converted copy otherwise.
-template <Element T, matmul_role Role>
+// The float copies of bf16 / f16 operands and results, in the caller's scratch (one part per
+// role: the roles of one call are live at once).
+template <Element T>
+inline constexpr bool matmul_copies = !std::is_same_v<T, float>;
+
+// A matmul call's scratch: offsets of its parts (unused ones 0) and the total.
+struct matmul_parts {
+  std::size_t inp = 0, weight = 0, out = 0, dinp = 0, dweight = 0, transposed = 0, bytes = 0;
+};
+template <Element T>
+matmul_parts matmul_forward_parts(index_t N, index_t C, index_t OC) noexcept {
+  scratch_parts p;
+  matmul_parts m;
+  auto const n = [](index_t a, index_t b) { return static_cast<std::size_t>(a * b); };
+  if constexpr (matmul_copies<T>) {
+    m.inp = p.add<float>(n(N, C));
+    m.weight = p.add<float>(n(OC, C));
+    m.out = p.add<float>(n(N, OC));
+  }
+  if (std::size_t const t = sgemm_transpose_floats(true, OC, C); t != 0) m.transposed = p.add<float>(t);
+  m.bytes = p.bytes();
+  return m;
+}
+template <Element T>
+matmul_parts matmul_backward_parts(index_t N, index_t C, index_t OC) noexcept {
+  scratch_parts p;
+  matmul_parts m;
+  auto const n = [](index_t a, index_t b) { return static_cast<std::size_t>(a * b); };
+  if constexpr (matmul_copies<T>) {
+    m.out = p.add<float>(n(N, OC));  // dout
+    m.inp = p.add<float>(n(N, C));
+    m.weight = p.add<float>(n(OC, C));
+    m.dinp = p.add<float>(n(N, C));
+    m.dweight = p.add<float>(n(OC, C));
+  }
+  m.bytes = p.bytes();
+  return m;
+}
+
+// A read-only operand as floats: the data itself for float, a converted copy (at `copy`) otherwise.
+template <Element T>
 class matmul_operand {
  public:
-  matmul_operand(thread_pool& pool, T const* data, index_t n) {
-    if constexpr (std::is_same_v<T, float>) {
-      (void)pool, (void)n;
+  matmul_operand(thread_pool& pool, T const* data, index_t n, float* copy) {
+    if constexpr (!matmul_copies<T>) {
+      (void)pool, (void)n, (void)copy;
       data_ = data;
     } else {
-      float* const dst = thread_scratch<matmul_scratch<Role>>(static_cast<std::size_t>(n));
       for_elements(pool, n, [=](index_t b, index_t e) {
-        for (index_t i = b; i < e; ++i) dst[i] = to_float(data[i]);
+        for (index_t i = b; i < e; ++i) copy[i] = to_float(data[i]);
       });
-      data_ = dst;
+      data_ = copy;
     }
   }
   [[nodiscard]] float const* data() const noexcept { return data_; }
@@ -164,24 +209,22 @@ class matmul_operand {
   float const* data_ = nullptr;
 };
 
-// An output as floats: the tensor itself for float; otherwise a float scratch that finish()
-// rounds into the tensor (assigned, or added to its old values when Accumulate).
-template <Element T, bool Accumulate, matmul_role Role>
+// An output as floats: the tensor itself for float; otherwise a float copy (at `copy`) that
+// finish() rounds into the tensor (assigned, or added to its old values when Accumulate).
+template <Element T, bool Accumulate>
 class matmul_result {
  public:
-  matmul_result(T* data, index_t n) : out_(data), n_(n) {
-    if constexpr (!std::is_same_v<T, float>) scratch_ = thread_scratch<matmul_scratch<Role>>(static_cast<std::size_t>(n));
-  }
+  matmul_result(T* data, index_t n, float* copy) : out_(data), n_(n), scratch_(copy) {}
   [[nodiscard]] float* data() const noexcept {
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (!matmul_copies<T>)
       return out_;
     else
       return scratch_;
   }
   // Whether an sgemm into data() accumulates: into the tensor itself, yes when Accumulate.
-  [[nodiscard]] static constexpr bool accumulate() noexcept { return Accumulate && std::is_same_v<T, float>; }
+  [[nodiscard]] static constexpr bool accumulate() noexcept { return Accumulate && !matmul_copies<T>; }
   void finish(thread_pool& pool) const {
-    if constexpr (!std::is_same_v<T, float>) {
+    if constexpr (matmul_copies<T>) {
       T* const o = out_;
       float const* const s = scratch_;
       for_elements(pool, n_, [=](index_t b, index_t e) {
@@ -193,7 +236,7 @@ class matmul_result {
  private:
   T* out_;
   index_t n_;
-  float* scratch_ = nullptr;
+  float* scratch_;
 };
 
 // dbias(o) += sum over rows of g(n, o), rows in order: the same for any thread count.
@@ -216,18 +259,32 @@ void matmul_column_sums(thread_pool& pool, float const* g, index_t N, index_t OC
 
 }  // namespace detail
 
+// Scratch of matmul_forward / matmul_forward_gelu and of matmul_backward / matmul_backward_gelu
+// for inp (N, C), weight (OC, C), element type T: float copies of bf16 / f16 operands, and the
+// portable sgemm's transposed weight (none with BLAS).
+template <Element T>
+std::size_t matmul_forward_scratch_bytes(exec<host> const&, index_t N, index_t C, index_t OC) noexcept {
+  return detail::matmul_forward_parts<T>(N, C, OC).bytes;
+}
+template <Element T>
+std::size_t matmul_backward_scratch_bytes(exec<host> const&, index_t N, index_t C, index_t OC) noexcept {
+  return detail::matmul_backward_parts<T>(N, C, OC).bytes;
+}
+
 // out = inp @ weight^T + bias. inp (N, C) or (B, T, C); weight (OC, C); bias (OC) or {} for none;
 // out (N, OC) or (B, T, OC). The bias is written into out first and the sgemm adds to it.
 template <Element T, class X, class W>
   requires ReadView<X, T> && ReadView<W, T>
 void matmul_forward(exec<host> const& ex, tensor_view<T> out, X inp, W weight,
-                    std::type_identity_t<tensor_view<T const>> bias = {}) {
+                    std::type_identity_t<tensor_view<T const>> bias, scratch<host> ws) {
   auto const d = detail::check_matmul_forward(out, inp, weight, bias);
+  auto const parts = detail::matmul_forward_parts<T>(d.N, d.C, d.OC);
+  detail::check_scratch("matmul_forward", "matmul_forward_scratch_bytes", ws, parts.bytes);
   if (d.N == 0) return;
-  using role = detail::matmul_role;
-  detail::matmul_operand<T, role::inp> const x(ex.pool, inp.data(), d.N * d.C);
-  detail::matmul_operand<T, role::weight> const w(ex.pool, weight.data(), d.OC * d.C);
-  detail::matmul_result<T, false, role::out> const y(out.data(), d.N * d.OC);
+  auto const at = [&](std::size_t offset) { return detail::scratch_part<float>(ws, offset); };
+  detail::matmul_operand<T> const x(ex.pool, inp.data(), d.N * d.C, at(parts.inp));
+  detail::matmul_operand<T> const w(ex.pool, weight.data(), d.OC * d.C, at(parts.weight));
+  detail::matmul_result<T, false> const y(out.data(), d.N * d.OC, at(parts.out));
   bool const with_bias = detail::matmul_given(bias);
   if (with_bias) {
     float* const o = y.data();
@@ -237,7 +294,8 @@ void matmul_forward(exec<host> const& ex, tensor_view<T> out, X inp, W weight,
         for (index_t j = 0; j < d.OC; ++j) o[n * d.OC + j] = to_float(b[j]);
     });
   }
-  detail::sgemm(ex.pool, false, true, d.N, d.OC, d.C, x.data(), d.C, w.data(), d.C, with_bias, y.data(), d.OC);
+  detail::sgemm(ex.pool, false, true, d.N, d.OC, d.C, x.data(), d.C, w.data(), d.C, with_bias, y.data(), d.OC,
+                at(parts.transposed));
   y.finish(ex.pool);
 }
 
@@ -246,9 +304,9 @@ void matmul_forward(exec<host> const& ex, tensor_view<T> out, X inp, W weight,
 template <Element T, class X, class W>
   requires ReadView<X, T> && ReadView<W, T>
 void matmul_forward_gelu(exec<host> const& ex, tensor_view<T> out, tensor_view<T> pre, X inp, W weight,
-                         std::type_identity_t<tensor_view<T const>> bias = {}) {
+                         std::type_identity_t<tensor_view<T const>> bias, scratch<host> ws) {
   detail::check_matmul_forward_gelu(out, pre, inp, weight, bias);
-  matmul_forward(ex, pre, inp, weight, bias);
+  matmul_forward(ex, pre, inp, weight, bias, ws);
   gelu_forward(ex, out, tensor_view<T const>(pre));
 }
 
@@ -257,21 +315,24 @@ void matmul_forward_gelu(exec<host> const& ex, tensor_view<T> out, tensor_view<T
 template <Element T, class D, class X, class W>
   requires ReadView<D, T> && ReadView<X, T> && ReadView<W, T>
 void matmul_backward(exec<host> const& ex, tensor_view<T> dinp, tensor_view<T> dweight,
-                     std::type_identity_t<tensor_view<T>> dbias, D dout, X inp, W weight) {
+                     std::type_identity_t<tensor_view<T>> dbias, D dout, X inp, W weight, scratch<host> ws) {
   auto const d = detail::check_matmul_backward("matmul_backward", dinp, dweight, dbias, dout, inp, weight,
                                                detail::region::use::read);
+  auto const parts = detail::matmul_backward_parts<T>(d.N, d.C, d.OC);
+  detail::check_scratch("matmul_backward", "matmul_backward_scratch_bytes", ws, parts.bytes);
   if (d.N == 0) return;
-  // Every allocation (a scratch that grows) happens before the first write.
-  using role = detail::matmul_role;
-  detail::matmul_operand<T, role::out> const g(ex.pool, dout.data(), d.N * d.OC);
-  detail::matmul_operand<T, role::inp> const x(ex.pool, inp.data(), d.N * d.C);
-  detail::matmul_operand<T, role::weight> const w(ex.pool, weight.data(), d.OC * d.C);
-  detail::matmul_result<T, true, role::dinp> const di(dinp.data(), d.N * d.C);
-  detail::matmul_result<T, true, role::dweight> const dw(dweight.data(), d.OC * d.C);
+  auto const at = [&](std::size_t offset) { return detail::scratch_part<float>(ws, offset); };
+  detail::matmul_operand<T> const g(ex.pool, dout.data(), d.N * d.OC, at(parts.out));
+  detail::matmul_operand<T> const x(ex.pool, inp.data(), d.N * d.C, at(parts.inp));
+  detail::matmul_operand<T> const w(ex.pool, weight.data(), d.OC * d.C, at(parts.weight));
+  detail::matmul_result<T, true> const di(dinp.data(), d.N * d.C, at(parts.dinp));
+  detail::matmul_result<T, true> const dw(dweight.data(), d.OC * d.C, at(parts.dweight));
   // dinp (N, C) += g (N, OC) @ w (OC, C)
-  detail::sgemm(ex.pool, false, false, d.N, d.C, d.OC, g.data(), d.OC, w.data(), d.C, di.accumulate(), di.data(), d.C);
+  detail::sgemm(ex.pool, false, false, d.N, d.C, d.OC, g.data(), d.OC, w.data(), d.C, di.accumulate(), di.data(), d.C,
+                nullptr);
   // dweight (OC, C) += g^T (OC, N) @ x (N, C)
-  detail::sgemm(ex.pool, true, false, d.OC, d.C, d.N, g.data(), d.OC, x.data(), d.C, dw.accumulate(), dw.data(), d.C);
+  detail::sgemm(ex.pool, true, false, d.OC, d.C, d.N, g.data(), d.OC, x.data(), d.C, dw.accumulate(), dw.data(), d.C,
+                nullptr);
   di.finish(ex.pool);
   dw.finish(ex.pool);
   if (detail::matmul_given(dbias)) detail::matmul_column_sums(ex.pool, g.data(), d.N, d.OC, dbias.data());
@@ -283,12 +344,51 @@ void matmul_backward(exec<host> const& ex, tensor_view<T> dinp, tensor_view<T> d
 template <Element T, class P, class X, class W>
   requires ReadView<P, T> && ReadView<X, T> && ReadView<W, T>
 void matmul_backward_gelu(exec<host> const& ex, tensor_view<T> dinp, tensor_view<T> dweight,
-                          std::type_identity_t<tensor_view<T>> dbias, tensor_view<T> dout, P pre, X inp, W weight) {
-  detail::check_matmul_backward("matmul_backward_gelu", dinp, dweight, dbias, dout, inp, weight,
-                                detail::region::use::written);
+                          std::type_identity_t<tensor_view<T>> dbias, tensor_view<T> dout, P pre, X inp, W weight,
+                          scratch<host> ws) {
+  auto const d = detail::check_matmul_backward("matmul_backward_gelu", dinp, dweight, dbias, dout, inp, weight,
+                                               detail::region::use::written);
   detail::check_matmul_gelu_pre(dout, pre);
+  detail::check_scratch("matmul_backward_gelu", "matmul_backward_scratch_bytes", ws,
+                        detail::matmul_backward_parts<T>(d.N, d.C, d.OC).bytes);
   gelu_backward(ex, dout, tensor_view<T const>(pre), tensor_view<T const>(dout));
-  matmul_backward(ex, dinp, dweight, dbias, tensor_view<T const>(dout), inp, weight);
+  matmul_backward(ex, dinp, dweight, dbias, tensor_view<T const>(dout), inp, weight, ws);
+}
+
+// The same four on the host with scratch allocated for the one call (kernels/scratch.hpp).
+template <Element T, class X, class W>
+  requires ReadView<X, T> && ReadView<W, T>
+void matmul_forward(exec<host> const& ex, tensor_view<T> out, X inp, W weight,
+                    std::type_identity_t<tensor_view<T const>> bias = {}) {
+  auto const d = detail::check_matmul_forward(out, inp, weight, bias);
+  detail::call_scratch const ws(matmul_forward_scratch_bytes<T>(ex, d.N, d.C, d.OC));
+  matmul_forward(ex, out, inp, weight, bias, ws.get());
+}
+template <Element T, class X, class W>
+  requires ReadView<X, T> && ReadView<W, T>
+void matmul_forward_gelu(exec<host> const& ex, tensor_view<T> out, tensor_view<T> pre, X inp, W weight,
+                         std::type_identity_t<tensor_view<T const>> bias = {}) {
+  auto const d = detail::check_matmul_forward_gelu(out, pre, inp, weight, bias);
+  detail::call_scratch const ws(matmul_forward_scratch_bytes<T>(ex, d.N, d.C, d.OC));
+  matmul_forward_gelu(ex, out, pre, inp, weight, bias, ws.get());
+}
+template <Element T, class D, class X, class W>
+  requires ReadView<D, T> && ReadView<X, T> && ReadView<W, T>
+void matmul_backward(exec<host> const& ex, tensor_view<T> dinp, tensor_view<T> dweight,
+                     std::type_identity_t<tensor_view<T>> dbias, D dout, X inp, W weight) {
+  auto const d = detail::check_matmul_backward("matmul_backward", dinp, dweight, dbias, dout, inp, weight,
+                                               detail::region::use::read);
+  detail::call_scratch const ws(matmul_backward_scratch_bytes<T>(ex, d.N, d.C, d.OC));
+  matmul_backward(ex, dinp, dweight, dbias, dout, inp, weight, ws.get());
+}
+template <Element T, class P, class X, class W>
+  requires ReadView<P, T> && ReadView<X, T> && ReadView<W, T>
+void matmul_backward_gelu(exec<host> const& ex, tensor_view<T> dinp, tensor_view<T> dweight,
+                          std::type_identity_t<tensor_view<T>> dbias, tensor_view<T> dout, P pre, X inp, W weight) {
+  auto const d = detail::check_matmul_backward("matmul_backward_gelu", dinp, dweight, dbias, dout, inp, weight,
+                                               detail::region::use::written);
+  detail::call_scratch const ws(matmul_backward_scratch_bytes<T>(ex, d.N, d.C, d.OC));
+  matmul_backward_gelu(ex, dinp, dweight, dbias, dout, pre, inp, weight, ws.get());
 }
 
 }  // namespace tide::kernels

@@ -153,22 +153,13 @@ void launch_column_sums(cudaStream_t stream, float const* partials, index_t chun
   TIDE_CUDA_CHECK(cudaGetLastError());
 }
 
-// Device scratch in stream order (cudaMallocAsync), freed in stream order when it goes out of
-// scope, also when a later launch throws.
-class stream_scratch {
- public:
-  stream_scratch(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
-    TIDE_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
-  }
-  stream_scratch(stream_scratch const&) = delete;
-  stream_scratch& operator=(stream_scratch const&) = delete;
-  ~stream_scratch() { (void)cudaFreeAsync(data_, stream_); }
-  [[nodiscard]] float* floats() const noexcept { return static_cast<float*>(data_); }
-
- private:
-  void* data_ = nullptr;
-  cudaStream_t stream_;
-};
+// Floats of column-sum partials for N rows of C channels, K sums per column: ceil(N / chunk_rows)
+// chunks of K C.
+template <int K>
+constexpr std::size_t cuda_column_sums_floats(index_t N, index_t C) noexcept {
+  index_t const chunks = (N + cuda_row_tuning::chunk_rows - 1) / cuda_row_tuning::chunk_rows;
+  return static_cast<std::size_t>(chunks * K * C);
+}
 
 TIDE_ABI_NAMESPACE_END
 }  // namespace tide::kernels::detail

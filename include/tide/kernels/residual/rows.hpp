@@ -22,7 +22,6 @@
 #include "tide/core/error.hpp"
 #include "tide/core/parallel.hpp"
 #include "tide/core/tensor_view.hpp"
-#include "tide/kernels/detail/scratch.hpp"
 
 namespace tide::kernels {
 
@@ -206,16 +205,19 @@ void for_rows(thread_pool& pool, index_t rows, index_t C, F&& f) {
 //
 // Deterministic for any thread count: rows go in fixed chunks of chunk_rows; each chunk sums its
 // rows in order into its own partial; the partials are added in chunk order. Neither order
-// depends on the thread count. Scratch: ceil(rows / chunk_rows) * K * C floats, the calling
-// thread's (thread_scratch: kept for the next call).
-struct column_sums_scratch;
+// depends on the thread count. Scratch: column_sums_floats<K>(rows, C) floats of the caller's.
+template <std::size_t K>
+constexpr std::size_t column_sums_floats(index_t rows, index_t C) noexcept {
+  index_t const chunks = (rows + row_tuning::chunk_rows - 1) / row_tuning::chunk_rows;
+  return static_cast<std::size_t>(chunks * static_cast<index_t>(K) * C);
+}
 template <std::size_t K, Element W, class Row>
-void rows_with_column_sums(thread_pool& pool, index_t rows, index_t C, std::array<W*, K> dst, Row&& row) {
+void rows_with_column_sums(thread_pool& pool, index_t rows, index_t C, std::array<W*, K> dst, float* scratch,
+                           Row&& row) {
   if (rows == 0) return;
   index_t const R = row_tuning::chunk_rows;
   index_t const chunks = (rows + R - 1) / R;
   index_t const slot = static_cast<index_t>(K) * C;
-  float* const scratch = thread_scratch<column_sums_scratch>(static_cast<std::size_t>(chunks * slot));
   // One chunk per task at least; more when rows are short, so a task is worth a thread.
   index_t const chunks_per_task = std::max<index_t>(1, rows_per_task(C) / R);
   auto const tasks = static_cast<std::size_t>((chunks + chunks_per_task - 1) / chunks_per_task);

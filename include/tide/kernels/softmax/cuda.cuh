@@ -28,6 +28,7 @@
 #include "tide/core/tensor_view.hpp"
 #include "tide/kernels/softmax/check.hpp"
 #include "tide/kernels/softmax/math.hpp"
+#include "tide/kernels/scratch.hpp"
 
 namespace tide::kernels {
 
@@ -285,6 +286,30 @@ void softmax_backward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> din
     launch.template operator()<256, 1>();
   else
     launch.template operator()<512, 1>();
+}
+
+// The scratch protocol on CUDA: rows live in registers, so the query answers 0 and the forms
+// with scratch check it and run the above.
+inline std::size_t softmax_forward_scratch_bytes(exec<tide::cuda> const&, index_t, index_t) noexcept { return 0; }
+template <Element T>
+void softmax_forward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> out,
+                     std::type_identity_t<tensor_view<T const, tide::cuda>> inp, float scale, scratch<tide::cuda> ws) {
+  detail::check_scratch("softmax_forward", "softmax_forward_scratch_bytes", ws, 0);
+  softmax_forward(ex, out, inp, scale);
+}
+template <Element T>
+void softmax_forward_causal(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> out,
+                            std::type_identity_t<tensor_view<T const, tide::cuda>> inp, float scale,
+                            scratch<tide::cuda> ws) {
+  detail::check_scratch("softmax_forward_causal", "softmax_forward_scratch_bytes", ws, 0);
+  softmax_forward_causal(ex, out, inp, scale);
+}
+template <Element T>
+void softmax_forward_masked(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> out,
+                            std::type_identity_t<tensor_view<T const, tide::cuda>> inp,
+                            tensor_view<std::int32_t const, tide::cuda> lengths, float scale, scratch<tide::cuda> ws) {
+  detail::check_scratch("softmax_forward_masked", "softmax_forward_scratch_bytes", ws, 0);
+  softmax_forward_masked(ex, out, inp, lengths, scale);
 }
 
 TIDE_ABI_NAMESPACE_END

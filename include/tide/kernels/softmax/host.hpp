@@ -18,7 +18,7 @@
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
 #include "tide/core/tensor_view.hpp"
-#include "tide/kernels/detail/scratch.hpp"
+#include "tide/kernels/scratch.hpp"
 #include "tide/kernels/softmax/check.hpp"
 #include "tide/kernels/softmax/math.hpp"
 
@@ -138,16 +138,21 @@ void softmax_row(T* y, T const* x, float* z, index_t n, index_t cols, float scal
   softmax_row_store(y, z, n, cols, 1.f / s);
 }
 
-// Every row of (rows, cols), one slice of rows per thread, one scratch row per thread (kept for
-// the next call).
-struct softmax_row_scratch;
+// Every row of (rows, cols), one slice of rows per thread, one scratch row per slice: `scratch`
+// holds softmax_slices(pool, rows) rows of cols floats.
+inline int softmax_slices(thread_pool const& pool, index_t rows) noexcept {
+  return static_cast<int>(std::min<index_t>(pool.threads(), rows));
+}
 template <class T, class Mask>
-void softmax_rows(thread_pool& pool, T* out, T const* inp, index_t rows, index_t cols, float scale, Mask mask) {
+void softmax_rows(thread_pool& pool, T* out, T const* inp, index_t rows, index_t cols, float scale, Mask mask,
+                  float* scratch) {
   if (rows == 0 || cols == 0) return;
+  int const slices = softmax_slices(pool, rows);
   parallel_for(pool, static_cast<std::size_t>(rows), [&](std::size_t begin, std::size_t end) {
-    float* const scratch = thread_scratch<softmax_row_scratch>(static_cast<std::size_t>(cols));
+    auto const t = thread_pool::slice_at(static_cast<std::size_t>(rows), slices, begin);
+    float* const z = scratch + static_cast<index_t>(t) * cols;
     for (auto r = static_cast<index_t>(begin); r < static_cast<index_t>(end); ++r)
-      softmax_row(out + r * cols, inp + r * cols, scratch, mask.valid(r), cols, scale);
+      softmax_row(out + r * cols, inp + r * cols, z, mask.valid(r), cols, scale);
   });
 }
 
@@ -175,27 +180,37 @@ void softmax_backward_row(T* dx, T const* y, T const* dy, index_t cols, float sc
 
 }  // namespace detail
 
+// Scratch of the softmax forwards on the host for `rows` rows of `cols` (the last extent):
+// one row of floats per thread. The backward needs none.
+inline std::size_t softmax_forward_scratch_bytes(exec<host> const& ex, index_t rows, index_t cols) noexcept {
+  return sizeof(float) * static_cast<std::size_t>(detail::softmax_slices(ex.pool, rows) * cols);
+}
+
 // out = softmax(scale * inp) over the last dimension. inp, out: (R, L) or any rank >= 1 (rows
 // over the leading dimensions), contiguous, the same memory (in place) or disjoint.
 template <Element T>
 void softmax_forward(exec<host> const& ex, tensor_view<T> out, std::type_identity_t<tensor_view<T const>> inp,
-                     float scale = 1.f) {
+                     float scale, scratch<host> ws) {
   detail::softmax_check_pair("softmax_forward", "out", out, "inp", inp);
-  index_t const cols = inp.extent(inp.rank() - 1);
-  detail::softmax_rows(ex.pool, out.data(), inp.data(), detail::softmax_rows_of(inp), cols, scale,
-                       detail::full_columns{cols});
+  index_t const cols = inp.extent(inp.rank() - 1), rows = detail::softmax_rows_of(inp);
+  detail::check_scratch("softmax_forward", "softmax_forward_scratch_bytes", ws,
+                        softmax_forward_scratch_bytes(ex, rows, cols));
+  detail::softmax_rows(ex.pool, out.data(), inp.data(), rows, cols, scale, detail::full_columns{cols},
+                       detail::scratch_part<float>(ws, 0));
 }
 
 // Causal attention scores (..., T, T), e.g. (B, NH, T, T): row t of each T x T block is the
 // softmax of its columns 0..t; columns t+1.. output 0.
 template <Element T>
 void softmax_forward_causal(exec<host> const& ex, tensor_view<T> out, std::type_identity_t<tensor_view<T const>> inp,
-                            float scale = 1.f) {
+                            float scale, scratch<host> ws) {
   detail::softmax_check_pair("softmax_forward_causal", "out", out, "inp", inp);
   detail::softmax_check_causal(inp);
-  index_t const t = inp.extent(inp.rank() - 1);
-  detail::softmax_rows(ex.pool, out.data(), inp.data(), detail::softmax_rows_of(inp), t, scale,
-                       detail::causal_columns{t});
+  index_t const t = inp.extent(inp.rank() - 1), rows = detail::softmax_rows_of(inp);
+  detail::check_scratch("softmax_forward_causal", "softmax_forward_scratch_bytes", ws,
+                        softmax_forward_scratch_bytes(ex, rows, t));
+  detail::softmax_rows(ex.pool, out.data(), inp.data(), rows, t, scale, detail::causal_columns{t},
+                       detail::scratch_part<float>(ws, 0));
 }
 
 // Valid lengths: lengths (G), G dividing the row count R; rows [g R/G, (g+1) R/G) are the
@@ -203,13 +218,46 @@ void softmax_forward_causal(exec<host> const& ex, tensor_view<T> out, std::type_
 // One length per row (G = R), or per sequence of (B, NH, T, T) scores (G = B: key padding).
 template <Element T>
 void softmax_forward_masked(exec<host> const& ex, tensor_view<T> out, std::type_identity_t<tensor_view<T const>> inp,
-                            tensor_view<std::int32_t const> lengths, float scale = 1.f) {
+                            tensor_view<std::int32_t const> lengths, float scale, scratch<host> ws) {
   detail::softmax_check_pair("softmax_forward_masked", "out", out, "inp", inp);
   detail::softmax_check_lengths_shape(inp, lengths);
   detail::softmax_check_lengths_values(inp, lengths);
-  index_t const rows = detail::softmax_rows_of(inp);
-  detail::softmax_rows(ex.pool, out.data(), inp.data(), rows, inp.extent(inp.rank() - 1), scale,
-                       detail::length_columns{lengths.data(), rows / lengths.size()});
+  index_t const rows = detail::softmax_rows_of(inp), cols = inp.extent(inp.rank() - 1);
+  detail::check_scratch("softmax_forward_masked", "softmax_forward_scratch_bytes", ws,
+                        softmax_forward_scratch_bytes(ex, rows, cols));
+  detail::softmax_rows(ex.pool, out.data(), inp.data(), rows, cols, scale,
+                       detail::length_columns{lengths.data(), rows / lengths.size()},
+                       detail::scratch_part<float>(ws, 0));
+}
+
+// The three with scratch allocated for the one call (kernels/scratch.hpp), after the checks that
+// make inp's rows meaningful.
+namespace detail {
+template <class V>
+std::size_t softmax_call_bytes(exec<host> const& ex, char const* op, V const& out, V const& inp) {
+  softmax_check_pair(op, "out", out, "inp", inp);
+  return softmax_forward_scratch_bytes(ex, softmax_rows_of(inp), inp.extent(inp.rank() - 1));
+}
+}  // namespace detail
+template <Element T>
+void softmax_forward(exec<host> const& ex, tensor_view<T> out, std::type_identity_t<tensor_view<T const>> inp,
+                     float scale = 1.f) {
+  detail::call_scratch const ws(detail::softmax_call_bytes(ex, "softmax_forward", tensor_view<T const>(out), inp));
+  softmax_forward(ex, out, inp, scale, ws.get());
+}
+template <Element T>
+void softmax_forward_causal(exec<host> const& ex, tensor_view<T> out, std::type_identity_t<tensor_view<T const>> inp,
+                            float scale = 1.f) {
+  detail::call_scratch const ws(
+      detail::softmax_call_bytes(ex, "softmax_forward_causal", tensor_view<T const>(out), inp));
+  softmax_forward_causal(ex, out, inp, scale, ws.get());
+}
+template <Element T>
+void softmax_forward_masked(exec<host> const& ex, tensor_view<T> out, std::type_identity_t<tensor_view<T const>> inp,
+                            tensor_view<std::int32_t const> lengths, float scale = 1.f) {
+  detail::call_scratch const ws(
+      detail::softmax_call_bytes(ex, "softmax_forward_masked", tensor_view<T const>(out), inp));
+  softmax_forward_masked(ex, out, inp, lengths, scale, ws.get());
 }
 
 // dinp = scale * out * (dout - sum(dout * out)) per row: the backward of every forward variant

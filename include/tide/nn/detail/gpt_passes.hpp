@@ -17,8 +17,9 @@
 namespace tide::nn {
 
 template <Backend B, Element T, class Hooks>
-void gpt<B, T, Hooks>::prepare(index_t Bn, index_t Tn) {
-  if (Bn == batch_ && Tn == seq_ && activations_) return;
+void gpt<B, T, Hooks>::prepare(exec<B> const& ex, index_t Bn, index_t Tn) {
+  gpt_scratch const scratch = gpt_scratch_of<T>(ex, config_, Bn, Tn);  // depends on ex's threads on the host
+  if (Bn == batch_ && Tn == seq_ && activations_ && scratch_fits(scratch)) return;
   batch_ = seq_ = 0;
   head_slot_ = -1;
   stages_.clear();
@@ -26,7 +27,7 @@ void gpt<B, T, Hooks>::prepare(index_t Bn, index_t Tn) {
   report_ = {};
   release_activation_host();  // no copy reads the old buffer any more
   activations_.release();
-  plan_.replan(Bn, Tn);
+  plan_.replan(Bn, Tn, scratch);
   auto const n = static_cast<std::size_t>(options_.in_flight);
   std::size_t const stride = round_up(plan_.footprint(), options_.alignment);
   std::size_t const bytes = (n - 1) * stride + plan_.footprint();  // in_flight = 1: the plan
@@ -69,7 +70,7 @@ template <Backend B, Element T, class Hooks>
 float
 gpt<B, T, Hooks>::run_forward(exec<B> const& ex, int first, int last, int micro, token_view tokens,
                               token_view const* targets) {
-  prepare(tokens.extent(0), tokens.extent(1));
+  prepare(ex, tokens.extent(0), tokens.extent(1));
   slot_state& s = slot(micro);
   stages_.set(first, last, micro, false);  // overwritten from here: nothing to go back through
   if (first == embedding_block) s.tokens = tokens;
@@ -110,7 +111,8 @@ void gpt<B, T, Hooks>::forward_block(exec<B> const& ex, int b, int micro, bool w
     auto const h = head_acts(micro);
     detail::head_forward(ex, residual_in(b, micro, false), h, cparam(lnf_w()), cparam(lnf_b()), wte());
     if (!with_targets) return;
-    kernels::fused_classifier(ex, h.dlogits, h.losses, view<T const>(h.logits), s.targets, index_t{config_.vocab});
+    kernels::fused_classifier(ex, h.dlogits, h.losses, view<T const>(h.logits), s.targets, index_t{config_.vocab},
+                              h.ws);
     double const sum = detail::ordered_sum(ex, view<float const>(h.losses));
     loss_ = static_cast<float>(sum / static_cast<double>(batch_ * seq_));
     s.targets_given = true;
@@ -162,7 +164,8 @@ void gpt<B, T, Hooks>::backward_block(exec<B> const& ex, int b, int micro) {
       for (int j = 0; j < g.pieces; ++j)
         detail::add_in_place(ex, detail::piece_view<B>(g, j), view<T const>(detail::piece_view<B>(tied, j)));
     }
-    kernels::encoder_backward(ex, g, dparam(wpe()), view<T const>(dres), slot(micro).tokens);
+    kernels::encoder_backward(ex, g, dparam(wpe()), view<T const>(dres), slot(micro).tokens,
+                              plan_.template scratch_at<B>(slot_base(micro), plan_.encoder_scratch));
   }
 }
 

@@ -51,7 +51,7 @@ double trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::gradient_nor
     owned_grads_.clear();
     for (std::uint32_t i = 0; i < g.size(); ++i)
       if (stage_.counted[i]) owned_grads_.push_back(g[i]);
-    double const local = kernels::global_grad_norm(ex_, owned_grads_);
+    double const local = norm_of(owned_grads_);
     return std::sqrt(pipeline_.sum_over_stages(local * local));
   }
   if constexpr (requires { comm_.zero; comm_.sum_over_ranks(0.0); }) {
@@ -61,11 +61,11 @@ double trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::gradient_nor
       owned_grads_.clear();
       for (std::uint32_t i = 0; i < g.size(); ++i)
         if (scheduler_.keeps_state(i)) owned_grads_.push_back(g[i]);
-      double const local = kernels::global_grad_norm(ex_, owned_grads_);
+      double const local = norm_of(owned_grads_);
       return std::sqrt(comm_.sum_over_ranks(local * local));
     }
   }
-  return kernels::global_grad_norm(ex_, g);
+  return norm_of(g);
 }
 
 template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
