@@ -1,5 +1,7 @@
 // The parts the offload engine owns, each on its own, without a scheduler:
 // - moment_map (offload/detail/moments.hpp): what each moment of a step touches and completes;
+// - residency_planner (offload/detail/residency_planner.hpp): budgets, victims and what to fetch
+//   ahead, from a recorded trace and a set of resident ids, without memory;
 // - block_access (offload/detail/block_access.hpp): what the open block may touch;
 // - plan_files (offload/detail/file_plan.hpp): which chunks go to file, a pure decision;
 // - file_tier (offload/detail/file_tier.hpp): the files, their slots and their staging blocks;
@@ -14,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <span>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -36,6 +39,8 @@
 #include <tide/offload/detail/file_plan.hpp>
 #include <tide/offload/detail/file_tier.hpp>
 #include <tide/offload/detail/moments.hpp>
+#include <tide/offload/detail/residency_planner.hpp>
+#include <tide/offload/schedulers.hpp>
 #include <tide/offload/detail/shard_map.hpp>
 #include <tide/offload/detail/sink_lane.hpp>
 #include <tide/offload/detail/update_runner.hpp>
@@ -84,6 +89,99 @@ TEST_CASE("moment_map: each moment's chunks, where each chunk's gradients comple
   CHECK(m.working_set_moment() == "block 2's backward");
   CHECK(m.grads_per_moment() == 2);
   CHECK(category_of([&] { (void)m.ids_of(3, phase::forward); }) == tide::errc::usage);
+}
+
+TEST_CASE("residency_planner: budgets, victims, demands and the walk ahead, from a trace alone") {
+  namespace off = tide::offload;
+  using off::detail::residency_move;
+  using kind = residency_move::kind;
+  constexpr std::size_t block = 1 * KiB, budget = 6 * KiB, reserved = 512;
+  // 4 parameter chunks (ids 0..3) and their gradients (4..7); a step forward 0..3, backward 3..0.
+  off::chunked<off::belady> const policy{.reserved = reserved, .prefetch_moments = 2};
+  off::detail::residency_planner<off::chunked<off::belady>> plan(policy, budget, 8);
+  plan.ctx.block_bytes = block;
+  std::vector<ids> const step = {{0}, {1}, {2}, {3}, {3, 7}, {2, 6}, {1, 5}, {0, 4}};
+  auto record = [&](std::size_t non_model) {
+    plan.tracer.begin_step();
+    plan.ctx.recording = plan.tracer.recording();
+    for (std::size_t m = 0; m < step.size(); ++m) {
+      int const b = m < 4 ? static_cast<int>(m) : static_cast<int>(7 - m);
+      auto const ph = m < 4 ? tide::chunk::phase::forward : tide::chunk::phase::backward;
+      std::size_t const t = plan.tracer.at({b, ph}, step[m]);
+      plan.tracer.non_model(t, non_model);
+    }
+    plan.tracer.end_step();
+    plan.ctx.recording = false;
+  };
+
+  // Budgets: the hard limit is what the non-model bytes and the reserve leave; in the warm-up a
+  // traced moment's budget is 0 (nothing movable yet), untraced it is the hard limit.
+  CHECK(plan.hard_limit(1 * KiB) == budget - 1 * KiB - reserved);
+  CHECK(plan.hard_limit(budget) == 0);
+  plan.tracer.begin_step();
+  plan.ctx.recording = true;
+  CHECK(plan.capacity(0, 1 * KiB) == 0);
+  CHECK(plan.capacity(plan.untraced, 1 * KiB) == budget - 1 * KiB - reserved);
+  plan.tracer.abort_step();
+  plan.ctx.recording = false;
+  // Before the trace is known: the first candidate, whatever its next use.
+  std::vector<bool> resident(8, false);
+  for (std::uint32_t id : {0u, 1u, 2u, 3u}) resident[id] = true;
+  auto const on_device = [&](std::uint32_t id) { return static_cast<bool>(resident[id]); };
+  CHECK(plan.victim(4, ids{0}, plan.untraced, on_device) == 1u);
+  record(1 * KiB);
+  REQUIRE(plan.tracer.warm());
+  plan.trace_known();
+  CHECK(plan.capacity(3, 0) == budget - 1 * KiB - reserved);  // the trace's non-model bytes, not the caller's
+
+  // Victims: moment 4 (block 3's backward) with parameters 0..3 resident and 3 protected. Belady
+  // evicts the one used furthest ahead: 0 (moment 7), then 1 (6), then 2 (5).
+  ids const protect = {3, 7};
+  CHECK(plan.victim(4, protect, plan.untraced, on_device) == 0u);
+  auto const distance = [&](std::uint32_t id) { return plan.tracer.trace().next_use_distance(id, 4); };
+  REQUIRE(distance(0) > distance(1));
+  REQUIRE(distance(1) > distance(2));
+  // beyond: only chunks used later than that many moments ahead (the prefetch rule).
+  CHECK(plan.victim(4, protect, distance(1), on_device) == 0u);
+  CHECK_FALSE(plan.victim(4, protect, distance(0), on_device).has_value());
+  // Not evictable (pinned, or in use): never chosen.
+  resident[0] = false;
+  CHECK(plan.victim(4, protect, plan.untraced, on_device) == 1u);
+  resident[0] = true;
+
+  // A demand at moment 4: room (capacity 4.5 KiB) for a fifth block? With 4 resident (4 KiB) plus
+  // one: over it, so evict Belady's victim first; with nothing evictable but room under the hard
+  // limit (the non-model bytes of now are lower), fetch; above even that: stop.
+  std::size_t const cap = plan.capacity(4, 1 * KiB);
+  CHECK(plan.demand(4, protect, 2 * block, block, 1 * KiB, on_device).what == kind::fetch);
+  residency_move const m = plan.demand(4, protect, 4 * block, block, 1 * KiB, on_device);
+  CHECK(m.what == kind::evict_then_fetch);
+  CHECK(m.victim == 0u);
+  auto const nothing = [](std::uint32_t) { return false; };
+  CHECK(plan.demand(4, protect, cap, block, 0, nothing).what == kind::fetch);  // hard limit 5.5 KiB
+  CHECK(plan.demand(4, protect, 5 * block, block, 1 * KiB, nothing).what == kind::stop);
+
+  // The walk ahead from moment 0: moments 1 and 2 (prefetch_moments = 2), nearest first, each
+  // with what moments 0 .. u touch protected; the callback's false ends it.
+  std::vector<std::array<std::size_t, 3>> walked;  // (id, k, u)
+  std::vector<ids> protected_then;
+  plan.ahead(0, [&](std::uint32_t id, int k, std::size_t u, std::span<std::uint32_t const> p) {
+    walked.push_back({id, static_cast<std::size_t>(k), u});
+    protected_then.emplace_back(p.begin(), p.end());
+    return true;
+  });
+  CHECK(walked == std::vector<std::array<std::size_t, 3>>{{1, 1, 1}, {2, 2, 2}});
+  CHECK(protected_then == std::vector<ids>{{0, 1}, {0, 1, 2}});
+  int calls = 0;
+  plan.ahead(4, [&](std::uint32_t, int, std::size_t, std::span<std::uint32_t const>) { return ++calls < 1; });
+  CHECK(calls == 1);
+  // One chunk of the walk: room in both moments' budgets: fetch; else a victim used later than
+  // the chunk (k moments ahead); none: stop, fetching further ahead would undo MIN.
+  CHECK(plan.prefetch(0, 2, 2, ids{0, 1, 2}, 0, block, 0, on_device).what == kind::fetch);
+  residency_move const p = plan.prefetch(4, 5, 1, ids{3, 7, 2, 6}, 4 * block, block, 0, on_device);
+  CHECK(p.what == kind::evict_then_fetch);
+  CHECK(p.victim == 0u);
+  CHECK(plan.prefetch(4, 5, 1, ids{3, 7, 2, 6}, 4 * block, block, 0, nothing).what == kind::stop);
 }
 
 TEST_CASE("block_access: a block's parameters while it is open, their gradients in its backward only") {

@@ -136,7 +136,7 @@ class scheduler {
   [[nodiscard]] chunk::chunk_layout const& layout() const noexcept { return e_.layout_; }
   [[nodiscard]] parameter_list const& parameters() const noexcept { return e_.params_; }
   [[nodiscard]] std::size_t chunk_bytes() const noexcept { return e_.param_.chunk_bytes(); }
-  [[nodiscard]] chunk::memory_tracer const& tracer() const noexcept { return e_.tracer_; }
+  [[nodiscard]] chunk::memory_tracer const& tracer() const noexcept { return e_.plan_.tracer; }
   // The chunk list of role r; exp_avg and exp_avg_sq are the optimizer's state lists 0 and 1.
   [[nodiscard]] chunk::chunk_list const& list(chunk::chunk_role r) const {
     switch (r) {
@@ -155,7 +155,7 @@ class scheduler {
   [[nodiscard]] offload_stats const& last_step() const noexcept { return e_.last_; }
   // Device bytes per moment of the last completed step (the memory tide).
   [[nodiscard]] std::span<tide_sample const> memory_tide() const noexcept { return e_.last_tide_; }
-  [[nodiscard]] policy_type const& policy() const noexcept { return e_.policy_; }
+  [[nodiscard]] policy_type const& policy() const noexcept { return e_.plan_.policy; }
   [[nodiscard]] Optimizer const& optimizer() const noexcept { return e_.runner_.optimizer(); }
   [[nodiscard]] Sink& sink() noexcept { return e_.sinks_.sink(); }
   [[nodiscard]] Source& source() noexcept { return e_.source_; }
@@ -179,17 +179,17 @@ class scheduler {
   // The least device budget this scheduler can train with when `non_model` bytes of activations
   // and workspaces are live, and what it is made of (text for errors and reports).
   [[nodiscard]] std::size_t minimum_device_bytes(std::size_t non_model) const {
-    return e_.policy_.minimum(e_.ctx_, non_model).bytes;
+    return e_.plan_.policy.minimum(e_.plan_.ctx, non_model).bytes;
   }
   [[nodiscard]] std::string minimum_explained(std::size_t non_model) const {
-    return e_.policy_.minimum(e_.ctx_, non_model).why;
+    return e_.plan_.policy.minimum(e_.plan_.ctx, non_model).why;
   }
   // Refuses the arena's budget if it is below the minimum for `non_model` bytes (tide::error(budget)
   // stating the minimum and its parts). Runs by itself at the first moment of the first step.
   void check_budget(std::size_t non_model) const {
-    auto const need = e_.policy_.minimum(e_.ctx_, non_model);
-    TIDE_CHECK(e_.ctx_.budget >= need.bytes, budget, "offload ", name(), ": the device budget ",
-               bytes_of{e_.ctx_.budget}, " is below this scheduler's minimum ", bytes_of{need.bytes}, " = ",
+    auto const need = e_.plan_.policy.minimum(e_.plan_.ctx, non_model);
+    TIDE_CHECK(e_.plan_.ctx.budget >= need.bytes, budget, "offload ", name(), ": the device budget ",
+               bytes_of{e_.plan_.ctx.budget}, " is below this scheduler's minimum ", bytes_of{need.bytes}, " = ",
                need.why, "; raise device_budget to at least ", bytes_of{need.bytes}, need.advice);
   }
 

@@ -111,7 +111,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     os_on_device_.assign(n, false);
     next_backward_ = this->uses_.last_block();
     // Everything the steady state appends to is sized here: a step allocates nothing on the heap.
-    this->ctx_.state_lists = fp32_lists;
+    this->plan_.ctx.state_lists = fp32_lists;
     if constexpr (LayoutAwareSink<S>) sinks_.sink().bind_layout(this->layout_, this->params_.all());
     std::size_t completing = 0;
     for (int b = this->uses_.first_block; b <= this->uses_.last_block(); ++b) completing += this->completes_at(b).size();
@@ -276,7 +276,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     chunk::chunk& p = this->param_[c];
     if (!p.pinned()) return;
     p.set_pinned(false);
-    this->ctx_.pinned_bytes -= this->block_bytes();
+    this->plan_.ctx.pinned_bytes -= this->block_bytes();
   }
   // Parameter chunk c's payload freed wherever it is (no copy in flight), unpinned; the source
   // hears of a device copy that went.

@@ -45,7 +45,7 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
                                               "end_evaluation() before training");
     this->require_intact();
     if (!this->placed_) this->first_placement();
-    ++this->tick_;
+    this->plan_.tick();
     this->reclaim_stale(false);
     this->gather_for(block, ph);
     this->make_resident(this->ids_of(block, ph), store::untraced);
@@ -54,20 +54,20 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
     return;
   }
   this->begin_step_if_needed();
-  ++this->tick_;
+  this->plan_.tick();
   this->reclaim_stale(false);
   auto const& ids = this->ids_of(block, ph);
-  std::size_t const t = this->tracer_.at({block, ph}, ids);
+  std::size_t const t = this->plan_.tracer.at({block, ph}, ids);
   this->current_ = t;
   this->gather_for(block, ph);  // before the block's clock starts: the warm-up times compute only
-  if (ph == chunk::phase::forward && this->tracer_.recording()) block_start_ = std::chrono::steady_clock::now();
+  if (ph == chunk::phase::forward && this->plan_.tracer.recording()) block_start_ = std::chrono::steady_clock::now();
   this->make_resident(ids, t);
   for (std::uint32_t i : this->uses_.of(block)) {
     this->param_.transition(i, chunk::tensor_state::compute);
     if (ph == chunk::phase::backward) this->grad_.transition(i, chunk::tensor_state::compute);
   }
   sample_non_model();
-  this->tide_.push_back({{block, ph}, this->model_on_device(), this->non_model_now(), this->ctx_.budget});
+  this->tide_.push_back({{block, ph}, this->model_on_device(), this->non_model_now(), this->plan_.ctx.budget});
   this->prefetch(t);
   add_moves_to_last_sample();
   this->access_.open(this->uses_.of(block), block, ph);
@@ -82,7 +82,7 @@ void engine_core<B, T, P, O, S, Src>::post_forward(int block) {
     this->param_.transition(i, this->evaluating_ ? chunk::tensor_state::hold : chunk::tensor_state::hold_after_fwd);
   this->access_.leave(this->uses_.of(block));
   sample_non_model();
-  if (this->tracer_.recording() && !this->evaluating_) {  // the warm-up's compute time, for policies
+  if (this->plan_.tracer.recording() && !this->evaluating_) {  // the warm-up's compute time, for policies
     this->forward_ms_ += detail::ms_since(block_start_);
     ++this->forward_blocks_;
   }
@@ -158,14 +158,14 @@ void engine_core<B, T, P, O, S, Src>::finish(bool apply) {
   this->cur_.stall_ms += detail::ms_since(t0);
   if (this->params_sharded_) this->release_params();  // ZeRO-3: gathered again when next used
   else if (apply) this->share_parameters();         // ZeRO-1/2: the parameters other ranks stepped
-  this->policy_.after_step(*this);
+  this->plan_.policy.after_step(*this);
   this->undo_.discard();  // the step is complete: nothing left to undo
   this->extra_undo_.discard();
   if (this->files_) this->files_->commit();  // the new state on file becomes current
-  bool const warm_up = this->tracer_.recording();
-  this->tracer_.end_step();
-  this->ctx_.recording = false;
-  if (warm_up && this->tracer_.warm()) this->after_warm_up();
+  bool const warm_up = this->plan_.tracer.recording();
+  this->plan_.tracer.end_step();
+  this->plan_.ctx.recording = false;
+  if (warm_up && this->plan_.tracer.warm()) this->after_warm_up();
   if (apply) ++this->t_;
   this->backward_passes_ = 0;
   this->step_open_ = false;
@@ -219,7 +219,7 @@ void engine_core<B, T, P, O, S, Src>::abort_step() noexcept {
   if (this->files_) this->files_->abort();  // the files' current slots hold the state before the step
   this->undo_.discard();
   this->extra_undo_.discard();
-  this->tracer_.abort_step();
+  this->plan_.tracer.abort_step();
   this->backward_passes_ = 0;
   this->next_backward_ = this->uses_.last_block();
   this->step_open_ = false;
@@ -231,13 +231,13 @@ void engine_core<B, T, P, O, S, Src>::abort_step() noexcept {
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::first_placement() {
   std::size_t const non_model = this->arena_->stats().in_use - this->device_bytes_;
-  auto const need = this->policy_.minimum(this->ctx_, non_model);
-  TIDE_CHECK(this->ctx_.budget >= need.bytes, budget, "offload ", P::name(), ": the device budget ",
-             bytes_of{this->ctx_.budget},
+  auto const need = this->plan_.policy.minimum(this->plan_.ctx, non_model);
+  TIDE_CHECK(this->plan_.ctx.budget >= need.bytes, budget, "offload ", P::name(), ": the device budget ",
+             bytes_of{this->plan_.ctx.budget},
              " is below this scheduler's minimum ", bytes_of{need.bytes}, " = ", need.why,
              "; raise device_budget to at least ", bytes_of{need.bytes}, need.advice);
   init_master();
-  this->policy_.place(*this);
+  this->plan_.policy.place(*this);
   placed_ = true;
 }
 
@@ -250,16 +250,16 @@ void engine_core<B, T, P, O, S, Src>::begin_step_if_needed() {
   drop_view();
   step_open_ = true;
   sinks_.begin_step();
-  this->tracer_.begin_step();
+  this->plan_.tracer.begin_step();
   if (files_) files_->begin_step();
-  this->ctx_.recording = this->tracer_.recording();
+  this->plan_.ctx.recording = this->plan_.tracer.recording();
   this->arena_->reset_peak();
   this->tide_.clear();
   moves_mark_ = {this->cur_.h2d_bytes, this->evicted_bytes_};
   release_params();  // ZeRO-3: every block takes its parameters from their owners
   if (!placed_) first_placement();
   if (aborted_) {  // the policy puts back what a failed step left out of place
-    this->policy_.after_step(*this);
+    this->plan_.policy.after_step(*this);
     aborted_ = false;
   }
 }
@@ -313,7 +313,7 @@ void engine_core<B, T, P, O, S, Src>::add_moves_to_last_sample() {
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::sample_non_model() {
   if (this->evaluating_) return;
-  this->tracer_.non_model(this->current_, this->non_model_now());
+  this->plan_.tracer.non_model(this->current_, this->non_model_now());
   this->cur_.peak_model_bytes = std::max(this->cur_.peak_model_bytes, this->model_bytes_now());
 }
 

@@ -23,7 +23,7 @@ void engine_core<B, T, P, O, S, Src>::pin_parameters() {
     if (!this->on_device(c)) this->fetch(c, 0, {});
     if (this->param_[c].pinned()) continue;
     this->param_[c].set_pinned(true);
-    this->ctx_.pinned_bytes += this->block_bytes();
+    this->plan_.ctx.pinned_bytes += this->block_bytes();
   }
   this->engine_.synchronize();
   for (std::uint32_t c = 0; c < this->n_; ++c) this->settle(c);
@@ -52,8 +52,8 @@ std::uint32_t engine_core<B, T, P, O, S, Src>::place_state_on_device(std::uint32
     }
     os_on_device_[c] = true;
   }
-  if (this->tracer_.warm()) {  // a planned change, not a divergence: the optimizer moments now touch them
-    this->tracer_.amend([&](std::size_t, chunk::moment m, std::vector<std::uint32_t>& touched,
+  if (this->plan_.tracer.warm()) {  // a planned change, not a divergence: the optimizer moments now touch them
+    this->plan_.tracer.amend([&](std::size_t, chunk::moment m, std::vector<std::uint32_t>& touched,
                       std::vector<std::uint32_t>& on_host, std::vector<std::uint32_t>& released) {
       if (m.phase == chunk::phase::optimizer) optimizer_moment(m.block, touched, on_host, released);
     });
@@ -108,7 +108,7 @@ template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::optimizer_moments_of(int block, bool apply) {
   optimizer_moment(block, touched_, on_host_, released_);
   if (released_.empty()) return;
-  this->current_ = this->tracer_.at({block, chunk::phase::optimizer}, touched_, on_host_, released_);
+  this->current_ = this->plan_.tracer.at({block, chunk::phase::optimizer}, touched_, on_host_, released_);
   free_reduced_unowned(false);
   for (std::uint32_t c : this->completes_at(block)) optimizer_step(c, apply);
   this->cur_.peak_model_bytes = std::max(this->cur_.peak_model_bytes, model_bytes_now());  // copies out in flight
