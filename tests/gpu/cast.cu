@@ -1,8 +1,8 @@
 // tide::kernels::cast on a device against the scalar reference, bit for bit: every pair of
 // f32, bf16, f16, sizes around the vector width, aligned (128-bit path) and misaligned (scalar
 // path) pointers, NaN, Inf and subnormals. Bad calls throw before anything is enqueued.
-// Exit 77 (ctest: skipped) without a usable device, after checking what runs without one:
-// TIDE_CUDA_CHECK's error, and has_cuda_device() answering without throwing.
+// Exit 77 (ctest: skipped) without a device or a driver (skip.cuh), after checking what runs
+// without one: TIDE_CUDA_CHECK's error, and has_cuda_device() giving one answer twice.
 
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +15,8 @@
 
 #include <tide/kernels/cast/cuda.cuh>
 #include <tide/kernels/cast/reference.hpp>
+
+#include "skip.cuh"
 
 namespace {
 
@@ -104,10 +106,7 @@ int main() {
   bool const device = tide::has_cuda_device();
   expect(tide::has_cuda_device() == device, "has_cuda_device gives the same answer twice");
   if (failures) return 1;
-  if (!device) {
-    std::puts("skipped: no CUDA device");
-    return 77;
-  }
+  if (int const code = tide::test::gpu_or_skip(); code != 0) return code;
   using tide::bf16;
   using tide::f16;
   cudaStream_t stream = nullptr;

@@ -12,6 +12,8 @@
 
 #include <tide/comm/nccl.cuh>
 
+#include "skip.cuh"
+
 namespace {
 
 int failures = 0;
@@ -44,10 +46,7 @@ struct device_buffer {
 int main(int argc, char** argv) {
   tide::comm::mpi_session session{&argc, &argv};
   tide::comm::mpi world{session};
-  if (!tide::has_cuda_device()) {
-    if (world.rank() == 0) std::printf("skipped: no CUDA device\n");
-    return 77;
-  }
+  if (int const code = tide::test::gpu_or_skip(world.rank() == 0); code != 0) return code;
   int devices = 0;
   TIDE_CUDA_CHECK(cudaGetDeviceCount(&devices));
   tide::comm::nccl c{world, world.rank() % devices, {.deadline = std::chrono::seconds(60)}};

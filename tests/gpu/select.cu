@@ -17,6 +17,8 @@
 #include <tide/compress/select.cuh>
 #include <tide/core/parallel.hpp>
 
+#include "skip.cuh"
+
 namespace {
 
 int failures = 0;
@@ -61,10 +63,7 @@ std::vector<std::uint32_t> on_host(Sel& sel, tide::exec<tide::host> const& hx, s
 }  // namespace
 
 int main() {
-  if (!tide::has_cuda_device()) {
-    std::puts("skipped: no CUDA device");
-    return 77;
-  }
+  if (int const code = tide::test::gpu_or_skip(); code != 0) return code;
   cudaStream_t stream = nullptr;
   TIDE_CUDA_CHECK(cudaStreamCreate(&stream));
   tide::exec<tide::cuda> const ex{stream, nullptr};

@@ -129,6 +129,16 @@ bool inject(Offload const& offload, tide::optim::adamw const& opt, fault kind, i
   return threw;
 }
 
+// Which requests of the step fail, one run each: every one in the release suite. Under a
+// sanitizer every third (from the first, and past the last), spread over the whole step: those
+// builds are after races and undefined behaviour, not the one request that alone would lose
+// something, and every request took 4 minutes under TSan, the longest test of the suite.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr std::size_t site_stride = 3;
+#else
+constexpr std::size_t site_stride = 1;
+#endif
+
 template <class Offload, class T = float>
 void check_faults(Offload const& offload, std::string const& name, tide::nn::gpt_spec<host, T> const& model = spec<T>) {
   tide::test::scratch_dir dir{"faults"};
@@ -147,9 +157,10 @@ void check_faults(Offload const& offload, std::string const& name, tide::nn::gpt
         // Every request the step makes, and a few more (a retried step may make more).
         std::size_t const requests = made[std::size_t(faulty)];
         std::size_t threw = 0;
-        for (std::size_t n = 1; n <= requests + 2; ++n) threw += inject<T>(offload, opt, kind, faulty, n, clean, dir.path, model);
+        for (std::size_t n = 1; n <= requests + 2; n += site_stride)
+          threw += inject<T>(offload, opt, kind, faulty, n, clean, dir.path, model);
         MESSAGE(what << ": " << requests << " requests, " << threw << " failed steps");
-        CHECK((threw > 0) == (requests > 0));
+        if (site_stride == 1 || requests == 0) CHECK((threw > 0) == (requests > 0));
       }
   }
 }
