@@ -14,6 +14,7 @@
 // No memory and no engine: tests/offload/parts.cpp drives it with a recorded trace and a set of
 // resident ids. The engine (detail/residency.hpp) asks, then carries the answer out.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -66,7 +67,7 @@ class residency_planner {
                                       Evictable&& evictable) {
     candidates_.clear();
     for (std::uint32_t id = 0; id < ids_; ++id) {
-      if (!evictable(id) || contains(protect, id)) continue;
+      if (!evictable(id) || std::ranges::find(protect, id) != protect.end()) continue;
       if (beyond != untraced && !(tracer.trace().next_use_distance(id, t) > beyond)) continue;
       candidates_.push_back(id);
     }
@@ -136,12 +137,6 @@ class residency_planner {
   policy_context ctx{};
 
  private:
-  static bool contains(std::span<std::uint32_t const> s, std::uint32_t id) noexcept {
-    for (std::uint32_t x : s)
-      if (x == id) return true;
-    return false;
-  }
-
   std::uint32_t ids_;
   std::uint64_t clock_ = 0;
   std::vector<std::uint32_t> candidates_, protect_;
