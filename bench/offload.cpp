@@ -8,10 +8,12 @@
 //                             detail: the offloaded run's offload_stats of a steady step.
 //   undo_on_error_vs_off      tokens/s of that chunked<belady> run (undo copies on, the default)
 //                             over the same run with scheduler_options::undo_on_error = false,
-//                             steps interleaved. Goal 0.95. AdamW writes the undo copies in its
-//                             own pass (optim::keeps_prev); detail.copy_pass_*: the same run with
-//                             an AdamW that does not, so the engine copies in a pass of its own
-//                             first (what every step did before the fold), steps interleaved.
+//                             steps interleaved. Goal 0.95. Host steps keep the values before
+//                             them by swapping blocks (AdamW reads the chunk's and writes the
+//                             journal's: optim::out_of_place); detail.fold_*: the same run with an
+//                             AdamW that writes the copies in its own pass instead (keeps_prev,
+//                             as device steps do); detail.copy_pass_*: with one that does neither,
+//                             so the engine copies in a pass of its own first; steps interleaved.
 //   offload_bytes_vs_optimum  the bytes of a steady step (h2d + d2h, each clean drop counted as the copy it replaced) over MIN on
 //                             its own recorded trace: simulate(trace, capacity, belady{}) per
 //                             iteration in steady state (3 iterations - 2), capacity = the least
@@ -297,10 +299,16 @@ std::vector<std::int32_t> batch_of(shape const& s, int step) {
   return v;
 }
 
-// AdamW without keeps_prev: the engine takes the undo copies in a pass of its own before each
-// update, as it does for any optimizer that does not write them (the anchor of the fold).
+// AdamW without keeps_prev and out_of_place: the engine takes the undo copies in a pass of its
+// own before each update, as it does for any optimizer that does neither (the anchor of the fold).
 struct adamw_copy_pass : tide::optim::adamw {
   static constexpr bool keeps_prev = false;
+  static constexpr bool out_of_place = false;
+};
+// AdamW without out_of_place: the undo copies are written in the update's own pass (the fold, as
+// for a device step), not kept by swapping blocks.
+struct adamw_fold : tide::optim::adamw {
+  static constexpr bool out_of_place = false;
 };
 
 template <class Config, class T = float, class Opt = tide::optim::adamw>
@@ -593,6 +601,7 @@ int main() {
     trainer<off::resident> res{ex, s.config, 2 * model_data + 2 * act + 64_MiB, {}};
     trainer<chunked_t> no_undo{ex, s.config, budget, {}, false};  // what keeping the undo copies costs
     trainer<chunked_t, float, adamw_copy_pass> copy_pass{ex, s.config, budget, {}};  // the copies in a pass of their own
+    trainer<chunked_t, float, adamw_fold> fold{ex, s.config, budget, {}};  // the copies in the update's pass
     std::size_t const minimum = offl.sched.minimum_device_bytes(act);
     TIDE_CHECK(budget >= minimum, budget, "bench_offload: the shape's budget ", tide::bytes_of{budget},
                " (model data / 4) is below chunked<belady>'s minimum ", tide::bytes_of{minimum}, " = ",
@@ -603,14 +612,16 @@ int main() {
       loss_res = res.step(ex, s, k);
       (void)no_undo.step(ex, s, k);
       (void)copy_pass.step(ex, s, k);
+      (void)fold.step(ex, s, k);
     }
-    // The measured steps interleave, so a burst of load on the shared machine hits all three.
-    float loss_no_undo = 0, loss_copy_pass = 0;
+    // The measured steps interleave, so a burst of load on the shared machine hits them all.
+    float loss_no_undo = 0, loss_copy_pass = 0, loss_fold = 0;
     for (int k = warm_steps; k < warm_steps + measured; ++k) {
       loss_res = res.step(ex, s, k);
       loss_off = offl.step(ex, s, k);
       loss_no_undo = no_undo.step(ex, s, k);
       loss_copy_pass = copy_pass.step(ex, s, k);
+      loss_fold = fold.step(ex, s, k);
     }
     bool const activations_exact = tide::round_up(offl.model.activations().footprint, 256) == act;
     bool const same_loss = loss_off == loss_res;  // offloading changes no bit
@@ -691,6 +702,11 @@ int main() {
                           {"copy_pass_ms_per_step", 1e3 * median(tail(copy_pass.seconds))},
                           {"copy_pass_vs_off", median(tail(no_undo.seconds)) / median(tail(copy_pass.seconds))},
                           {"copy_pass_same_loss_bits", loss_copy_pass == loss_off ? 1.0 : 0.0},
+                          {"fold_ms_per_step", 1e3 * median(tail(fold.seconds))},
+                          {"fold_vs_off", median(tail(no_undo.seconds)) / median(tail(fold.seconds))},
+                          {"fold_same_loss_bits", loss_fold == loss_off ? 1.0 : 0.0},
+                          {"undo_swapped_bytes_last_step", double(st.undo_swapped_bytes)},
+                          {"undo_copy_bytes_last_step", double(st.undo_copy_bytes)},
                           {"measured_steps", measured},
                           {"loadavg_1min_after", load_average()}}};
       print_figure(u, {});

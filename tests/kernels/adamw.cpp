@@ -168,6 +168,44 @@ TEST_CASE("adamw: a record with prev arrays gets every value from before the ste
   CHECK(kept.p != before.p);
 }
 
+TEST_CASE("adamw: read from sources, the step writes the in-place result elsewhere and leaves the sources") {
+  // The offload journal's form: p, m, v read from src_*, the new values to other blocks (filled
+  // with NaN here: every element must be written). Sizes across pieces, grains and vector tails,
+  // a working copy, prev arrays beside it, two threads.
+  std::vector<index_t> const sizes = {(index_t{1} << 14) + 1029, 33, 1};
+  index_t total = 0;
+  for (index_t s : sizes) total += s;
+  auto const count = static_cast<std::size_t>(total);
+  state<float> plain(total, 43u), src(total, 43u);
+  state<float> const before(total, 43u);
+  std::vector<float> np(count, NAN), nm = np, nv = np, pp(count, -7.f), pm = pp;
+  std::vector<tide::bf16> w_plain(count), w_new(count);
+  std::vector<k::adamw_tensor<float, tide::bf16>> in_place, from;
+  index_t at = 0;
+  for (index_t s : sizes) {
+    in_place.push_back({plain.p.data() + at, plain.g.data() + at, plain.m.data() + at, plain.v.data() + at,
+                        w_plain.data() + at, s});
+    from.push_back({np.data() + at, src.g.data() + at, nm.data() + at, nv.data() + at, w_new.data() + at, s,
+                    pp.data() + at, pm.data() + at, nullptr, nullptr, src.p.data() + at, src.m.data() + at,
+                    src.v.data() + at});
+    at += s;
+  }
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> const ex{pool};
+  k::adamw(ex, k::adamw_hparams{.lr = 1e-3f, .weight_decay = 0.1f}, 3, in_place, 0.5f);
+  k::adamw(ex, k::adamw_hparams{.lr = 1e-3f, .weight_decay = 0.1f}, 3, from, 0.5f);
+  CHECK(np == plain.p);
+  CHECK(nm == plain.m);
+  CHECK(nv == plain.v);
+  CHECK(std::memcmp(w_new.data(), w_plain.data(), sizeof(tide::bf16) * count) == 0);
+  CHECK(src.p == before.p);  // the sources are as they were
+  CHECK(src.m == before.m);
+  CHECK(src.v == before.v);
+  CHECK(pp == before.p);  // and the prev arrays got them
+  CHECK(pm == before.m);
+  CHECK(np != before.p);
+}
+
 TEST_CASE("adamw: grad_scale multiplies the gradient before use (clipping costs no pass)") {
   // Scaling by a power of two is exact, so scale 0.25 on g equals scale 1 on g / 4, bit for bit.
   index_t const n = 1001;

@@ -221,6 +221,28 @@ TEST_CASE("sgd: prev arrays get the values from before the step, the buffer too 
   }
 }
 
+TEST_CASE("sgd: read from sources, the step writes the in-place result elsewhere, the unused buffer too") {
+  index_t const n = (index_t{1} << 14) + 1037;
+  auto const count = static_cast<std::size_t>(n);
+  for (k::sgd_hparams const& hp : {nesterov, plain}) {
+    CAPTURE(hp.momentum);
+    state<float> in_place(n, 53u), src(n, 53u);
+    state<float> const before(n, 53u);
+    std::vector<float> np(count, NAN), nb = np;
+    std::vector<k::sgd_tensor<float, float>> const from = {{np.data(), src.g.data(), nb.data(), nullptr, n, nullptr,
+                                                            nullptr, nullptr, src.p.data(), src.buf.data()}};
+    tide::thread_pool pool{2};
+    tide::exec<tide::host> const ex{pool};
+    k::sgd(ex, hp, 2, from, 1.f);
+    k::sgd(ex, hp, 2, in_place.pv(), in_place.gv(), in_place.bv());
+    CHECK(np == in_place.p);
+    CHECK(nb == in_place.buf);  // without momentum: the buffer as it was, copied
+    CHECK(src.p == before.p);
+    CHECK(src.buf == before.buf);
+    CHECK(np != before.p);
+  }
+}
+
 TEST_CASE("sgd: step 1 starts the buffer as the gradient, whatever it held") {
   index_t const n = 1001;
   state<float> garbage(n, 41u), zeros(n, 41u);

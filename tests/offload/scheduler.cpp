@@ -228,6 +228,31 @@ TEST_CASE("the host optimizer without overlap gives the same bits") {
   require_identical(got, reference(), "chunked<belady>, optimizer on the calling thread");
 }
 
+TEST_CASE("undo_on_error: host steps keep the values before them by swapping blocks, device steps copy them") {
+  // The bits are the reference's either way (the budget tests above run with undo_on_error, the
+  // default); here, which way the journal kept them, from the step's own figures.
+  tide::thread_pool pool{2};
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  for (bool overlap : {true, false}) {
+    CAPTURE(overlap);
+    auto const got = train_offloaded(pool, minimum_of(cfg) + 4_KiB, cfg, {.overlap_optimizer = overlap});
+    require_identical(got, reference(), "chunked<belady> at its minimum");
+    off::offload_stats const& last = got.stats.back();
+    REQUIRE(last.host_optimizer_chunks > 0);
+    // Every chunk stepped on the host swapped its parameter and m and v blocks: three lists of
+    // chunk_bytes each (chunks are at most chunk_bytes).
+    CHECK(last.undo_swapped_bytes > 0);
+    CHECK(last.undo_swapped_bytes <= last.host_optimizer_chunks * 3 * chunk_bytes);
+    CHECK((last.undo_copy_bytes == 0) == (last.device_optimizer_chunks == 0));
+  }
+  auto const resident = train_offloaded(pool, 64_MiB, off::resident{});
+  require_identical(resident, reference(), "resident");
+  CHECK(resident.stats.back().undo_swapped_bytes == 0);  // state on the device: copied in the update's pass
+  CHECK(resident.stats.back().undo_copy_bytes > 0);
+  auto const off_run = train_offloaded(pool, minimum_of(cfg) + 4_KiB, cfg, {.undo_on_error = false});
+  CHECK(off_run.stats.back().undo_swapped_bytes + off_run.stats.back().undo_copy_bytes == 0);
+}
+
 TEST_CASE("a budget below the minimum is refused at the first moment, naming the minimum and its parts") {
   off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
   std::size_t const minimum = minimum_of(cfg);

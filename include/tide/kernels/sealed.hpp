@@ -79,12 +79,14 @@ adamw_tensor<G, W> alias_record(adamw_tensor<G, W> r) noexcept {
   r.p = unseal(r.p), r.g = unseal(r.g), r.m = unseal(r.m), r.v = unseal(r.v), r.working = unseal(r.working);
   r.prev_p = unseal(r.prev_p), r.prev_m = unseal(r.prev_m), r.prev_v = unseal(r.prev_v);
   r.prev_working = unseal(r.prev_working);
+  r.src_p = unseal(r.src_p), r.src_m = unseal(r.src_m), r.src_v = unseal(r.src_v);
   return r;
 }
 template <class G, class W>
 sgd_tensor<G, W> alias_record(sgd_tensor<G, W> r) noexcept {
   r.p = unseal(r.p), r.g = unseal(r.g), r.buf = unseal(r.buf), r.working = unseal(r.working);
   r.prev_p = unseal(r.prev_p), r.prev_buf = unseal(r.prev_buf), r.prev_working = unseal(r.prev_working);
+  r.src_p = unseal(r.src_p), r.src_buf = unseal(r.src_buf);
   return r;
 }
 template <class G>

@@ -52,6 +52,11 @@ struct offload_stats {
   std::size_t nvme_early_reads = 0;         // reads started ahead: state (backward, deferred updates), parameters (prefetch)
   std::size_t activation_d2h_bytes = 0;     // the model's offloaded activations, to the host (offload::hooks)
   std::size_t activation_h2d_bytes = 0;     // and back (not in h2d_bytes / d2h_bytes, which are model data)
+  // undo_on_error: the values before each update the journal copied (in the optimizer's pass, or
+  // before it), and the bytes it kept by swapping blocks with the chunks instead (no copy: host
+  // steps of an out-of-place optimizer).
+  std::size_t undo_copy_bytes = 0;
+  std::size_t undo_swapped_bytes = 0;
   [[nodiscard]] std::size_t bytes_moved() const noexcept { return h2d_bytes + d2h_bytes; }
 };
 
@@ -68,7 +73,8 @@ inline std::string to_json(offload_stats const& s) {
       ",\"chunk_utilisation\":", s.chunk_utilisation, ",\"moments\":", s.moments,
       ",\"warm_up\":", s.warm_up ? "true" : "false", ",\"nvme_read_bytes\":", s.nvme_read_bytes,
       ",\"nvme_write_bytes\":", s.nvme_write_bytes, ",\"nvme_early_reads\":", s.nvme_early_reads,
-      ",\"activation_d2h_bytes\":", s.activation_d2h_bytes, ",\"activation_h2d_bytes\":", s.activation_h2d_bytes, "}");
+      ",\"activation_d2h_bytes\":", s.activation_d2h_bytes, ",\"activation_h2d_bytes\":", s.activation_h2d_bytes,
+      ",\"undo_copy_bytes\":", s.undo_copy_bytes, ",\"undo_swapped_bytes\":", s.undo_swapped_bytes, "}");
 }
 
 }  // namespace tide::offload

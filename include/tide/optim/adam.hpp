@@ -21,6 +21,7 @@ struct adam {
   static constexpr std::string_view name = "adam";
   static constexpr std::size_t state_lists = 2;  // m and v
   static constexpr bool keeps_prev = true;      // the update writes prev_* in its own pass
+  static constexpr bool out_of_place = true;    // and reads src_* where they are set
   static constexpr std::string_view state_name(std::size_t k) noexcept { return k == 0 ? "m" : "v"; }
 
   float lr = 1e-3f;
@@ -40,8 +41,9 @@ struct adam {
     detail::in_batches<kernels::adam_tensor<T, T>>(
         tensors,
         [](update_tensor<T> const& x) {
-          return kernels::adam_tensor<T, T>{x.master,         x.grad,        x.state[0], x.state[1], x.working, x.n,
-                                           x.prev_master,    x.prev_state[0], x.prev_state[1], x.prev_working};
+          return kernels::adam_tensor<T, T>{x.master, x.grad, x.state[0], x.state[1], x.working, x.n, x.prev_master,
+                                            x.prev_state[0], x.prev_state[1], x.prev_working, x.src_master,
+                                            x.src_state[0], x.src_state[1]};
         },
         [&](auto records) { kernels::adam(ex, hp, a.step, records, a.grad_scale); });
   }

@@ -11,6 +11,7 @@
 //     template <Backend B, class T>
 //     void update(exec<B> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const;
 //     static constexpr bool keeps_prev = true;  // optional: update writes the prev_* arrays (below)
+//     static constexpr bool out_of_place = true;  // optional: update reads the src_* arrays (below)
 //   };
 //   static_assert(tide::optim::check_optimizer<my_optimizer>());   // names a missing member
 //
@@ -64,6 +65,12 @@ struct update_tensor {
   float* prev_master = nullptr;
   std::array<float*, max_state_lists> prev_state{};
   T* prev_working = nullptr;
+  // Optional (null: in place; only for an optimizer whose `out_of_place` is true): where the
+  // update reads the master and the state from. The new values then go to master and state, every
+  // element of each, and these stay as they were: the engine's undo journal keeps the old blocks
+  // and swaps the new ones in once the step succeeded, so nothing is copied.
+  float const* src_master = nullptr;
+  std::array<float const*, max_state_lists> src_state{};
 };
 
 // Whether O's update writes the prev_* arrays of its update_tensors (adamw, adam and sgd do):
@@ -71,6 +78,15 @@ struct update_tensor {
 template <class O>
 inline constexpr bool keeps_prev_v = [] {
   if constexpr (requires { { O::keeps_prev } -> std::convertible_to<bool>; }) return bool(O::keeps_prev);
+  else return false;
+}();
+
+// Whether O's update reads the src_* arrays of its update_tensors when they are set (adamw,
+// adam and sgd do): `static constexpr bool out_of_place = true`. Optional; without it the engine
+// keeps the values before the step as keeps_prev says.
+template <class O>
+inline constexpr bool out_of_place_v = [] {
+  if constexpr (requires { { O::out_of_place } -> std::convertible_to<bool>; }) return bool(O::out_of_place);
   else return false;
 }();
 

@@ -22,6 +22,7 @@ struct sgd {
   static constexpr std::string_view name = "sgd";
   static constexpr std::size_t state_lists = 1;  // the momentum buffer
   static constexpr bool keeps_prev = true;      // the update writes prev_* in its own pass
+  static constexpr bool out_of_place = true;    // and reads src_* where they are set
   static constexpr std::string_view state_name(std::size_t) noexcept { return "momentum"; }
 
   float lr = 1e-2f;
@@ -41,8 +42,8 @@ struct sgd {
     detail::in_batches<kernels::sgd_tensor<T, T>>(
         tensors,
         [](update_tensor<T> const& x) {
-          return kernels::sgd_tensor<T, T>{x.master,      x.grad,          x.state[0],    x.working,
-                                           x.n,           x.prev_master,   x.prev_state[0], x.prev_working};
+          return kernels::sgd_tensor<T, T>{x.master, x.grad, x.state[0], x.working, x.n, x.prev_master,
+                                           x.prev_state[0], x.prev_working, x.src_master, x.src_state[0]};
         },
         [&](auto records) { kernels::sgd(ex, hp, a.step, records, a.grad_scale); });
   }

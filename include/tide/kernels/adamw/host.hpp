@@ -85,6 +85,10 @@ struct adam_family_step {
   TIDE_HOST_DEVICE static step_states<2> prev_state_arrays(Record const& r) {
     return {{r.prev_m, r.prev_v}};
   }
+  template <class Record>
+  TIDE_HOST_DEVICE static step_sources<2> src_state_arrays(Record const& r) {
+    return {{r.src_m, r.src_v}};
+  }
   TIDE_HOST_DEVICE static constexpr bool uses_states(coefficients const&) { return true; }
 
   template <class Record>

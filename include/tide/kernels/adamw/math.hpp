@@ -47,6 +47,14 @@ struct adamw_tensor {
   float* prev_m = nullptr;
   float* prev_v = nullptr;
   Work* prev_working = nullptr;
+  // Optional (null: in place): where the step reads p, m, v from; the new values then go to p,
+  // m, v and these stay as they were (the offload engine's undo journal: it swaps the blocks once
+  // the step succeeded, and keeps the old ones). n long each, not overlapping anything written.
+  // A step writes every element of an array it reads from a source (a state it does not use
+  // too), with streaming stores on the host: the destinations are not read first.
+  float const* src_p = nullptr;
+  float const* src_m = nullptr;
+  float const* src_v = nullptr;
 };
 
 // What adamw_update needs for one step; built (and checked) by adamw_coefficients_for in host.hpp.

@@ -82,7 +82,7 @@ TIDE_HOST_DEVICE inline bool step_packed(Record const& r) {
   bool keeps = r.prev_p != nullptr || r.prev_working != nullptr;
 #pragma unroll
   for (int j = 0; j < Step::states; ++j) keeps = keeps || prev.at[j] != nullptr;
-  return aligned && !keeps;
+  return aligned && !keeps && !step_reads_sources<Step>(r);  // so does one that reads from sources
 }
 
 template <class Step, class Record>
@@ -96,16 +96,21 @@ __device__ inline void step_element(Record const& r, index_t e, typename Step::c
   constexpr int S = Step::states;
   bool const stateful = Step::uses_states(c);
   step_states<S> const s = Step::state_arrays(r);
-  float p = r.p[e];
+  step_sources<S> const src = Step::src_state_arrays(r);  // null: in place
+  float p = r.src_p != nullptr ? r.src_p[e] : r.p[e];
   float sv[S];
 #pragma unroll
-  for (int j = 0; j < S; ++j) sv[j] = stateful ? s.at[j][e] : 0.f;
+  for (int j = 0; j < S; ++j) sv[j] = stateful ? (src.at[j] != nullptr ? src.at[j][e] : s.at[j][e]) : 0.f;
   if (r.prev_p != nullptr) r.prev_p[e] = p;
   {
     step_states<S> const prev = Step::prev_state_arrays(r);  // s: the record's own, even when unused
 #pragma unroll
-    for (int j = 0; j < S; ++j)
-      if (prev.at[j] != nullptr && s.at[j] != nullptr) prev.at[j][e] = s.at[j][e];
+    for (int j = 0; j < S; ++j) {
+      if (s.at[j] == nullptr) continue;
+      float const old = src.at[j] != nullptr ? src.at[j][e] : s.at[j][e];
+      if (prev.at[j] != nullptr) prev.at[j][e] = old;
+      if (!stateful && src.at[j] != nullptr) s.at[j][e] = old;  // unused this step: its destination still gets it
+    }
   }
   if (r.working != nullptr && r.prev_working != nullptr) r.prev_working[e] = r.working[e];
   Step::update(p, sv, to_float(r.g[e]), c);

@@ -23,6 +23,8 @@
 //   TIDE_HOST_DEVICE static step_states<states> state_arrays(Record const& r)   r's state pointers
 //   TIDE_HOST_DEVICE static step_states<states> prev_state_arrays(Record const& r)
 //                                              where the states before the step go (null: not kept)
+//   TIDE_HOST_DEVICE static step_sources<states> src_state_arrays(Record const& r)
+//                                              where the states are read from (null: in place)
 //   TIDE_HOST_DEVICE static bool uses_states(coefficients const& c)
 //                                              false: the states are neither read nor written
 //                                              this step (and may be null); they then enter the
@@ -39,10 +41,14 @@
 // state arrays (null: not kept): a step that keeps them copies each grain's values there just
 // before it updates that grain, so the values are read from memory once (the copy brings the
 // grain into cache, the update finds it there): the undo journal of the offload engine folded
-// into the optimizer's own pass.
+// into the optimizer's own pass. They also have src_p and the src state arrays (null: in place):
+// a record that reads from sources takes the out-of-place form (step_range_from_sources), which
+// leaves the sources as they were and streams every element of p and of each state with a source
+// to the destinations; the engine's journal then keeps the old blocks instead of copying them.
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <ranges>
 #include <sstream>
 #include <string>
@@ -88,6 +94,11 @@ struct elementwise_host_tuning {
 template <int S>
 struct step_states {
   float* at[S];
+};
+// Where a record's states are read from in the out-of-place form (null: in place).
+template <int S>
+struct step_sources {
+  float const* at[S];
 };
 
 namespace detail {
@@ -141,6 +152,15 @@ void for_each_step_grain(Record const* records, std::size_t count, std::size_t f
   }
 }
 
+// Whether record r reads any of its values from a source (the out-of-place form).
+template <class Step, class Record>
+TIDE_HOST_DEVICE inline bool step_reads_sources(Record const& r) {
+  bool any = r.src_p != nullptr;
+  step_sources<Step::states> const src = Step::src_state_arrays(r);
+  for (int j = 0; j < Step::states; ++j) any = any || src.at[j] != nullptr;
+  return any;
+}
+
 template <class Record>
 std::size_t step_grains(Record const* records, std::size_t count) {
   constexpr index_t grain = elementwise_host_tuning::grain;
@@ -168,21 +188,22 @@ inline bool stateful_at(step_states<Step::states> const& s) {
   return !Step::optional_states || s.at[0] != nullptr;
 }
 
-// step_width elements at p, g, the states s (null when the step does not use them) and
-// working (unless null). g and working may be the same array (the offload engine's
-// gradient-slot reuse): every gradient of the vector is read before any working element is
-// written, so neither is __restrict.
+// step_width elements: p and the states s read from `from` (p_in, s_in) and written to `to`
+// (p_out, s_out; the same arrays for the in-place form), g, and working (unless null). The
+// states are null when the step does not use them. g and working may be the same array (the
+// offload engine's gradient-slot reuse): every gradient of the vector is read before any working
+// element is written, so none is __restrict.
 template <class Step, class Grad, class Work>
-inline void step_vector(float* __restrict p, Grad const* g, step_states<Step::states> const& s, Work* working,
-                        typename Step::coefficients const& c) {
+inline void step_vector(float const* p_in, float* p_out, Grad const* g, step_sources<Step::states> const& s_in,
+                        step_states<Step::states> const& s_out, Work* working, typename Step::coefficients const& c) {
   constexpr int S = Step::states;
-  bool const stateful = stateful_at<Step>(s);
+  bool const stateful = stateful_at<Step>(s_out);
 #if TIDE_ELEMENTWISE_SIMD
   namespace stdx = std::experimental;
-  step_lanes pv(p, stdx::element_aligned), sv[S], gv;
+  step_lanes pv(p_in, stdx::element_aligned), sv[S], gv;
   for (int j = 0; j < S; ++j) {
     if (stateful)
-      sv[j].copy_from(s.at[j], stdx::element_aligned);
+      sv[j].copy_from(s_in.at[j], stdx::element_aligned);
     else
       sv[j] = 0.f;
   }
@@ -194,33 +215,149 @@ inline void step_vector(float* __restrict p, Grad const* g, step_states<Step::st
     gv.copy_from(gf, stdx::element_aligned);
   }
   Step::update(pv, sv, gv, c);
-  pv.copy_to(p, stdx::element_aligned);
+  pv.copy_to(p_out, stdx::element_aligned);
   if (stateful)
-    for (int j = 0; j < S; ++j) sv[j].copy_to(s.at[j], stdx::element_aligned);
+    for (int j = 0; j < S; ++j) sv[j].copy_to(s_out.at[j], stdx::element_aligned);
 #else
+  float pk[step_width];
   if (stateful) {
 #  pragma GCC ivdep
     for (index_t k = 0; k < step_width; ++k) {
       float sk[S];
-      for (int j = 0; j < S; ++j) sk[j] = s.at[j][k];
-      Step::update(p[k], sk, to_float(g[k]), c);
-      for (int j = 0; j < S; ++j) s.at[j][k] = sk[j];
+      for (int j = 0; j < S; ++j) sk[j] = s_in.at[j][k];
+      pk[k] = p_in[k];
+      Step::update(pk[k], sk, to_float(g[k]), c);
+      for (int j = 0; j < S; ++j) s_out.at[j][k] = sk[j];
     }
   } else {
 #  pragma GCC ivdep
     for (index_t k = 0; k < step_width; ++k) {
       float unused[S] = {};
-      Step::update(p[k], unused, to_float(g[k]), c);
+      pk[k] = p_in[k];
+      Step::update(pk[k], unused, to_float(g[k]), c);
     }
   }
+  for (index_t k = 0; k < step_width; ++k) p_out[k] = pk[k];
 #endif
   if (working != nullptr)
-    for (index_t k = 0; k < step_width; ++k) working[k] = from_float<Work>(p[k]);
+    for (index_t k = 0; k < step_width; ++k) working[k] = from_float<Work>(p_out[k]);
+}
+
+// The in-place form: the states read where they are written.
+template <int S>
+inline step_sources<S> in_place(step_states<S> const& s) {
+  step_sources<S> r;
+  for (int j = 0; j < S; ++j) r.at[j] = s.at[j];
+  return r;
+}
+
+// The last t < step_width elements of a range: the same vector code on zero-padded copies (zeros
+// stay finite through every policy's update: Adam's 0 / (0 + eps) is 0), the t results to
+// p_out, the states s_out (null: unused) and working (unless null).
+template <class Step, class Grad, class Work>
+void step_tail(float const* p_in, float* p_out, Grad const* g, step_sources<Step::states> const& s_in,
+               step_states<Step::states> const& s_out, Work* working, index_t t,
+               typename Step::coefficients const& c) {
+  constexpr index_t w = step_width;
+  constexpr int S = Step::states;
+  bool const stateful = stateful_at<Step>(s_out);
+  float pb[w] = {}, sb[S][w] = {};
+  Grad gb[w] = {};
+  Work wb[w] = {};
+  step_states<S> padded;
+  std::copy_n(p_in, t, pb);
+  std::copy_n(g, t, gb);
+  for (int j = 0; j < S; ++j) {
+    padded.at[j] = stateful ? sb[j] : nullptr;
+    if (stateful) std::copy_n(s_in.at[j], t, sb[j]);
+  }
+  step_vector<Step>(pb, pb, gb, in_place(padded), padded, working != nullptr ? wb : nullptr, c);
+  std::copy_n(pb, t, p_out);
+  if (stateful)
+    for (int j = 0; j < S; ++j) std::copy_n(sb[j], t, s_out.at[j]);
+  if (working != nullptr) std::copy_n(wb, t, working);
+}
+
+// Elements per piece of the out-of-place form: a piece's new values are written to buffers on
+// the stack (about 20 KiB: L1) and streamed out from there (4 KiB per fp32 array:
+// streaming_copy's smallest streamed copy).
+inline constexpr index_t step_piece = 1024;
+
+// Elements [begin, end) of a record that reads from sources: p and the states from src_p and the
+// src states where set (else in place), the new values to p and the states, every element of an
+// array with a source written (a state the step does not use is copied). The same vector code as
+// step_range on the same values, so the results are bit-identical to the in-place form's.
+template <class Step, class Record>
+void step_range_from_sources(Record const& r, index_t begin, index_t end, typename Step::coefficients const& c) {
+  constexpr index_t w = step_width;
+  constexpr int S = Step::states;
+  using Grad = std::remove_const_t<std::remove_pointer_t<decltype(r.g)>>;
+  using Work = std::remove_pointer_t<decltype(r.working)>;
+  step_states<S> const dst = Step::state_arrays(r), prev = Step::prev_state_arrays(r);
+  step_sources<S> const src = Step::src_state_arrays(r);
+  bool const use = Step::uses_states(c) && (!Step::optional_states || dst.at[0] != nullptr);
+  // Streaming stores to a destination read from a source (nothing of it is in cache), plain ones
+  // to one updated in place (its lines were just read). One fence at the end.
+  auto const store = [](bool stream, auto* to, auto const* from, index_t k) {
+    auto const bytes = static_cast<std::size_t>(k) * sizeof(*from);
+    if (stream) memory::detail::streaming_copy_unfenced(to, from, bytes);
+    else std::memcpy(to, from, bytes);
+  };
+  bool const streams = step_reads_sources<Step>(r);
+  alignas(64) float pb[step_piece];
+  alignas(64) float sb[S][step_piece];
+  alignas(64) Work wb[step_piece];
+  // The first piece ends where p's 64-byte lines begin, so the streamed pieces cover whole lines
+  // (a line written partly by plain stores and partly by streaming ones is read and flushed:
+  // measured 2.5x slower with arrays 16 bytes off a line). The other arrays of a record are
+  // usually aligned as p is (the engine's blocks: 256 bytes).
+  auto const skew = static_cast<index_t>((64 - reinterpret_cast<std::uintptr_t>(r.p + begin) % 64) % 64 / sizeof(float));
+  for (index_t b = begin, k = 0; b < end; b += k) {
+    k = std::min(b == begin && skew != 0 ? skew : step_piece, end - b);
+    float const* const from_p = (r.src_p != nullptr ? r.src_p : r.p) + b;
+    Grad const* const g = r.g + b;
+    step_sources<S> from;  // the states' values before the step (null: not used)
+    step_states<S> to;     // the piece's buffers (null: not used)
+    for (int j = 0; j < S; ++j) {
+      float const* const f = src.at[j] != nullptr ? src.at[j] : dst.at[j];
+      from.at[j] = use ? f + b : nullptr;
+      to.at[j] = use ? sb[j] : nullptr;
+      if (f == nullptr || dst.at[j] == nullptr) continue;
+      if (prev.at[j] != nullptr) store(true, prev.at[j] + b, f + b, k);
+      if (!use && src.at[j] != nullptr) store(true, dst.at[j] + b, f + b, k);  // unused: its destination still gets it
+    }
+    if (r.prev_p != nullptr) store(true, r.prev_p + b, from_p, k);
+    if (r.working != nullptr && r.prev_working != nullptr) store(true, r.prev_working + b, r.working + b, k);
+    auto const at = [](step_sources<S> const& x, index_t i) {
+      step_sources<S> y;
+      for (int j = 0; j < S; ++j) y.at[j] = x.at[j] != nullptr ? x.at[j] + i : nullptr;
+      return y;
+    };
+    auto const at_out = [](step_states<S> const& x, index_t i) {
+      step_states<S> y;
+      for (int j = 0; j < S; ++j) y.at[j] = x.at[j] != nullptr ? x.at[j] + i : nullptr;
+      return y;
+    };
+    index_t i = 0;
+    for (; i + w <= k; i += w)
+      step_vector<Step>(from_p + i, pb + i, g + i, at(from, i), at_out(to, i), r.working ? wb + i : nullptr, c);
+    if (i < k)  // the range's last partial vector
+      step_tail<Step>(from_p + i, pb + i, g + i, at(from, i), at_out(to, i), r.working ? wb + i : nullptr, k - i, c);
+    store(r.src_p != nullptr, r.p + b, pb, k);
+    if (use)
+      for (int j = 0; j < S; ++j) store(src.at[j] != nullptr, dst.at[j] + b, sb[j], k);
+    if (r.working != nullptr) store(streams, r.working + b, wb, k);
+  }
+  memory::detail::streaming_fence();
 }
 
 // Elements [begin, end) of one record.
 template <class Step, class Record>
 void step_range(Record const& r, index_t begin, index_t end, typename Step::coefficients const& c) {
+  if (step_reads_sources<Step>(r)) {
+    step_range_from_sources<Step>(r, begin, end, c);
+    return;
+  }
   constexpr index_t w = step_width;
   constexpr int S = Step::states;
   using Grad = std::remove_const_t<std::remove_pointer_t<decltype(r.g)>>;
@@ -247,30 +384,19 @@ void step_range(Record const& r, index_t begin, index_t end, typename Step::coef
   }
   if (working != nullptr && r.prev_working != nullptr) keep(r.prev_working + begin, working);
   index_t i = 0;
-  for (; i + w <= n; i += w) {
+  auto const states_at = [&](index_t at) {
     step_states<S> si;
-    for (int j = 0; j < S; ++j) si.at[j] = stateful ? s.at[j] + i : nullptr;
-    step_vector<Step>(p + i, g + i, si, working ? working + i : nullptr, c);
+    for (int j = 0; j < S; ++j) si.at[j] = stateful ? s.at[j] + at : nullptr;
+    return si;
+  };
+  for (; i + w <= n; i += w) {
+    step_states<S> const si = states_at(i);
+    step_vector<Step>(p + i, p + i, g + i, in_place(si), si, working ? working + i : nullptr, c);
   }
-  if (i == n) return;
-  // The tail: the same vector code on a zero-padded copy (zeros stay finite through every
-  // policy's update: Adam's 0 / (0 + eps) is 0).
-  index_t const k = n - i;
-  float pb[w] = {}, sb[S][w] = {};
-  Grad gb[w] = {};
-  Work wb[w] = {};
-  step_states<S> padded;
-  std::copy_n(p + i, k, pb);
-  std::copy_n(g + i, k, gb);
-  for (int j = 0; j < S; ++j) {
-    padded.at[j] = stateful ? sb[j] : nullptr;
-    if (stateful) std::copy_n(s.at[j] + i, k, sb[j]);
+  if (i < n) {  // the last partial vector
+    step_states<S> const si = states_at(i);
+    step_tail<Step>(p + i, p + i, g + i, in_place(si), si, working ? working + i : nullptr, n - i, c);
   }
-  step_vector<Step>(pb, gb, padded, working ? wb : nullptr, c);
-  std::copy_n(pb, k, p + i);
-  if (stateful)
-    for (int j = 0; j < S; ++j) std::copy_n(sb[j], k, s.at[j] + i);
-  if (working) std::copy_n(wb, k, working + i);
 }
 #if TIDE_ELEMENTWISE_SIMD
 #  pragma GCC diagnostic pop

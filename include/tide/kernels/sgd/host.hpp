@@ -74,6 +74,10 @@ struct sgd_step {
   TIDE_HOST_DEVICE static step_states<1> prev_state_arrays(Record const& r) {
     return {{r.prev_buf}};
   }
+  template <class Record>
+  TIDE_HOST_DEVICE static step_sources<1> src_state_arrays(Record const& r) {
+    return {{r.src_buf}};
+  }
   TIDE_HOST_DEVICE static bool uses_states(sgd_coefficients const& c) { return c.use_momentum; }
 
   template <class V>

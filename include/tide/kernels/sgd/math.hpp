@@ -44,6 +44,10 @@ struct sgd_tensor {
   float* prev_p = nullptr;
   float* prev_buf = nullptr;
   Work* prev_working = nullptr;
+  // Optional (null: in place): where the step reads p and buf from, as adamw_tensor's src_*
+  // (buf: written whenever it and its source are given, used by this step or not).
+  float const* src_p = nullptr;
+  float const* src_buf = nullptr;
 };
 
 // What sgd_update needs for one step; built (and checked) by sgd_coefficients_for in host.hpp.

@@ -287,7 +287,27 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   void hand_to_sink(int block);
   void wait_reduced(std::uint32_t c) { sinks_.wait(c); }
   // Waits for optimizer work on parameter chunk c (the host step writes its host payload).
-  void wait_optimizer(std::uint32_t c) { runner_.wait(c); }
+  void wait_optimizer(std::uint32_t c) {
+    if (!runner_.pending(c)) return;
+    runner_.wait(c);
+    swap_in_update(c);
+  }
+  // Chunk c's host step ran: a journal record that swaps gives the chunk its blocks now (undo.hpp).
+  void swap_in_update(std::uint32_t c) {
+    undo_record* const u = runner_.job_of(c).undo;
+    if (u == nullptr) return;
+    this->cur_.undo_swapped_bytes += undo_.swap_in(*u, [&](std::size_t k) -> chunk::chunk& {
+      if (k == 0) return this->param_[c];
+      if (k == 1) return this->master_[c];
+      return this->state_[k - 2][c];
+    });
+  }
+  // Whether chunk c's host step keeps the values before it by swapping blocks: the optimizer can
+  // write them (update_runner::swaps), none of its lists is on file, and the parameters are not
+  // in the gradients' slot.
+  [[nodiscard]] bool swaps_undo(std::uint32_t c) const noexcept {
+    return runner_.swaps() && !options_.reuse_grad_slots && !state_on_file(c) && !params_spilled(c);
+  }
 
   // The optimizer moment after `block`'s backward, and its steps (apply = false: moves only).
   void optimizer_moments_of(int block, bool apply);
@@ -385,12 +405,18 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // they were; abort_step puts the parameters back).
   void check_spill();
   void forget_spill_failures() noexcept { runner_.abort(); }
-  undo_record* begin_undo(std::uint32_t c, index_t n) {
+  // Chunk c's journal record, its blocks acquired (swap: blocks for the update to write into;
+  // else the copies' blocks, counted in undo_copy_bytes).
+  undo_record* begin_undo(std::uint32_t c, index_t n, bool swap = false) {
     if (!options_.undo_on_error) return nullptr;
     update_targets<T> x = targets_of(c);
+    if (swap) return undo_.begin_swap(c, static_cast<std::size_t>(n), x, this->param_.chunk_bytes(),
+                                      this->master_.chunk_bytes());
     if (options_.reuse_grad_slots) x.param = nullptr;  // the slot holds gradients: rounded back from the master
     if (params_spilled(c)) x.param = nullptr;          // on file: its current slot keeps them
-    return undo_.begin(c, static_cast<std::size_t>(n), x);
+    undo_record* const r = undo_.begin(c, static_cast<std::size_t>(n), x);
+    this->cur_.undo_copy_bytes += undo_.bytes_of(*r);
+    return r;
   }
 
   // The masters start as the parameters the model initialised (or a checkpoint wrote): once,

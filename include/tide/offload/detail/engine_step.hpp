@@ -291,6 +291,8 @@ void engine_core<B, T, P, O, S, Src>::drain() {
   }
   this->spans_.clear();
   free_reduced_unowned(true);
+  for (std::uint32_t c = 0; c < this->n_; ++c)
+    if (runner_.pending(c)) swap_in_update(c);  // a host step no one waited for: its swap
   runner_.drained();
   for (std::uint32_t id = 0; id < this->ids_; ++id) this->settle(id);
 }

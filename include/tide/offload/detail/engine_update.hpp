@@ -188,7 +188,7 @@ void engine_core<B, T, P, O, S, Src>::optimizer_step(std::uint32_t c, bool apply
           : nullptr;
   undo_record* undo = nullptr;
   try {
-    undo = apply ? begin_undo(c, n) : nullptr;  // acquired before anything moves
+    undo = apply ? begin_undo(c, n, swaps_undo(c)) : nullptr;  // acquired before anything moves
     if (this->on_device(c)) this->set_stale(c, this->copy_out(c), chunk::tier::device);
     if (this->on_device(this->n_ + c))
       this->set_stale(this->n_ + c, this->copy_out(this->n_ + c, ring), chunk::tier::device);
@@ -228,6 +228,7 @@ void engine_core<B, T, P, O, S, Src>::optimizer_step(std::uint32_t c, bool apply
     this->settle(c);
     this->settle(this->n_ + c);
     runner_.run(c);
+    swap_in_update(c);
     this->free_payload(this->grad_[c]);
   }
 }

@@ -3,8 +3,18 @@
 // optimizer steps in a step first keeps a host copy of its parameters, fp32 master and optimizer
 // state (those on the host or device: the NVMe tier's file keeps its own lists' old slot, and
 // gradient-slot reuse rounds the parameters back from the master), and each chunk handed to a
-// sink with extra lists a copy of those, so a step that throws can be put back (abort_step). The host blocks are acquired before
-// the update runs; the copies are taken by whoever runs it (the optimizer worker for host steps).
+// sink with extra lists a copy of those, so a step that throws can be put back (abort_step). The
+// host blocks are acquired before the update runs; the copies are taken by whoever runs it (the
+// optimizer worker for host steps).
+//
+// Three ways to keep the values before an update, cheapest first:
+// - swap: a chunk whose blocks all live on the host takes new blocks of the chunk's size; the
+//   update reads the old ones and writes the new ones (optim::out_of_place_v), and once it ran
+//   the chunk's blocks and the journal's swap (swap_in): the journal holds the old values without
+//   a byte copied. Until the swap the chunk holds the values before the step, so a failure before
+//   it has nothing to undo.
+// - fold: the update writes the old values beside the new ones in its own pass (attach).
+// - copy: save() before the update.
 
 #include <array>
 #include <cstddef>
@@ -39,7 +49,12 @@ struct undo_record {
   std::uint32_t c = 0;
   std::size_t elements = 0;
   std::array<std::byte*, 2 + optim::max_state_lists> copy{};  // param, master, state...
-  bool saved = false;  // set by whoever took the copies
+  bool saved = false;  // the copies hold the values before the step (restore puts them back)
+  // Swap: the copies are blocks of the chunks' own sizes, for the update's new values; `ran` is
+  // set by whoever ran the update, swap_in (this thread, after it) exchanges them with the chunks.
+  bool swap = false;
+  bool ran = false;
+  std::array<std::size_t, 2 + optim::max_state_lists> block{};  // each copy's size
 };
 
 template <Backend B, Element T>
@@ -56,19 +71,74 @@ class undo_journal {
   // Host blocks for chunk c's copies, acquired before its update: one per list the chunk has in
   // `x` (under ZeRO a chunk another rank steps has no master and no state here).
   undo_record* begin(std::uint32_t c, std::size_t elements, update_targets<T> const& x) {
-    undo_record r{c, elements, {}, false};
-    try {
-      for (std::size_t k = 0; k < slots(); ++k)
-        if (used(k) && address(x, k) != nullptr)
-          r.copy[k] = static_cast<std::byte*>(host_->allocate(bytes(k, elements), 256));
-    } catch (...) {
-      release(r);
-      throw;
-    }
-    TIDE_ASSERT(records_.size() < records_.capacity());
-    records_.push_back(r);
-    return &records_.back();
+    return add({c, elements}, x, [&](std::size_t k) { return bytes(k, elements); });
   }
+  // Swap: blocks of the chunks' sizes (`param_bytes` for the parameters, `fp32_bytes` for the
+  // master and each state list), for the update to write into; the chunks keep theirs until
+  // swap_in.
+  undo_record* begin_swap(std::uint32_t c, std::size_t elements, update_targets<T> const& x, std::size_t param_bytes,
+                          std::size_t fp32_bytes) {
+    undo_record r{c, elements};
+    r.swap = true;
+    return add(r, x, [&](std::size_t k) {
+      std::size_t const size = k == 0 ? param_bytes : fp32_bytes;
+      TIDE_ASSERT(size >= bytes(k, elements));
+      return size;
+    });
+  }
+  // Points u at r's blocks (swap), reading from the chunks', and gives each block the chunk's
+  // bytes past the update's elements (never touched: they travel with the block). Runs where the
+  // update runs, on the host. False when an array u updates is not one r keeps.
+  [[nodiscard]] bool redirect(undo_record const& r, update_targets<T> const& x, optim::update_tensor<T>& u) const {
+    if (r.elements != static_cast<std::size_t>(u.n)) return false;
+    optim::update_tensor<T> with = u;
+    for (std::size_t k = 0; k < slots(); ++k) {
+      if (r.copy[k] == nullptr) continue;
+      void const* const a = address(x, k);
+      bool const fp32 = bytes(k, 1) == sizeof(float);
+      if (fp32 && a == u.master && with.src_master == nullptr) {
+        with.src_master = u.master;
+        with.master = reinterpret_cast<float*>(r.copy[k]);
+      } else if (k == 0 && u.working != nullptr && a == u.working) {
+        with.working = reinterpret_cast<T*>(r.copy[k]);  // written from the master, never read
+      } else {
+        std::size_t j = 0;
+        while (j < optim::max_state_lists && !(fp32 && u.state[j] != nullptr && a == u.state[j])) ++j;
+        if (j == optim::max_state_lists) return false;
+        with.src_state[j] = u.state[j];
+        with.state[j] = reinterpret_cast<float*>(r.copy[k]);
+      }
+    }
+    for (std::size_t k = 0; k < slots(); ++k)
+      if (r.copy[k] != nullptr) {
+        std::size_t const n = bytes(k, r.elements);
+        std::memcpy(r.copy[k] + n, static_cast<std::byte const*>(address(x, k)) + n, r.block[k] - n);
+      }
+    u = with;
+    return true;
+  }
+  static void mark_ran(undo_record& r) noexcept { r.ran = true; }
+  // Once a swap record's update ran (and this thread synchronized with whoever ran it): the
+  // chunks take the blocks with the new values, the journal keeps theirs, which restore() puts
+  // back. `chunk(k)` is chunk::chunk& of list k (param, master, state...), on the host. Returns
+  // the bytes swapped (0: nothing to swap).
+  template <class ChunkOf>
+  std::size_t swap_in(undo_record& r, ChunkOf&& chunk_of) noexcept {
+    if (!r.swap || !r.ran || r.saved) return 0;
+    std::size_t swapped = 0;
+    for (std::size_t k = 0; k < slots(); ++k) {
+      if (r.copy[k] == nullptr) continue;
+      chunk::chunk& ch = chunk_of(k);
+      TIDE_ASSERT(ch.tier() == chunk::tier::host && ch.capacity() == r.block[k]);
+      std::byte* const old = ch.detach();
+      ch.attach(r.copy[k], chunk::tier::host);
+      r.copy[k] = old;
+      swapped += r.block[k];
+    }
+    r.saved = true;
+    return swapped;
+  }
+
   // Points u's prev_* arrays at r's copies, so an optimizer that keeps them (optim::keeps_prev_v)
   // writes them in its own pass: each list the journal keeps must be one of the arrays u updates
   // (master, working copy, a state list). False when one is not: then save() before the update.
@@ -117,6 +187,13 @@ class undo_journal {
         memory::write_from_host(ex, const_cast<void*>(address(x, k)), r.copy[k], bytes(k, r.elements));
   }
   [[nodiscard]] std::span<undo_record const> records() const noexcept { return records_; }
+  // The bytes r keeps (a copy record: what its copies write).
+  [[nodiscard]] std::size_t bytes_of(undo_record const& r) const noexcept {
+    std::size_t total = 0;
+    for (std::size_t k = 0; k < slots(); ++k)
+      if (r.copy[k] != nullptr) total += r.block[k];
+    return total;
+  }
   void discard() noexcept {
     for (undo_record& r : records_) release(r);
     records_.clear();
@@ -134,9 +211,26 @@ class undo_journal {
     if (k == 1) return x.master;
     return x.state[k - 2];
   }
+  // r with a block for each list the chunk has in x, of size(k) bytes, kept in the journal.
+  template <class Size>
+  undo_record* add(undo_record r, update_targets<T> const& x, Size&& size) {
+    try {
+      for (std::size_t k = 0; k < slots(); ++k)
+        if (used(k) && address(x, k) != nullptr) {
+          r.block[k] = size(k);
+          r.copy[k] = static_cast<std::byte*>(host_->allocate(r.block[k], 256));
+        }
+    } catch (...) {
+      release(r);
+      throw;
+    }
+    TIDE_ASSERT(records_.size() < records_.capacity());
+    records_.push_back(r);
+    return &records_.back();
+  }
   void release(undo_record& r) noexcept {
     for (std::size_t k = 0; k < r.copy.size(); ++k)
-      if (r.copy[k] != nullptr) host_->deallocate(std::exchange(r.copy[k], nullptr), bytes(k, r.elements), 256);
+      if (r.copy[k] != nullptr) host_->deallocate(std::exchange(r.copy[k], nullptr), r.block[k], 256);
   }
 
   memory::pinned_pool<B>* host_;

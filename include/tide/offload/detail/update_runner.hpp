@@ -110,6 +110,9 @@ class update_runner {
   ~update_runner() { free_ring(); }
 
   void set_files(file_tier<B>* files) noexcept { files_ = files; }
+  // Whether the update can write a journal's swap blocks: an out-of-place optimizer, one call
+  // over the whole chunk (decay_matrices_only's two calls skip the padding between tensors).
+  [[nodiscard]] bool swaps() const noexcept { return optim::out_of_place_v<O> && !decay_matrices_only_; }
   [[nodiscard]] O const& optimizer() const noexcept { return optimizer_; }
 
   // ---- one update -----------------------------------------------------------------------------
@@ -143,9 +146,19 @@ class update_runner {
   // decay_matrices_only (two calls over the tensors, not the padding between them: a second call
   // that threw would leave the first one's chunk without a restorable copy), they are copied
   // first. Marked saved only once the update returned: an update throws before it writes.
+  // A swap record (the engine asks for one only where it can be: every block on the host, an
+  // out-of-place optimizer, one call over the chunk) points the update at the journal's blocks,
+  // and is marked ran for the engine to swap them in.
   template <Backend E>
   void journalled_update(exec<E> const& ex, std::uint32_t c, optim::update_tensor<T> u,
                          update_targets<T> const& targets, undo_record* undo, optim::update_args const& a) {
+    if (undo != nullptr && undo->swap) {
+      TIDE_CHECK(swaps() && journal_->redirect(*undo, targets, u), internal, "offload: the undo journal swaps the "
+                 "blocks of chunk ", c, ", whose update cannot write to them");
+      run_update(ex, c, u, a);
+      undo_journal<B, T>::mark_ran(*undo);
+      return;
+    }
     bool const fold = optim::keeps_prev_v<O> && !decay_matrices_only_;
     if (undo != nullptr && !(fold && journal_->attach(*undo, targets, u))) {
       journal_->save(*undo, targets, ex);
