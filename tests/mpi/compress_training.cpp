@@ -1,4 +1,5 @@
-// Compressed data parallelism through make_trainer on real ranks: density 1 is dense data
+// Compressed data parallelism through make_trainer on real ranks: at density 1 the sink sends
+// every chunk dense (its fallback when pairs cost more than a dense all-reduce), which is dense data
 // parallelism bit for bit; at density 0.05 and with PowerSGD at rank 2 the GPT still learns,
 // every rank ends with the same bits and sends a fraction of the dense bytes, and a per-rank
 // checkpoint set resumes bit-identically (each rank takes its own lists back). The PowerSGD sink
@@ -60,7 +61,7 @@ std::filesystem::path shared_dir(tide::comm::mpi& world, char const* prefix) {
 
 }  // namespace
 
-TEST_CASE("compressed data parallelism at density 1 is dense data parallelism, bit for bit") {
+TEST_CASE("compressed data parallelism at density 1 falls back to dense all-reduces: dense data parallelism, bit for bit") {
   auto& world = tide::test::world();
   int const w = world.size(), r = world.rank();
   // One chunk per all-reduce on both sides: the same calls, so the same sums on any rank count.

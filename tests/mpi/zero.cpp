@@ -59,19 +59,29 @@ void train(Trainer& t, int from, int to, int w, int r) {
 // Adam's m and v of the tensors in the chunks shard `sh` owns, in order: from a replicated
 // trainer, what a sharded one of that shard must hold; state_of_shard(t, t.scheduler().shard())
 // is what a sharded trainer holds.
+// `list`: 0 for m, 1 for v, -1 for both.
 template <class Trainer>
-std::vector<float> state_of_shard(Trainer& t, off::chunk_shard sh) {
+std::vector<float> state_of_shard(Trainer& t, off::chunk_shard sh, int list = -1) {
   std::vector<float> out;
   auto& sched = t.scheduler();
   for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
     if (!sh.owns(sched.layout().chunk_of[i])) continue;
     for (std::size_t k = 0; k < 2; ++k) {
+      if (list >= 0 && k != static_cast<std::size_t>(list)) continue;
       auto const b = sched.state_bytes(k, i);
       auto const* f = reinterpret_cast<float const*>(b.data());
       out.insert(out.end(), f, f + b.size() / sizeof(float));
     }
   }
   return out;
+}
+
+// max |a - b| over the largest |b|: a difference at the scale of the values themselves (Adam's v
+// is of the order of g^2, far below any fixed bound that suits m).
+float scaled_difference(std::vector<float> const& a, std::vector<float> const& b) {
+  float scale = 0;
+  for (float x : b) scale = std::max(scale, std::fabs(x));
+  return scale > 0 ? tide::test::max_difference(a, b) / scale : tide::test::max_difference(a, b);
 }
 
 // ZeRO-1 all-reduces as replicated training does, and the owner's step is the same step: the same
@@ -82,14 +92,30 @@ std::vector<float> state_of_shard(Trainer& t, off::chunk_shard sh) {
 // where the ranks' contributions nearly cancel, that rounding is large against the sum, and the
 // update of that element may move by up to lr per step. So the bound on any element is steps·lr,
 // and the mean difference must stay at the scale of the roundings: below 1e-7 (measured: see the
-// message).
+// message). In practice no element comes near lr: measured max 2.2e-6 (9.2e-7 with clipping),
+// and the bound is 1e-4, 45 times that and 90 times below steps·lr, which a wrong sum (a rank's
+// gradient missing, counted twice) exceeds in one step.
 float mean_difference(std::vector<float> const& a, std::vector<float> const& b) {
   double d = 0;
   for (std::size_t i = 0; i < a.size(); ++i) d += std::fabs(a[i] - b[i]);
   return static_cast<float>(d / static_cast<double>(a.size()));
 }
 // ZeRO-3 computes with the owner's bytes of every parameter, so it is ZeRO-2's arithmetic.
-float tolerance(int w, int zero) { return w == 2 || zero == 1 ? 0.f : steps * 3e-3f; }
+float tolerance(int w, int zero) { return w == 2 || zero == 1 ? 0.f : 1e-4f; }
+
+// The fraction of elements more than 2 bf16 spacings at b (2^(e - 7) for |b| in [2^e, 2^(e+1)))
+// plus `master` apart: those whose fp32 masters differ by more than `master`, beyond the
+// neighbouring bf16 values either run may round to.
+double bf16_apart(std::vector<float> const& a, std::vector<float> const& b, float master) {
+  REQUIRE(a.size() == b.size());
+  std::size_t apart = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    int e = 0;
+    (void)std::frexp(std::max(std::fabs(b[i]), 1e-30f), &e);  // |b| in [2^(e-1), 2^e)
+    apart += std::fabs(a[i] - b[i]) > 2 * std::ldexp(1.f, e - 1 - 7) + master ? 1 : 0;
+  }
+  return static_cast<double>(apart) / static_cast<double>(a.size());
+}
 float mean_tolerance(int w, int zero) { return w == 2 || zero == 1 ? 0.f : 1e-7f; }
 
 // ZeRO-3's gathers, replayed from the block uses: before each moment (forward 0 .. L, backward
@@ -146,7 +172,15 @@ void zero_equals_replicated(Offload const& offload, char const* what, float clip
     // Adam's state of this rank's chunks equals the replicated run's, and only those are kept.
     std::uint32_t const chunks = static_cast<std::uint32_t>(sched.layout().chunks());
     REQUIRE(chunks >= static_cast<std::uint32_t>(w));  // every rank owns a chunk
-    CHECK(tide::test::max_difference(state_of_shard(t, t.scheduler().shard()), state_of_shard(replicated, sched.shard())) <= (zero == 1 || w == 2 ? 0.f : 1e-3f));
+    // On 4 ranks, m and v follow the gradients' roundings and the parameters' differences
+    // (above): each list within 1e-5 of its own largest value (measured: 2.4e-7 for m, 1.1e-7 for
+    // v; a fixed bound would say nothing of v, of the order of g^2).
+    for (int k : {0, 1}) {
+      float const d = scaled_difference(state_of_shard(t, sched.shard(), k), state_of_shard(replicated, sched.shard(), k));
+      if (r == 0) MESSAGE(std::string(what), ", ", w, " ranks, ZeRO-", zero, ": ", k == 0 ? "m" : "v",
+                          " max |difference| / max |value| ", d);
+      CHECK(d <= (zero == 1 || w == 2 ? 0.f : 1e-5f));
+    }
     for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i)
       CHECK(sched.keeps_state(i) == (static_cast<int>(sched.layout().chunk_of[i] % static_cast<std::uint32_t>(w)) == r));
     // Host plus device model bytes between steps: every parameter chunk (ZeRO-3: the owned ones),
@@ -320,8 +354,13 @@ TEST_CASE("ZeRO with bf16 parameters: the fp32 masters are sharded too, and the 
     float const diff = tide::test::max_difference(params, reference), mean = mean_difference(params, reference);
     if (r == 0) MESSAGE("bf16, ", w, " ranks, ZeRO-", zero, ": |zero - replicated| max ", diff, ", mean ", mean);
     // Adam's steps (above), plus the parameter's own rounding to bf16 (spacing up to 1e-3 below
-    // 0.25). Measured on 4 ranks: 7.0e-3.
-    CHECK(diff <= tolerance(w, zero) + (tolerance(w, zero) > 0 ? 1e-3f : 0.f));
+    // 0.25). Measured on 4 ranks: 7.0e-3. That bound alone is as far as Adam moves an element in
+    // three steps, so also: few elements end more than two bf16 spacings (plus the fp32 bound)
+    // apart (measured: see the message).
+    CHECK(diff <= tolerance(w, zero) + (tolerance(w, zero) > 0 ? steps * 3e-3f : 0.f));
+    double const apart = bf16_apart(params, reference, tolerance(w, zero));
+    if (r == 0) MESSAGE("bf16, ", w, " ranks, ZeRO-", zero, ": a fraction ", apart, " of the elements apart");
+    CHECK(apart <= (w == 2 || zero == 1 ? 0.0 : 0.01));
     // On 4 ranks ZeRO-2 sums the bf16 gradients in another order, each sum rounded to bf16 (2^-9
     // relative), and a parameter may then round to the neighbouring bf16 value (a spacing of 1e-4
     // to 5e-4 for weights of order 0.02 to 0.1). Measured: mean 2.0e-5. Bound: 1e-4.
