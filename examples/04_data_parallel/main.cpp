@@ -64,6 +64,27 @@ struct options {
   double check_falls = 0;
 };
 
+constexpr char const* usage_text =
+    "usage: ./tide demo --ranks N [flags]   (or: mpiexec -n N example_04_data_parallel [flags])\n"
+    "  --steps N          optimizer steps [60]\n"
+    "  --batch B          rows per rank and step [4]\n"
+    "  --seq T            tokens per row [64]\n"
+    "  --bucket-kib K     gradient bucket size [256]\n"
+    "  --zero 0|1|2|3     ZeRO stage [2]\n"
+    "  --density D        send the largest fraction D of each chunk's residual (error feedback)\n"
+    "  --powersgd R       send each matrix as a rank-R product\n"
+    "  --pipeline P       P pipeline stages, one per rank (./tide demo --pipeline P [--ranks N])\n"
+    "  --micro M          micro-batches per step of a pipeline [4]\n"
+    "  --schedule S       one_f_one_b or gpipe [one_f_one_b]\n"
+    "  --check-falls X    fail unless the loss fell by X\n";
+
+// Whether the arguments ask for the usage (--help or -h anywhere).
+bool wants_help(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") return true;
+  return false;
+}
+
 // --flag value pairs; a bad one is a tide::error(usage) that main prints on one line.
 options parse(int argc, char** argv) {
   options o;
@@ -298,10 +319,28 @@ int run(options const& opt, tide::comm::mpi& world) {
 int main(int argc, char** argv) {
   tide::comm::mpi_session session{&argc, &argv};
   tide::comm::mpi world{session, {.deadline = std::chrono::seconds(120)}};
+  // The usage and the arguments' errors are the same on every rank: rank 0 says them, once.
+  if (wants_help(argc, argv)) {
+    if (world.rank() == 0) std::fputs(usage_text, stdout);
+    return 0;
+  }
+  options opt;
   try {
-    return run(parse(argc, argv), world);
+    opt = parse(argc, argv);
   } catch (tide::error const& e) {
-    std::fprintf(stderr, "example_04_data_parallel: rank %d: %s\n", world.rank(), e.message().c_str());
+    if (world.rank() == 0) std::fprintf(stderr, "example_04_data_parallel: %s\n", e.message().c_str());
+    return 2;
+  }
+  try {
+    return run(opt, world);
+  } catch (tide::error const& e) {
+    // A usage error (the flags against the ranks) is every rank's: rank 0 says it. Any other
+    // failure is this rank's own, said on a line of its own.
+    if (e.category() == tide::errc::usage) {
+      if (world.rank() == 0) std::fprintf(stderr, "example_04_data_parallel: %s\n", e.message().c_str());
+    } else {
+      std::fprintf(stderr, "\nexample_04_data_parallel: rank %d: %s\n", world.rank(), e.message().c_str());
+    }
     return 2;
   }
 }

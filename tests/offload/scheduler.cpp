@@ -537,6 +537,30 @@ TEST_CASE("a parameter read outside the blocks whose uses() list it is an error 
   CHECK_THROWS_AS((void)sched.param_data(10000), tide::error);
 }
 
+TEST_CASE("a parameter that uses() lists in no block is named as such when the model reads it") {
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  auto uses = tide::nn::gpt_block_uses(config);
+  for (auto& block : uses.params) std::erase(block, 0u);  // wte: in no block at all
+  sched_t<decltype(cfg)> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), uses, cfg,
+                               {}, adamw};
+  model_t<decltype(cfg)> model{config, arena, {.seed = 7}, {&sched}};
+  auto const data = batch_of(0);
+  tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
+  try {
+    (void)model.forward(ex, x, y);
+    FAIL("the embedding read wte, which no block declares");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::usage);
+    std::string const what = e.message();
+    CHECK(what.find("\"wte\"") != std::string::npos);
+    CHECK(what.find("uses() lists it in no block") != std::string::npos);
+  }
+  sched.abort_step();
+}
+
 TEST_CASE("hooks out of order are errors: backward must run the blocks in reverse") {
   off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
   tide::thread_pool pool{1};

@@ -73,11 +73,14 @@ class residency : public chunk_store<B, T, Engine> {
         access_.in_block() ? tide::detail::concat("in block ", access_.block(), "'s ",
                                                   access_.phase() == chunk::phase::forward ? "forward" : "backward")
                            : std::string("between blocks (outside every pre_*/post_* pair)");
+    std::string const listed =
+        blocks.empty() ? std::string("in no block")
+                       : tide::detail::concat("only for block", blocks.find(',') != std::string::npos ? "s " : " ", blocks);
     TIDE_FAIL(usage, "offload ", P::name(), ": the model asked for the ", what, " of \"", this->params_[i].name(),
-              "\" (parameter ", i, ") ", where, ", but uses() lists it only for block",
-              blocks.find(',') != std::string::npos ? "s " : " ", blocks.empty() ? std::string("s: none") : blocks,
+              "\" (parameter ", i, ") ", where, ", but uses() lists it ", listed,
               std::string_view(what) == "gradient" ? " (gradients: in their backward only)" : "",
-              "; add it to that block's uses() (tide::block_uses) or read it inside a block that lists it");
+              blocks.empty() ? "; add it to the uses() (tide::block_uses) of the block that reads it"
+                             : "; add it to that block's uses() (tide::block_uses) or read it inside a block that lists it");
   }
   [[nodiscard]] std::span<std::uint32_t const> completes_at(int block) const { return moments_.completes_at(block); }
   [[nodiscard]] std::vector<std::uint32_t> const& ids_of(int block, chunk::phase ph) const {
