@@ -251,6 +251,14 @@ inline step_sources<S> in_place(step_states<S> const& s) {
   return r;
 }
 
+// States (step_states or step_sources) i elements on; a null one stays null.
+template <class States>
+inline States states_at(States s, index_t i) {
+  for (auto& a : s.at)
+    if (a != nullptr) a += i;
+  return s;
+}
+
 // The last t < step_width elements of a range: the same vector code on zero-padded copies (zeros
 // stay finite through every policy's update: Adam's 0 / (0 + eps) is 0), the t results to
 // p_out, the states s_out (null: unused) and working (unless null).
@@ -303,7 +311,6 @@ void step_range_from_sources(Record const& r, index_t begin, index_t end, typena
     if (stream) memory::detail::streaming_copy_unfenced(to, from, bytes);
     else std::memcpy(to, from, bytes);
   };
-  bool const streams = step_reads_sources<Step>(r);
   alignas(64) float pb[step_piece];
   alignas(64) float sb[S][step_piece];
   alignas(64) Work wb[step_piece];
@@ -328,25 +335,17 @@ void step_range_from_sources(Record const& r, index_t begin, index_t end, typena
     }
     if (r.prev_p != nullptr) store(true, r.prev_p + b, from_p, k);
     if (r.working != nullptr && r.prev_working != nullptr) store(true, r.prev_working + b, r.working + b, k);
-    auto const at = [](step_sources<S> const& x, index_t i) {
-      step_sources<S> y;
-      for (int j = 0; j < S; ++j) y.at[j] = x.at[j] != nullptr ? x.at[j] + i : nullptr;
-      return y;
-    };
-    auto const at_out = [](step_states<S> const& x, index_t i) {
-      step_states<S> y;
-      for (int j = 0; j < S; ++j) y.at[j] = x.at[j] != nullptr ? x.at[j] + i : nullptr;
-      return y;
-    };
     index_t i = 0;
     for (; i + w <= k; i += w)
-      step_vector<Step>(from_p + i, pb + i, g + i, at(from, i), at_out(to, i), r.working ? wb + i : nullptr, c);
+      step_vector<Step>(from_p + i, pb + i, g + i, states_at(from, i), states_at(to, i), r.working ? wb + i : nullptr,
+                        c);
     if (i < k)  // the range's last partial vector
-      step_tail<Step>(from_p + i, pb + i, g + i, at(from, i), at_out(to, i), r.working ? wb + i : nullptr, k - i, c);
+      step_tail<Step>(from_p + i, pb + i, g + i, states_at(from, i), states_at(to, i), r.working ? wb + i : nullptr,
+                      k - i, c);
     store(r.src_p != nullptr, r.p + b, pb, k);
     if (use)
       for (int j = 0; j < S; ++j) store(src.at[j] != nullptr, dst.at[j] + b, sb[j], k);
-    if (r.working != nullptr) store(streams, r.working + b, wb, k);
+    if (r.working != nullptr) store(true, r.working + b, wb, k);  // a new block (the record reads from sources)
   }
   memory::detail::streaming_fence();
 }
@@ -366,7 +365,6 @@ void step_range(Record const& r, index_t begin, index_t end, typename Step::coef
   Grad const* const g = r.g + begin;
   step_states<S> s = Step::state_arrays(r);
   for (int j = 0; j < S; ++j) s.at[j] = Step::uses_states(c) ? s.at[j] + begin : nullptr;
-  bool const stateful = stateful_at<Step>(s);
   Work* const working = r.working ? r.working + begin : nullptr;
   index_t const n = end - begin;
   // The grain's values before the step, where the record keeps them.
@@ -384,17 +382,12 @@ void step_range(Record const& r, index_t begin, index_t end, typename Step::coef
   }
   if (working != nullptr && r.prev_working != nullptr) keep(r.prev_working + begin, working);
   index_t i = 0;
-  auto const states_at = [&](index_t at) {
-    step_states<S> si;
-    for (int j = 0; j < S; ++j) si.at[j] = stateful ? s.at[j] + at : nullptr;
-    return si;
-  };
   for (; i + w <= n; i += w) {
-    step_states<S> const si = states_at(i);
+    step_states<S> const si = states_at(s, i);
     step_vector<Step>(p + i, p + i, g + i, in_place(si), si, working ? working + i : nullptr, c);
   }
   if (i < n) {  // the last partial vector
-    step_states<S> const si = states_at(i);
+    step_states<S> const si = states_at(s, i);
     step_tail<Step>(p + i, p + i, g + i, in_place(si), si, working ? working + i : nullptr, n - i, c);
   }
 }
