@@ -2,6 +2,8 @@
 // - moment_map (offload/detail/moments.hpp): what each moment of a step touches and completes;
 // - residency_planner (offload/detail/residency_planner.hpp): budgets, victims and what to fetch
 //   ahead, from a recorded trace and a set of resident ids, without memory;
+// - chunk_store (offload/detail/chunk_store.hpp): the tier store, on tide::sealed, with an owner
+//   that records what the store asks;
 // - block_access (offload/detail/block_access.hpp): what the open block may touch;
 // - plan_files (offload/detail/file_plan.hpp): which chunks go to file, a pure decision;
 // - file_tier (offload/detail/file_tier.hpp): the files, their slots and their staging blocks;
@@ -21,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -36,6 +39,7 @@
 #include <tide/memory/stream.hpp>
 #include <tide/core/parameters.hpp>
 #include <tide/offload/detail/block_access.hpp>
+#include <tide/offload/detail/chunk_store.hpp>
 #include <tide/offload/detail/file_plan.hpp>
 #include <tide/offload/detail/file_tier.hpp>
 #include <tide/offload/detail/moments.hpp>
@@ -689,4 +693,130 @@ TEST_CASE("sink_lane on sealed: a host sink gets a host copy of a device chunk a
   CHECK(out[0] == 12.f);
   compute.synchronize();
   arena.deallocate(grads, n * sizeof(float));
+}
+
+namespace {
+
+// The tier store's owner, as a test writes it: it answers what the store asks, records it, and
+// fills a parameter chunk with a plain copy on the store's copy stream (as host_source does).
+struct store_owner {
+  using store_t = tide::offload::detail::chunk_store<tide::sealed, float, store_owner>;
+  store_t* store = nullptr;
+  std::vector<std::string> calls;
+  std::optional<std::uint32_t> victim;
+  bool fail_fill = false;
+  std::optional<std::uint32_t> pick_victim(std::size_t, std::span<std::uint32_t const>, std::size_t) {
+    calls.push_back(victim ? said("victim", *victim) : "no victim");
+    return victim;
+  }
+  void before_fetch(std::uint32_t id) { calls.push_back(said("before_fetch", id)); }
+  void fetched(std::uint32_t id) { calls.push_back(said("fetched", id)); }
+  bool param_on_file(std::uint32_t) { return false; }
+  bool param_in_file(std::uint32_t) { return false; }
+  std::byte* read_param_file(std::uint32_t) { return nullptr; }
+  void fill_chunk(std::uint32_t c, std::byte* dev, std::byte const* host, std::size_t bytes, bool handed_over) {
+    calls.push_back(said(handed_over ? "fill handed" : "fill", c));
+    if (fail_fill) throw std::runtime_error("source failed");
+    store->engine_.copy_async(dev, host, bytes, tide::memory::copy_direction::host_to_device, store->ready_[c]);
+  }
+  bool holds_parameters(std::uint32_t) { return true; }
+  void before_copy_out(std::uint32_t id) { calls.push_back(said("before_copy_out", id)); }
+  void released(std::uint32_t c) noexcept { calls.push_back(said("released", c)); }
+  bool reclaim_ring_block(std::byte*) noexcept { return false; }
+};
+
+}  // namespace
+
+TEST_CASE("chunk_store on sealed: fetch, copy out and hand-over move the bytes; a refused block asks the owner; "
+          "a failed fill leaves the chunk where it was") {
+  namespace mem = tide::memory;
+  model m;
+  REQUIRE(m.layout.chunks() == 4);
+  tide::thread_pool pool{1};
+  mem::stream<tide::sealed> compute;
+  tide::exec<tide::sealed> const ex{pool, compute};
+  std::size_t const block = tide::round_up(m.lists[2].chunk_bytes(), 256);
+  mem::device_arena<tide::sealed> arena{{.budget = 2 * block}};  // room for two chunks
+  tide::block_uses uses{0, {{0, 1}, {2, 3}, {4, 5}, {6, 7}}};
+  store_owner owner;
+  store_owner::store_t st(owner, ex, arena, m.params, uses, m.layout, 0, {}, false);
+  owner.store = &st;
+  std::size_t const elems = st.param_[0].capacity() / sizeof(float);
+  auto host_of = [&](std::uint32_t c) { return reinterpret_cast<float*>(st.param_[c].payload()); };
+  for (std::uint32_t c = 0; c < 4; ++c)  // host tier: the host writes it
+    for (std::size_t k = 0; k < elems; ++k) host_of(c)[k] = static_cast<float>(100 * c + k);
+  auto device_values = [&](std::uint32_t c) {
+    std::vector<float> out(elems);
+    mem::read_to_host(ex, out.data(), st.param_[c].payload(), elems * sizeof(float));
+    return out;
+  };
+  auto expected = [&](std::uint32_t c, float plus) {
+    std::vector<float> v(elems);
+    for (std::size_t k = 0; k < elems; ++k) v[k] = static_cast<float>(100 * c + k) + plus;
+    return v;
+  };
+
+  // Chunk 0 to the device: the fill copies on the copy stream; the host copy is kept (clean).
+  ids const protect0{0};
+  st.fetch(0, 0, protect0);
+  st.settle(0);
+  CHECK(owner.calls == strings{"before_fetch 0", "fill 0", "fetched 0"});
+  CHECK(st.on_device(0));
+  CHECK(device_values(0) == expected(0, 0));
+
+  // A failed fill: the device block goes back to the arena, the chunk keeps its host block.
+  owner.calls.clear();
+  owner.fail_fill = true;
+  std::size_t const in_use = arena.stats().in_use;
+  ids const protect1{1};
+  CHECK_THROWS_AS(st.fetch(1, 0, protect1), std::runtime_error);
+  owner.fail_fill = false;
+  CHECK_FALSE(st.on_device(1));
+  CHECK(arena.stats().in_use == in_use);
+  CHECK(std::equal(host_of(1), host_of(1) + elems, expected(1, 0).begin()));
+
+  // Chunk 1 fetched; a kernel then changes it on the device (queued on the compute stream).
+  st.fetch(1, 0, protect1);
+  st.settle(1);
+  std::vector<float> const changed = expected(1, 0.5f);
+  compute.launch_owned([a = tide::unseal(reinterpret_cast<float*>(st.param_[1].payload())), &changed] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a late kernel
+    std::copy(changed.begin(), changed.end(), a);
+  });
+  st.drop_shadow(1);  // its host copy is stale now
+
+  // Chunk 2: the arena is full, so the store asks its owner, which names chunk 1. Chunk 1 is
+  // copied out after the compute stream's write (an event, not the host having waited), and
+  // chunk 0, clean, would have needed no copy.
+  owner.calls.clear();
+  owner.victim = 1;
+  ids const protect2{2};
+  st.fetch(2, 0, protect2);
+  st.settle(1);
+  st.settle(2);
+  CHECK(owner.calls == strings{"before_fetch 2", "victim 1", "before_copy_out 1", "released 1", "fill 2",
+                               "fetched 2"});
+  CHECK_FALSE(st.on_device(1));
+  CHECK(std::equal(host_of(1), host_of(1) + elems, changed.begin()));
+  CHECK(device_values(2) == expected(2, 0));
+
+  // A hand-over: chunk 0 (clean: dropped, no copy) gives its block to chunk 3, whose fill is
+  // told it was handed one.
+  owner.calls.clear();
+  std::byte* const handed = st.hand_over(0, 3);
+  ids const protect3{3};
+  st.fetch_into(3, 0, protect3, 0, handed);
+  st.settle(3);
+  CHECK(owner.calls == strings{"before_copy_out 0", "released 0", "before_fetch 3", "fill handed 3", "fetched 3"});
+  CHECK(st.cur_.clean_drops == 1);
+  CHECK(device_values(3) == expected(3, 0));
+  CHECK(std::equal(host_of(0), host_of(0) + elems, expected(0, 0).begin()));
+
+  // abort(): every tensor back to HOLD.
+  st.param_.transition(0, tide::chunk::tensor_state::compute);
+  st.abort();
+  CHECK(st.param_.tensor(0).state == tide::chunk::tensor_state::hold);
+  compute.synchronize();
+  st.free_all();
+  CHECK(arena.stats().in_use == 0);
 }

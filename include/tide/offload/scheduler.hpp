@@ -105,7 +105,7 @@ class scheduler {
       : e_(ex, arena, std::move(params), std::move(uses), policy, options, optimizer, sink, source) {
     TIDE_REQUIRE(!options.defer_sink || options.defer_optimizer, "offload::scheduler: options.defer_sink needs "
                  "options.defer_optimizer (the optimizer must not step a chunk before the sink has it)");
-    grads_out_.reserve(e_.params_.size());  // gradients() allocates nothing per step
+    grads_out_.reserve(e_.store_.params_.size());  // gradients() allocates nothing per step
   }
 
   scheduler(scheduler const&) = delete;
@@ -133,42 +133,42 @@ class scheduler {
 
   // ---- what it is ---------------------------------------------------------------------------
   [[nodiscard]] static std::string name() { return Policy::name(); }
-  [[nodiscard]] chunk::chunk_layout const& layout() const noexcept { return e_.layout_; }
-  [[nodiscard]] parameter_list const& parameters() const noexcept { return e_.params_; }
-  [[nodiscard]] std::size_t chunk_bytes() const noexcept { return e_.param_.chunk_bytes(); }
-  [[nodiscard]] chunk::memory_tracer const& tracer() const noexcept { return e_.plan_.tracer; }
+  [[nodiscard]] chunk::chunk_layout const& layout() const noexcept { return e_.store_.layout_; }
+  [[nodiscard]] parameter_list const& parameters() const noexcept { return e_.store_.params_; }
+  [[nodiscard]] std::size_t chunk_bytes() const noexcept { return e_.store_.param_.chunk_bytes(); }
+  [[nodiscard]] chunk::memory_tracer const& tracer() const noexcept { return e_.res_.plan_.tracer; }
   // The chunk list of role r; exp_avg and exp_avg_sq are the optimizer's state lists 0 and 1.
   [[nodiscard]] chunk::chunk_list const& list(chunk::chunk_role r) const {
     switch (r) {
-      case chunk::chunk_role::grad: return e_.grad_;
-      case chunk::chunk_role::master: return e_.master_;
+      case chunk::chunk_role::grad: return e_.store_.grad_;
+      case chunk::chunk_role::master: return e_.store_.master_;
       case chunk::chunk_role::exp_avg:
       case chunk::chunk_role::exp_avg_sq: {
         std::size_t const k = r == chunk::chunk_role::exp_avg ? 0 : 1;
         TIDE_REQUIRE(k < e_.state_lists, "offload::scheduler::list: ", Optimizer::name, " keeps ",
                      e_.state_lists, " state list(s); ask for exp_avg (list 0) only when it keeps one");
-        return e_.state_[k];
+        return e_.store_.state_[k];
       }
-      default: return e_.param_;
+      default: return e_.store_.param_;
     }
   }
-  [[nodiscard]] offload_stats const& last_step() const noexcept { return e_.last_; }
+  [[nodiscard]] offload_stats const& last_step() const noexcept { return e_.res_.last_; }
   // Device bytes per moment of the last completed step (the memory tide).
-  [[nodiscard]] std::span<tide_sample const> memory_tide() const noexcept { return e_.last_tide_; }
-  [[nodiscard]] policy_type const& policy() const noexcept { return e_.plan_.policy; }
+  [[nodiscard]] std::span<tide_sample const> memory_tide() const noexcept { return e_.res_.last_tide_; }
+  [[nodiscard]] policy_type const& policy() const noexcept { return e_.res_.plan_.policy; }
   [[nodiscard]] Optimizer const& optimizer() const noexcept { return e_.runner_.optimizer(); }
   [[nodiscard]] Sink& sink() noexcept { return e_.sinks_.sink(); }
   [[nodiscard]] Source& source() noexcept { return e_.source_; }
   [[nodiscard]] std::int64_t optimizer_steps() const noexcept { return e_.t_ - 1; }
   [[nodiscard]] bool os_on_device(std::uint32_t c) const { return e_.os_on_device_.at(c); }
   // The host tier's pool (the NVMe tier keeps its bytes under scheduler_options::host_budget).
-  [[nodiscard]] memory::pinned_pool_stats host_pool_stats() const { return e_.host_.stats(); }
-  void reset_host_pool_peak() noexcept { e_.host_.reset_peak(); }  // measure one phase (a save, a load)
+  [[nodiscard]] memory::pinned_pool_stats host_pool_stats() const { return e_.store_.host_.stats(); }
+  void reset_host_pool_peak() noexcept { e_.store_.host_.reset_peak(); }  // measure one phase (a save, a load)
   // The copy engine every chunk copy goes through (its stats; fail_copy() for fault injection).
-  [[nodiscard]] memory::transfer_engine<B>& transfers() noexcept { return e_.engine_; }
+  [[nodiscard]] memory::transfer_engine<B>& transfers() noexcept { return e_.store_.engine_; }
   // The copy engine of a model's offloaded activations (offload::hooks carries them), on a stream
   // of its own beside the chunk copies; made at the first call or the model's first request.
-  [[nodiscard]] memory::transfer_engine<B>& activation_transfers() { return e_.activation_engine(); }
+  [[nodiscard]] memory::transfer_engine<B>& activation_transfers() { return e_.store_.activation_engine(); }
   // True between the first hook of a step and the end of step() / skip_step() / abort_step().
   [[nodiscard]] bool in_step() const noexcept { return e_.step_open_; }
   // True once the first moment placed the model data (and checked the budget).
@@ -179,17 +179,17 @@ class scheduler {
   // The least device budget this scheduler can train with when `non_model` bytes of activations
   // and workspaces are live, and what it is made of (text for errors and reports).
   [[nodiscard]] std::size_t minimum_device_bytes(std::size_t non_model) const {
-    return e_.plan_.policy.minimum(e_.plan_.ctx, non_model).bytes;
+    return e_.res_.plan_.policy.minimum(e_.res_.plan_.ctx, non_model).bytes;
   }
   [[nodiscard]] std::string minimum_explained(std::size_t non_model) const {
-    return e_.plan_.policy.minimum(e_.plan_.ctx, non_model).why;
+    return e_.res_.plan_.policy.minimum(e_.res_.plan_.ctx, non_model).why;
   }
   // Refuses the arena's budget if it is below the minimum for `non_model` bytes (tide::error(budget)
   // stating the minimum and its parts). Runs by itself at the first moment of the first step.
   void check_budget(std::size_t non_model) const {
-    auto const need = e_.plan_.policy.minimum(e_.plan_.ctx, non_model);
-    TIDE_CHECK(e_.plan_.ctx.budget >= need.bytes, budget, "offload ", name(), ": the device budget ",
-               bytes_of{e_.plan_.ctx.budget}, " is below this scheduler's minimum ", bytes_of{need.bytes}, " = ",
+    auto const need = e_.res_.plan_.policy.minimum(e_.res_.plan_.ctx, non_model);
+    TIDE_CHECK(e_.res_.plan_.ctx.budget >= need.bytes, budget, "offload ", name(), ": the device budget ",
+               bytes_of{e_.res_.plan_.ctx.budget}, " is below this scheduler's minimum ", bytes_of{need.bytes}, " = ",
                need.why, "; raise device_budget to at least ", bytes_of{need.bytes}, need.advice);
   }
 
@@ -202,44 +202,44 @@ class scheduler {
   // backward: anything else throws tide::error(usage) naming the parameter and the block. Outside
   // a step the caller may write, so a device-resident chunk forgets its host copy.
   [[nodiscard]] T* param_data(std::uint32_t i) {
-    e_.check_index(i, "param_data");
-    if (e_.access_.in_block()) {
-      if (!e_.access_.may_read(i)) [[unlikely]]
-        e_.fail_access(i, "parameter");
+    e_.res_.check_index(i, "param_data");
+    if (e_.res_.access_.in_block()) {
+      if (!e_.res_.access_.may_read(i)) [[unlikely]]
+        e_.res_.fail_access(i, "parameter");
     } else if (e_.step_open_ || e_.evaluating_) [[unlikely]] {
-      e_.fail_access(i, "parameter");
+      e_.res_.fail_access(i, "parameter");
     } else {
       e_.drain();
       e_.require_held(i, "param_data");
-      e_.materialize_param(e_.layout_.chunk_of[i]);  // from the NVMe tier's file
-      e_.drop_shadow(e_.layout_.chunk_of[i]);
-      e_.require_host_side(e_.param_, i, "param_data");
+      e_.materialize_param(e_.store_.layout_.chunk_of[i]);  // from the NVMe tier's file
+      e_.store_.drop_shadow(e_.store_.layout_.chunk_of[i]);
+      e_.require_host_side(e_.store_.param_, i, "param_data");
     }
-    return reinterpret_cast<T*>(e_.param_.data(i));
+    return reinterpret_cast<T*>(e_.store_.param_.data(i));
   }
   [[nodiscard]] T* grad_data(std::uint32_t i) {
-    e_.check_index(i, "grad_data");
-    bool const open = e_.access_.in_block();
-    if ((open && !e_.access_.may_write_grad(i)) || (!open && (e_.step_open_ || e_.evaluating_)))
+    e_.res_.check_index(i, "grad_data");
+    bool const open = e_.res_.access_.in_block();
+    if ((open && !e_.res_.access_.may_write_grad(i)) || (!open && (e_.step_open_ || e_.evaluating_)))
         [[unlikely]]
-      e_.fail_access(i, "gradient");
-    return reinterpret_cast<T*>(e_.grad_.data(i));
+      e_.res_.fail_access(i, "gradient");
+    return reinterpret_cast<T*>(e_.store_.grad_.data(i));
   }
   // Parameter i's bytes copied out, wherever its chunk is (after finishing pending work).
   [[nodiscard]] std::vector<T> read_param(std::uint32_t i) {
-    e_.check_index(i, "read_param");
+    e_.res_.check_index(i, "read_param");
     e_.drain();
     e_.require_held(i, "read_param");
-    std::vector<T> out(static_cast<std::size_t>(e_.params_[i].numel()));
-    std::uint32_t const c = e_.layout_.chunk_of[i];
+    std::vector<T> out(static_cast<std::size_t>(e_.store_.params_[i].numel()));
+    std::uint32_t const c = e_.store_.layout_.chunk_of[i];
     if (!e_.holds_parameters(c)) {  // reuse_grad_slots, inside a step: the slot holds gradients
-      auto const* m = reinterpret_cast<float const*>(e_.master_.data(i));
+      auto const* m = reinterpret_cast<float const*>(e_.store_.master_.data(i));
       for (std::size_t k = 0; k < out.size(); ++k) out[k] = from_float<T>(m[k]);
       return out;
     }
     std::byte const* const on_file = e_.param_file_view(c);
-    memory::read_to_host(e_.ex_, out.data(), on_file != nullptr ? on_file + e_.layout_.offset_of[i] * sizeof(T)
-                                                                : e_.param_.data(i), e_.params_[i].bytes);
+    memory::read_to_host(e_.store_.ex_, out.data(), on_file != nullptr ? on_file + e_.store_.layout_.offset_of[i] * sizeof(T)
+                                                                : e_.store_.param_.data(i), e_.store_.params_[i].bytes);
     return out;
   }
   // The bytes of parameter i in the list of `role` (param: T; master and the optimizer's state
@@ -252,15 +252,15 @@ class scheduler {
   // spans end then.
   [[nodiscard]] std::span<std::byte> tensor_bytes(chunk::chunk_role role, std::uint32_t i) {
     check_tensor(role, i, "tensor_bytes");
-    if (role != chunk::chunk_role::param) e_.materialize(e_.layout_.chunk_of[i]);  // from the spill file
+    if (role != chunk::chunk_role::param) e_.materialize(e_.store_.layout_.chunk_of[i]);  // from the spill file
     if (role == chunk::chunk_role::master) {
       e_.init_master();  // a caller reading it sees the current master; one writing it replaces it
       e_.master_written_ = true;
     }
     if (role == chunk::chunk_role::param) {
       e_.require_held(i, "tensor_bytes");
-      e_.materialize_param(e_.layout_.chunk_of[i]);  // from the NVMe tier's file
-      e_.drop_shadow(e_.layout_.chunk_of[i]);  // the caller may write
+      e_.materialize_param(e_.store_.layout_.chunk_of[i]);  // from the NVMe tier's file
+      e_.store_.drop_shadow(e_.store_.layout_.chunk_of[i]);  // the caller may write
     }
     return e_.host_side(list(role), i, tensor_size(role, i), true);
   }
@@ -274,15 +274,15 @@ class scheduler {
     std::size_t const bytes = tensor_size(role, i);
     if (role == chunk::chunk_role::param) {
       e_.require_held(i, "tensor_view");
-      if (std::byte const* on_file = e_.param_file_view(e_.layout_.chunk_of[i]))
-        return {on_file + e_.layout_.offset_of[i] * sizeof(T), bytes};
-      return e_.host_side(e_.param_, i, bytes, false);
+      if (std::byte const* on_file = e_.param_file_view(e_.store_.layout_.chunk_of[i]))
+        return {on_file + e_.store_.layout_.offset_of[i] * sizeof(T), bytes};
+      return e_.host_side(e_.store_.param_, i, bytes, false);
     }
     if (role == chunk::chunk_role::master) e_.init_master();  // the masters start as the parameters
     std::size_t const k = role == chunk::chunk_role::master ? core::state_lists
                           : role == chunk::chunk_role::exp_avg ? 0 : 1;
-    if (std::byte const* lists = e_.spilled_view(e_.layout_.chunk_of[i], k))
-      return {lists + e_.layout_.offset_of[i] * sizeof(float), bytes};
+    if (std::byte const* lists = e_.spilled_view(e_.store_.layout_.chunk_of[i], k))
+      return {lists + e_.store_.layout_.offset_of[i] * sizeof(float), bytes};
     return e_.host_side(list(role), i, bytes, false);
   }
   // Frees the host block the views read state from the NVMe tier into (a save ended; the next
@@ -299,17 +299,17 @@ class scheduler {
   // Under ZeRO (a sharding gradient sink): whether this rank keeps parameter i's master and
   // optimizer state, i.e. owns the chunk it lies in. Always true without sharding.
   [[nodiscard]] bool keeps_state(std::uint32_t i) const {
-    e_.check_index(i, "keeps_state");
-    return e_.shard_.owns(e_.layout_.chunk_of[i]);
+    e_.res_.check_index(i, "keeps_state");
+    return e_.store_.shard_.owns(e_.store_.layout_.chunk_of[i]);
   }
-  [[nodiscard]] chunk_shard shard() const noexcept { return e_.shard_; }
+  [[nodiscard]] chunk_shard shard() const noexcept { return e_.store_.shard_; }
   // Under ZeRO-3 (a sink that shards parameters, on more than one rank): whether this rank holds
   // parameter i's bytes now. After a step or an evaluation it holds its own chunks only, unless
   // gather_parameters() brought the others; before the first, everything the model initialised
   // (the first block frees the other ranks' chunks). Always true otherwise.
   [[nodiscard]] bool holds_parameter(std::uint32_t i) const {
-    e_.check_index(i, "holds_parameter");
-    return e_.has_param(e_.layout_.chunk_of[i]);
+    e_.res_.check_index(i, "holds_parameter");
+    return e_.has_param(e_.store_.layout_.chunk_of[i]);
   }
   [[nodiscard]] bool shards_parameters() const noexcept { return e_.params_sharded_; }
   // ZeRO-3, between steps: every rank calls it, and then holds every parameter (read_param,
@@ -333,22 +333,22 @@ class scheduler {
   // The bytes of parameter i in the sink's extra list k (extra_lists_of<Sink>()[k]: its name and
   // dtype), wherever the chunk is, between steps. For checkpoints.
   [[nodiscard]] std::span<std::byte> extra_bytes(std::size_t k, std::uint32_t i) {
-    e_.check_index(i, "extra_bytes");
+    e_.res_.check_index(i, "extra_bytes");
     TIDE_REQUIRE(k < core::extra_count, "offload::scheduler::extra_bytes(", k, ", ", i, "): the sink declares ",
                  core::extra_count, " extra lists");
     TIDE_REQUIRE(!e_.step_open_, "offload::scheduler::extra_bytes inside a step; read tensors between steps");
     e_.drain();
-    return {e_.extra_[k].data(i), extra_size(k, i)};
+    return {e_.store_.extra_[k].data(i), extra_size(k, i)};
   }
   [[nodiscard]] std::size_t extra_size(std::size_t k, std::uint32_t i) const {
-    return static_cast<std::size_t>(e_.params_[i].numel()) * size_of(extra_lists_of<Sink>()[k].type);
+    return static_cast<std::size_t>(e_.store_.params_[i].numel()) * size_of(extra_lists_of<Sink>()[k].type);
   }
-  [[nodiscard]] chunk::chunk_list const& extra_list(std::size_t k) const { return e_.extra_.at(k); }
+  [[nodiscard]] chunk::chunk_list const& extra_list(std::size_t k) const { return e_.store_.extra_.at(k); }
   // Bytes of parameter i in the list of `role` (what tensor_bytes spans).
   [[nodiscard]] std::size_t tensor_size(chunk::chunk_role role, std::uint32_t i) const {
-    e_.check_index(i, "tensor_size");
+    e_.res_.check_index(i, "tensor_size");
     bool const is_param = role == chunk::chunk_role::param || role == chunk::chunk_role::grad;
-    return static_cast<std::size_t>(e_.params_[i].numel()) * (is_param ? sizeof(T) : sizeof(float));
+    return static_cast<std::size_t>(e_.store_.params_[i].numel()) * (is_param ? sizeof(T) : sizeof(float));
   }
   // The optimizer's step number (steps taken), for a resumed run.
   void set_optimizer_steps(std::int64_t steps) {
@@ -360,7 +360,7 @@ class scheduler {
   void zero_grad() {
     e_.drain();
     e_.return_grad_slots(false);  // reuse_grad_slots: the parameters back in their slots
-    for (std::uint32_t c = 0; c < e_.n_; ++c) e_.release_grad(c);
+    for (std::uint32_t c = 0; c < e_.store_.n_; ++c) e_.release_grad(c);
   }
   // Waits for every copy, sink and optimizer step in flight.
   void synchronize() { e_.drain(); }
@@ -394,7 +394,7 @@ class scheduler {
   // Perfetto opens it.
   void set_trace(trace_recorder* r) {
     e_.drain();
-    e_.trace_ = r;
+    e_.store_.trace_ = r;
   }
 
   // ---- the model's offloaded activations (offload::hooks carries them) -------------------------
@@ -424,12 +424,12 @@ class scheduler {
   [[nodiscard]] std::span<kernels::grad_tensor<T> const> gradients() {
     e_.drain();
     grads_out_.clear();  // reserved at construction: no allocation per step
-    for (std::uint32_t i = 0; i < e_.params_.size(); ++i) {
-      std::uint32_t const c = e_.layout_.chunk_of[i];
+    for (std::uint32_t i = 0; i < e_.store_.params_.size(); ++i) {
+      std::uint32_t const c = e_.store_.layout_.chunk_of[i];
       TIDE_REQUIRE(e_.grad_chunk(c).payload() != nullptr, "offload::scheduler::gradients: parameter \"",
-                   e_.params_[i].name(), "\" has no gradient yet (run backward first; after step() gradients are "
+                   e_.store_.params_[i].name(), "\" has no gradient yet (run backward first; after step() gradients are "
                    "freed)");
-      grads_out_.push_back({reinterpret_cast<T const*>(e_.grad_bytes(i)), e_.params_[i].numel()});
+      grads_out_.push_back({reinterpret_cast<T const*>(e_.grad_bytes(i)), e_.store_.params_[i].numel()});
     }
     return grads_out_;
   }
@@ -444,13 +444,13 @@ class scheduler {
   // embedding, pipeline/stages.hpp), between the last backward and step() with defer_optimizer.
   // Valid until the next hook or step.
   [[nodiscard]] std::span<T> gradient_of(std::uint32_t i) {
-    e_.check_index(i, "gradient_of");
+    e_.res_.check_index(i, "gradient_of");
     TIDE_REQUIRE(e_.options_.defer_optimizer, "offload::scheduler::gradient_of needs options.defer_optimizer "
                                                  "(without it the optimizer may already have used the gradient)");
     e_.drain();
-    TIDE_REQUIRE(e_.grad_chunk(e_.layout_.chunk_of[i]).payload() != nullptr, "offload::scheduler::gradient_of: "
-                 "parameter \"", e_.params_[i].name(), "\" has no gradient yet (run backward first)");
-    return {reinterpret_cast<T*>(e_.grad_bytes(i)), static_cast<std::size_t>(e_.params_[i].numel())};
+    TIDE_REQUIRE(e_.grad_chunk(e_.store_.layout_.chunk_of[i]).payload() != nullptr, "offload::scheduler::gradient_of: "
+                 "parameter \"", e_.store_.params_[i].name(), "\" has no gradient yet (run backward first)");
+    return {reinterpret_cast<T*>(e_.grad_bytes(i)), static_cast<std::size_t>(e_.store_.params_[i].numel())};
   }
 
   // Ends an optimizer step: (deferred: runs the optimizer,) waits for it, ends the trace step,
@@ -476,7 +476,7 @@ class scheduler {
  private:
   // What tensor_bytes and tensor_view check first (after finishing pending work).
   void check_tensor(chunk::chunk_role role, std::uint32_t i, char const* what) {
-    e_.check_index(i, what);
+    e_.res_.check_index(i, what);
     TIDE_REQUIRE(!e_.step_open_, "offload::scheduler::", what, " inside a step; read tensors between steps");
     e_.drain();
     TIDE_REQUIRE(role != chunk::chunk_role::grad && (role != chunk::chunk_role::master || has_master) &&
@@ -486,9 +486,9 @@ class scheduler {
                  "by this scheduler (", Optimizer::name, " keeps ", Optimizer::state_lists, " state lists; T = float "
                  "has no master); ask for param, master with bf16/f16 parameters, or state_bytes(k, i)");
     TIDE_REQUIRE(role == chunk::chunk_role::param || keeps_state(i), "offload::scheduler::", what, ": parameter \"",
-                 e_.params_[i].name(), "\" lies in chunk ", e_.layout_.chunk_of[i], ", whose ",
-                 chunk::to_string(role), " rank ", e_.shard_.owner(e_.layout_.chunk_of[i]), " of ",
-                 e_.shard_.ranks, " keeps (ZeRO); read it there, or ask keeps_state(i) first");
+                 e_.store_.params_[i].name(), "\" lies in chunk ", e_.store_.layout_.chunk_of[i], ", whose ",
+                 chunk::to_string(role), " rank ", e_.store_.shard_.owner(e_.store_.layout_.chunk_of[i]), " of ",
+                 e_.store_.shard_.ranks, " keeps (ZeRO); read it there, or ask keeps_state(i) first");
   }
 
 

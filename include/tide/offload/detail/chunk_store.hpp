@@ -1,16 +1,20 @@
 #pragma once
-// The mechanics of the offload engine that move bytes: the chunk lists and their blocks, the
-// pinned host tier, the copy stream and its events, and the moves themselves (fetch, copy out,
-// hand a victim's block over, evict, drop a clean chunk, settle, reclaim). No decision is made
-// here: what to fetch and what to evict come from the engine above it (CRTP: Engine provides
-// pick_victim(t, protect, beyond), before_fetch(id), before_copy_out(id), holds_parameters(c),
-// fetched(id), fill_chunk / released, which ask its chunk source to fill a parameter chunk and
-// tell it one left, and reclaim_ring_block(p), which takes back a host block of its own).
-//
-// Trace ids: parameter chunk c is c, gradient chunk c is n + c (n chunks per list).
-//
-// Acquire before detach: every move allocates its new block and issues its copy before the chunk
-// lets go of the old one, so a refused block or copy leaves the chunk where it was.
+// The offload engine's tier store: where a chunk's bytes live and the moves between tiers. It
+// holds the chunk lists and their blocks, the pinned host tier, the copy stream and its events,
+// and carries out the moves (fetch, copy out, hand a victim's block over, evict, drop a clean
+// chunk, settle, reclaim). No decision is made here: the engine owns the store (a member, not a
+// base) and its residency part decides what to fetch and what to evict. The store asks its owner
+// (Engine, called through owner_, resolved at compile time) at these points only:
+//   pick_victim(t, protect, beyond)   the arena refused a block: which chunk makes room
+//   before_fetch(id), fetched(id)     around a fetch (a gather under ZeRO-3; the eviction policy)
+//   param_on_file(c), read_param_file(c)   a parameter chunk whose bytes are in the NVMe tier
+//   fill_chunk(c, dev, host, bytes, handed_over)   the chunk source fills a parameter chunk
+//   holds_parameters(c)               whether a fetched parameter chunk's host copy may be kept
+//   before_copy_out(id), param_in_file(c), released(c)   around a copy out
+//   reclaim_ring_block(p)             a host block being freed may be the update runner's
+// Trace ids: parameter chunk c is c, gradient chunk c is n + c (n chunks per list). Acquire
+// before detach: every move allocates its new block and issues its copy before the chunk lets go
+// of the old one, so a refused block or copy leaves the chunk where it was.
 
 #include <array>
 #include <chrono>
@@ -38,6 +42,7 @@
 #include "tide/memory/stream.hpp"
 #include "tide/memory/transfer_engine.hpp"
 #include "tide/offload/detail/clock.hpp"
+#include "tide/offload/detail/copy_span.hpp"
 #include "tide/offload/gradient_sink.hpp"
 #include "tide/offload/stats.hpp"
 #include "tide/optim/optimizer.hpp"
@@ -51,10 +56,11 @@ class chunk_store {
   static constexpr bool has_master = !std::is_same_v<T, float>;
   static constexpr std::size_t untraced = std::numeric_limits<std::size_t>::max();
 
-  chunk_store(exec<B> const& ex, memory::device_arena<B>& arena, parameter_list params, block_uses uses,
-              chunk::chunk_layout layout, std::size_t state_lists, std::span<extra_list const> extras,
+  chunk_store(Engine& owner, exec<B> const& ex, memory::device_arena<B>& arena, parameter_list params,
+              block_uses uses, chunk::chunk_layout layout, std::size_t state_lists, std::span<extra_list const> extras,
               bool lock_pages, chunk_shard shard = {}, bool attach_state = true)
-      : ex_(ex),
+      : owner_(&owner),
+        ex_(ex),
         arena_(&arena),
         params_(std::move(params)),
         uses_(std::move(uses)),
@@ -116,8 +122,9 @@ class chunk_store {
     spare_.reserve(count);
   }
 
- protected:
-  Engine& self() noexcept { return static_cast<Engine&>(*this); }
+  [[nodiscard]] Engine& owner() noexcept { return *owner_; }
+
+  // ---- the chunks, their blocks and the moves (the engine and its residency part call these) ---
 
   [[nodiscard]] chunk::chunk& chunk_of(std::uint32_t id) { return id < n_ ? param_[id] : grad_[id - n_]; }
   [[nodiscard]] bool on_device(std::uint32_t id) {
@@ -149,7 +156,7 @@ class chunk_store {
   }
   void free_block(std::byte* p, chunk::tier where, std::size_t capacity) noexcept {
     if (where == chunk::tier::host) {
-      if (!self().reclaim_ring_block(p)) host_.deallocate(p, capacity, 256);
+      if (!owner_->reclaim_ring_block(p)) host_.deallocate(p, capacity, 256);
       return;
     }
     if (spare_.size() < spare_limit_) {  // kept for reuse; device_bytes_ still counts it
@@ -177,7 +184,7 @@ class chunk_store {
       } catch (tide::error const& e) {
         if (e.category() != errc::budget) throw;
         if (reclaim_stale(true)) continue;
-        auto const victim = self().pick_victim(t, protect, untraced);
+        auto const victim = owner_->pick_victim(t, protect, untraced);
         if (!victim) throw;
         evict(*victim);
       }
@@ -224,10 +231,10 @@ class chunk_store {
   void fetch(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect, std::byte* handover = nullptr) {
     chunk::chunk& ch = chunk_of(id);
     settle(id);
-    self().before_fetch(id);
+    owner_->before_fetch(id);
     // A parameter chunk on file comes through a host block of its own, read before the device
     // block is taken (a failed read leaves nothing to give back) and freed once the copy landed.
-    std::byte* const from_file = id < n_ && self().param_on_file(id) ? self().read_param_file(id) : nullptr;
+    std::byte* const from_file = id < n_ && owner_->param_on_file(id) ? owner_->read_param_file(id) : nullptr;
     std::byte* dev = nullptr;
     try {
       dev = handover != nullptr ? handover : allocate_device(ch.capacity(), t, protect);
@@ -239,7 +246,7 @@ class chunk_store {
     if (from_file != nullptr) {
       copy_span* span = open_span(id, "fetch ", ch.capacity());
       try {
-        self().fill_chunk(id, dev, from_file, ch.capacity(), handover != nullptr);
+        owner_->fill_chunk(id, dev, from_file, ch.capacity(), handover != nullptr);
       } catch (...) {
         if (handover == nullptr) free_block(dev, chunk::tier::device, ch.capacity());
         host_.deallocate(from_file, ch.capacity(), 256);
@@ -262,7 +269,7 @@ class chunk_store {
       std::byte* const host = ch.payload();
       copy_span* span = open_span(id, "fetch ", ch.capacity());
       try {
-        if (id < n_) self().fill_chunk(id, dev, host, ch.capacity(), handover != nullptr);  // the source slot
+        if (id < n_) owner_->fill_chunk(id, dev, host, ch.capacity(), handover != nullptr);  // the source slot
         else engine_.copy_async(dev, host, ch.capacity(), memory::copy_direction::host_to_device, ready_[id]);
       } catch (...) {
         if (handover == nullptr) free_block(dev, chunk::tier::device, ch.capacity());
@@ -271,14 +278,14 @@ class chunk_store {
       close_span(span);
       (void)ch.detach();
       ch.attach(dev, chunk::tier::device);
-      if (id < n_ && keep_host_copies_ && self().holds_parameters(id)) shadow_[id] = host;  // changed by the optimizer only
+      if (id < n_ && keep_host_copies_ && owner_->holds_parameters(id)) shadow_[id] = host;  // changed by the optimizer only
       else set_stale(id, host, chunk::tier::host);  // freed once the copy landed
       in_flight_[id] = true;
       ++copies_in_flight_;
       ++cur_.fetches;
       cur_.h2d_bytes += ch.capacity();
     }
-    self().fetched(id);
+    owner_->fetched(id);
   }
 
   // Copies chunk id to the host (into `into`, a host block of the caller's, or a new one from
@@ -288,13 +295,13 @@ class chunk_store {
   std::byte* copy_out(std::uint32_t id, std::byte* into = nullptr) {
     chunk::chunk& ch = chunk_of(id);
     settle(id);
-    self().before_copy_out(id);
+    owner_->before_copy_out(id);
     after_compute();  // the block's last writer may be a kernel still running
-    if (id < n_ && self().param_in_file(id)) {  // clean: the file holds these bytes, nothing to copy
+    if (id < n_ && owner_->param_in_file(id)) {  // clean: the file holds these bytes, nothing to copy
       std::byte* dev = ch.detach();
       ++cur_.clean_drops;
       evicted_bytes_ += ch.capacity();
-      self().released(id);
+      owner_->released(id);
       return dev;
     }
     if (id < n_ && shadow_[id] != nullptr) {  // clean: the host copy is current, nothing to copy
@@ -302,7 +309,7 @@ class chunk_store {
       ch.attach(std::exchange(shadow_[id], nullptr), chunk::tier::host);
       ++cur_.clean_drops;
       evicted_bytes_ += ch.capacity();
-      self().released(id);
+      owner_->released(id);
       return dev;
     }
     auto* host = into != nullptr ? into : static_cast<std::byte*>(host_.allocate(ch.capacity(), 256));
@@ -318,7 +325,7 @@ class chunk_store {
     (void)ch.detach();
     ch.attach(host, chunk::tier::host);
     evicted_bytes_ += ch.capacity();
-    if (id < n_) self().released(id);
+    if (id < n_) owner_->released(id);
     in_flight_[id] = true;
     ++copies_in_flight_;
     cur_.d2h_bytes += ch.capacity();
@@ -330,7 +337,7 @@ class chunk_store {
   std::byte* hand_over(std::uint32_t victim, std::uint32_t id) {
     ++cur_.evictions;
     std::byte* block = copy_out(victim);
-    if (chunk_of(id).payload() == nullptr && !(id < n_ && self().param_on_file(id))) settle(victim);
+    if (chunk_of(id).payload() == nullptr && !(id < n_ && owner_->param_on_file(id))) settle(victim);
     return block;
   }
   void evict(std::uint32_t id) {
@@ -346,6 +353,23 @@ class chunk_store {
     } catch (...) {
       set_stale(victim, block, chunk::tier::device);
       throw;
+    }
+  }
+  // The first `bytes` of a chunk to or from host memory, wherever it is: device memory through the
+  // backend (a read after the compute work so far, a write in compute order); host memory directly.
+  void read_to_host(chunk::chunk const& ch, void* to, std::size_t bytes) {
+    if (ch.tier() == chunk::tier::device) memory::read_to_host(ex_, to, ch.payload(), bytes);
+    else std::memcpy(to, ch.payload(), bytes);
+  }
+  void write_from_host(chunk::chunk& ch, void const* from, std::size_t bytes) {
+    if (ch.tier() == chunk::tier::device) memory::write_from_host(ex_, ch.payload(), from, bytes);
+    else std::memcpy(ch.payload(), from, bytes);
+  }
+  // A step or evaluation that threw: every tensor to HOLD (each move was whole or not done).
+  void abort() noexcept {
+    for (std::uint32_t i = 0; i < params_.size(); ++i) {
+      if (param_.tensor(i).state != chunk::tensor_state::hold) param_.transition(i, chunk::tensor_state::hold);
+      if (grad_.tensor(i).state == chunk::tensor_state::compute) grad_.transition(i, chunk::tensor_state::hold);
     }
   }
   // Parameter chunk c's host copy is (about to be) stale: free it.
@@ -409,26 +433,7 @@ class chunk_store {
 
   // ---- the copy lanes of the timeline ---------------------------------------------------------
   [[nodiscard]] bool tracing() const noexcept { return trace_ != nullptr && trace_->enabled(); }
-  // One copy on a copy lane: two host functions on its stream stamp its start and end, so the
-  // span is when the copy ran, not when it was issued. Kept until the engine drains.
-  struct copy_span {
-    trace_recorder* recorder = nullptr;
-    std::string name;
-    std::size_t bytes = 0;
-    double start = 0;
-    lane where = lane::copy;
-    memory::stream<B>* on = nullptr;
-    struct begin_stamp {
-      copy_span* s;
-      void operator()() const { s->start = trace_recorder::now_us(); }
-    } begin{this};
-    struct end_stamp {
-      copy_span* s;
-      void operator()() const {
-        s->recorder->complete(s->name, "copy", s->where, s->start, trace_recorder::now_us(), s->bytes);
-      }
-    } end{this};
-  };
+  using copy_span = detail::copy_span<B>;
   copy_span* open_span(std::uint32_t id, char const* what, std::size_t bytes) {
     if (!tracing()) return nullptr;
     return open_span(tide::detail::concat(what, id < n_ ? "param " : "grad ", id < n_ ? id : id - n_), bytes);
@@ -450,7 +455,9 @@ class chunk_store {
     if (sp != nullptr) memory::launch(*sp->on, sp->end);
   }
 
-  // ---- state ----------------------------------------------------------------------------------
+  // ---- state: read by the engine that owns the store; written through the moves above, and by
+  // the engine where it attaches a block it made (a gradient slot, a ring block, a file read) ----
+  Engine* owner_;  // what the store asks (see the top of this file)
   exec<B> ex_;
   memory::device_arena<B>* arena_;
   parameter_list params_;

@@ -54,16 +54,17 @@ class scheduler;
 namespace detail {
 
 template <Backend B, Element T, class P, class O, class S, class Src>
-class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
-  using base = residency<B, T, P, engine_core>;
+class engine_core {
   using store = chunk_store<B, T, engine_core>;
-  friend store;
-  friend base;
+  using residency_part = residency<B, T, P, engine_core>;
+  friend store;           // asks what its header lists
+  friend residency_part;  // asks stepping() and read_param_ahead(), places through the members below
   friend shard_map;  // calls the port below
   template <Backend, Element, class, class, class, class>
   friend class offload::scheduler;  // the public face owns one, and reads what it reports
 
  public:
+  static constexpr bool has_master = store::has_master;
   static constexpr std::size_t state_lists = O::state_lists;
   static constexpr std::size_t extra_count = extra_lists_of<S>().size();
   // fp32-sized lists per chunk that live with the optimizer state (the minimum counts them so).
@@ -74,19 +75,20 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   engine_core(exec<B> const& ex, memory::device_arena<B>& arena, parameter_list params, block_uses uses,
               P const& policy, scheduler_options const& options, O const& optimizer, S const& sink,
               Src const& source)
-      : base(ex, arena, std::move(params), std::move(uses), policy, state_lists, extra_lists_of<S>(),
-             options.lock_host_pages, shard_of(sink), options.host_budget == 0),
-        sinks_(sink, this->n_, this->cur_),
+      : store_(*this, ex, arena, params, uses, policy.layout(params, uses, arena.config().budget, sizeof(T)),
+               state_lists, extra_lists_of<S>(), options.lock_host_pages, shard_of(sink), options.host_budget == 0),
+        res_(store_, policy),
+        sinks_(sink, store_.n_, store_.cur_),
         source_(source),
         options_(options),
-        undo_(this->host_, this->layout_.chunks(), state_lists),
-        extra_undo_(this->host_, extra_count > 0 ? this->layout_.chunks() : 0),
-        runner_(optimizer, options.decay_matrices_only, this->layout_, this->params_.all(), undo_, this->host_,
-                this->grad_, this->cur_, fp32_lists,
-                std::min<std::size_t>(static_cast<std::size_t>(std::max(options.host_steps_in_flight, 0)), this->n_)),
+        undo_(store_.host_, store_.layout_.chunks(), state_lists),
+        extra_undo_(store_.host_, extra_count > 0 ? store_.layout_.chunks() : 0),
+        runner_(optimizer, options.decay_matrices_only, store_.layout_, store_.params_.all(), undo_, store_.host_,
+                store_.grad_, store_.cur_, fp32_lists,
+                std::min<std::size_t>(static_cast<std::size_t>(std::max(options.host_steps_in_flight, 0)), store_.n_)),
         lr_(optimizer.lr),
-        params_sharded_(shards_parameters_of(sink) && this->shard_.ranks > 1),
-        shards_(this->shard_, shards_parameters_of(sink), this->n_) {
+        params_sharded_(shards_parameters_of(sink) && store_.shard_.ranks > 1),
+        shards_(store_.shard_, shards_parameters_of(sink), store_.n_) {
     TIDE_REQUIRE(options_.host_steps_in_flight >= 0, "offload::scheduler: host_steps_in_flight = ",
                  options_.host_steps_in_flight, "; pass how many host steps may queue, >= 1, or 0 for no bound");
     TIDE_REQUIRE(options_.micro_steps >= 1, "offload::scheduler: micro_steps = ", options_.micro_steps,
@@ -99,22 +101,22 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
                    options_.micro_steps, ": gradients that accumulate over micro-steps cannot take the parameters' "
                    "slots, because the next micro-step's forward still reads the parameters; use micro_steps = 1 "
                    "(a larger batch), or leave reuse_grad_slots off");
-      TIDE_REQUIRE(this->shard_.ranks == 1, "offload::scheduler: reuse_grad_slots with a sink that shards the "
-                   "optimizer state over ", this->shard_.ranks, " ranks (ZeRO): a rank keeps the fp32 masters of "
+      TIDE_REQUIRE(store_.shard_.ranks == 1, "offload::scheduler: reuse_grad_slots with a sink that shards the "
+                   "optimizer state over ", store_.shard_.ranks, " ranks (ZeRO): a rank keeps the fp32 masters of "
                    "its own chunks only, so it could not rebuild another rank's parameters after a skipped or failed "
                    "step; use a sink that keeps every chunk's state on every rank, or leave reuse_grad_slots off");
     }
-    std::uint32_t const n = this->n_;
+    std::uint32_t const n = store_.n_;
     swapped_.assign(n, false);
-    this->keep_host_copies_ = options_.keep_host_copies;
+    store_.keep_host_copies_ = options_.keep_host_copies;
     block_free_.resize(n);
     os_on_device_.assign(n, false);
-    next_backward_ = this->uses_.last_block();
+    next_backward_ = store_.uses_.last_block();
     // Everything the steady state appends to is sized here: a step allocates nothing on the heap.
-    this->plan_.ctx.state_lists = fp32_lists;
-    if constexpr (LayoutAwareSink<S>) sinks_.sink().bind_layout(this->layout_, this->params_.all());
+    res_.plan_.ctx.state_lists = fp32_lists;
+    if constexpr (LayoutAwareSink<S>) sinks_.sink().bind_layout(store_.layout_, store_.params_.all());
     std::size_t completing = 0;
-    for (int b = this->uses_.first_block; b <= this->uses_.last_block(); ++b) completing += this->completes_at(b).size();
+    for (int b = store_.uses_.first_block; b <= store_.uses_.last_block(); ++b) completing += res_.completes_at(b).size();
     sinks_.set_chunks_per_step(completing);
     open_files();
     runner_.set_files(files_.get());
@@ -131,7 +133,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     files_.reset();            // the NVMe tier finishes its reads before its blocks go
     undo_.discard();
     extra_undo_.discard();
-    this->free_all();
+    store_.free_all();
     runner_.free_ring();  // after the chunks: a chunk freeing a ring block gives it back to the ring
   }
 
@@ -147,7 +149,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
                         memory::event<B> const& ready, memory::event<B>& done);
   // Waits for every copy; a failure is left for the step to report (the stream keeps it).
   void drain_activations() noexcept {
-    if (this->activation_engine_) this->activation_engine_->drain();
+    if (store_.activation_engine_) store_.activation_engine_->drain();
   }
   [[nodiscard]] std::size_t activation_host_bytes() const noexcept { return activation_host_bytes_; }
 
@@ -160,6 +162,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // then run. required = false: an optimisation, stopped where the arena refuses. Returns the
   // chunks whose state is on the device.
   std::uint32_t place_state_on_device(std::uint32_t count, bool required);
+  // Device blocks kept for reuse instead of going back to the arena (layer_window's pool).
+  void keep_spare_blocks(std::size_t count) { store_.keep_spare_blocks(count); }
 
   // The optimizer moment after block's backward: host-state chunks must be on the host,
   // device-state ones are touched there; the completed gradient chunks are released after it.
@@ -170,9 +174,9 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // A device backend: what a caller reads or writes between steps must be in host memory.
   void require_host_side(chunk::chunk_list const& list, std::uint32_t i, char const* what) const {
     if constexpr (B::is_device) {
-      chunk::chunk const& ch = list[this->layout_.chunk_of[i]];
+      chunk::chunk const& ch = list[store_.layout_.chunk_of[i]];
       TIDE_CHECK(ch.payload() == nullptr || ch.tier() != chunk::tier::device, usage, "offload::scheduler::", what,
-                 "(", i, "): \"", this->params_[i].name(), "\" lies in device memory between steps on this backend, "
+                 "(", i, "): \"", store_.params_[i].name(), "\" lies in device memory between steps on this backend, "
                  "which the host cannot address; read parameters with read_param(i)");
     }
   }
@@ -180,21 +184,21 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // device backend through the staged view (written back when it ends if `write_back`).
   std::span<std::byte> host_side(chunk::chunk_list const& list, std::uint32_t i, std::size_t bytes, bool write_back) {
     if constexpr (B::is_device) {
-      chunk::chunk const& ch = list[this->layout_.chunk_of[i]];
+      chunk::chunk const& ch = list[store_.layout_.chunk_of[i]];
       if (ch.payload() != nullptr && ch.tier() == chunk::tier::device)
-        return views_.stage(this->ex_, list.data(i), bytes, write_back);
+        return views_.stage(store_.ex_, list.data(i), bytes, write_back);
     }
     return {list.data(i), bytes};
   }
   // A writable staged view ends (drain and the start of a step end it too).
   void flush_views() {
-    if constexpr (B::is_device) views_.flush(this->ex_);
+    if constexpr (B::is_device) views_.flush(store_.ex_);
   }
   void require_held(std::uint32_t i, char const* what) const {
-    std::uint32_t const c = this->layout_.chunk_of[i];
+    std::uint32_t const c = store_.layout_.chunk_of[i];
     TIDE_CHECK(this->has_param(c), usage, "offload::scheduler::", what, "(", i, "): under ZeRO-3 rank ",
-               this->shard_.rank, " keeps only its own chunks' parameters between steps, and \"", this->params_[i].name(),
-               "\" lies in chunk ", c, " of rank ", this->shard_.owner(c), "; call gather_parameters() on every rank "
+               store_.shard_.rank, " keeps only its own chunks' parameters between steps, and \"", store_.params_[i].name(),
+               "\" lies in chunk ", c, " of rank ", store_.shard_.owner(c), "; call gather_parameters() on every rank "
                "first, or ask holds_parameter(i)");
   }
 
@@ -213,6 +217,11 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
 
  protected:
   // ---- what the store asks ------------------------------------------------------------------
+  // The residency part answers for which chunk makes room, and hears of each fetch.
+  std::optional<std::uint32_t> pick_victim(std::size_t t, std::span<std::uint32_t const> protect, std::size_t beyond) {
+    return res_.pick_victim(t, protect, beyond);
+  }
+  void fetched(std::uint32_t id) { res_.fetched(id); }
   void before_fetch(std::uint32_t id);
   // The chunk source fills parameter chunk c's device block (a handed-over block is free once the
   // copy stream passed the victim's copy out; the default source copies on that stream, in order).
@@ -223,8 +232,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // A gradient chunk the sink still works on leaves the device after the sink finished: the copy
   // stream waits for the sink's event, the calling thread does not.
   void before_copy_out(std::uint32_t id) {
-    std::uint32_t const c = id < this->n_ ? id : id - this->n_;
-    if ((id >= this->n_ || swapped_[c]) && sinks_.pending(c)) this->copy_stream_.wait(sinks_.reduced(c));
+    std::uint32_t const c = id < store_.n_ ? id : id - store_.n_;
+    if ((id >= store_.n_ || swapped_[c]) && sinks_.pending(c)) store_.copy_stream_.wait(sinks_.reduced(c));
   }
   // Whether parameter chunk c holds parameters (its host copy may be kept while unchanged), not
   // gradients that a sink or gradient_of() may still write.
@@ -257,26 +266,26 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   void gather_all() { shards_.gather_all(*this); }
   // The port.
   std::byte* gather_block(std::uint32_t c) {
-    return static_cast<std::byte*>(this->host_.allocate(this->param_[c].capacity(), 256));
+    return static_cast<std::byte*>(store_.host_.allocate(store_.param_[c].capacity(), 256));
   }
   void free_gather_block(std::uint32_t c, std::byte* block) noexcept {
-    this->host_.deallocate(block, this->param_[c].capacity(), 256);
+    store_.host_.deallocate(block, store_.param_[c].capacity(), 256);
   }
-  void abandon_gather_block(std::byte* block) noexcept { this->host_.abandon(block); }  // never unmapped
+  void abandon_gather_block(std::byte* block) noexcept { store_.host_.abandon(block); }  // never unmapped
   void send_own(std::uint32_t c, std::byte* block);
   void gather_async(std::uint32_t c, std::byte* block);
   void wait_gathered();
   void attach_gathered(std::uint32_t c, std::byte* block) noexcept {
-    TIDE_ASSERT(this->param_[c].payload() == nullptr);
-    this->param_[c].attach(block, chunk::tier::host);
+    TIDE_ASSERT(store_.param_[c].payload() == nullptr);
+    store_.param_[c].attach(block, chunk::tier::host);
   }
   void drop_param(std::uint32_t c);
   // Parameter chunk c no longer pinned on the device (pinned chunks count in ctx_.pinned_bytes).
   void unpin_param(std::uint32_t c) noexcept {
-    chunk::chunk& p = this->param_[c];
+    chunk::chunk& p = store_.param_[c];
     if (!p.pinned()) return;
     p.set_pinned(false);
-    this->plan_.ctx.pinned_bytes -= this->block_bytes();
+    res_.plan_.ctx.pinned_bytes -= store_.block_bytes();
   }
   // Parameter chunk c's payload freed wherever it is (no copy in flight), unpinned; the source
   // hears of a device copy that went.
@@ -293,15 +302,7 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
     swap_in_update(c);
   }
   // Chunk c's host step ran: a journal record that swaps gives the chunk its blocks now (undo.hpp).
-  void swap_in_update(std::uint32_t c) {
-    undo_record* const u = runner_.job_of(c).undo;
-    if (u == nullptr) return;
-    this->cur_.undo_swapped_bytes += undo_.swap_in(*u, [&](std::size_t k) -> chunk::chunk& {
-      if (k == 0) return this->param_[c];
-      if (k == 1) return this->master_[c];
-      return this->state_[k - 2][c];
-    });
-  }
+  void swap_in_update(std::uint32_t c);
   // Whether chunk c's host step keeps the values before it by swapping blocks: the optimizer can
   // write them (update_runner::swaps), none of its lists is on file, and the parameters are not
   // in the gradients' slot.
@@ -320,27 +321,13 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   // chunks this rank did not step are journalled first, so a failed exchange is undone.
   void share_parameters();
 
-  [[nodiscard]] update_targets<T> targets_of(std::uint32_t c) {
-    update_targets<T> x;
-    x.param = reinterpret_cast<T*>(this->param_[c].payload());
-    if constexpr (store::has_master) x.master = reinterpret_cast<float*>(this->master_[c].payload());
-    for (std::size_t k = 0; k < state_lists; ++k) x.state[k] = reinterpret_cast<float*>(this->state_[k][c].payload());
-    return x;
-  }
-  [[nodiscard]] optim::update_tensor<T> update_of(std::uint32_t c) {
-    update_targets<T> const x = targets_of(c);
-    optim::update_tensor<T> u;
-    u.master = store::has_master ? x.master : reinterpret_cast<float*>(x.param);
-    u.grad = reinterpret_cast<T const*>(grad_chunk(c).payload());  // reuse_grad_slots: u.grad == u.working
-    u.state = x.state;
-    u.working = store::has_master ? x.param : nullptr;
-    u.n = step_elements(c);
-    return u;
-  }
+  // Chunk c's lists as the optimizer sees them (fp32 parameters: the parameter chunk is the master).
+  [[nodiscard]] update_targets<T> targets_of(std::uint32_t c);
+  [[nodiscard]] optim::update_tensor<T> update_of(std::uint32_t c);
   [[nodiscard]] index_t step_elements(std::uint32_t c) const {
     // Up to the end of the chunk's last tensor (the rest of the chunk is never touched).
-    std::uint32_t const last = this->layout_.first_param[c + 1] - 1;
-    return static_cast<index_t>(this->layout_.offset_of[last] + static_cast<std::size_t>(this->params_[last].numel()));
+    std::uint32_t const last = store_.layout_.first_param[c + 1] - 1;
+    return static_cast<index_t>(store_.layout_.offset_of[last] + static_cast<std::size_t>(store_.params_[last].numel()));
   }
 
   using host_job = typename update_runner<B, T, O>::job;
@@ -395,11 +382,11 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   void drop_param_file_copies() noexcept;
   // The views' blocks back to the pool (a save ended, a load or a step begins).
   void drop_view() {
-    if (files_ && files_->drop_view()) this->host_.trim();  // back under host_budget
+    if (files_ && files_->drop_view()) store_.host_.trim();  // back under host_budget
   }
   // The materialized chunks' lists back to file; a failed write keeps them on the host.
   void flush_spilled() {
-    if (files_ && files_->flush()) this->host_.trim();  // back under host_budget
+    if (files_ && files_->flush()) store_.host_.trim();  // back under host_budget
   }
   // After the optimizer drained: a failed read or write on file fails the step (its slots stay as
   // they were; abort_step puts the parameters back).
@@ -410,12 +397,12 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   undo_record* begin_undo(std::uint32_t c, index_t n, bool swap = false) {
     if (!options_.undo_on_error) return nullptr;
     update_targets<T> x = targets_of(c);
-    if (swap) return undo_.begin_swap(c, static_cast<std::size_t>(n), x, this->param_.chunk_bytes(),
-                                      this->master_.chunk_bytes());
+    if (swap) return undo_.begin_swap(c, static_cast<std::size_t>(n), x, store_.param_.chunk_bytes(),
+                                      store_.master_.chunk_bytes());
     if (options_.reuse_grad_slots) x.param = nullptr;  // the slot holds gradients: rounded back from the master
     if (params_spilled(c)) x.param = nullptr;          // on file: its current slot keeps them
     undo_record* const r = undo_.begin(c, static_cast<std::size_t>(n), x);
-    this->cur_.undo_copy_bytes += undo_.bytes_of(*r);
+    store_.cur_.undo_copy_bytes += undo_.bytes_of(*r);
     return r;
   }
 
@@ -425,11 +412,11 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   void init_master();
   // ---- gradient-slot reuse (reuse_grad_slots) ------------------------------------------------
   // The chunk that holds chunk c's gradients: its parameter chunk once they took its slot.
-  [[nodiscard]] chunk::chunk& grad_chunk(std::uint32_t c) { return swapped_[c] ? this->param_[c] : this->grad_[c]; }
+  [[nodiscard]] chunk::chunk& grad_chunk(std::uint32_t c) { return swapped_[c] ? store_.param_[c] : store_.grad_[c]; }
   [[nodiscard]] std::byte* grad_bytes(std::uint32_t i) {
-    std::uint32_t const c = this->layout_.chunk_of[i];
-    if (!swapped_[c]) return this->grad_.data(i);
-    return this->param_[c].payload() + this->layout_.offset_of[i] * sizeof(T);
+    std::uint32_t const c = store_.layout_.chunk_of[i];
+    if (!swapped_[c]) return store_.grad_.data(i);
+    return store_.param_[c].payload() + store_.layout_.offset_of[i] * sizeof(T);
   }
   // The block's completed chunks: each one's gradient block becomes its parameter chunk's payload
   // (on whichever tier the gradients are), and the parameter block and its host copy are freed.
@@ -457,6 +444,8 @@ class engine_core : public residency<B, T, P, engine_core<B, T, P, O, S, Src>> {
   void wait_idle() noexcept;
 
   // ---- state ----------------------------------------------------------------------------------
+  store store_;           // the tier store: where each chunk's bytes live, and the moves
+  residency_part res_;    // which chunks are resident when: the planner's decisions carried out
   sink_lane<B, T, S> sinks_;  // the gradient sink and its work on this step's chunks
   memory::event<B> handed_;   // device: the compute work before the last hand-over to the sink
   // Device: the tensor the host reads or writes between steps.

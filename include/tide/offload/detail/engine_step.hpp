@@ -35,56 +35,56 @@ namespace tide::offload::detail {
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
-  if (this->tracing()) block_t0_ = trace_recorder::now_us();
-  TIDE_CHECK(block >= this->uses_.first_block && block <= this->uses_.last_block(), usage, "offload ", P::name(),
-             ": block ", block, " is not one of uses() (", this->uses_.first_block, "..", this->uses_.last_block(), ")");
-  TIDE_CHECK(!this->access_.in_block(), usage, "offload ", P::name(), ": block ", block, " entered while block ",
-             this->access_.block(), " is still open; call post_forward / post_backward of each block before the next");
+  if (store_.tracing()) block_t0_ = trace_recorder::now_us();
+  TIDE_CHECK(block >= store_.uses_.first_block && block <= store_.uses_.last_block(), usage, "offload ", P::name(),
+             ": block ", block, " is not one of uses() (", store_.uses_.first_block, "..", store_.uses_.last_block(), ")");
+  TIDE_CHECK(!res_.access_.in_block(), usage, "offload ", P::name(), ": block ", block, " entered while block ",
+             res_.access_.block(), " is still open; call post_forward / post_backward of each block before the next");
   if (this->evaluating_) {
     TIDE_REQUIRE(ph == chunk::phase::forward, "offload::scheduler: backward during evaluation; call "
                                               "end_evaluation() before training");
     this->require_intact();
     if (!this->placed_) this->first_placement();
-    this->plan_.tick();
-    this->reclaim_stale(false);
+    res_.plan_.tick();
+    store_.reclaim_stale(false);
     this->gather_for(block, ph);
-    this->make_resident(this->ids_of(block, ph), store::untraced);
-    for (std::uint32_t i : this->uses_.of(block)) this->param_.transition(i, chunk::tensor_state::compute);
-    this->access_.open(this->uses_.of(block), block, ph);
+    res_.make_resident(res_.ids_of(block, ph), store::untraced);
+    for (std::uint32_t i : store_.uses_.of(block)) store_.param_.transition(i, chunk::tensor_state::compute);
+    res_.access_.open(store_.uses_.of(block), block, ph);
     return;
   }
   this->begin_step_if_needed();
-  this->plan_.tick();
-  this->reclaim_stale(false);
-  auto const& ids = this->ids_of(block, ph);
-  std::size_t const t = this->plan_.tracer.at({block, ph}, ids);
-  this->current_ = t;
+  res_.plan_.tick();
+  store_.reclaim_stale(false);
+  auto const& ids = res_.ids_of(block, ph);
+  std::size_t const t = res_.plan_.tracer.at({block, ph}, ids);
+  res_.current_ = t;
   this->gather_for(block, ph);  // before the block's clock starts: the warm-up times compute only
-  if (ph == chunk::phase::forward && this->plan_.tracer.recording()) block_start_ = std::chrono::steady_clock::now();
-  this->make_resident(ids, t);
-  for (std::uint32_t i : this->uses_.of(block)) {
-    this->param_.transition(i, chunk::tensor_state::compute);
-    if (ph == chunk::phase::backward) this->grad_.transition(i, chunk::tensor_state::compute);
+  if (ph == chunk::phase::forward && res_.plan_.tracer.recording()) block_start_ = std::chrono::steady_clock::now();
+  res_.make_resident(ids, t);
+  for (std::uint32_t i : store_.uses_.of(block)) {
+    store_.param_.transition(i, chunk::tensor_state::compute);
+    if (ph == chunk::phase::backward) store_.grad_.transition(i, chunk::tensor_state::compute);
   }
   sample_non_model();
-  this->tide_.push_back({{block, ph}, this->model_on_device(), this->non_model_now(), this->plan_.ctx.budget});
-  this->prefetch(t);
+  res_.tide_.push_back({{block, ph}, store_.model_on_device(), store_.non_model_now(), res_.plan_.ctx.budget});
+  res_.prefetch(t);
   add_moves_to_last_sample();
-  this->access_.open(this->uses_.of(block), block, ph);
+  res_.access_.open(store_.uses_.of(block), block, ph);
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::post_forward(int block) {
-  if (this->tracing())
-    this->trace_->complete(tide::detail::concat("forward ", block), "compute", lane::compute, block_t0_,
+  if (store_.tracing())
+    store_.trace_->complete(tide::detail::concat("forward ", block), "compute", lane::compute, block_t0_,
                            trace_recorder::now_us());
-  for (std::uint32_t i : this->uses_.of(block))
-    this->param_.transition(i, this->evaluating_ ? chunk::tensor_state::hold : chunk::tensor_state::hold_after_fwd);
-  this->access_.leave(this->uses_.of(block));
+  for (std::uint32_t i : store_.uses_.of(block))
+    store_.param_.transition(i, this->evaluating_ ? chunk::tensor_state::hold : chunk::tensor_state::hold_after_fwd);
+  res_.access_.leave(store_.uses_.of(block));
   sample_non_model();
-  if (this->plan_.tracer.recording() && !this->evaluating_) {  // the warm-up's compute time, for policies
-    this->forward_ms_ += detail::ms_since(block_start_);
-    ++this->forward_blocks_;
+  if (res_.plan_.tracer.recording() && !this->evaluating_) {  // the warm-up's compute time, for policies
+    res_.forward_ms_ += detail::ms_since(block_start_);
+    ++res_.forward_blocks_;
   }
 }
 
@@ -93,23 +93,23 @@ void engine_core<B, T, P, O, S, Src>::pre_backward(int block) {
   if (!this->evaluating_) {
     TIDE_CHECK(block == this->next_backward_, usage, "offload ", P::name(), ": pre_backward(", block, ") but block ",
                this->next_backward_, " is next: backward must visit the blocks of uses() in reverse, ",
-               this->uses_.last_block(), " down to ", this->uses_.first_block, ", each once per pass");
-    if (block == this->uses_.last_block()) ++this->backward_passes_;  // a pass begins
+               store_.uses_.last_block(), " down to ", store_.uses_.first_block, ", each once per pass");
+    if (block == store_.uses_.last_block()) ++this->backward_passes_;  // a pass begins
   }
   enter(block, chunk::phase::backward);
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::post_backward(int block) {
-  if (this->tracing())
-    this->trace_->complete(tide::detail::concat("backward ", block), "compute", lane::compute, block_t0_,
+  if (store_.tracing())
+    store_.trace_->complete(tide::detail::concat("backward ", block), "compute", lane::compute, block_t0_,
                            trace_recorder::now_us());
-  for (std::uint32_t i : this->uses_.of(block)) {
-    this->param_.transition(i, chunk::tensor_state::hold_after_bwd);
-    this->grad_.transition(i, chunk::tensor_state::hold_after_bwd);
+  for (std::uint32_t i : store_.uses_.of(block)) {
+    store_.param_.transition(i, chunk::tensor_state::hold_after_bwd);
+    store_.grad_.transition(i, chunk::tensor_state::hold_after_bwd);
   }
-  this->access_.leave(this->uses_.of(block));
-  this->next_backward_ = block == this->uses_.first_block ? this->uses_.last_block() : block - 1;
+  res_.access_.leave(store_.uses_.of(block));
+  this->next_backward_ = block == store_.uses_.first_block ? store_.uses_.last_block() : block - 1;
   sample_non_model();
   if (this->backward_passes_ % this->options_.micro_steps != 0) return;  // gradients accumulate
   this->take_grad_slots(block);  // reuse_grad_slots: the completed gradients move into their parameters' slots
@@ -128,11 +128,11 @@ void engine_core<B, T, P, O, S, Src>::hand_over_gradients() {
                                           "(without it backward hands each chunk over as it completes)");
   auto const m = static_cast<std::size_t>(this->options_.micro_steps);
   TIDE_REQUIRE(this->step_open_ && this->backward_passes_ > 0 && this->backward_passes_ % m == 0 &&
-                   this->next_backward_ == this->uses_.last_block() && !handed_over_,
+                   this->next_backward_ == store_.uses_.last_block() && !handed_over_,
                "offload::scheduler::hand_over_gradients: call it once per step, after the last of ", m,
                " backward passes (", this->backward_passes_ % m, " ran)");
   handed_over_ = true;
-  for (int b = this->uses_.last_block(); b >= this->uses_.first_block; --b) this->hand_to_sink(b);
+  for (int b = store_.uses_.last_block(); b >= store_.uses_.first_block; --b) this->hand_to_sink(b);
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
@@ -141,42 +141,42 @@ void engine_core<B, T, P, O, S, Src>::finish(bool apply) {
   TIDE_REQUIRE(this->step_open_, "offload::scheduler::step() without a forward since the last step");
   auto const m = static_cast<std::size_t>(this->options_.micro_steps);
   TIDE_REQUIRE(this->backward_passes_ % m == 0 && this->backward_passes_ > 0 &&
-                   this->next_backward_ == this->uses_.last_block(),
+                   this->next_backward_ == store_.uses_.last_block(),
                "offload::scheduler::step(): ", this->backward_passes_ % m, " of ", m,
                " micro-step backward passes ran",
-               this->next_backward_ != this->uses_.last_block() ? " (one stopped before its first block)" : "",
+               this->next_backward_ != store_.uses_.last_block() ? " (one stopped before its first block)" : "",
                "; step after the last one");
   TIDE_REQUIRE(!this->options_.defer_sink || handed_over_, "offload::scheduler::step(): with options.defer_sink, "
                "call hand_over_gradients() after the last backward pass first");
   handed_over_ = false;
   if (this->options_.defer_optimizer)
-    for (int b = this->uses_.last_block(); b >= this->uses_.first_block; --b) this->optimizer_moments_of(b, apply);
+    for (int b = store_.uses_.last_block(); b >= store_.uses_.first_block; --b) this->optimizer_moments_of(b, apply);
   auto const t0 = std::chrono::steady_clock::now();
   this->drain();
   this->check_spill();  // a failed spill read or write fails the step; the file keeps the old state
   this->return_grad_slots(apply);  // skipped: the parameters back from the masters
-  this->cur_.stall_ms += detail::ms_since(t0);
+  store_.cur_.stall_ms += detail::ms_since(t0);
   if (this->params_sharded_) this->release_params();  // ZeRO-3: gathered again when next used
   else if (apply) this->share_parameters();         // ZeRO-1/2: the parameters other ranks stepped
-  this->plan_.policy.after_step(*this);
+  res_.plan_.policy.after_step(*this);
   this->undo_.discard();  // the step is complete: nothing left to undo
   this->extra_undo_.discard();
   if (this->files_) this->files_->commit();  // the new state on file becomes current
-  bool const warm_up = this->plan_.tracer.recording();
-  this->plan_.tracer.end_step();
-  this->plan_.ctx.recording = false;
-  if (warm_up && this->plan_.tracer.warm()) this->after_warm_up();
+  bool const warm_up = res_.plan_.tracer.recording();
+  res_.plan_.tracer.end_step();
+  res_.plan_.ctx.recording = false;
+  if (warm_up && res_.plan_.tracer.warm()) res_.after_warm_up();
   if (apply) ++this->t_;
   this->backward_passes_ = 0;
   this->step_open_ = false;
-  this->cur_.optimizer_ms += this->runner_.take_ms();
-  this->finish_stats(warm_up, this->t_ - 1);
+  store_.cur_.optimizer_ms += this->runner_.take_ms();
+  res_.finish_stats(warm_up, this->t_ - 1);
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::abort_step() noexcept {
-  bool const was_in_block = this->access_.in_block();
-  this->access_.abort();
+  bool const was_in_block = res_.access_.in_block();
+  res_.access_.abort();
   if (!this->step_open_ && !was_in_block) return;
   this->sinks_.quiet();  // the sink's failures in this step are the step's failure
   try {
@@ -188,28 +188,23 @@ void engine_core<B, T, P, O, S, Src>::abort_step() noexcept {
   if (this->broken_.empty()) {
     try {
       for (detail::undo_record const& r : this->undo_.records()) {
-        this->drop_shadow(r.c);  // the host copy of a device-resident chunk may hold the update
-        this->undo_.restore(r, this->targets_of(r.c), this->ex_);
+        store_.drop_shadow(r.c);  // the host copy of a device-resident chunk may hold the update
+        this->undo_.restore(r, this->targets_of(r.c), store_.ex_);
       }
       // reuse_grad_slots: the journal keeps no parameters; every chunk stepped or holding
       // gradients gets round(master) back, after the masters were restored.
       if (this->options_.reuse_grad_slots)
         for (detail::undo_record const& r : this->undo_.records()) this->round_masters_back(r.c);
       this->return_grad_slots(false);
-      memory::synchronize(this->ex_);  // a device: the restores landed before the host reads on
+      memory::synchronize(store_.ex_);  // a device: the restores landed before the host reads on
     } catch (std::exception const& e) {
       this->broken_ = e.what();  // a device whose stream failed: the data may be lost
     }
-    this->extra_undo_.restore(this->extra_);
+    this->extra_undo_.restore(store_.extra_);
     this->drop_param_file_copies();
-    for (std::uint32_t i = 0; i < this->params_.size(); ++i) {
-      if (this->param_.tensor(i).state != chunk::tensor_state::hold)
-        this->param_.transition(i, chunk::tensor_state::hold);
-      if (this->grad_.tensor(i).state == chunk::tensor_state::compute)
-        this->grad_.transition(i, chunk::tensor_state::hold);
-    }
+    store_.abort();
     if (this->step_open_) {
-      for (std::uint32_t c = 0; c < this->n_; ++c) this->release_grad(c);  // the step's gradients are dropped
+      for (std::uint32_t c = 0; c < store_.n_; ++c) this->release_grad(c);  // the step's gradients are dropped
       this->aborted_ = true;  // the policy restores its placement at the next step
     }
   }
@@ -219,25 +214,24 @@ void engine_core<B, T, P, O, S, Src>::abort_step() noexcept {
   if (this->files_) this->files_->abort();  // the files' current slots hold the state before the step
   this->undo_.discard();
   this->extra_undo_.discard();
-  this->plan_.tracer.abort_step();
+  res_.abort();
   this->backward_passes_ = 0;
-  this->next_backward_ = this->uses_.last_block();
+  this->next_backward_ = store_.uses_.last_block();
   this->step_open_ = false;
   handed_over_ = false;
-  this->cur_ = {};
-  this->tide_.clear();
+  store_.cur_ = {};
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::first_placement() {
-  std::size_t const non_model = this->arena_->stats().in_use - this->device_bytes_;
-  auto const need = this->plan_.policy.minimum(this->plan_.ctx, non_model);
-  TIDE_CHECK(this->plan_.ctx.budget >= need.bytes, budget, "offload ", P::name(), ": the device budget ",
-             bytes_of{this->plan_.ctx.budget},
+  std::size_t const non_model = store_.arena_->stats().in_use - store_.device_bytes_;
+  auto const need = res_.plan_.policy.minimum(res_.plan_.ctx, non_model);
+  TIDE_CHECK(res_.plan_.ctx.budget >= need.bytes, budget, "offload ", P::name(), ": the device budget ",
+             bytes_of{res_.plan_.ctx.budget},
              " is below this scheduler's minimum ", bytes_of{need.bytes}, " = ", need.why,
              "; raise device_budget to at least ", bytes_of{need.bytes}, need.advice);
   init_master();
-  this->plan_.policy.place(*this);
+  res_.plan_.policy.place(*this);
   placed_ = true;
 }
 
@@ -250,16 +244,16 @@ void engine_core<B, T, P, O, S, Src>::begin_step_if_needed() {
   drop_view();
   step_open_ = true;
   sinks_.begin_step();
-  this->plan_.tracer.begin_step();
+  res_.plan_.tracer.begin_step();
   if (files_) files_->begin_step();
-  this->plan_.ctx.recording = this->plan_.tracer.recording();
-  this->arena_->reset_peak();
-  this->tide_.clear();
-  moves_mark_ = {this->cur_.h2d_bytes, this->evicted_bytes_};
+  res_.plan_.ctx.recording = res_.plan_.tracer.recording();
+  store_.arena_->reset_peak();
+  res_.tide_.clear();
+  moves_mark_ = {store_.cur_.h2d_bytes, store_.evicted_bytes_};
   release_params();  // ZeRO-3: every block takes its parameters from their owners
   if (!placed_) first_placement();
   if (aborted_) {  // the policy puts back what a failed step left out of place
-    this->plan_.policy.after_step(*this);
+    res_.plan_.policy.after_step(*this);
     aborted_ = false;
   }
 }
@@ -275,48 +269,48 @@ void engine_core<B, T, P, O, S, Src>::drain() {
       if (!failure) failure = std::current_exception();
     }
   };
-  if constexpr (B::is_device) wait([&] { memory::synchronize(this->ex_); });  // device steps, zero fills
-  wait([&] { this->engine_.synchronize(); });
-  wait([&] { this->copy_stream_.synchronize(); });  // the timeline's stamps run after the copies
-  if (this->activation_engine_) {
-    wait([&] { this->activation_engine_->synchronize(); });
-    wait([&] { this->activation_stream_->synchronize(); });
+  if constexpr (B::is_device) wait([&] { memory::synchronize(store_.ex_); });  // device steps, zero fills
+  wait([&] { store_.engine_.synchronize(); });
+  wait([&] { store_.copy_stream_.synchronize(); });  // the timeline's stamps run after the copies
+  if (store_.activation_engine_) {
+    wait([&] { store_.activation_engine_->synchronize(); });
+    wait([&] { store_.activation_stream_->synchronize(); });
   }
-  for (std::uint32_t c = 0; c < this->n_; ++c) wait([&] { wait_reduced(c); });
+  for (std::uint32_t c = 0; c < store_.n_; ++c) wait([&] { wait_reduced(c); });
   wait([&] { runner_.synchronize(); });
   if (failure) {
     wait_idle();
-    this->spans_.clear();
+    store_.spans_.clear();
     std::rethrow_exception(failure);
   }
-  this->spans_.clear();
+  store_.spans_.clear();
   free_reduced_unowned(true);
-  for (std::uint32_t c = 0; c < this->n_; ++c)
+  for (std::uint32_t c = 0; c < store_.n_; ++c)
     if (runner_.pending(c)) swap_in_update(c);  // a host step no one waited for: its swap
   runner_.drained();
-  for (std::uint32_t id = 0; id < this->ids_; ++id) this->settle(id);
+  for (std::uint32_t id = 0; id < store_.ids_; ++id) store_.settle(id);
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::wait_idle() noexcept {
-  auto const activations_idle = [&] { return !this->activation_stream_ || this->activation_stream_->query(); };
-  while (!this->copy_stream_.query() || !activations_idle() || !runner_.idle()) std::this_thread::yield();
+  auto const activations_idle = [&] { return !store_.activation_stream_ || store_.activation_stream_->query(); };
+  while (!store_.copy_stream_.query() || !activations_idle() || !runner_.idle()) std::this_thread::yield();
   sinks_.quiet();
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::add_moves_to_last_sample() {
-  if (this->tide_.empty()) return;
-  this->tide_.back().fetched_bytes += this->cur_.h2d_bytes - this->moves_mark_.first;
-  this->tide_.back().evicted_bytes += this->evicted_bytes_ - this->moves_mark_.second;
-  this->moves_mark_ = {this->cur_.h2d_bytes, this->evicted_bytes_};
+  if (res_.tide_.empty()) return;
+  res_.tide_.back().fetched_bytes += store_.cur_.h2d_bytes - this->moves_mark_.first;
+  res_.tide_.back().evicted_bytes += store_.evicted_bytes_ - this->moves_mark_.second;
+  this->moves_mark_ = {store_.cur_.h2d_bytes, store_.evicted_bytes_};
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::sample_non_model() {
   if (this->evaluating_) return;
-  this->plan_.tracer.non_model(this->current_, this->non_model_now());
-  this->cur_.peak_model_bytes = std::max(this->cur_.peak_model_bytes, this->model_bytes_now());
+  res_.plan_.tracer.non_model(res_.current_, store_.non_model_now());
+  store_.cur_.peak_model_bytes = std::max(store_.cur_.peak_model_bytes, this->model_bytes_now());
 }
 
 }  // namespace tide::offload::detail

@@ -44,8 +44,8 @@ void engine_core<B, T, P, O, S, Src>::stage_spilled(host_job& job) {
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::prefetch_spilled(int block) {
   if (!files_ || !options_.defer_optimizer) return;
-  for (std::uint32_t c : this->completes_at(block)) {
-    if (!files_->state_on_file(c) || !this->shard_.owns(c) || os_on_device_[c]) continue;
+  for (std::uint32_t c : res_.completes_at(block)) {
+    if (!files_->state_on_file(c) || !store_.shard_.owns(c) || os_on_device_[c]) continue;
     if (!files_->prefetch(c, update_of_chunk_done())) return;
   }
 }
@@ -56,13 +56,13 @@ void engine_core<B, T, P, O, S, Src>::open_files() {
   std::size_t const lists = state_lists + (masters_may_go ? 1 : 0);
   std::size_t kept = 0;
   std::vector<std::uint32_t> owned;
-  for (std::uint32_t c = 0; c < this->n_; ++c) {
-    if (!params_sharded_ || this->shard_.owns(c)) kept += round_up(this->param_[c].capacity(), 256);  // ZeRO-3: own only
-    for (auto& l : this->extra_) kept += round_up(l[c].capacity(), 256);
-    if (!this->shard_.owns(c)) continue;
+  for (std::uint32_t c = 0; c < store_.n_; ++c) {
+    if (!params_sharded_ || store_.shard_.owns(c)) kept += round_up(store_.param_[c].capacity(), 256);  // ZeRO-3: own only
+    for (auto& l : store_.extra_) kept += round_up(l[c].capacity(), 256);
+    if (!store_.shard_.owns(c)) continue;
     owned.push_back(c);
     if constexpr (store::has_master)
-      if (!masters_may_go) kept += round_up(this->master_[c].capacity(), 256);
+      if (!masters_may_go) kept += round_up(store_.master_[c].capacity(), 256);
   }
   // Parameter chunks go to file past the state, but not under a sharding sink (ZeRO: other
   // ranks write a rank's parameter chunks) nor with reuse_grad_slots (the gradients take them).
@@ -72,9 +72,9 @@ void engine_core<B, T, P, O, S, Src>::open_files() {
                                      .kept = kept,
                                      .owned = owned,
                                      .lists = lists,
-                                     .list_bytes = this->state_block_bytes(),
-                                     .param_bytes = round_up(this->param_[0].capacity(), 256),
-                                     .chunks = this->n_,
+                                     .list_bytes = store_.state_block_bytes(),
+                                     .param_bytes = round_up(store_.param_[0].capacity(), 256),
+                                     .chunks = store_.n_,
                                      .params_may_go = !ShardingSink<S> && !options_.reuse_grad_slots,
                                      .masters_stay = store::has_master && !masters_may_go,
                                      .extra_lists = extra_count > 0,
@@ -83,22 +83,22 @@ void engine_core<B, T, P, O, S, Src>::open_files() {
   host_kept_ = plan.host_kept;
   if (plan.empty()) return;
   std::array<chunk::chunk_list*, file_tier<B>::max_lists> to_file{};
-  for (std::size_t k = 0; k < state_lists; ++k) to_file[k] = &this->state_[k];
-  if (masters_may_go) to_file[state_lists] = &this->master_;
-  files_ = std::make_unique<file_tier<B>>(this->host_, this->cur_, std::span(to_file.data(), lists), this->param_,
-                                          plan, options_.spill_folder, this->n_, this->state_block_bytes());
+  for (std::size_t k = 0; k < state_lists; ++k) to_file[k] = &store_.state_[k];
+  if (masters_may_go) to_file[state_lists] = &store_.master_;
+  files_ = std::make_unique<file_tier<B>>(store_.host_, store_.cur_, std::span(to_file.data(), lists), store_.param_,
+                                          plan, options_.spill_folder, store_.n_, store_.state_block_bytes());
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::attach_host_state() {
   bool const masters_on_file = files_ && files_->holds_masters(state_lists);
-  for (std::uint32_t c = 0; c < this->n_; ++c) {
-    if (!params_spilled(c)) this->attach_host_zeroed(this->param_[c]);
-    if (!this->shard_.owns(c)) continue;
+  for (std::uint32_t c = 0; c < store_.n_; ++c) {
+    if (!params_spilled(c)) store_.attach_host_zeroed(store_.param_[c]);
+    if (!store_.shard_.owns(c)) continue;
     for (std::size_t k = 0; k < state_lists; ++k)
-      if (!state_on_file(c)) this->attach_host_zeroed(this->state_[k][c]);
+      if (!state_on_file(c)) store_.attach_host_zeroed(store_.state_[k][c]);
     if constexpr (store::has_master)
-      if (!masters_on_file || !state_on_file(c)) this->attach_host_zeroed(this->master_[c]);
+      if (!masters_on_file || !state_on_file(c)) store_.attach_host_zeroed(store_.master_[c]);
   }
 }
 
@@ -107,10 +107,10 @@ void engine_core<B, T, P, O, S, Src>::materialize_param(std::uint32_t c) {
   if (!param_in_file(c)) return;
   TIDE_REQUIRE(!evaluating_, "offload::scheduler: parameter chunk ", c, " is on file (host_budget), and its "
                "bytes can be written only between steps and evaluations; call end_evaluation() first");
-  chunk::chunk& p = this->param_[c];
+  chunk::chunk& p = store_.param_[c];
   std::byte* const host = files_->take_param(c, step_open_ || evaluating_);
   if (p.payload() != nullptr) {  // a clean device copy
-    this->settle(c);
+    store_.settle(c);
     free_param_payload(c);
   }
   p.attach(host, chunk::tier::host);
@@ -123,18 +123,18 @@ void engine_core<B, T, P, O, S, Src>::init_master() {
     if (master_written_) return;
     drain();
     std::optional<typename file_tier<B>::staging> staging;  // one block, for the masters that go to file
-    for (std::uint32_t c = 0; c < this->n_; ++c) {
-      if (!this->shard_.owns(c)) continue;  // another rank keeps its master
+    for (std::uint32_t c = 0; c < store_.n_; ++c) {
+      if (!store_.shard_.owns(c)) continue;  // another rank keeps its master
       bool const to_file = files_ && files_->master_on_file(c, state_lists);
-      if (to_file && !staging) staging.emplace(this->host_, files_->list_bytes());
+      if (to_file && !staging) staging.emplace(store_.host_, files_->list_bytes());
       if (to_file) std::memset(staging->data, 0, staging->bytes);
       std::byte const* const on_file = param_file_view(c);
-      for (std::uint32_t i = this->layout_.first_param[c]; i < this->layout_.first_param[c + 1]; ++i) {
-        auto const* src = on_file != nullptr ? reinterpret_cast<T const*>(on_file) + this->layout_.offset_of[i]
-                                             : reinterpret_cast<T const*>(this->param_.data(i));
-        auto* dst = to_file ? reinterpret_cast<float*>(staging->data) + this->layout_.offset_of[i]
-                            : reinterpret_cast<float*>(this->master_.data(i));
-        for (index_t k = 0; k < this->params_[i].numel(); ++k) dst[k] = to_float(src[k]);
+      for (std::uint32_t i = store_.layout_.first_param[c]; i < store_.layout_.first_param[c + 1]; ++i) {
+        auto const* src = on_file != nullptr ? reinterpret_cast<T const*>(on_file) + store_.layout_.offset_of[i]
+                                             : reinterpret_cast<T const*>(store_.param_.data(i));
+        auto* dst = to_file ? reinterpret_cast<float*>(staging->data) + store_.layout_.offset_of[i]
+                            : reinterpret_cast<float*>(store_.master_.data(i));
+        for (index_t k = 0; k < store_.params_[i].numel(); ++k) dst[k] = to_float(src[k]);
       }
       if (to_file) files_->write_master(c, staging->data);
     }
@@ -142,7 +142,7 @@ void engine_core<B, T, P, O, S, Src>::init_master() {
     if (files_) files_->end_param_view();  // the views of parameter chunks on file end with it
     if (staging || (files_ && !files_->param_chunks().empty())) {
       staging.reset();
-      this->host_.trim();  // the pool caches freed blocks: back under host_budget
+      store_.host_.trim();  // the pool caches freed blocks: back under host_budget
     }
   }
 }
@@ -163,7 +163,7 @@ template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::drop_param_file_copies() noexcept {
   if (!files_) return;
   for (std::uint32_t c : files_->param_chunks())
-    if (files_->param_in_file(c) && this->param_[c].payload() != nullptr) free_param_payload(c);
+    if (files_->param_in_file(c) && store_.param_[c].payload() != nullptr) free_param_payload(c);
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
@@ -171,14 +171,14 @@ void engine_core<B, T, P, O, S, Src>::gather_for(int block, chunk::phase ph) {
   if (!params_sharded_) return;
   auto const next = next_moment(block, ph);
   std::span<std::uint32_t const> next_ids;
-  if (next) next_ids = this->ids_of(next->first, next->second);
-  shards_.gather_for(*this, this->ids_of(block, ph), next ? &next_ids : nullptr);
+  if (next) next_ids = res_.ids_of(next->first, next->second);
+  shards_.gather_for(*this, res_.ids_of(block, ph), next ? &next_ids : nullptr);
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 std::optional<std::pair<int, chunk::phase>>
 engine_core<B, T, P, O, S, Src>::next_moment(int block, chunk::phase ph) const {
-  int const first = this->uses_.first_block, last = this->uses_.last_block();
+  int const first = store_.uses_.first_block, last = store_.uses_.last_block();
   if (ph == chunk::phase::forward) {
     if (block < last) return std::pair{block + 1, ph};
     if (evaluating_) return std::nullopt;
@@ -192,37 +192,35 @@ engine_core<B, T, P, O, S, Src>::next_moment(int block, chunk::phase ph) const {
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::send_own(std::uint32_t c, std::byte* block) {
-  this->settle(c);
-  chunk::chunk const& p = this->param_[c];
-  if (p.tier() == chunk::tier::device) memory::read_to_host(this->ex_, block, p.payload(), p.capacity());
-  else std::memcpy(block, p.payload(), p.capacity());
+  store_.settle(c);
+  store_.read_to_host(store_.param_[c], block, store_.param_[c].capacity());
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::gather_async(std::uint32_t c, std::byte* block) {
   if constexpr (ParameterShardingSink<S>)
-    sinks_.sink().gather_async(c, std::span<T>(reinterpret_cast<T*>(block), this->param_[c].capacity() / sizeof(T)));
+    sinks_.sink().gather_async(c, std::span<T>(reinterpret_cast<T*>(block), store_.param_[c].capacity() / sizeof(T)));
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::wait_gathered() {
   auto const t0 = std::chrono::steady_clock::now();
   if constexpr (ParameterShardingSink<S>) sinks_.sink().wait_gathered();
-  this->cur_.stall_ms += ms_since(t0);
+  store_.cur_.stall_ms += ms_since(t0);
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::drop_param(std::uint32_t c) {
-  this->settle(c);  // a copy in flight reads or writes it
-  this->drop_shadow(c);
+  store_.settle(c);  // a copy in flight reads or writes it
+  store_.drop_shadow(c);
   free_param_payload(c);
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::free_param_payload(std::uint32_t c) noexcept {
   unpin_param(c);
-  bool const was_on_device = this->on_device(c);
-  this->free_payload(this->param_[c]);
+  bool const was_on_device = store_.on_device(c);
+  store_.free_payload(store_.param_[c]);
   if (was_on_device) this->released(c);
 }
 
@@ -231,27 +229,27 @@ void
 engine_core<B, T, P, O, S, Src>::fill_chunk(std::uint32_t c, std::byte* device, std::byte const* host,
                                               std::size_t bytes, bool handed_over) {
   if (swapped_[c]) {  // it holds gradients (reuse_grad_slots), not what the source makes: a plain copy
-    this->engine_.copy_async(device, host, bytes, memory::copy_direction::host_to_device, this->ready_[c]);
+    store_.engine_.copy_async(device, host, bytes, memory::copy_direction::host_to_device, store_.ready_[c]);
     return;
   }
   memory::event<B> const* free_after = nullptr;
   if constexpr (!std::is_same_v<Src, host_source>) {
     if (handed_over) {
-      block_free_[c].record(this->copy_stream_);
+      block_free_[c].record(store_.copy_stream_);
       free_after = &block_free_[c];
     }
   }
-  source_.fill(fill_request<B>{c, device, host, bytes, &this->engine_, &this->copy_stream_, free_after,
-                               &this->ready_[c]});
+  source_.fill(fill_request<B>{c, device, host, bytes, &store_.engine_, &store_.copy_stream_, free_after,
+                               &store_.ready_[c]});
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::before_fetch(std::uint32_t id) {
   // Gradients (a gradient chunk, or a parameter chunk whose slot they took) are copied after
   // the sink finished with them: the copy stream waits for its event, this thread does not.
-  std::uint32_t const c = id < this->n_ ? id : id - this->n_;
-  if ((id >= this->n_ || swapped_[c]) && sinks_.pending(c)) this->copy_stream_.wait(sinks_.reduced(c));
-  if (id >= this->n_) return;
+  std::uint32_t const c = id < store_.n_ ? id : id - store_.n_;
+  if ((id >= store_.n_ || swapped_[c]) && sinks_.pending(c)) store_.copy_stream_.wait(sinks_.reduced(c));
+  if (id >= store_.n_) return;
   TIDE_CHECK(has_param(id), internal, "offload ", P::name(), ": parameter chunk ", id, " was to be fetched, but "
              "under ZeRO-3 this rank does not hold it (it is gathered only for the blocks that use it)");
   wait_optimizer(id);  // the host step writes the chunk's host payload
@@ -265,17 +263,17 @@ engine_core<B, T, P, O, S, Src>::copy_activations(int block, memory::copy_direct
   std::size_t bytes = 0;
   for (auto const& c : copies) bytes += c.bytes;
   bool const out = d == memory::copy_direction::device_to_host;
-  auto& engine = this->activation_engine();
-  auto* span = this->open_span(tide::detail::concat("activations ", block, out ? " out" : " back"), bytes, true);
+  auto& engine = store_.activation_engine();
+  auto* span = store_.open_span(tide::detail::concat("activations ", block, out ? " out" : " back"), bytes, true);
   engine.copy_stream().wait(ready);
   engine.copy_async(copies, d, done);
-  this->close_span(span);
-  (out ? this->cur_.activation_d2h_bytes : this->cur_.activation_h2d_bytes) += bytes;
+  store_.close_span(span);
+  (out ? store_.cur_.activation_d2h_bytes : store_.cur_.activation_h2d_bytes) += bytes;
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 std::byte* engine_core<B, T, P, O, S, Src>::activation_host(std::size_t bytes) {
-  (void)this->activation_engine();  // their copy stream, from the first request on
+  (void)store_.activation_engine();  // their copy stream, from the first request on
   if (options_.host_budget != 0) {
     std::size_t const used = host_kept_ + activation_host_bytes_;
     std::size_t const left = options_.host_budget - std::min(options_.host_budget, used);
@@ -289,16 +287,16 @@ std::byte* engine_core<B, T, P, O, S, Src>::activation_host(std::size_t bytes) {
                " (the NVMe tier then takes that much more optimizer state to file), raise host_budget, or "
                "offload fewer blocks");
   }
-  auto* p = static_cast<std::byte*>(this->host_.allocate(bytes, 256));
+  auto* p = static_cast<std::byte*>(store_.host_.allocate(bytes, 256));
   activation_host_bytes_ += bytes;
   return p;
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::release_activation_host(std::byte* p, std::size_t bytes) noexcept {
-  this->host_.deallocate(p, bytes, 256);
+  store_.host_.deallocate(p, bytes, 256);
   activation_host_bytes_ -= bytes;
-  if (options_.host_budget != 0) this->host_.trim();  // the pool caches freed blocks: back under host_budget
+  if (options_.host_budget != 0) store_.host_.trim();  // the pool caches freed blocks: back under host_budget
 }
 
 }  // namespace tide::offload::detail

@@ -18,42 +18,42 @@ namespace tide::offload::detail {
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::pin_parameters() {
-  for (std::uint32_t c = 0; c < this->n_; ++c) {
-    if (params_sharded_ && !this->shard_.owns(c)) continue;
-    if (!this->on_device(c)) this->fetch(c, 0, {});
-    if (this->param_[c].pinned()) continue;
-    this->param_[c].set_pinned(true);
-    this->plan_.ctx.pinned_bytes += this->block_bytes();
+  for (std::uint32_t c = 0; c < store_.n_; ++c) {
+    if (params_sharded_ && !store_.shard_.owns(c)) continue;
+    if (!store_.on_device(c)) store_.fetch(c, 0, {});
+    if (store_.param_[c].pinned()) continue;
+    store_.param_[c].set_pinned(true);
+    res_.plan_.ctx.pinned_bytes += store_.block_bytes();
   }
-  this->engine_.synchronize();
-  for (std::uint32_t c = 0; c < this->n_; ++c) this->settle(c);
+  store_.engine_.synchronize();
+  for (std::uint32_t c = 0; c < store_.n_; ++c) store_.settle(c);
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 std::uint32_t engine_core<B, T, P, O, S, Src>::place_state_on_device(std::uint32_t count, bool required) {
   init_master();
   std::uint32_t placed = 0;
-  for (std::uint32_t c = 0; c < this->n_ && c < count; ++c, ++placed) {
-    if (os_on_device_[c] || !this->shard_.owns(c)) continue;  // another rank keeps (and steps) its state
+  for (std::uint32_t c = 0; c < store_.n_ && c < count; ++c, ++placed) {
+    if (os_on_device_[c] || !store_.shard_.owns(c)) continue;  // another rank keeps (and steps) its state
     if (state_on_file(c)) {
       if (!required) continue;  // its state stays on file and is stepped on the host
       // A policy that needs every state on the device takes it from file, and the parameters
       // leave the file for good: a clean device copy becomes the chunk's only one, else they
       // come to a host block. Both are read before either file lets go of the chunk.
-      if (params_spilled(c) && !this->on_device(c)) materialize_param(c);
+      if (params_spilled(c) && !store_.on_device(c)) materialize_param(c);
       materialize(c);
-      if (files_->forget(c)) host_kept_ += round_up(this->param_[c].capacity(), 256);  // on the host again
+      if (files_->forget(c)) host_kept_ += round_up(store_.param_[c].capacity(), 256);  // on the host again
     }
     try {
-      this->move_state_to_device(c);
+      store_.move_state_to_device(c);
     } catch (tide::error const& e) {
       if (required || e.category() != errc::budget) throw;
       break;
     }
     os_on_device_[c] = true;
   }
-  if (this->plan_.tracer.warm()) {  // a planned change, not a divergence: the optimizer moments now touch them
-    this->plan_.tracer.amend([&](std::size_t, chunk::moment m, std::vector<std::uint32_t>& touched,
+  if (res_.plan_.tracer.warm()) {  // a planned change, not a divergence: the optimizer moments now touch them
+    res_.plan_.tracer.amend([&](std::size_t, chunk::moment m, std::vector<std::uint32_t>& touched,
                       std::vector<std::uint32_t>& on_host, std::vector<std::uint32_t>& released) {
       if (m.phase == chunk::phase::optimizer) optimizer_moment(m.block, touched, on_host, released);
     });
@@ -69,37 +69,69 @@ engine_core<B, T, P, O, S, Src>::optimizer_moment(int block, std::vector<std::ui
   touched.clear();
   on_host.clear();
   released.clear();
-  for (std::uint32_t c : this->completes_at(block)) {
-    released.push_back(this->n_ + c);
-    if (!this->shard_.owns(c)) continue;  // another rank steps it: nothing moves here
+  for (std::uint32_t c : res_.completes_at(block)) {
+    released.push_back(store_.n_ + c);
+    if (!store_.shard_.owns(c)) continue;  // another rank steps it: nothing moves here
     auto& list = os_on_device_[c] ? touched : on_host;
     list.push_back(c);
-    if (!options_.reuse_grad_slots) list.push_back(this->n_ + c);  // reuse: the gradients are in c
+    if (!options_.reuse_grad_slots) list.push_back(store_.n_ + c);  // reuse: the gradients are in c
   }
   std::ranges::sort(touched);
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
+update_targets<T> engine_core<B, T, P, O, S, Src>::targets_of(std::uint32_t c) {
+  update_targets<T> x;
+  x.param = reinterpret_cast<T*>(store_.param_[c].payload());
+  if constexpr (store::has_master) x.master = reinterpret_cast<float*>(store_.master_[c].payload());
+  for (std::size_t k = 0; k < state_lists; ++k) x.state[k] = reinterpret_cast<float*>(store_.state_[k][c].payload());
+  return x;
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+optim::update_tensor<T> engine_core<B, T, P, O, S, Src>::update_of(std::uint32_t c) {
+  update_targets<T> const x = targets_of(c);
+  optim::update_tensor<T> u;
+  u.master = store::has_master ? x.master : reinterpret_cast<float*>(x.param);
+  u.grad = reinterpret_cast<T const*>(grad_chunk(c).payload());  // reuse_grad_slots: u.grad == u.working
+  u.state = x.state;
+  u.working = store::has_master ? x.param : nullptr;
+  u.n = step_elements(c);
+  return u;
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::swap_in_update(std::uint32_t c) {
+  undo_record* const u = runner_.job_of(c).undo;
+  if (u == nullptr) return;
+  store_.cur_.undo_swapped_bytes += undo_.swap_in(*u, [&](std::size_t k) -> chunk::chunk& {
+    if (k == 0) return store_.param_[c];
+    if (k == 1) return store_.master_[c];
+    return store_.state_[k - 2][c];
+  });
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::hand_to_sink(int block) {
-  auto const complete = this->completes_at(block);
+  auto const complete = res_.completes_at(block);
   if (complete.empty()) return;
   // The kernels that completed them run on the compute timeline: the sink starts after them.
   memory::event<B> const* valid_after = nullptr;
   if constexpr (B::is_device) {
-    memory::record(this->ex_, handed_);
+    memory::record(store_.ex_, handed_);
     valid_after = &handed_;
   }
   for (std::uint32_t c : complete) {
-    this->grad_.transition_chunk(c, chunk::tensor_state::ready_for_reduce);
+    store_.grad_.transition_chunk(c, chunk::tensor_state::ready_for_reduce);
     chunk::chunk& g = grad_chunk(c);
     ready_chunk<B, T> r{c, {reinterpret_cast<T*>(g.payload()), g.capacity() / sizeof(T)}, g.tier(), valid_after,
                         nullptr, t_, c == complete.back()};
     if constexpr (extra_count > 0) {
-      if (options_.undo_on_error) extra_undo_.save(c, this->extra_);  // the sink may change them
+      if (options_.undo_on_error) extra_undo_.save(c, store_.extra_);  // the sink may change them
       for (std::size_t k = 0; k < extra_count; ++k)
-        r.lists[k] = {this->extra_[k][c].payload(), this->extra_[k][c].capacity()};
+        r.lists[k] = {store_.extra_[k][c].payload(), store_.extra_[k][c].capacity()};
     }
-    r.trace = this->tracing() ? this->trace_ : nullptr;
+    r.trace = store_.tracing() ? store_.trace_ : nullptr;
     sinks_.hand(r);
   }
 }
@@ -108,10 +140,10 @@ template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::optimizer_moments_of(int block, bool apply) {
   optimizer_moment(block, touched_, on_host_, released_);
   if (released_.empty()) return;
-  this->current_ = this->plan_.tracer.at({block, chunk::phase::optimizer}, touched_, on_host_, released_);
+  res_.current_ = res_.plan_.tracer.at({block, chunk::phase::optimizer}, touched_, on_host_, released_);
   free_reduced_unowned(false);
-  for (std::uint32_t c : this->completes_at(block)) optimizer_step(c, apply);
-  this->cur_.peak_model_bytes = std::max(this->cur_.peak_model_bytes, model_bytes_now());  // copies out in flight
+  for (std::uint32_t c : res_.completes_at(block)) optimizer_step(c, apply);
+  store_.cur_.peak_model_bytes = std::max(store_.cur_.peak_model_bytes, model_bytes_now());  // copies out in flight
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
@@ -119,34 +151,34 @@ void engine_core<B, T, P, O, S, Src>::share_parameters() {
   if constexpr (ShardingSink<S>) {
     auto& shared = sinks_.shared();
     shared.clear();
-    for (std::uint32_t c = 0; c < this->n_; ++c) {
-      if (!this->shard_.owns(c)) {
-        if (undo_record* u = begin_undo(c, step_elements(c))) undo_.save(*u, targets_of(c), this->ex_);
-        this->drop_shadow(c);  // its device copy changes: the host one would be stale
+    for (std::uint32_t c = 0; c < store_.n_; ++c) {
+      if (!store_.shard_.owns(c)) {
+        if (undo_record* u = begin_undo(c, step_elements(c))) undo_.save(*u, targets_of(c), store_.ex_);
+        store_.drop_shadow(c);  // its device copy changes: the host one would be stale
       }
-      chunk::chunk& p = this->param_[c];
+      chunk::chunk& p = store_.param_[c];
       std::byte* bytes = p.payload();
       if constexpr (decltype(sinks_)::staged)  // the sink shares them on the host: a device chunk through staging
         if (p.tier() == chunk::tier::device) {
           bytes = sinks_.share_staging(c, p.capacity());
-          memory::read_to_host(this->ex_, bytes, p.payload(), p.capacity());
+          memory::read_to_host(store_.ex_, bytes, p.payload(), p.capacity());
         }
       shared.push_back({reinterpret_cast<T*>(bytes), p.capacity() / sizeof(T)});
     }
     sinks_.share_parameters(std::span<std::span<T> const>(shared));
     if constexpr (decltype(sinks_)::staged)
-      for (std::uint32_t c = 0; c < this->n_; ++c) {
-        chunk::chunk& p = this->param_[c];
-        if (!this->shard_.owns(c) && p.tier() == chunk::tier::device)
-          memory::write_from_host(this->ex_, p.payload(), shared[c].data(), p.capacity());
+      for (std::uint32_t c = 0; c < store_.n_; ++c) {
+        chunk::chunk& p = store_.param_[c];
+        if (!store_.shard_.owns(c) && p.tier() == chunk::tier::device)
+          memory::write_from_host(store_.ex_, p.payload(), shared[c].data(), p.capacity());
       }
   }
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::optimizer_step(std::uint32_t c, bool apply) {
-  if (!this->shard_.owns(c)) {  // ZeRO: another rank steps it; its parameters come in share_parameters
-    this->param_.transition_chunk(c, chunk::tensor_state::hold);
+  if (!store_.shard_.owns(c)) {  // ZeRO: another rank steps it; its parameters come in share_parameters
+    store_.param_.transition_chunk(c, chunk::tensor_state::hold);
     if (sinks_.busy(c)) {
       sinks_.defer_unowned(c);  // freed once the sink is done with it, without waiting here
       return;
@@ -159,22 +191,22 @@ void engine_core<B, T, P, O, S, Src>::optimizer_step(std::uint32_t c, bool apply
   optim::update_args const args{t_, lr_, options_.grad_scale, true};
   if (os_on_device_[c]) {
     wait_reduced(c);  // the update runs here: the sink must have finished with the gradients
-    if (!this->on_device(c) || (!swapped_[c] && !this->on_device(this->n_ + c))) {  // deferred: evicted since?
-      ids_pair_.assign({c, this->n_ + c});
+    if (!store_.on_device(c) || (!swapped_[c] && !store_.on_device(store_.n_ + c))) {  // deferred: evicted since?
+      ids_pair_.assign({c, store_.n_ + c});
       if (swapped_[c]) ids_pair_.pop_back();  // the gradients are in c
-      this->make_resident(ids_pair_, this->current_);
+      res_.make_resident(ids_pair_, res_.current_);
     }
     auto const t0 = std::chrono::steady_clock::now();
     undo_record* const u = apply ? begin_undo(c, n) : nullptr;
-    if (apply) this->drop_shadow(c);  // the device copy changes: the host one is stale
-    double const start = this->tracing() ? trace_recorder::now_us() : 0;
-    if (apply) runner_.journalled_update(this->ex_, c, update_of(c), targets_of(c), u, args);
-    if (apply && this->tracing())
-      this->trace_->complete(tide::detail::concat(O::name, " chunk ", c, " (device)"), "optimizer", lane::compute,
+    if (apply) store_.drop_shadow(c);  // the device copy changes: the host one is stale
+    double const start = store_.tracing() ? trace_recorder::now_us() : 0;
+    if (apply) runner_.journalled_update(store_.ex_, c, update_of(c), targets_of(c), u, args);
+    if (apply && store_.tracing())
+      store_.trace_->complete(tide::detail::concat(O::name, " chunk ", c, " (device)"), "optimizer", lane::compute,
                              start, trace_recorder::now_us(), static_cast<std::size_t>(n) * (8 + 4 * fp32_lists));
-    this->cur_.optimizer_ms += ms_since(t0);
-    ++this->cur_.device_optimizer_chunks;
-    this->param_.transition_chunk(c, chunk::tensor_state::hold);
+    store_.cur_.optimizer_ms += ms_since(t0);
+    ++store_.cur_.device_optimizer_chunks;
+    store_.param_.transition_chunk(c, chunk::tensor_state::hold);
     release_grad(c);
     return;
   }
@@ -183,69 +215,69 @@ void engine_core<B, T, P, O, S, Src>::optimizer_step(std::uint32_t c, bool apply
   // The gradients copied out for a step queued on the worker go to a block of the gradient
   // ring (host_steps_in_flight blocks), acquired before anything moves.
   std::byte* const ring =
-      apply && options_.overlap_optimizer && this->on_device(this->n_ + c)
+      apply && options_.overlap_optimizer && store_.on_device(store_.n_ + c)
           ? runner_.take_ring_block(c, [this] { return sinks_.outstanding(); })
           : nullptr;
   undo_record* undo = nullptr;
   try {
     undo = apply ? begin_undo(c, n, swaps_undo(c)) : nullptr;  // acquired before anything moves
-    if (this->on_device(c)) this->set_stale(c, this->copy_out(c), chunk::tier::device);
-    if (this->on_device(this->n_ + c))
-      this->set_stale(this->n_ + c, this->copy_out(this->n_ + c, ring), chunk::tier::device);
+    if (store_.on_device(c)) store_.set_stale(c, store_.copy_out(c), chunk::tier::device);
+    if (store_.on_device(store_.n_ + c))
+      store_.set_stale(store_.n_ + c, store_.copy_out(store_.n_ + c, ring), chunk::tier::device);
   } catch (...) {
-    if (ring != nullptr && this->grad_[c].payload() != ring) runner_.reclaim_ring_block(ring);  // not taken
+    if (ring != nullptr && store_.grad_[c].payload() != ring) runner_.reclaim_ring_block(ring);  // not taken
     throw;
   }
   unpin_param(c);
-  ++this->cur_.host_optimizer_chunks;
+  ++store_.cur_.host_optimizer_chunks;
   if (!apply) {  // the moves happened; nothing to compute
     wait_reduced(c);  // the gradients are freed below
-    this->param_.transition_chunk(c, chunk::tensor_state::hold);
+    store_.param_.transition_chunk(c, chunk::tensor_state::hold);
     release_grad(c);
     return;
   }
   host_job& job = runner_.job_of(c);
-  job = {&runner_, c, update_of(c), targets_of(c), args, this->tracing() ? this->trace_ : nullptr, undo, {}};
+  job = {&runner_, c, update_of(c), targets_of(c), args, store_.tracing() ? store_.trace_ : nullptr, undo, {}};
   if (state_on_file(c)) stage_spilled(job);
-  this->param_.transition_chunk(c, chunk::tensor_state::hold);
-  this->grad_.transition_chunk(c, chunk::tensor_state::free);
+  store_.param_.transition_chunk(c, chunk::tensor_state::hold);
+  store_.grad_.transition_chunk(c, chunk::tensor_state::free);
   if (options_.overlap_optimizer) {
     // The worker waits for the copies and for the sink; backward goes on (the gradients' copy
     // out, if any, already waits for the sink on the copy stream).
     if (sinks_.pending(c)) runner_.stream().wait(sinks_.reduced(c));
-    runner_.stream().wait(this->ready_[c]);
-    runner_.stream().wait(this->ready_[this->n_ + c]);
+    runner_.stream().wait(store_.ready_[c]);
+    runner_.stream().wait(store_.ready_[store_.n_ + c]);
     runner_.queue(c);
     // The gradient's host block is freed once the step read it: a ring block goes back to the
     // ring when a later host step finds the step done (take_ring_block); a block from the pool
     // (gradients the policy evicted before they were complete) at drain.
     if (!swapped_[c]) {
-      std::byte* const g = this->grad_[c].detach();
+      std::byte* const g = store_.grad_[c].detach();
       if (g != ring) runner_.free_after_drain(c, g);  // a ring block is in the ring's used list already
     }
   } else {
     wait_reduced(c);
-    this->settle(c);
-    this->settle(this->n_ + c);
+    store_.settle(c);
+    store_.settle(store_.n_ + c);
     runner_.run(c);
     swap_in_update(c);
-    this->free_payload(this->grad_[c]);
+    store_.free_payload(store_.grad_[c]);
   }
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::take_grad_slots(int block) {
   if (!options_.reuse_grad_slots) return;
-  for (std::uint32_t c : this->completes_at(block)) {
-    chunk::chunk& p = this->param_[c];
-    chunk::chunk& g = this->grad_[c];
-    this->settle(c);
-    this->settle(this->n_ + c);  // a copy out of the gradients lands first
+  for (std::uint32_t c : res_.completes_at(block)) {
+    chunk::chunk& p = store_.param_[c];
+    chunk::chunk& g = store_.grad_[c];
+    store_.settle(c);
+    store_.settle(store_.n_ + c);  // a copy out of the gradients lands first
     TIDE_ASSERT(g.payload() != nullptr && !swapped_[c]);
-    this->drop_shadow(c);
-    bool const was_on_device = this->on_device(c);
+    store_.drop_shadow(c);
+    bool const was_on_device = store_.on_device(c);
     if (g.tier() != chunk::tier::device) unpin_param(c);  // a pinned chunk stays on the device
-    this->free_payload(p);
+    store_.free_payload(p);
     if (was_on_device) this->released(c);
     chunk::tier const where = g.tier();
     p.attach(g.detach(), where);
@@ -256,18 +288,16 @@ void engine_core<B, T, P, O, S, Src>::take_grad_slots(int block) {
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::round_masters_back(std::uint32_t c) {
   if constexpr (store::has_master) {
-    this->drop_shadow(c);  // the host copy of a device-resident chunk holds gradients
-    chunk::chunk const& m = this->master_[c];
-    chunk::chunk& p = this->param_[c];
+    store_.drop_shadow(c);  // the host copy of a device-resident chunk holds gradients
+    chunk::chunk const& m = store_.master_[c];
+    chunk::chunk& p = store_.param_[c];
     index_t const n = step_elements(c);
     if constexpr (B::is_device) {  // either may be in device memory: the rounding runs on host copies
       std::vector<float> master(static_cast<std::size_t>(n));
       std::vector<T> param(static_cast<std::size_t>(n));
-      memory::read_to_host(this->ex_, master.data(), m.payload(), master.size() * sizeof(float));
+      store_.read_to_host(m, master.data(), master.size() * sizeof(float));
       kernels::detail::cast_contiguous(master.data(), param.data(), n);
-      std::size_t const bytes = param.size() * sizeof(T);
-      if (p.tier() == chunk::tier::device) memory::write_from_host(this->ex_, p.payload(), param.data(), bytes);
-      else std::memcpy(p.payload(), param.data(), bytes);
+      store_.write_from_host(p, param.data(), param.size() * sizeof(T));
     } else {
       kernels::detail::cast_contiguous(reinterpret_cast<float const*>(m.payload()), reinterpret_cast<T*>(p.payload()),
                                        n);
@@ -277,7 +307,7 @@ void engine_core<B, T, P, O, S, Src>::round_masters_back(std::uint32_t c) {
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::return_grad_slots(bool stepped) {
-  for (std::uint32_t c = 0; c < this->n_; ++c) {
+  for (std::uint32_t c = 0; c < store_.n_; ++c) {
     if (!swapped_[c]) continue;
     if (!stepped) round_masters_back(c);
     swapped_[c] = false;
@@ -288,32 +318,32 @@ template <Backend B, Element T, class P, class O, class S, class Src>
 std::size_t engine_core<B, T, P, O, S, Src>::model_bytes_now() const {
   std::size_t bytes = 0;
   auto add = [&](chunk::chunk_list const& list) {
-    for (std::uint32_t c = 0; c < this->n_; ++c)
+    for (std::uint32_t c = 0; c < store_.n_; ++c)
       if (list[c].payload() != nullptr) bytes += list[c].capacity();
   };
-  add(this->param_);
-  add(this->grad_);
-  add(this->master_);
-  for (auto const& l : this->state_) add(l);
-  for (auto const& l : this->extra_) add(l);
-  for (std::uint32_t c = 0; c < this->n_; ++c)
-    if (this->shadow_[c] != nullptr) bytes += this->param_[c].capacity();
-  for (std::uint32_t id = 0; id < this->ids_; ++id)
-    if (this->stale_[id] != nullptr) bytes += this->param_.chunk_bytes();  // parameter and gradient chunks: one size
-  bytes += runner_.held_blocks() * this->param_.chunk_bytes();
+  add(store_.param_);
+  add(store_.grad_);
+  add(store_.master_);
+  for (auto const& l : store_.state_) add(l);
+  for (auto const& l : store_.extra_) add(l);
+  for (std::uint32_t c = 0; c < store_.n_; ++c)
+    if (store_.shadow_[c] != nullptr) bytes += store_.param_[c].capacity();
+  for (std::uint32_t id = 0; id < store_.ids_; ++id)
+    if (store_.stale_[id] != nullptr) bytes += store_.param_.chunk_bytes();  // parameter and gradient chunks: one size
+  bytes += runner_.held_blocks() * store_.param_.chunk_bytes();
   return bytes;
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::release_grad(std::uint32_t c) {
-  chunk::chunk& g = this->grad_[c];
-  if (g.payload() == nullptr && this->stale_[this->n_ + c] == nullptr) {
-    this->grad_.transition_chunk(c, chunk::tensor_state::free);  // reuse_grad_slots: the gradients were in c
+  chunk::chunk& g = store_.grad_[c];
+  if (g.payload() == nullptr && store_.stale_[store_.n_ + c] == nullptr) {
+    store_.grad_.transition_chunk(c, chunk::tensor_state::free);  // reuse_grad_slots: the gradients were in c
     return;
   }
-  this->settle(this->n_ + c);
-  this->grad_.transition_chunk(c, chunk::tensor_state::free);
-  this->free_payload(g);
+  store_.settle(store_.n_ + c);
+  store_.grad_.transition_chunk(c, chunk::tensor_state::free);
+  store_.free_payload(g);
 }
 
 }  // namespace tide::offload::detail

@@ -1,6 +1,7 @@
 #pragma once
-// The residency layer of the offload engine: it carries out the residency planner's decisions
-// (detail/residency_planner.hpp: budgets, victims, what to fetch ahead), making a moment's chunks
+// The residency part of the offload engine: it carries out the residency planner's decisions
+// (detail/residency_planner.hpp: budgets, victims, what to fetch ahead) on the engine's tier store
+// (detail/chunk_store.hpp, which it moves chunks of but does not own), making a moment's chunks
 // resident (evicting the planner's victims, handing their blocks over) and prefetching the next
 // moments' chunks. It decides nothing itself: the planner does, from the policy P and the trace;
 // the moments come from its moment_map (detail/moments.hpp), and what the open block may touch
@@ -24,34 +25,31 @@
 namespace tide::offload::detail {
 
 template <Backend B, Element T, class P, class Engine>
-class residency : public chunk_store<B, T, Engine> {
-  using store = chunk_store<B, T, Engine>;
-  friend store;
-
+class residency {
  public:
-  residency(exec<B> const& ex, memory::device_arena<B>& arena, parameter_list params, block_uses uses, P const& policy,
-            std::size_t state_lists, std::span<extra_list const> extras, bool lock_pages, chunk_shard shard = {},
-            bool attach_state = true)
-      : store(ex, arena, params, uses, policy.layout(params, uses, arena.config().budget, sizeof(T)), state_lists,
-              extras, lock_pages, shard, attach_state),
-        plan_(policy, arena.config().budget, this->ids_),
-        moments_(this->uses_, this->layout_, this->n_),
-        access_(this->params_.size()) {
+  using store = chunk_store<B, T, Engine>;
+
+  // `st`: the engine's tier store, made first (with the policy's layout); the residency part
+  // moves its chunks.
+  residency(store& st, P const& policy)
+      : st_(st),
+        plan_(policy, st.arena_->config().budget, st_.ids_),
+        moments_(st_.uses_, st_.layout_, st_.n_),
+        access_(st_.params_.size()) {
     policy_context& ctx = plan_.ctx;
     ctx.working_set = moments_.working_set();
     ctx.working_set_moment = moments_.working_set_moment();
     ctx.grads_per_moment = moments_.grads_per_moment();
-    ctx.chunks = this->n_;
-    ctx.block_bytes = this->block_bytes();
-    ctx.state_block_bytes = this->state_block_bytes();
+    ctx.chunks = st_.n_;
+    ctx.block_bytes = st_.block_bytes();
+    ctx.state_block_bytes = st_.state_block_bytes();
   }
   [[nodiscard]] policy_context const& context() const noexcept { return plan_.ctx; }
 
- protected:
   void fetched(std::uint32_t id) { plan_.fetched(id); }
   // Whether chunk id may be evicted now: on the device and movable.
   [[nodiscard]] auto evictable() {
-    return [this](std::uint32_t id) { return this->on_device(id) && this->chunk_of(id).movable(); };
+    return [this](std::uint32_t id) { return st_.on_device(id) && st_.chunk_of(id).movable(); };
   }
   // The planner's victim at moment t, none of `protect`, next used further than `beyond`
   // (untraced: any); what the store asks when the arena refuses a block.
@@ -61,13 +59,13 @@ class residency : public chunk_store<B, T, Engine> {
 
   // ---- what the open block may touch (block_access) and the moments (moment_map) ----------------
   void check_index(std::uint32_t i, char const* what) const {
-    TIDE_CHECK(i < this->params_.size(), usage, "offload::scheduler::", what, "(", i, "): the model has ",
-               this->params_.size(), " parameters (indices 0..", this->params_.size() - 1, ")");
+    TIDE_CHECK(i < st_.params_.size(), usage, "offload::scheduler::", what, "(", i, "): the model has ",
+               st_.params_.size(), " parameters (indices 0..", st_.params_.size() - 1, ")");
   }
   [[noreturn]] void fail_access(std::uint32_t i, char const* what) const {
     std::string blocks;
-    for (int b = this->uses_.first_block; b <= this->uses_.last_block(); ++b)
-      for (std::uint32_t j : this->uses_.of(b))
+    for (int b = st_.uses_.first_block; b <= st_.uses_.last_block(); ++b)
+      for (std::uint32_t j : st_.uses_.of(b))
         if (j == i) blocks.append(blocks.empty() ? "" : ", ").append(std::to_string(b));
     std::string const where =
         access_.in_block() ? tide::detail::concat("in block ", access_.block(), "'s ",
@@ -76,7 +74,7 @@ class residency : public chunk_store<B, T, Engine> {
     std::string const listed =
         blocks.empty() ? std::string("in no block")
                        : tide::detail::concat("only for block", blocks.find(',') != std::string::npos ? "s " : " ", blocks);
-    TIDE_FAIL(usage, "offload ", P::name(), ": the model asked for the ", what, " of \"", this->params_[i].name(),
+    TIDE_FAIL(usage, "offload ", P::name(), ": the model asked for the ", what, " of \"", st_.params_[i].name(),
               "\" (parameter ", i, ") ", where, ", but uses() lists it ", listed,
               std::string_view(what) == "gradient" ? " (gradients: in their backward only)" : "",
               blocks.empty() ? "; add it to the uses() (tide::block_uses) of the block that reads it"
@@ -91,29 +89,29 @@ class residency : public chunk_store<B, T, Engine> {
   // is complete.
   void make_resident(std::vector<std::uint32_t> const& ids, std::size_t t) {
     std::span<std::uint32_t const> const protect(ids);
-    std::size_t const need = this->block_bytes();
+    std::size_t const need = st_.block_bytes();
     for (std::uint32_t id : ids) {
       plan_.used(id);
-      if (this->on_device(id)) {
-        ++this->cur_.prefetch_hits;
+      if (st_.on_device(id)) {
+        ++st_.cur_.prefetch_hits;
         continue;
       }
-      ++this->cur_.demand_fetches;
-      while (this->model_on_device() + need > plan_.capacity(t, this->non_model_now()) && this->reclaim_stale(true)) {
+      ++st_.cur_.demand_fetches;
+      while (st_.model_on_device() + need > plan_.capacity(t, st_.non_model_now()) && st_.reclaim_stale(true)) {
       }
       residency_move const m =
-          plan_.demand(t, protect, this->model_on_device(), need, this->non_model_now(), evictable());
+          plan_.demand(t, protect, st_.model_on_device(), need, st_.non_model_now(), evictable());
       if (m.what == residency_move::kind::evict_then_fetch) {
-        this->fetch_into(id, t, protect, m.victim, this->hand_over(m.victim, id));
+        st_.fetch_into(id, t, protect, m.victim, st_.hand_over(m.victim, id));
         continue;
       }
       TIDE_CHECK(m.what == residency_move::kind::fetch, budget, "offload ", P::name(), ": moment ", t, " needs chunk ",
                  id, " on the device but every chunk there is in use (model data on the device ",
-                 bytes_of{this->model_on_device()}, ", device room for chunks ",
-                 bytes_of{plan_.hard_limit(this->non_model_now())}, "); raise device_budget");
-      this->fetch(id, t, protect);
+                 bytes_of{st_.model_on_device()}, ", device room for chunks ",
+                 bytes_of{plan_.hard_limit(st_.non_model_now())}, "); raise device_budget");
+      st_.fetch(id, t, protect);
     }
-    for (std::uint32_t id : ids) this->settle(id);
+    for (std::uint32_t id : ids) st_.settle(id);
   }
 
   // Fetches the next moments' chunks ahead, as the planner walks them, within the budget and the
@@ -121,22 +119,28 @@ class residency : public chunk_store<B, T, Engine> {
   void prefetch(std::size_t t) {
     std::size_t const max_in_flight = plan_.max_in_flight();
     plan_.ahead(t, [&](std::uint32_t id, int k, std::size_t u, std::span<std::uint32_t const> protect) {
-      if (this->on_device(id)) return true;
-      if (this->copies_in_flight_ >= max_in_flight && this->refresh_in_flight() >= max_in_flight) return false;
-      if (id < this->n_ && this->self().stepping(id)) return true;  // still being stepped
+      if (st_.on_device(id)) return true;
+      if (st_.copies_in_flight_ >= max_in_flight && st_.refresh_in_flight() >= max_in_flight) return false;
+      if (id < st_.n_ && st_.owner().stepping(id)) return true;  // still being stepped
       // A FREE gradient is created when touched. A parameter chunk on file is read first: the
       // read starts now, and once it is done the chunk is fetched as any other.
-      if (this->chunk_of(id).payload() == nullptr && (id >= this->n_ || !this->self().read_param_ahead(id))) return true;
-      residency_move const m = plan_.prefetch(t, u, k, protect, this->model_on_device(), this->block_bytes(),
-                                              this->non_model_now(), evictable());
+      if (st_.chunk_of(id).payload() == nullptr && (id >= st_.n_ || !st_.owner().read_param_ahead(id))) return true;
+      residency_move const m = plan_.prefetch(t, u, k, protect, st_.model_on_device(), st_.block_bytes(),
+                                              st_.non_model_now(), evictable());
       if (m.what == residency_move::kind::stop) return false;
       if (m.what == residency_move::kind::evict_then_fetch)
-        this->fetch_into(id, t, protect, m.victim, this->hand_over(m.victim, id));
+        st_.fetch_into(id, t, protect, m.victim, st_.hand_over(m.victim, id));
       else
-        this->fetch(id, t, protect);
-      ++this->cur_.prefetches;
+        st_.fetch(id, t, protect);
+      ++st_.cur_.prefetches;
       return true;
     });
+  }
+
+  // A step that threw: the trace forgets its moments, the tide its samples.
+  void abort() noexcept {
+    plan_.tracer.abort_step();
+    tide_.clear();
   }
 
   // The trace is known: what the warm-up measured goes to the policy, which places what it
@@ -147,47 +151,48 @@ class residency : public chunk_store<B, T, Engine> {
     ctx.peak_non_model = plan_.tracer.peak_non_model();
     // The mean chunk copy (over every copy since construction, as the engine counts; a model's
     // activation copies have an engine of their own).
-    auto const st = this->engine_.stats();
+    auto const st = st_.engine_.stats();
     ctx.copy_ms = st.completed > 0 ? st.copy_ms / static_cast<double>(st.completed) : 0;
     ctx.forward_ms = forward_blocks_ > 0 ? forward_ms_ / static_cast<double>(forward_blocks_) : 1;
     plan_.trace_known();
-    plan_.policy.after_warm_up(this->self(), ctx);
+    plan_.policy.after_warm_up(st_.owner(), ctx);
     plan_.trace_known();  // the placement may have amended the trace
   }
   // The step in progress becomes last_: what is where, and how full the chunks are.
   void finish_stats(bool warm_up, std::int64_t step) {
-    auto& cur = this->cur_;
+    auto& cur = st_.cur_;
     cur.step = static_cast<std::size_t>(step);
-    cur.peak_device_bytes = this->arena_->stats().peak;
+    cur.peak_device_bytes = st_.arena_->stats().peak;
     cur.device_model_bytes = 0;
     cur.host_model_bytes = 0;
     auto count = [&](chunk::chunk_list const& list) {
-      for (std::uint32_t c = 0; c < this->n_; ++c) {
+      for (std::uint32_t c = 0; c < st_.n_; ++c) {
         chunk::chunk const& ch = list[c];
         if (ch.payload() == nullptr) continue;
         (ch.tier() == chunk::tier::device ? cur.device_model_bytes : cur.host_model_bytes) += ch.capacity();
       }
     };
-    count(this->param_);
-    count(this->grad_);
-    count(this->master_);
-    for (auto const& l : this->state_) count(l);
-    for (auto const& l : this->extra_) count(l);
+    count(st_.param_);
+    count(st_.grad_);
+    count(st_.master_);
+    for (auto const& l : st_.state_) count(l);
+    for (auto const& l : st_.extra_) count(l);
     std::size_t used = 0, held = 0;
-    for (std::uint32_t c = 0; c < this->n_; ++c) {
-      held += this->param_[c].capacity();
-      if (this->shadow_[c] != nullptr) cur.host_model_bytes += this->param_[c].capacity();
+    for (std::uint32_t c = 0; c < st_.n_; ++c) {
+      held += st_.param_[c].capacity();
+      if (st_.shadow_[c] != nullptr) cur.host_model_bytes += st_.param_[c].capacity();
     }
-    for (auto const& p : this->params_) used += p.bytes;
+    for (auto const& p : st_.params_) used += p.bytes;
     cur.chunk_utilisation = held > 0 ? static_cast<double>(used) / static_cast<double>(held) : 0;
     cur.moments = plan_.tracer.moments();
     cur.warm_up = warm_up;
     last_ = cur;
     cur = {};
-    std::swap(this->last_tide_, this->tide_);  // both keep their capacity: no allocation per step
-    this->tide_.clear();
+    std::swap(last_tide_, tide_);  // both keep their capacity: no allocation per step
+    tide_.clear();
   }
 
+  store& st_;
   residency_planner<P> plan_;  // every residency decision: the policy, the trace, the budgets
   moment_map moments_;         // what each moment touches and completes
   block_access access_;        // what the open block may touch
