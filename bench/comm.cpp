@@ -1,13 +1,21 @@
 // bench_comm: data parallelism on ranks of this machine. Started without mpiexec, it runs itself
 // under `mpiexec -n 2`, then `-n 4`; rank 0 prints the figures.
 //
-//   bucketed_allreduce_vs_mpi  (2 ranks) a GPT-2 124M gradient set (124,439,808 fp32 values,
-//                              498 MB) summed over the ranks in 25 MiB buckets, each an
+//   bucketed_allreduce_vs_bucket_loop  (2 ranks) a GPT-2 124M gradient set (124,439,808 fp32
+//                              values, 498 MB) summed over the ranks in 25 MiB buckets, each an
 //                              asynchronous all_reduce queued on comm::mpi's lane, which runs them
 //                              in order while the caller waits (as the data-parallel sink's buckets
-//                              run while backward goes on), against one MPI_Allreduce of the same
-//                              bytes in the same run. Bandwidth = bytes / seconds, median of 3
+//                              run while backward goes on), against what a user writes without
+//                              tide: a loop of blocking MPI_Allreduce over the same buckets (goal
+//                              1.0: the lane costs nothing). One MPI_Allreduce of the whole buffer
+//                              is in the detail. Bandwidth = bytes / seconds, median of 3
 //                              interleaved runs.
+//   allreduce_busbw_vs_copy_probe  (2 ranks) comm::mpi's all_reduce over a sweep of sizes (1, 4, 16,
+//                              64, 256, 512 MiB of fp32), bus bandwidth as nccl-tests defines it:
+//                              algbw x 2 (n - 1) / n, algbw = bytes / seconds (median of 3). The
+//                              figure is the largest size against a memcpy on one thread per rank,
+//                              every rank copying at once (on one host an all-reduce is memory
+//                              copies; goal 0.5); the sweep is in the detail.
 //   dp_2x1_vs_1x2              (2 ranks) GPT training tokens/s of 2 ranks x 1 thread, data
 //                              parallel (ZeRO-0, buckets of 25 MiB), against 1 rank x 2 threads
 //                              with the same global batch in the same run (the other rank waits).
@@ -27,6 +35,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -50,7 +59,7 @@ double median_of(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-void bucketed_allreduce_vs_mpi(tide::comm::mpi& world) {
+void bucketed_allreduce_vs_bucket_loop(tide::comm::mpi& world) {
   std::size_t const n = tide::bench::quick() ? (std::size_t{1} << 20) : std::size_t{124'439'808};  // GPT-2 124M
   std::size_t const bucket = (std::size_t{25} << 20) / sizeof(float);                              // 25 MiB
   std::vector<float> grads(n, 1.f);
@@ -59,6 +68,12 @@ void bucketed_allreduce_vs_mpi(tide::comm::mpi& world) {
 
   auto one_call = [&] {
     MPI_Allreduce(MPI_IN_PLACE, grads.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  };
+  auto loop = [&] {  // what a user writes without tide: each bucket, blocking, in turn
+    for (std::size_t at = 0; at < n; at += bucket) {
+      auto const len = static_cast<int>(std::min(bucket, n - at));
+      MPI_Allreduce(MPI_IN_PLACE, grads.data() + at, len, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    }
   };
   std::vector<tide::comm::mpi::request> requests;
   requests.reserve(n / bucket + 1);
@@ -70,33 +85,82 @@ void bucketed_allreduce_vs_mpi(tide::comm::mpi& world) {
     }
     for (auto const& r : requests) world.wait(r);
   };
-  // Interleaved, so that load on the machine hits both alike.
-  std::vector<double> t_mpi, t_tide;
+  // Interleaved, so that load on the machine hits all three alike.
+  std::vector<double> t_mpi, t_loop, t_tide;
   one_call();  // warm-up: pages touched, connections made
+  loop();
   bucketed();
   for (int i = 0; i < reps; ++i) {
     MPI_Barrier(MPI_COMM_WORLD);
-    t_mpi.push_back(tide::bench::median_seconds(one_call, 1, 0));
+    t_loop.push_back(tide::bench::median_seconds(loop, 1, 0));
     MPI_Barrier(MPI_COMM_WORLD);
     t_tide.push_back(tide::bench::median_seconds(bucketed, 1, 0));
+    MPI_Barrier(MPI_COMM_WORLD);
+    t_mpi.push_back(tide::bench::median_seconds(one_call, 1, 0));
   }
-  double const mpi_s = median_of(t_mpi), tide_s = median_of(t_tide);
+  double const mpi_s = median_of(t_mpi), loop_s = median_of(t_loop), tide_s = median_of(t_tide);
   if (world.rank() == 0) {
     tide::bench::figure{.bench = "comm",
-                        .name = "bucketed_allreduce_vs_mpi",
+                        .name = "bucketed_allreduce_vs_bucket_loop",
                         .value = bytes / tide_s / 1e9,
                         .unit = "GB/s",
-                        .anchor = "one MPI_Allreduce of the same bytes, same run",
-                        .anchor_value = bytes / mpi_s / 1e9,
-                        .goal = 0.9,
+                        .anchor = "a loop of blocking MPI_Allreduce over the same 25 MiB buckets, same run",
+                        .anchor_value = bytes / loop_s / 1e9,
+                        .goal = 1.0,
                         .detail = {{"ranks", world.size()},
                                    {"bytes", bytes},
                                    {"bucket_bytes", static_cast<double>(bucket * sizeof(float))},
                                    {"buckets", static_cast<double>((n + bucket - 1) / bucket)},
                                    {"tide_seconds", tide_s},
-                                   {"mpi_seconds", mpi_s}}}
+                                   {"bucket_loop_seconds", loop_s},
+                                   {"whole_buffer_mpi_allreduce_seconds", mpi_s},
+                                   {"whole_buffer_mpi_allreduce_gbs", bytes / mpi_s / 1e9}}}
         .print();
   }
+}
+
+// GB/s of payload of a memcpy on this thread (median of 3), every rank copying at the same time.
+double copy_per_rank_gbs(tide::comm::mpi& world, std::size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  auto copy = [&] { std::memcpy(b.data(), a.data(), bytes); };
+  MPI_Barrier(MPI_COMM_WORLD);
+  double const s = tide::bench::median_seconds(copy, 3, 1);
+  tide::bench::keep(b[bytes / 2]);
+  std::vector<double> rate{static_cast<double>(bytes) / s / 1e9};
+  world.all_reduce(std::span<double>(rate), tide::comm::reduce_op::sum);
+  return rate[0] / world.size();  // the mean over the ranks
+}
+
+void allreduce_busbw_vs_copy_probe(tide::comm::mpi& world) {
+  std::vector<std::size_t> const mib = tide::bench::quick() ? std::vector<std::size_t>{1, 4}
+                                                            : std::vector<std::size_t>{1, 4, 16, 64, 256, 512};
+  std::size_t const largest = mib.back() << 20;
+  std::vector<float> data(largest / sizeof(float), 1.f);
+  double const w = world.size();
+  std::vector<std::pair<std::string, double>> detail{{"ranks", w}};
+  double busbw = 0;
+  for (std::size_t m : mib) {
+    std::size_t const bytes = m << 20;
+    std::span<float> const x(data.data(), bytes / sizeof(float));
+    auto reduce = [&] { world.all_reduce(x, tide::comm::reduce_op::sum); };
+    MPI_Barrier(MPI_COMM_WORLD);
+    double const s = tide::bench::median_seconds(reduce, 3, 1);
+    busbw = static_cast<double>(bytes) / s / 1e9 * 2 * (w - 1) / w;
+    detail.emplace_back("busbw_gbs_" + std::to_string(m) + "mib", busbw);
+  }
+  double const copy = copy_per_rank_gbs(world, largest);
+  if (world.rank() != 0) return;
+  detail.emplace_back("bytes", static_cast<double>(largest));
+  tide::bench::figure{.bench = "comm",
+                      .name = "allreduce_busbw_vs_copy_probe",
+                      .value = busbw,
+                      .unit = "GB/s",
+                      .anchor = "memcpy of the same bytes on one thread per rank, all ranks at once (payload GB/s, "
+                                "the mean over the ranks); value: bus bandwidth, algbw x 2 (n - 1) / n",
+                      .anchor_value = copy,
+                      .goal = 0.5,
+                      .detail = std::move(detail)}
+      .print();
 }
 
 // The GPT both figures train: 4 layers, C 128, byte vocabulary, T 64.
@@ -282,7 +346,8 @@ int main(int argc, char** argv) {
   tide::comm::mpi_session session{&argc, &argv};
   tide::comm::mpi world{session};
   if (world.size() == 2) {
-    bucketed_allreduce_vs_mpi(world);
+    bucketed_allreduce_vs_bucket_loop(world);
+    allreduce_busbw_vs_copy_probe(world);
     dp_2x1_vs_1x2(world);
     zero3_vs_zero2(world);
   }
