@@ -74,6 +74,20 @@ TEST_CASE("all_reduce: sum, max and min in every element type, bf16 and f16 thro
   check_all_reduce<tide::f16>();
 }
 
+TEST_CASE("all_reduce above 32 MiB runs in 16 MiB segments: every element summed once, the last segment short") {
+  auto& c = world();
+  int const w = c.size(), r = c.rank();
+  // 40 MiB of int32, 2.5 segments: the tail is half a segment; sums of small integers are exact.
+  std::size_t const n = (std::size_t{40} << 20) / sizeof(std::int32_t);
+  std::vector<std::int32_t> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<std::int32_t>((r + 1) * static_cast<int>(i % 1000));
+  REQUIRE(n * sizeof(std::int32_t) > (std::size_t{32} << 20));
+  c.all_reduce(std::span<std::int32_t>(x), reduce_op::sum);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) wrong += x[i] != static_cast<std::int32_t>(w * (w + 1) / 2 * static_cast<int>(i % 1000));
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("reduce_scatter, all_gather, all_gatherv and broadcast move what MPI's definitions say") {
   auto& c = world();
   int const w = c.size(), r = c.rank();
