@@ -318,6 +318,7 @@ void step_range_from_sources(Record const& r, index_t begin, index_t end, typena
   // (a line written partly by plain stores and partly by streaming ones is read and flushed:
   // measured 2.5x slower with arrays 16 bytes off a line). The other arrays of a record are
   // usually aligned as p is (the engine's blocks: 256 bytes).
+  auto const on_line = [](float const* a) { return reinterpret_cast<std::uintptr_t>(a) % 64 == 0; };
   auto const skew = static_cast<index_t>((64 - reinterpret_cast<std::uintptr_t>(r.p + begin) % 64) % 64 / sizeof(float));
   for (index_t b = begin, k = 0; b < end; b += k) {
     k = std::min(b == begin && skew != 0 ? skew : step_piece, end - b);
@@ -335,16 +336,30 @@ void step_range_from_sources(Record const& r, index_t begin, index_t end, typena
     }
     if (r.prev_p != nullptr) store(true, r.prev_p + b, from_p, k);
     if (r.working != nullptr && r.prev_working != nullptr) store(true, r.prev_working + b, r.working + b, k);
+    // A destination read from a source and starting on a line is streamed a vector at a time,
+    // as the piece is computed (its vectors are whole lines); the rest after the piece.
+    bool const line_p = r.src_p != nullptr && on_line(r.p + b);
+    bool line_s[S];
+    for (int j = 0; j < S; ++j) line_s[j] = use && src.at[j] != nullptr && on_line(dst.at[j] + b);
     index_t i = 0;
-    for (; i + w <= k; i += w)
+    for (; i + w <= k; i += w) {
       step_vector<Step>(from_p + i, pb + i, g + i, states_at(from, i), states_at(to, i), r.working ? wb + i : nullptr,
                         c);
+      if (line_p) memory::detail::stream_floats_unfenced(r.p + b + i, pb + i, w);
+      for (int j = 0; j < S; ++j)
+        if (line_s[j]) memory::detail::stream_floats_unfenced(dst.at[j] + b + i, sb[j] + i, w);
+    }
+    index_t const streamed = i;
     if (i < k)  // the range's last partial vector
       step_tail<Step>(from_p + i, pb + i, g + i, states_at(from, i), states_at(to, i), r.working ? wb + i : nullptr,
                       k - i, c);
-    store(r.src_p != nullptr, r.p + b, pb, k);
+    index_t const p_from = line_p ? streamed : 0;
+    store(r.src_p != nullptr, r.p + b + p_from, pb + p_from, k - p_from);
     if (use)
-      for (int j = 0; j < S; ++j) store(src.at[j] != nullptr, dst.at[j] + b, sb[j], k);
+      for (int j = 0; j < S; ++j) {
+        index_t const s_from = line_s[j] ? streamed : 0;
+        store(src.at[j] != nullptr, dst.at[j] + b + s_from, sb[j] + s_from, k - s_from);
+      }
     if (r.working != nullptr) store(true, r.working + b, wb, k);  // a new block (the record reads from sources)
   }
   memory::detail::streaming_fence();

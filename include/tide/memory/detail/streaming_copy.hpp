@@ -65,6 +65,25 @@ inline void streaming_copy_unfenced(void* dst, void const* src, std::size_t n) n
   if (n != 0) std::memcpy(dst, src, n);
 }
 
+// Streams n floats from `from` (just written: in L1) to `to` (64-byte aligned), with the widest
+// streaming store this build targets, unfenced. The optimizers' out-of-place step calls it a
+// vector at a time, as it computes: streaming each 4 KiB piece after computing it ran the AdamW
+// step at 0.68 of in place, a vector at a time at 0.85 (0.92 for the same traffic with no math:
+// the machine's own cost of writing elsewhere).
+inline void stream_floats_unfenced(float* to, float const* from, std::size_t n) noexcept {
+  std::size_t i = 0;
+#if TIDE_STREAMING_COPY_AVX2 && defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_stream_ps(to + i, _mm512_loadu_ps(from + i));
+#endif
+#if TIDE_STREAMING_COPY_AVX2 && defined(__AVX__)
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(to + i, _mm256_loadu_ps(from + i));
+#endif
+#if TIDE_STREAMING_COPY_AVX2
+  for (; i + 4 <= n; i += 4) _mm_stream_ps(to + i, _mm_loadu_ps(from + i));  // SSE: every x86-64
+#endif
+  if (i < n) std::memcpy(to + i, from + i, (n - i) * sizeof(float));
+}
+
 inline void streaming_copy(void* dst, void const* src, std::size_t n) noexcept {
   streaming_copy_unfenced(dst, src, n);
   streaming_fence();  // published before the copy reports done
