@@ -2,9 +2,10 @@
 // The offload engine's class: its parts and state, its constructor, and the members small enough
 // to read where they are declared. The larger members are defined out of line by what they do:
 // the step (detail/engine_step.hpp), the updates (detail/engine_update.hpp), and where the bytes
-// come from (detail/engine_tiers.hpp); detail/engine.hpp includes them all. It stands on the
-// residency layer (moments, budget, prefetch) and chunk_store (the byte moves), and owns the
-// gradient sink's lane, the update runner, the journals, the shard map and the NVMe tier.
+// come from (detail/engine_tiers.hpp); detail/engine.hpp includes them all. It owns its parts:
+// the tier store (chunk_store: where the bytes live, and the moves), the residency part
+// (moments, budget, prefetch, carried out on the store), the gradient sink's lane, the update
+// runner, the journals, the shard map and the NVMe tier.
 // Decisions come from the scheduler policy P, the update from the optimizer O, the gradient
 // reduction from the sink S, parameter bytes at fetch from the source Src.
 // scheduler<B, T, P, O, S, Src> (offload/scheduler.hpp) is the public face, and owns one.
