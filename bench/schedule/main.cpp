@@ -27,7 +27,24 @@ T parse(std::string_view flag, std::string_view text) {
   return v;
 }
 
+constexpr char const* usage_text =
+    "usage: tide-schedule [--schedule S] [--stages P] [--micro M] [--virtual V] [--costs F,B,W,C] [--format F]\n"
+    "A pipeline schedule simulated: its timeline as an ASCII grid, JSON or an SVG, and its bubble.\n"
+    "  --schedule S   gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, zb_v or dualpipe_v [one_f_one_b]\n"
+    "  --stages P     pipeline stages [4]\n"
+    "  --micro M      micro-batches per step [8]\n"
+    "  --virtual V    model chunks per stage (interleaved) [1]\n"
+    "  --costs F,B,W,C  a stage's forward, input gradient, weight gradient and send per micro-batch [1,1,1,0]\n"
+    "  --format F     ascii, json or svg [ascii]\n"
+    "  --help         this text\n"
+    "A bad flag or an impossible schedule prints one line and exits with status 2.\n";
+
 int run(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
+      std::fputs(usage_text, stdout);
+      return 0;
+    }
   std::string_view name = "one_f_one_b", format = "ascii";
   int p = 4, m = 8, v = 1;
   pp::costs c{};

@@ -7,13 +7,16 @@
 // biases and gains), checkpoints, and the reports (a progress line, SVG pictures).
 //
 //   example_01_train_gpt [--steps N] [--model tiny|small|medium] [--budget SIZE|auto] [--scheduler NAME]
-//                        [--data PATH] [--checkpoint-dir DIR] [--checkpoint-every N] [--resume]
+//                        [--data PATH] [--checkpoint-dir DIR] [--checkpoint-every N] [--resume [RUN]]
 //                        [--batch N] [--seq N] [--lr X] [--warmup N] [--seed N] [--threads N]
 //                        [--eval-every N] [--sample N] [--prompt TEXT] [--check-falls MARGIN]
 //                        [--recompute] [--offload-activations] [--host-budget SIZE --spill-folder DIR]
 //
 // --help prints the defaults (read from `options`). Each run writes to a folder of its own,
-// DIR/run-001, run-002, ...; --resume continues the latest one that has a checkpoint.
+// DIR/run-001, run-002, ...; --resume continues the latest one that has a checkpoint, or the run
+// folder named after it; the loss picture covers the whole run (the checkpoint carries its losses).
+// SIGINT or SIGTERM finishes the step in flight, saves a checkpoint, writes the pictures and the
+// timeline and exits 130 or 143; a second one ends the process at once.
 // Bad input: one line "example_01_train_gpt: <what is wrong>" on stderr, exit 2. --check-falls M:
 // exit 1 unless the mean loss of the last 5 steps is below the first step's minus M (the suite's
 // smoke test).
@@ -44,7 +47,10 @@
 #include <tide/optim/adamw.hpp>
 #include <tide/train/report.hpp>
 #include <tide/train/text_data.hpp>
+#include <tide/train/interrupt.hpp>
 #include <tide/train/trainer.hpp>
+
+#include "../common/run.hpp"
 
 using namespace tide::literals;
 using tide::index_t;
@@ -63,6 +69,7 @@ struct options {
   std::string checkpoint_dir = "tide-run";
   int checkpoint_every = 100;
   bool resume = false;
+  std::string resume_from;  // --resume RUN: that run folder; empty: the latest
   int batch = 2, seq = 128;
   float lr = 2e-3f;
   int warmup = 30;
@@ -96,7 +103,8 @@ std::string usage() {
       "  --checkpoint-dir DIR  each run writes its checkpoint and pictures to a new DIR/run-NNN [",
       d.checkpoint_dir, "]\n",
       "  --checkpoint-every N  steps between checkpoints, 0 for none [", d.checkpoint_every, "]\n",
-      "  --resume              continue the latest DIR/run-NNN that has a checkpoint, writing on there [",
+      "  --resume [RUN]        continue RUN (a run folder), or the latest DIR/run-NNN that has a checkpoint,\n",
+      "                        writing on there [",
       d.resume ? "on" : "off", "]\n",
       "  --batch N             sequences per step [", d.batch, "]\n",
       "  --seq N               their length T, at least 2 [", d.seq, "]\n",
@@ -239,10 +247,17 @@ options parse(int argc, char** argv) {
       std::fputs(usage().c_str(), stdout);
       std::exit(0);
     }
+    if (k == "--resume") {  // a run folder may follow
+      o.resume = true;
+      if (has_inline) o.resume_from = inline_value;
+      else if (i + 1 < argc && !std::string_view(argv[i + 1]).starts_with('-')) o.resume_from = argv[++i];
+      TIDE_CHECK(!has_inline || !o.resume_from.empty(), usage, "--resume= names no run folder; pass --resume alone "
+                 "for the latest, or --resume DIR/run-NNN");
+      continue;
+    }
     if (!f->takes_value) {
       TIDE_CHECK(!has_inline, usage, k, " takes no value, got '", inline_value, "'");
-      if (k == "--resume") o.resume = true;
-      else if (k == "--recompute") o.recompute = true;
+      if (k == "--recompute") o.recompute = true;
       else if (k == "--offload-activations") o.offload_activations = true;
       continue;
     }
@@ -282,68 +297,9 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-// ---- run folders: DIR/run-001, run-002, ... ---------------------------------------------------
-
-// The number of a run folder's name ("run-007": 7), 0 for any other name.
-int run_number(fs::path const& p) {
-  std::string const name = p.filename().string();
-  if (!name.starts_with("run-") || name.size() < 5 || name.size() > 13) return 0;
-  int n = 0;
-  auto const [end, ec] = std::from_chars(name.data() + 4, name.data() + name.size(), n);
-  return ec == std::errc{} && end == name.data() + name.size() && n > 0 ? n : 0;
-}
+// ---- run folders: DIR/run-001, run-002, ... (examples/common/run.hpp) ------------------------
 
 fs::path const checkpoint_name = "checkpoint.tide";
-
-// The latest run folder under `dir` holding a checkpoint; empty if none.
-fs::path latest_checkpointed_run(fs::path const& dir) {
-  std::error_code ec;
-  fs::path latest;
-  int latest_n = 0;
-  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    int const n = run_number(it->path());
-    if (n > latest_n && fs::is_regular_file(it->path() / checkpoint_name, ec)) latest = it->path(), latest_n = n;
-  }
-  return latest;
-}
-
-// Creates the checkpoint dir (early: a bad --checkpoint-dir fails before any work).
-void make_checkpoint_dir(fs::path const& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  TIDE_CHECK(!ec, io, "--checkpoint-dir ", dir.string(), ": cannot create it: ", ec.message());
-  TIDE_CHECK(fs::is_directory(dir, ec), io, "--checkpoint-dir ", dir.string(), ": not a folder");
-}
-
-// The next free DIR/run-NNN, created; removed again at the end if nothing was written to it (a
-// run that stopped on bad input leaves no empty folder behind).
-class new_run_folder {
- public:
-  explicit new_run_folder(fs::path const& dir) {
-    int highest = 0;
-    std::error_code ec;
-    for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
-      highest = std::max(highest, run_number(it->path()));
-    TIDE_CHECK(!ec, io, "--checkpoint-dir ", dir.string(), ": cannot list it: ", ec.message());
-    for (int n = highest + 1;; ++n) {  // create_directory is false when another run took n first
-      char name[32];
-      std::snprintf(name, sizeof name, "run-%03d", n);
-      path_ = dir / name;
-      if (fs::create_directory(path_, ec)) break;
-      TIDE_CHECK(!ec, io, "--checkpoint-dir ", dir.string(), ": cannot create ", path_.string(), ": ", ec.message());
-    }
-  }
-  ~new_run_folder() {
-    std::error_code ec;
-    if (fs::is_empty(path_, ec) && !ec) fs::remove(path_, ec);
-  }
-  new_run_folder(new_run_folder const&) = delete;
-  new_run_folder& operator=(new_run_folder const&) = delete;
-  [[nodiscard]] fs::path const& path() const noexcept { return path_; }
-
- private:
-  fs::path path_;
-};
 
 tide::nn::gpt_config model_config(options const& o) {
   int layers = 4, channels = 256, heads = 4;
@@ -427,7 +383,8 @@ std::size_t device_budget(options const& opt, tide::nn::gpt_config const& config
   return opt.budget;
 }
 
-// Where this run writes: a new DIR/run-NNN, or with --resume the latest one holding a checkpoint.
+// Where this run writes: a new DIR/run-NNN, or with --resume the run named or the latest one
+// holding a checkpoint.
 struct run_place {
   fs::path resume_from;  // the run folder to continue; empty for a new run
 };
@@ -435,20 +392,10 @@ struct run_place {
 run_place find_run_place(options const& opt) {
   fs::path const dir = opt.checkpoint_dir;
   if (!opt.resume) {
-    make_checkpoint_dir(dir);
+    demo::make_checkpoint_dir(dir);
     return {};
   }
-  fs::path const latest = latest_checkpointed_run(dir);
-  if (latest.empty()) {
-    std::error_code ec;
-    bool const old_layout = fs::is_regular_file(dir / checkpoint_name, ec);  // before run folders
-    TIDE_FAIL(usage, "--resume: no run folder under ", dir.string(), " has a ", checkpoint_name.string(),
-              old_layout ? tide::detail::concat(" (", (dir / checkpoint_name).string(),
-                                                " is from an older version: move it into ", (dir / "run-001").string(),
-                                                "/ to resume it)")
-                         : std::string("; start a run without --resume"));
-  }
-  return {latest};
+  return {demo::resume_folder(dir, opt.resume_from, checkpoint_name)};
 }
 
 template <class Offload>
@@ -486,18 +433,23 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
 
   // The checkpoint to resume (checked whole before anything is printed), or a new run folder.
   std::uint64_t position = 0;
-  std::optional<new_run_folder> fresh;  // a new run's folder (none when resuming)
+  demo::loss_history history;  // the whole run's losses, carried by the checkpoint
+  std::optional<demo::new_run_folder> fresh;  // a new run's folder (none when resuming)
   fs::path const resumed = place.resume_from / checkpoint_name;
   if (!place.resume_from.empty()) {
     try {
       trainer.load(resumed,
-                   [&](tide::train::checkpoint_reader const& r) { position = r.read_value<std::uint64_t>("data.position"); });
+                   [&](tide::train::checkpoint_reader const& r) {
+                     position = r.read_value<std::uint64_t>("data.position");
+                     history.read(r);
+                   });
     } catch (tide::error const& e) {
       if (e.category() != tide::errc::usage || e.message().find("model.shape") == std::string::npos) throw;
       TIDE_FAIL(usage, "--resume: ", resumed.string(), " holds another model shape: pass the --model and --seq it was "
                 "started with, or start a new run without --resume");
     }
     train.seek(position);
+    history.trim_to(trainer.steps());
   } else {
     fresh.emplace(opt.checkpoint_dir);
   }
@@ -530,41 +482,53 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
 
   tide::train::progress progress{stdout};
   batch current(opt.batch, opt.seq);
-  std::int64_t const first_step = trainer.steps() + 1;
-  std::vector<float> losses;
-  std::vector<std::pair<std::int64_t, float>> validation_losses;
+  if (fresh) history.first_step = trainer.steps() + 1;
+  std::vector<float> losses;  // this run's (the history has the whole run's)
   double const first_validation = evaluate();
-  validation_losses.emplace_back(trainer.steps(), float(first_validation));
+  if (!history.validation.empty() && history.validation.back().first == trainer.steps()) history.validation.pop_back();
+  history.validation.emplace_back(trainer.steps(), float(first_validation));
   std::printf("step %5lld  validation loss %.4f\n", static_cast<long long>(trainer.steps()), first_validation);
   double train_seconds = 0;
   std::size_t tokens = 0;
   tide::train::step_stats last{};
-  tide::offload::trace_recorder timeline;  // the last step's, as Chrome trace-event JSON
-  while (trainer.steps() < opt.steps) {
+  // The last step's timeline, as Chrome trace-event JSON: each step records it afresh, so a run
+  // stopped by a signal writes the step it finished.
+  tide::offload::trace_recorder timeline;
+  sched.set_trace(&timeline);
+  // SIGINT / SIGTERM: finish the step in flight, save, draw, exit 130 / 143; a second one ends it
+  // at once.
+  tide::train::stop_signals stop;
+  int stopped = 0;
+  while (trainer.steps() < opt.steps && stopped == 0) {
     train.next(current.in(), current.out());
-    if (trainer.steps() == opt.steps - 1) sched.set_trace(&timeline);
+    timeline.clear();
     last = trainer.step(typename decltype(trainer)::batch_type{current.tokens(), current.labels()});
     TIDE_CHECK(std::isfinite(last.loss), usage, "the training loss is ", last.loss, " at step ", last.step,
                "; lower --lr (now ", opt.lr, ")");
     losses.push_back(last.loss);
+    history.losses.push_back(last.loss);
     if (last.step > 1) {  // the warm-up step records the trace: not representative
       train_seconds += last.seconds;
       tokens += last.tokens;
     }
     progress.update(last, opt.steps);
+    stopped = stop.pending();
     bool const at_eval = last.step % opt.eval_every == 0 || last.step == opt.steps;
     if (at_eval) {
       double const v = evaluate();
-      validation_losses.emplace_back(last.step, float(v));
+      history.validation.emplace_back(last.step, float(v));
       char extra[64];
       std::snprintf(extra, sizeof extra, "  validation %.4f", v);
       progress.line(last, opt.steps, extra);
-    } else if (!progress.terminal() && last.step % 20 == 0) {
+    } else if (stopped != 0 || (!progress.terminal() && last.step % 20 == 0)) {
       progress.line(last, opt.steps);
     }
-    if (opt.checkpoint_every > 0 && (last.step % opt.checkpoint_every == 0 || last.step == opt.steps)) {
+    if (stopped != 0 || (opt.checkpoint_every > 0 && (last.step % opt.checkpoint_every == 0 || last.step == opt.steps))) {
       std::uint64_t const pos = train.position();
-      trainer.save(ckpt, [&](tide::train::checkpoint_writer& w) { w.add_value("data.position", pos); });
+      trainer.save(ckpt, [&](tide::train::checkpoint_writer& w) {
+        w.add_value("data.position", pos);
+        history.write(w);
+      });
     }
   }
   if (losses.empty()) {
@@ -580,15 +544,25 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
                             tide::offload::memory_tide_svg(sched.memory_tide(),
                                                            scheduler_type::name() + ", one step of the demo",
                                                            {.first = "emb", .last = "head"}));  // nn::gpt's blocks
-  tide::offload::write_file(loss_svg.string(),
-                            tide::train::loss_svg(losses, validation_losses, "01_train_gpt loss", first_step));
+  tide::offload::write_file(loss_svg.string(), tide::train::loss_svg(history.losses, history.validation,
+                                                                     "01_train_gpt loss", history.first_step));
+  demo::digest params;
+  for (std::uint32_t i = 0; i < model.parameters().size(); ++i) params.add(sched.read_param(i));
+  std::printf("\nparameters after step %lld: crc32c %08x\n", static_cast<long long>(trainer.steps()), params.crc);
+  if (stopped != 0) {
+    std::printf("stopped by %s after step %lld of %d: checkpoint %s; pictures %s, %s; timeline %s\n"
+                "continue with: ./tide demo --resume %s --steps %d (and the flags of this run)\n",
+                demo::signal_name(stopped), static_cast<long long>(trainer.steps()), opt.steps, ckpt.c_str(),
+                tide_svg.c_str(), loss_svg.c_str(), trace_json.c_str(), dir.c_str(), opt.steps);
+    return tide::train::stop_signals::exit_status(stopped);
+  }
 
   std::size_t const tail = std::min<std::size_t>(5, losses.size());
   double const last_mean = std::accumulate(losses.end() - std::ptrdiff_t(tail), losses.end(), 0.0) / double(tail);
   auto const& off = last.offload;
-  std::printf("\ntrain loss: first %.4f, mean of the last %zu steps %.4f (ln 256 = %.4f)\n", double(losses.front()),
+  std::printf("train loss: first %.4f, mean of the last %zu steps %.4f (ln 256 = %.4f)\n", double(losses.front()),
               tail, last_mean, std::log(256.0));
-  std::printf("validation loss: %.4f before, %.4f after\n", first_validation, double(validation_losses.back().second));
+  std::printf("validation loss: %.4f before, %.4f after\n", first_validation, double(history.validation.back().second));
   std::printf("%.0f tokens/s after the warm-up step; last step moved %.1f MiB (%zu fetches, %zu evictions, %zu "
               "prefetch hits), stalled %.1f ms; device peak %.1f of %.1f MiB; %s moved in all\n",
               train_seconds > 0 ? double(tokens) / train_seconds : 0.0, double(off.bytes_moved()) / double(1_MiB),

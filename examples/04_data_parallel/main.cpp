@@ -18,38 +18,58 @@
 //   mpiexec -n 2 ./example_04_data_parallel [--steps N] [--batch B] [--seq T] [--bucket-kib K]
 //                                           [--zero 0|1|2|3] [--density D | --powersgd R]
 //                                           [--pipeline P [--micro M] [--schedule S]]
-//                                           [--check-falls X]
+//                                           [--check-falls X] [--checkpoint-dir D] [--checkpoint-every N]
+//                                           [--resume [RUN]] [--heartbeat S] [--deadline S]
 //   ./tide demo --ranks 2 [flags]            (builds it and runs it under mpiexec)
 //   ./tide demo --pipeline 2 [flags]         (the same, on P ranks, with --pipeline P)
+//
+// Each run writes to a folder of its own, tide-run/run-NNN (examples/common/run.hpp, shared with
+// 01_train_gpt): a checkpoint every --checkpoint-every steps (a set of one shard per rank under
+// ZeRO or a compressor; a pipeline saves none) and loss.svg; --resume [RUN] continues it. SIGINT or
+// SIGTERM on any rank (./tide demo forwards a Ctrl-C to mpiexec as SIGUSR1) stops every rank after
+// the same step, saves and exits 130 or 143. A comm::heartbeat on every rank names a rank that is
+// silent for --heartbeat seconds, and the job ends.
 //
 // Rank 0 prints the progress line (with the gradient bytes reduced per step, and a pipeline's
 // bubble measured on its stage). At the end every rank checks that the ranks that must hold the
 // same parameters do, bit for bit (all of them; with a pipeline, each stage's replicas, and the
 // tied embedding at both ends); --check-falls X also fails the run unless the loss fell by X.
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <tide/comm/data_parallel.hpp>
+#include <tide/comm/heartbeat.hpp>
 #include <tide/comm/mpi.hpp>
 #include <tide/compress/sink.hpp>
 #include <tide/offload/schedulers.hpp>
 #include <tide/optim/adamw.hpp>
 #include <tide/pipeline/stages.hpp>
+#include <tide/train/interrupt.hpp>
 #include <tide/train/report.hpp>
 #include <tide/train/text_data.hpp>
 #include <tide/train/trainer.hpp>
 
+#include "../common/run.hpp"
+
 namespace {
 
 using namespace tide::literals;
+namespace fs = std::filesystem;
 
 struct options {
   int steps = 60, batch = 4, seq = 64;
@@ -62,6 +82,13 @@ struct options {
   int micro = 4;       // micro-batches per step of a pipeline
   std::string schedule = "one_f_one_b";
   double check_falls = 0;
+  std::string checkpoint_dir = "tide-run";
+  int checkpoint_every = 20;  // 0: none (a pipeline saves none)
+  bool checkpoint_given = false;
+  bool resume = false;
+  std::string resume_from;  // --resume RUN; empty: the latest run folder with a checkpoint
+  int heartbeat_s = 10;     // a rank silent this long is lost
+  int deadline_s = 600;     // the longest a collective may take
 };
 
 constexpr char const* usage_text =
@@ -76,7 +103,14 @@ constexpr char const* usage_text =
     "  --pipeline P       P pipeline stages, one per rank (./tide demo --pipeline P [--ranks N])\n"
     "  --micro M          micro-batches per step of a pipeline [4]\n"
     "  --schedule S       one_f_one_b or gpipe [one_f_one_b]\n"
-    "  --check-falls X    fail unless the loss fell by X\n";
+    "  --check-falls X    fail unless the loss fell by X\n"
+    "  --checkpoint-dir D each run writes its checkpoint and loss picture to a new D/run-NNN [tide-run]\n"
+    "  --checkpoint-every N  steps between checkpoints, 0 for none [20; a pipeline saves none]\n"
+    "  --resume [RUN]     continue RUN (a run folder), or the latest D/run-NNN with a checkpoint\n"
+    "  --heartbeat S      a rank silent for S seconds is reported lost by the others [10]\n"
+    "  --deadline S       the longest one collective may take before the ranks give up [600]\n"
+    "SIGINT or SIGTERM (./tide demo forwards them; under a bare mpiexec send SIGUSR1 or SIGUSR2 to\n"
+    "mpiexec) finishes the step in flight on every rank, saves, draws and exits 130 or 143.\n";
 
 // Whether the arguments ask for the usage (--help or -h anywhere).
 bool wants_help(int argc, char** argv) {
@@ -91,11 +125,19 @@ options parse(int argc, char** argv) {
   auto number = [](std::string_view flag, char const* text, auto& out) {
     std::string_view const v = text;
     auto const [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-    TIDE_REQUIRE(ec == std::errc{} && end == v.data() + v.size() && (out > 0 || flag == "--zero"), flag,
+    TIDE_REQUIRE(ec == std::errc{} && end == v.data() + v.size() &&
+                     (out > 0 || flag == "--zero" || flag == "--checkpoint-every"),
+                 flag,
                  " wants a positive number, got '", v, "'");
   };
   for (int i = 1; i < argc; i += 2) {
     std::string_view const flag = argv[i];
+    if (flag == "--resume") {  // a run folder may follow
+      o.resume = true;
+      if (i + 1 < argc && !std::string_view(argv[i + 1]).starts_with('-')) o.resume_from = argv[i + 1];
+      else --i;  // no value: the next flag is at i + 1
+      continue;
+    }
     TIDE_REQUIRE(i + 1 < argc, flag, " needs a value");
     if (flag == "--steps") number(flag, argv[i + 1], o.steps);
     else if (flag == "--batch") number(flag, argv[i + 1], o.batch);
@@ -108,10 +150,20 @@ options parse(int argc, char** argv) {
     else if (flag == "--pipeline") number(flag, argv[i + 1], o.pipeline);
     else if (flag == "--micro") number(flag, argv[i + 1], o.micro);
     else if (flag == "--schedule") o.schedule = argv[i + 1];
+    else if (flag == "--checkpoint-dir") o.checkpoint_dir = argv[i + 1];
+    else if (flag == "--checkpoint-every") number(flag, argv[i + 1], o.checkpoint_every), o.checkpoint_given = true;
+    else if (flag == "--heartbeat") number(flag, argv[i + 1], o.heartbeat_s);
+    else if (flag == "--deadline") number(flag, argv[i + 1], o.deadline_s);
     else TIDE_FAIL(usage, "unknown flag ", flag,
                    " (flags: --steps --batch --seq --bucket-kib --zero --density --powersgd --pipeline --micro "
-                   "--schedule --check-falls)");
+                   "--schedule --check-falls --checkpoint-dir --checkpoint-every --resume --heartbeat --deadline; "
+                   "--help says what they do)");
   }
+  TIDE_REQUIRE(o.pipeline == 0 || ((!o.checkpoint_given || o.checkpoint_every == 0) && !o.resume),
+               "--pipeline runs without checkpoints (the trainer does not save a pipeline's stages yet): drop "
+               "--checkpoint-every and --resume");
+  if (o.pipeline > 0) o.checkpoint_every = 0;
+  TIDE_REQUIRE(!o.checkpoint_dir.empty(), "--checkpoint-dir is empty: name a folder");
   TIDE_REQUIRE(o.schedule == "one_f_one_b" || o.schedule == "gpipe", "--schedule must be one_f_one_b or gpipe");
   TIDE_REQUIRE(o.pipeline == 0 || (o.density == 0 && o.powersgd == 0),
                "--pipeline runs with dense data parallelism: drop --density / --powersgd");
@@ -158,15 +210,15 @@ bool same_on(tide::comm::mpi& c, std::vector<float> const& v) {
 }
 
 // The step's loss over every rank (the mean: a pipeline's stages all report their replica's),
-// shown on rank 0's progress line (every tenth step kept); returns it.
-float report(tide::comm::mpi& world, tide::train::progress& progress, tide::train::step_stats shown, int s,
-             int steps) {
+// shown on rank 0's progress line (every tenth step kept); returns it. One rank reduces nothing.
+float report(tide::comm::mpi& world, tide::train::progress& progress, tide::train::step_stats shown, int steps) {
   std::vector<float> loss{shown.loss / static_cast<float>(world.size())};
   world.all_reduce(std::span<float>(loss), tide::comm::reduce_op::sum);
   shown.loss = loss[0];
+  if (world.size() == 1) shown.bytes_reduced = 0;
   if (world.rank() == 0) {
     progress.update(shown, steps);  // counts the bytes moved
-    if (s % 10 == 9 || s + 1 == steps) progress.line(shown, steps);
+    if (shown.step % 10 == 0 || shown.step == steps) progress.line(shown, steps);
   }
   return loss[0];
 }
@@ -187,8 +239,84 @@ int verdict(options const& opt, int rank, float first, float last, bool same, st
   return 0;
 }
 
+// What both modes share: the run folder (rank 0 makes a new one and tells the others its number;
+// --resume finds it on every rank), the heartbeat, the stop on a signal, the progress line and
+// the whole run's losses.
+struct session {
+  options const& opt;
+  tide::comm::mpi& world;
+  tide::comm::heartbeat beat;
+  tide::train::stop_signals stop;
+  std::optional<demo::new_run_folder> fresh;  // rank 0's, for a new run
+  fs::path dir;                               // the run folder
+  bool resumed = false;
+  demo::loss_history history;
+  // On a terminal only when ./tide says its own output is one (every rank's stdout is a pty).
+  tide::train::progress progress{stdout, std::getenv("TIDE_TERMINAL") != nullptr && ::isatty(1) != 0};
+
+  session(options const& o, tide::comm::mpi& w, fs::path const& checkpoint)
+      : opt(o), world(w), beat(w, {.timeout = std::chrono::seconds(o.heartbeat_s)}) {
+    if (o.resume) {
+      dir = demo::resume_folder(o.checkpoint_dir, o.resume_from, checkpoint);
+      resumed = true;
+      return;
+    }
+    std::exception_ptr failed;
+    std::int64_t n = -1;
+    if (w.rank() == 0) {
+      try {
+        demo::make_checkpoint_dir(o.checkpoint_dir);
+        fresh.emplace(o.checkpoint_dir);
+        n = demo::run_number(fresh->path());
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    n = tide::comm::of_rank0(w, n);
+    if (failed) std::rethrow_exception(failed);
+    TIDE_CHECK(n > 0, usage, "rank 0 could not make the run folder (its error says why)");
+    char name[32];
+    std::snprintf(name, sizeof name, "run-%03lld", static_cast<long long>(n));
+    dir = fs::path(o.checkpoint_dir) / name;
+  }
+
+  // What a lost rank's message says to do, after each save.
+  void saved(fs::path const& checkpoint, std::int64_t step) {
+    beat.set_note(tide::detail::concat("The last checkpoint is ", checkpoint.string(), " (step ", step,
+                                       "): continue with ./tide demo --ranks ", world.size(), " --resume ",
+                                       dir.string(), " and the flags of this run"));
+  }
+
+  // The loss picture of the whole run, by rank 0.
+  void draw() const {
+    if (world.rank() != 0 || history.losses.empty()) return;
+    tide::offload::write_file((dir / "loss.svg").string(),
+                              tide::train::loss_svg(history.losses, history.validation, "04_data_parallel loss",
+                                                    history.first_step));
+  }
+
+  // Rank 0's last lines after a stop; the exit status.
+  int stopped(int asked, std::int64_t step, fs::path const& checkpoint) const {
+    if (world.rank() == 0) {
+      std::printf("stopped by %s after step %lld of %d on every rank: ", demo::signal_name(asked),
+                  static_cast<long long>(step), opt.steps);
+      if (checkpoint.empty())
+        std::printf("no checkpoint (a pipeline saves none); loss picture %s\n", (dir / "loss.svg").c_str());
+      else
+        std::printf("checkpoint %s; loss picture %s\ncontinue with: ./tide demo --ranks %d --resume %s --steps %d "
+                    "(and the flags of this run)\n",
+                    checkpoint.c_str(), (dir / "loss.svg").c_str(), world.size(), dir.c_str(), opt.steps);
+    }
+    return tide::train::stop_signals::exit_status(asked);
+  }
+};
+
 template <class Comm>
 int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::string const& how) {
+  // Under ZeRO, or with a compressor's residuals on several ranks, every rank writes its shard of
+  // a checkpoint set (a folder); otherwise rank 0 writes one file. Either is RUN/checkpoint.
+  fs::path const checkpoint_name = "checkpoint";
+  session run{opt, world, checkpoint_name};
   int const rank = world.rank(), ranks = world.size();
   auto const corpus = tide::train::byte_corpus::from_path(tide::train::fortunes_path());
   tide::train::window_loader loader{corpus, tide::train::split::train, opt.batch, opt.seq, 1, {rank, ranks}};
@@ -199,19 +327,52 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
       tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = 1}}, off,
       tide::optim::adamw{.lr = 2e-3f, .decay_matrices_only = true, .schedule = {.warmup_steps = 10, .total_steps = opt.steps}},
       comm);
-  if (rank == 0)
+  fs::path const checkpoint = run.dir / checkpoint_name;
+  if (run.resumed) {
+    std::uint64_t position = 0;
+    trainer.load(checkpoint, [&](tide::train::checkpoint_reader const& r) {
+      position = r.read_value<std::uint64_t>("data.position");
+      run.history.read(r);
+    });
+    loader.seek(position);
+    run.history.trim_to(trainer.steps());
+    run.saved(checkpoint, trainer.steps());
+  }
+  if (rank == 0) {
     std::printf("data parallel on %d ranks, ZeRO-%d, %s, %s, device budget %s per rank, global batch %d x %d tokens\n",
                 ranks, opt.zero, how.c_str(), decltype(trainer)::scheduler_type::name().c_str(),
                 tide::detail::concat(tide::bytes_of{off.device_budget}).c_str(), ranks * opt.batch, opt.seq);
+    if (run.resumed)
+      std::printf("resumed from %s at step %lld; writing on in %s\n", checkpoint.c_str(),
+                  static_cast<long long>(trainer.steps()), run.dir.c_str());
+    else
+      std::printf("run folder: %s (checkpoint, loss picture)\n", run.dir.c_str());
+    std::fflush(stdout);
+  }
+  auto save = [&] {
+    std::uint64_t const position = loader.position();
+    if (trainer.sharded() || rank == 0)
+      trainer.save(checkpoint, [&](tide::train::checkpoint_writer& w) {
+        w.add_value("data.position", position);
+        run.history.write(w);
+      });
+    run.saved(checkpoint, trainer.steps());
+  };
   std::vector<std::int32_t> in(std::size_t(opt.batch) * std::size_t(opt.seq)), tg(in.size());
-  tide::train::progress progress{stdout};
   float first = 0, last = 0;
-  for (int s = 0; s < opt.steps; ++s) {
+  int asked = 0, trained = 0;
+  while (trainer.steps() < opt.steps && asked == 0) {
+    run.beat.at_step(trainer.steps() + 1);
     loader.next({in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}});
     auto const st = trainer.step({{in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}}});
-    last = report(world, progress, st, s, opt.steps);  // the global batch's loss
-    if (s == 0) first = last;
+    last = report(world, run.progress, st, opt.steps);  // the global batch's loss
+    if (trained++ == 0) first = last;  // this run's first
+    run.history.losses.push_back(last);
+    asked = tide::train::agreed_stop(world, run.stop.pending());  // every rank stops after the same step
+    if (asked != 0 || (opt.checkpoint_every > 0 && (st.step % opt.checkpoint_every == 0 || st.step == opt.steps)))
+      save();
   }
+  run.draw();
   // The same parameters on every rank, bit for bit (ZeRO-3: gathered from their owners first).
   trainer.scheduler().gather_parameters();
   std::vector<float> p;
@@ -220,6 +381,17 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
     p.insert(p.end(), v.begin(), v.end());
   }
   bool const same = same_on(world, p);
+  if (rank == 0) {
+    demo::digest d;
+    d.add(p);
+    std::printf("parameters after step %lld: crc32c %08x\n", static_cast<long long>(trainer.steps()), d.crc);
+  }
+  if (asked != 0) return run.stopped(asked, trainer.steps(), checkpoint);
+  if (trained == 0) {
+    if (rank == 0) std::printf("nothing to train: the checkpoint is at step %lld; raise --steps\n",
+                               static_cast<long long>(trainer.steps()));
+    return 0;
+  }
   return verdict(opt, rank, first, last, same,
                  tide::detail::concat("parameters identical on all ", ranks, " ranks"),
                  tide::detail::concat("parameters DIFFERENT on the ", ranks, " ranks"));
@@ -231,6 +403,7 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
   namespace pp = tide::pipeline;
   TIDE_REQUIRE(world.size() % opt.pipeline == 0, "--pipeline ", opt.pipeline, " on ", world.size(),
                " ranks: the ranks must be a multiple of the stages");
+  session run{opt, world, "checkpoint"};
   auto g = pp::make_groups(world, opt.pipeline);
   int const replicas = world.size() / opt.pipeline;
   auto const corpus = tide::train::byte_corpus::from_path(tide::train::fortunes_path());
@@ -249,13 +422,16 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
       tide::train::no_compress{},
       pp::on_ranks<K, tide::comm::mpi>{.stages = opt.pipeline, .micro = opt.micro, .group = &g.pipeline, .tied = &g.tied});
   int const rank = world.rank();
-  if (rank == 0)
+  if (rank == 0) {
     std::printf("pipeline of %d stages (%s, %d micro-batches of %d x %d tokens) x %d data-parallel replicas, %s, "
                 "device budget %s per rank; stage 0 holds %zu of %zu tensors\n",
                 opt.pipeline, std::string(pp::to_string(K)).c_str(), opt.micro, opt.batch, opt.seq, replicas,
                 decltype(trainer)::scheduler_type::name().c_str(),
                 tide::detail::concat(tide::bytes_of{off.device_budget}).c_str(),
                 trainer.scheduler().parameters().size(), trainer.model().parameters().size());
+    std::printf("run folder: %s (loss picture; a pipeline saves no checkpoint)\n", run.dir.c_str());
+  }
+  run.beat.set_note("This pipeline run saves no checkpoint: start it again");
   using batch = typename decltype(trainer)::batch_type;
   auto const rows = std::size_t(opt.batch) * std::size_t(opt.seq);
   std::vector<std::int32_t> in(rows * std::size_t(opt.micro)), tg(in.size());
@@ -263,16 +439,21 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
   for (int k = 0; k < opt.micro; ++k)
     micro.push_back({{in.data() + rows * std::size_t(k), {opt.batch, opt.seq}},
                      {tg.data() + rows * std::size_t(k), {opt.batch, opt.seq}}});
-  tide::train::progress progress{stdout};
   float first = 0, last = 0;
-  for (int s = 0; s < opt.steps; ++s) {
+  int asked = 0;
+  while (trainer.steps() < opt.steps && asked == 0) {
+    run.beat.at_step(trainer.steps() + 1);
     for (int k = 0; k < opt.micro; ++k)
       loader.next({in.data() + rows * std::size_t(k), {opt.batch, opt.seq}},
                   {tg.data() + rows * std::size_t(k), {opt.batch, opt.seq}});
     auto const st = trainer.step(std::span<batch const>(micro));
-    last = report(world, progress, st, s, opt.steps);  // every stage reports its replica's loss
-    if (s == 0) first = last;
+    last = report(world, run.progress, st, opt.steps);  // every stage reports its replica's loss
+    if (st.step == 1) first = last;
+    run.history.losses.push_back(last);
+    asked = tide::train::agreed_stop(world, run.stop.pending());
   }
+  run.draw();
+  if (asked != 0) return run.stopped(asked, trainer.steps(), {});
   // Each stage's replicas hold the same parameters, and both ends the same wte, bit for bit.
   std::vector<float> p;
   auto const& list = trainer.scheduler().parameters();
@@ -318,19 +499,20 @@ int run(options const& opt, tide::comm::mpi& world) {
 
 int main(int argc, char** argv) {
   tide::comm::mpi_session session{&argc, &argv};
-  tide::comm::mpi world{session, {.deadline = std::chrono::seconds(120)}};
   // The usage and the arguments' errors are the same on every rank: rank 0 says them, once.
   if (wants_help(argc, argv)) {
-    if (world.rank() == 0) std::fputs(usage_text, stdout);
+    if (session.rank() == 0) std::fputs(usage_text, stdout);
     return 0;
   }
   options opt;
   try {
     opt = parse(argc, argv);
   } catch (tide::error const& e) {
-    if (world.rank() == 0) std::fprintf(stderr, "example_04_data_parallel: %s\n", e.message().c_str());
+    if (session.rank() == 0) std::fprintf(stderr, "example_04_data_parallel: %s\n", e.message().c_str());
     return 2;
   }
+  // A long deadline: a slow collective is no failure; the heartbeat notices a lost rank.
+  tide::comm::mpi world{session, {.deadline = std::chrono::seconds(opt.deadline_s)}};
   try {
     return run(opt, world);
   } catch (tide::error const& e) {
@@ -339,6 +521,7 @@ int main(int argc, char** argv) {
     if (e.category() == tide::errc::usage) {
       if (world.rank() == 0) std::fprintf(stderr, "example_04_data_parallel: %s\n", e.message().c_str());
     } else {
+      std::fflush(stdout);
       std::fprintf(stderr, "\nexample_04_data_parallel: rank %d: %s\n", world.rank(), e.message().c_str());
     }
     return 2;

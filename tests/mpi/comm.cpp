@@ -15,6 +15,7 @@
 #include "tide/comm/hierarchical.hpp"
 #include "tide/comm/mpi.hpp"
 #include "tide/memory/stream.hpp"
+#include "tide/train/interrupt.hpp"
 #include "support/mpi_world.hpp"
 
 namespace {
@@ -238,4 +239,12 @@ TEST_CASE("reduce lands at the root; hierarchical all-reduce (reduce, leaders, b
     for (auto x : m) CHECK(static_cast<float>(x) == static_cast<float>(w - 1));
   }
   CHECK_THROWS_AS((tide::comm::hierarchical<tide::comm::mpi>{c, w + 1}), tide::error);
+}
+
+TEST_CASE("agreed_stop: every rank takes the signal any rank was asked to stop by") {
+  auto& c = world();
+  // Rank 1 got SIGTERM, the last rank SIGINT, the others none: every rank stops, by SIGTERM.
+  int const mine = c.rank() == 1 ? SIGTERM : c.rank() == c.size() - 1 ? SIGINT : 0;
+  CHECK(tide::train::agreed_stop(c, mine) == SIGTERM);
+  CHECK(tide::train::agreed_stop(c, 0) == 0);  // none asked: none stops
 }

@@ -22,7 +22,9 @@
 // then on the communicator is broken: every later call rethrows, communicators are not freed and
 // mpi_session does not call MPI_Finalize (it would wait for the lost rank); the process should
 // exit, non-zero, and mpiexec then ends the job. A rank that dies is noticed by mpiexec itself,
-// which ends the job.
+// which ends the job. comm::heartbeat (heartbeat.hpp) notices a silent rank in seconds on a side
+// channel: the waits then give up at their next poll with its message, long before a deadline
+// that must stay longer than any live operation.
 //
 // Sums of bf16 and f16 use MPI operations of tide's (each pair added in fp32 and rounded back).
 // Reductions follow Open MPI's algorithm for the size and rank count: deterministic from run to
@@ -44,6 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -71,6 +74,27 @@ inline void mpi_check(int rc, std::string_view what) {
 inline std::atomic<bool>& mpi_broken() noexcept {
   static std::atomic<bool> broken{false};
   return broken;
+}
+
+// Set by comm::heartbeat when a rank stopped answering: every wait of this process gives up at its
+// next poll with the heartbeat's message (who, since which step, what to do).
+struct peer_loss {
+  std::atomic<bool> lost{false};
+  std::mutex mutex;
+  std::string text;
+};
+inline peer_loss& peer_loss_of_process() noexcept {
+  static peer_loss loss;
+  return loss;
+}
+inline void mpi_lose_peer(std::string const& text) {
+  peer_loss& p = peer_loss_of_process();
+  {
+    std::lock_guard lock(p.mutex);
+    p.text = text;
+  }
+  mpi_broken() = true;
+  p.lost.store(true, std::memory_order_release);
 }
 
 inline MPI_Datatype datatype_of(elem e) noexcept {
@@ -324,6 +348,7 @@ class mpi : public detail::front<mpi> {
           return;
         }
         if (clock::now() >= until) lost(o);
+        if (detail::peer_loss_of_process().lost.load(std::memory_order_acquire)) peer_lost(o);
         if (clock::now() < spin_until) {
           std::this_thread::yield();
         } else {
@@ -337,6 +362,17 @@ class mpi : public detail::front<mpi> {
       MPI_Get_count(&status, detail::datatype_of(o.type), &got);
       TIDE_CHECK(got == static_cast<int>(o.out_n), mpi, "comm::mpi: ", detail::describe(o), " received ", got,
                  " elements; the matching send must send as many as this receive takes");
+    }
+
+    // comm::heartbeat found a rank silent: its message first, then what gave up.
+    [[noreturn]] void peer_lost(detail::operation const& o) {
+      detail::peer_loss& p = detail::peer_loss_of_process();
+      std::string text;
+      {
+        std::lock_guard lock(p.mutex);
+        text = p.text;
+      }
+      TIDE_FAIL(mpi, text, " [comm::mpi: ", detail::describe(o), " on rank ", rank, " of ", size, " gave up waiting]");
     }
 
     // The deadline passed: who still answers? Then throw, naming them.

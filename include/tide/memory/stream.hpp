@@ -179,8 +179,9 @@ struct host_stream_state {
     std::unique_lock lock(mutex);
     if (!failed) return;
     errc const kind = failure_kind;
-    std::string message = "a host function on this stream failed earlier: " + failure +
-                          " (the failure is sticky: every later synchronize reports it; recreate the stream)";
+    // The failure's own words: the user reads what went wrong (a lost rank, a budget), not how it
+    // travelled. Every later synchronize reports it again, until the stream is made anew.
+    std::string message = failure;
     lock.unlock();
     throw error(kind, message);
   }

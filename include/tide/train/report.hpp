@@ -46,6 +46,9 @@ inline std::string progress_text(step_stats const& s, std::int64_t total, std::s
 class progress {
  public:
   explicit progress(std::FILE* out) : out_(out), tty_(::isatty(::fileno(out)) != 0) {}
+  // `terminal` said by the caller: under mpiexec every rank's stdout is a pseudo-terminal, even
+  // when mpiexec's own output goes to a file.
+  progress(std::FILE* out, bool terminal) : out_(out), tty_(terminal) {}
   [[nodiscard]] bool terminal() const noexcept { return tty_; }
 
   // The step's line: in place on a terminal, nothing otherwise (line() keeps lines).

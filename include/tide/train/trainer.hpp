@@ -274,15 +274,18 @@ class trainer {
     load(path, [](checkpoint_reader const&) {});
   }
 
- private:
-  // Whether save writes a checkpoint set, one shard per rank: under ZeRO, and when the gradient
-  // sink keeps lists of its own on several ranks (a compressor's residuals differ by rank).
+  // Whether save writes a checkpoint set, one shard per rank, so that every rank calls save:
+  // under ZeRO, and when the gradient sink keeps lists of its own on several ranks (a
+  // compressor's residuals differ by rank). Otherwise every rank holds the same state, and one
+  // rank (rank 0) saves the file.
   [[nodiscard]] bool sharded() const {
     if constexpr (requires { comm_.zero; })
       if (comm_.zero > 0) return true;
     if constexpr (!extra_lists.empty() && requires { comm_.of_rank0(0); }) return comm_.world_size() > 1;
     return false;
   }
+
+ private:
   // Whether `ok` holds on every rank.
   [[nodiscard]] bool agree(bool ok) const {
     if constexpr (requires { comm_.all_ranks(ok); }) return comm_.all_ranks(ok);

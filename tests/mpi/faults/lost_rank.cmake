@@ -1,18 +1,24 @@
 # Runs lost_rank under mpiexec with 3 ranks and checks that the job ends, and how.
-#   cmake -DMPIEXEC=... -DPROGRAM=... -DHOW=stop|kill|pipeline -DDEADLINE_MS=... [-DDIR=...] -P lost_rank.cmake
+#   cmake -DMPIEXEC=... -DPROGRAM=... -DHOW=stop|kill|pipeline|heartbeat -DDEADLINE_MS=... [-DDIR=...] -P lost_rank.cmake
 # stop: the two live ranks print the error naming the all-reduce, rank 2 and the deadline, and
 #       the job exits non-zero; kill: mpiexec ends the job, non-zero, and the checkpoint set in DIR
 #       still is the one saved after step 2 (3 steps), whole: it loads on one rank; pipeline: the
-#       two live stages print a deadline error of comm::mpi and the job exits non-zero. Never a hang:
+#       two live stages print a deadline error of comm::mpi and the job exits non-zero; heartbeat
+#       (DEADLINE_MS is the heartbeat's timeout, the communicator's deadline 10 minutes): the two
+#       live ranks name rank 2, its host, pid and step 3, and the job ends within 30 s of the
+#       stop, though rank 0 was busy for twice the timeout at step 1. Never a hang:
 #       the job gets 120 s, far more than the deadline and the roll call need.
 set(args ${HOW} ${DEADLINE_MS})
 if(HOW STREQUAL "kill")
   file(REMOVE_RECURSE ${DIR})
   list(APPEND args ${DIR})
 endif()
+string(TIMESTAMP started "%s")
 execute_process(
   COMMAND ${MPIEXEC} -n 3 --oversubscribe --allow-run-as-root --bind-to none ${PROGRAM} ${args}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+string(TIMESTAMP ended "%s")
+math(EXPR took "${ended} - ${started}")
 set(all "${out}\n${err}")
 message(STATUS "mpiexec exit: ${rc}\n${all}")
 if(rc MATCHES "timeout" OR rc MATCHES "Process terminated")
@@ -35,6 +41,18 @@ if(HOW STREQUAL "stop")
       message(FATAL_ERROR "rank ${r} did not report the stopped rank as expected")
     endif()
   endforeach()
+endif()
+if(HOW STREQUAL "heartbeat")
+  foreach(r 0 1)
+    if(NOT all MATCHES "lost_rank: rank ${r}: rank 2 \\([^,]+, pid [0-9]+\\) stopped answering at step 3: no heartbeat for [0-9.]+ s \\(timeout [0-9.]+ s\\)\\. the last checkpoint is nowhere")
+      message(FATAL_ERROR "rank ${r} did not report the silent rank as expected")
+    endif()
+  endforeach()
+  # Start-up, 2 timeouts busy at step 1, then the stop: the loss must be noticed in seconds.
+  math(EXPR most "${DEADLINE_MS} * 2 / 1000 + 30")
+  if(took GREATER most)
+    message(FATAL_ERROR "the job took ${took} s to end; the heartbeat should end it within ${most} s")
+  endif()
 endif()
 if(HOW STREQUAL "pipeline")
   foreach(r 0 1)

@@ -13,6 +13,12 @@
 //   mpiexec -n 1 lost_rank verify DIR             loads DIR's set on one rank (re-sharding 3 -> 1)
 //                                                 and prints the step it holds: the last complete
 //                                                 set, step 3, must be intact.
+//   mpiexec -n 3 lost_rank heartbeat TIMEOUT_MS    as stop, with a deadline of 10 minutes and a
+//                                                 heartbeat of TIMEOUT_MS: at step 1 rank 0 is busy
+//                                                 for twice the timeout without a collective (a
+//                                                 slow checkpoint write: alive, not lost); at step
+//                                                 3 the last rank stops. The others must name it,
+//                                                 its host, pid and step, within seconds.
 //   mpiexec -n 3 lost_rank pipeline DEADLINE_MS   a GPT in 3 pipeline stages, one per rank
 //                                                 (rank_executor, 1F1B over 4 micro-batches); at
 //                                                 step 3 the last stage stops (SIGSTOP). The others
@@ -26,9 +32,11 @@
 #include <filesystem>
 #include <span>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "tide/comm/data_parallel.hpp"
+#include "tide/comm/heartbeat.hpp"
 #include "tide/comm/mpi.hpp"
 #include "tide/comm/self.hpp"
 #include "tide/optim/adamw.hpp"
@@ -45,6 +53,24 @@ int stop(tide::comm::mpi& world) {
   std::vector<float> grads(1 << 18, 1.f);
   for (int step = 0; step < 6; ++step) {
     if (step == 3 && world.rank() == world.size() - 1) std::raise(SIGSTOP);
+    world.all_reduce(std::span<float>(grads), tide::comm::reduce_op::sum);
+    std::printf("rank %d: step %d done\n", world.rank(), step);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+int heartbeat(tide::comm::mpi& world, std::chrono::milliseconds timeout) {
+  tide::comm::heartbeat beat{world, {.timeout = timeout}};
+  beat.set_note("the last checkpoint is nowhere (a test)");
+  std::vector<float> grads(1 << 18, 1.f);
+  for (int step = 0; step < 6; ++step) {
+    beat.at_step(step);
+    if (step == 1 && world.rank() == 0) std::this_thread::sleep_for(2 * timeout);  // busy, alive
+    if (step == 3 && world.rank() == world.size() - 1) {  // stopped in the middle of step 3,
+      std::this_thread::sleep_for(std::chrono::seconds(1));  // once its beat said so (a loaded machine)
+      std::raise(SIGSTOP);
+    }
     world.all_reduce(std::span<float>(grads), tide::comm::reduce_op::sum);
     std::printf("rank %d: step %d done\n", world.rank(), step);
     std::fflush(stdout);
@@ -109,14 +135,17 @@ int main(int argc, char** argv) {
   tide::comm::mpi_session session{&argc, &argv};
   std::string_view const how = argc > 1 ? argv[1] : "";
   if (!((how == "stop" && argc == 3) || (how == "kill" && argc == 4) || (how == "verify" && argc == 3) ||
-        (how == "pipeline" && argc == 3))) {
-    std::fprintf(stderr, "usage: lost_rank stop DEADLINE_MS | kill DEADLINE_MS DIR | verify DIR | pipeline DEADLINE_MS\n");
+        (how == "pipeline" && argc == 3) || (how == "heartbeat" && argc == 3))) {
+    std::fprintf(stderr, "usage: lost_rank stop DEADLINE_MS | kill DEADLINE_MS DIR | verify DIR | pipeline DEADLINE_MS | "
+                         "heartbeat TIMEOUT_MS\n");
     return 2;
   }
   try {
     if (how == "verify") return verify(argv[2]);
-    tide::comm::mpi world{session, {.deadline = std::chrono::milliseconds(std::atol(argv[2]))}};
+    auto const ms = std::chrono::milliseconds(std::atol(argv[2]));
+    tide::comm::mpi world{session, {.deadline = how == "heartbeat" ? std::chrono::minutes(10) : ms}};
     try {
+      if (how == "heartbeat") return heartbeat(world, ms);
       if (how == "stop") return stop(world);
       if (how == "pipeline") return pipeline(world);
       return kill(world, argv[3]);
