@@ -36,6 +36,7 @@
 #include <new>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -383,6 +384,27 @@ std::size_t device_budget(options const& opt, tide::nn::gpt_config const& config
   return opt.budget;
 }
 
+// The model a checkpoint holds, from its "model.shape" text ("wpe f32 T C" lines, one "hN." per
+// layer): "L=4 C=256 T=128", which names the demo's --model and --seq.
+std::string saved_model(fs::path const& checkpoint) {
+  tide::train::checkpoint_reader const r(checkpoint);
+  std::string text(r.size_of("model.shape"), '\0');
+  r.read("model.shape", std::as_writable_bytes(std::span(text)));
+  long long T = 0, C = 0;
+  int layers = 0;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t const end = std::min(text.find('\n', at), text.size());
+    std::string_view const line(text.data() + at, end - at);
+    if (line.starts_with("wpe ")) std::sscanf(std::string(line).c_str(), "wpe %*s %lld %lld", &T, &C);
+    if (line.starts_with("h") && line.find(".ln1.w ") != std::string_view::npos) ++layers;
+    at = end + 1;
+  }
+  std::string const name = layers == 2 && C == 64 ? "tiny" : layers == 4 && C == 256 ? "small"
+                           : layers == 6 && C == 384 ? "medium" : "";
+  return tide::detail::concat(name.empty() ? "" : "--model " + name + " ", "--seq ", T, ": L=", layers, " C=", C);
+}
+
 // Where this run writes: a new DIR/run-NNN, or with --resume the run named or the latest one
 // holding a checkpoint.
 struct run_place {
@@ -445,8 +467,9 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
                    });
     } catch (tide::error const& e) {
       if (e.category() != tide::errc::usage || e.message().find("model.shape") == std::string::npos) throw;
-      TIDE_FAIL(usage, "--resume: ", resumed.string(), " holds another model shape: pass the --model and --seq it was "
-                "started with, or start a new run without --resume");
+      TIDE_FAIL(usage, "--resume: ", resumed.string(), " holds another model (", saved_model(resumed), ") than --model ",
+                opt.model, " --seq ", opt.seq, ": pass the --model and --seq it was started with, or start a new run "
+                "without --resume");
     }
     train.seek(position);
     history.trim_to(trainer.steps());

@@ -141,6 +141,9 @@ TEST_CASE("the memory tide of a tight chunked<belady> run: one bar per moment, t
     CHECK_MESSAGE(svg.find(label) != std::string::npos, label);
   CHECK(svg.find(">F-1<") == std::string::npos);
   CHECK(svg.find(">B3<") == std::string::npos);
+  // The axis caption explains only the phases drawn: no optimizer moment here, no "O:".
+  CHECK(svg.find("(F: forward, B: backward, then the block number)") != std::string::npos);
+  CHECK(svg.find("O: optimizer") == std::string::npos);
   // Unnamed, the numbers stay.
   std::string const numbered = off::memory_tide_svg(run.samples, "numbers");
   CHECK(numbered.find(">F-1<") != std::string::npos);

@@ -52,15 +52,16 @@ class error : public std::runtime_error {
         where_(where) {}
 
   [[nodiscard]] errc category() const noexcept { return category_; }
-  // The message without the "tide error [category] at file:line:" prefix.
+  // The message without what()'s "tide <category> error: " prefix.
   [[nodiscard]] std::string const& message() const noexcept { return message_; }
   [[nodiscard]] std::source_location const& where() const noexcept { return where_; }
 
  private:
-  static std::string format(errc category, std::string const& message, std::source_location where) {
+  // what(): for the person who reads it, so no source path; where() keeps the location for
+  // whoever debugs tide.
+  static std::string format(errc category, std::string const& message, std::source_location) {
     std::ostringstream os;
-    os << "tide " << to_string(category) << " error at " << where.file_name() << ':' << where.line()
-       << ": " << message;
+    os << "tide " << to_string(category) << " error: " << message;
     return os.str();
   }
 

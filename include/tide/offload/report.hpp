@@ -60,6 +60,18 @@ inline std::string moment_label(chunk::moment m, int first_block, int last_block
   return tide::detail::concat(p, m.block);
 }
 
+// The axis caption's key: only the phases among the samples ("F: forward, B: backward, ").
+inline std::string phases_drawn(std::span<tide_sample const> samples) {
+  bool seen[3] = {false, false, false};
+  for (auto const& x : samples)
+    seen[x.at.phase == chunk::phase::forward ? 0 : x.at.phase == chunk::phase::backward ? 1 : 2] = true;
+  std::string out;
+  if (seen[0]) out += "F: forward, ";
+  if (seen[1]) out += "B: backward, ";
+  if (seen[2]) out += "O: optimizer, ";
+  return out;
+}
+
 // The memory tide of one step (scheduler::memory_tide()) as a standalone SVG 1.1 document.
 //
 // Top: one stacked bar per moment, non-model bytes (activations, workspaces) at the bottom and
@@ -175,7 +187,7 @@ inline std::string memory_tide_svg(std::span<tide_sample const> samples, std::st
   s += tide::detail::concat(R"(<path d="M)", svg_number(left), ' ', svg_number(top), 'V', svg_number(top + plot_h), 'H',
                             svg_number(left + plot_w), R"(" fill="none" stroke="#333333"/>)", '\n',
                             R"(<text x=")", svg_number(left + plot_w / 2), R"(" y=")", svg_number(height - 6),
-                            R"(" text-anchor="middle">moments of one step (F: forward, B: backward, O: optimizer, )",
+                            R"(" text-anchor="middle">moments of one step ()", phases_drawn(samples),
                             "then the block number)</text>\n");
   // Legend: only what is drawn.
   double const lx = left + plot_w + 16;
