@@ -256,6 +256,7 @@ struct session {
 
   session(options const& o, tide::comm::mpi& w, fs::path const& checkpoint)
       : opt(o), world(w), beat(w, {.timeout = std::chrono::seconds(o.heartbeat_s)}) {
+    beat.set_note("No checkpoint yet: start the run again");
     if (o.resume) {
       dir = demo::resume_folder(o.checkpoint_dir, o.resume_from, checkpoint);
       resumed = true;
