@@ -179,47 +179,6 @@ double real_number(std::string_view flag, std::string_view text) {
   return value;
 }
 
-// "48MiB", "1.5GiB", "500MB", "50000000": KiB, MiB, GiB are powers of 1024, KB, MB, GB powers of
-// 1000, no unit is bytes. At most 1 PiB (no device has more); a fraction needs a unit.
-std::size_t size_from(std::string_view flag, std::string_view text) {
-  constexpr std::size_t most = std::size_t{1} << 50;
-  auto const not_a_size = [&] {
-    TIDE_FAIL(usage, flag, " ", text,
-              ": not a size; pass bytes or a number and a unit, e.g. 48MiB, 1.5GiB, 500MB (KiB, MiB, GiB: "
-              "powers of 1024; KB, MB, GB: powers of 1000)");
-  };
-  TIDE_CHECK(!text.starts_with('-'), usage, flag, " ", text, ": a size cannot be negative");
-  std::size_t const digits = std::min(text.find_first_not_of("0123456789."), text.size());
-  std::string_view const number = text.substr(0, digits), unit_text = text.substr(digits);
-  if (number.find_first_of("0123456789") == std::string_view::npos || number.find('.') != number.rfind('.'))
-    not_a_size();
-  std::size_t unit = 0;
-  for (auto const& [name, bytes] : {std::pair{"", 1_B}, std::pair{"B", 1_B}, std::pair{"KiB", 1_KiB},
-                                    std::pair{"MiB", 1_MiB}, std::pair{"GiB", 1_GiB}, std::pair{"KB", 1_B * 1000},
-                                    std::pair{"MB", 1_B * 1000 * 1000}, std::pair{"GB", 1_B * 1000 * 1000 * 1000}})
-    if (unit_text == name) unit = bytes;
-  if (unit == 0) not_a_size();
-  std::size_t bytes = 0;
-  if (number.find('.') == std::string_view::npos) {
-    std::uint64_t n = 0;
-    auto const [end, ec] = std::from_chars(number.data(), number.data() + number.size(), n);
-    TIDE_CHECK(ec != std::errc::result_out_of_range && n <= most / unit, usage, flag, " ", text,
-               ": too large (more than 1 PiB)");
-    if (ec != std::errc{} || end != number.data() + number.size()) not_a_size();
-    bytes = static_cast<std::size_t>(n) * unit;
-  } else {
-    TIDE_CHECK(unit > 1, usage, flag, " ", text, ": not a whole number of bytes; use a unit for a fraction (1.5MiB)");
-    double v = 0;
-    auto const [end, ec] = std::from_chars(number.data(), number.data() + number.size(), v);
-    if (ec != std::errc{} || end != number.data() + number.size()) not_a_size();
-    double const b = v * static_cast<double>(unit);
-    TIDE_CHECK(b <= static_cast<double>(most), usage, flag, " ", text, ": too large (more than 1 PiB)");
-    bytes = static_cast<std::size_t>(b);
-  }
-  TIDE_CHECK(bytes > 0, usage, flag, " ", text, ": must be more than 0 bytes");
-  return bytes;
-}
-
 // Bytes of RAM: the host backend's "device" is a region of it.
 std::size_t physical_memory() {
   std::size_t const bytes = tide::memory::device_arena<tide::host>::capacity();
@@ -270,7 +229,7 @@ options parse(int argc, char** argv) {
     std::string_view const v = has_inline ? inline_value : std::string_view(argv[++i]);
     if (k == "--steps") o.steps = whole_number(k, v, 1, int_max);
     else if (k == "--model") o.model = v;
-    else if (k == "--budget") o.budget = v == "auto" ? 0 : size_from(k, v);
+    else if (k == "--budget") o.budget = v == "auto" ? 0 : demo::size_from(k, v);
     else if (k == "--scheduler") o.scheduler = v;
     else if (k == "--data") o.data = v;
     else if (k == "--checkpoint-dir") o.checkpoint_dir = v;
@@ -285,7 +244,7 @@ options parse(int argc, char** argv) {
     else if (k == "--sample") o.sample = whole_number(k, v, 0, 1 << 20);
     else if (k == "--prompt") o.prompt = v;
     else if (k == "--check-falls") o.check_falls = real_number(k, v);
-    else if (k == "--host-budget") o.host_budget = size_from(k, v);
+    else if (k == "--host-budget") o.host_budget = demo::size_from(k, v);
     else if (k == "--spill-folder") o.spill_folder = v;
   }
   TIDE_REQUIRE((o.host_budget == 0) == o.spill_folder.empty(), "--host-budget and --spill-folder go together: the "
@@ -561,12 +520,8 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
   }
 
   sched.set_trace(nullptr);
-  auto const tide_svg = dir / "memory-tide.svg", loss_svg = dir / "loss.svg", trace_json = dir / "step-trace.json";
-  timeline.write(trace_json.string(), scheduler_type::name() + ", the last step of the demo");
-  tide::offload::write_file(tide_svg.string(),
-                            tide::offload::memory_tide_svg(sched.memory_tide(),
-                                                           scheduler_type::name() + ", one step of the demo",
-                                                           {.first = "emb", .last = "head"}));  // nn::gpt's blocks
+  auto const [tide_svg, trace_json] = demo::draw_step(dir, sched, timeline, scheduler_type::name());
+  auto const loss_svg = dir / "loss.svg";
   tide::offload::write_file(loss_svg.string(), tide::train::loss_svg(history.losses, history.validation,
                                                                      "01_train_gpt loss", history.first_step));
   demo::digest params;

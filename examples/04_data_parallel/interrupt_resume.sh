@@ -4,7 +4,8 @@
 # 1. A straight run of 200 steps (ZeRO-2) prints its parameters' CRC-32C.
 # 2. SIGUSR1 to mpiexec (what ./tide demo sends it on Ctrl-C; mpiexec forwards it to every rank)
 #    at a random moment after step 20: every rank finishes the same step, the set is saved, the
-#    job exits 130. Resumed from its run folder it must end on the straight run's CRC.
+#    job exits 130 with the pictures and rank 0's timeline written. Resumed from its run folder it
+#    must end on the straight run's CRC.
 # 3. SIGSTOP on rank 1 after step 30, with --heartbeat 3 and a checkpoint every 5 steps: rank 0
 #    must name rank 1, its pid and step and the last checkpoint, and the job must end within
 #    15 s. Resumed from that checkpoint it must end on the straight run's CRC.
@@ -34,6 +35,9 @@ grep -v '^step' "$dir/stopped.log"
 [ "$rc" -eq 130 ] || fail "exit status $rc after SIGUSR1 to mpiexec, want 130"
 at=$(grep -o "stopped by SIGINT after step [0-9]* of 200 on every rank" "$dir/stopped.log" | grep -o 'step [0-9]*' |
      grep -o '[0-9]*') || fail "no 'stopped by SIGINT ... on every rank' report"
+for f in checkpoint loss.svg memory-tide.svg step-trace.json; do
+  [ -s "$dir/stopped/run-001/$f" ] || [ -d "$dir/stopped/run-001/$f" ] || fail "the stopped run wrote no $f"
+done
 "${launch[@]}" --checkpoint-dir "$dir/stopped" --resume "$dir/stopped/run-001" >"$dir/resumed.log" 2>&1
 grep -q "resumed from .* at step $at;" "$dir/resumed.log" || fail "the resumed run did not start at step $at"
 resumed=$(crc_of "$dir/resumed.log")

@@ -15,7 +15,12 @@
 // and the ranks beyond P are data-parallel replicas of the pipeline (ZeRO-0). Each rank keeps its
 // stage's parameters only, offloaded by chunked<belady> as before.
 //
-//   mpiexec -n 2 ./example_04_data_parallel [--steps N] [--batch B] [--seq T] [--bucket-kib K]
+// AdamW at a peak lr of 1e-3 after 20 warm-up steps, the gradients' global norm clipped at 1.0:
+// with lr 2e-3, 10 warm-up steps and no clipping, this small-batch model overshoots in single
+// steps (3.4 -> 8.9 -> 3.3); docs/training.md, "Loss spikes", shows why.
+//
+//   mpiexec -n 2 ./example_04_data_parallel [--steps N] [--batch B] [--seq T] [--lr X] [--warmup N]
+//                                           [--clip X] [--bucket-kib K]
 //                                           [--zero 0|1|2|3] [--density D | --powersgd R]
 //                                           [--pipeline P [--micro M] [--schedule S]]
 //                                           [--check-falls X] [--checkpoint-dir D] [--checkpoint-every N]
@@ -25,7 +30,8 @@
 //
 // Each run writes to a folder of its own, tide-run/run-NNN (examples/common/run.hpp, shared with
 // 01_train_gpt): a checkpoint every --checkpoint-every steps (a set of one shard per rank under
-// ZeRO or a compressor; a pipeline saves none) and loss.svg; --resume [RUN] continues it. SIGINT or
+// ZeRO or a compressor; a pipeline saves none), loss.svg, and rank 0's memory-tide.svg and
+// step-trace.json of its last step; --resume [RUN] continues it. SIGINT or
 // SIGTERM on any rank (./tide demo forwards a Ctrl-C to mpiexec as SIGUSR1) stops every rank after
 // the same step, saves and exits 130 or 143. A comm::heartbeat on every rank names a rank that is
 // silent for --heartbeat seconds, and the job ends.
@@ -73,6 +79,10 @@ namespace fs = std::filesystem;
 
 struct options {
   int steps = 60, batch = 4, seq = 64;
+  float lr = 1e-3f;  // the peak; warm-up, then cosine down to a tenth
+  int warmup = 20;
+  float clip = 1.f;  // 0: none
+  std::size_t budget = 0;  // device bytes a rank's scheduler may use; 0: auto
   std::size_t bucket_kib = 256;
   int zero = 2;
   bool zero_given = false;
@@ -82,6 +92,7 @@ struct options {
   int micro = 4;       // micro-batches per step of a pipeline
   std::string schedule = "one_f_one_b";
   double check_falls = 0;
+  double check_steady = 0;  // > 0: fail if a step's loss is more than this above the step before
   std::string checkpoint_dir = "tide-run";
   int checkpoint_every = 20;  // 0: none (a pipeline saves none)
   bool checkpoint_given = false;
@@ -96,6 +107,11 @@ constexpr char const* usage_text =
     "  --steps N          optimizer steps [60]\n"
     "  --batch B          rows per rank and step [4]\n"
     "  --seq T            tokens per row [64]\n"
+    "  --lr X             peak learning rate; cosine down to lr/10 [0.001]\n"
+    "  --warmup N         warm-up steps [20]\n"
+    "  --clip X           clip the gradients' global norm at X, 0 for none [1]\n"
+    "  --budget SIZE|auto a rank's device budget (48MiB, 1.5GiB, bytes) [auto: the activations plus half\n"
+    "                     the model data, or the scheduler's minimum plus two chunks if that is more]\n"
     "  --bucket-kib K     gradient bucket size [256]\n"
     "  --zero 0|1|2|3     ZeRO stage [2]\n"
     "  --density D        send the largest fraction D of each chunk's residual (error feedback)\n"
@@ -104,6 +120,7 @@ constexpr char const* usage_text =
     "  --micro M          micro-batches per step of a pipeline [4]\n"
     "  --schedule S       one_f_one_b or gpipe [one_f_one_b]\n"
     "  --check-falls X    fail unless the loss fell by X\n"
+    "  --check-steady X   fail if any step's loss is more than X above the step before it\n"
     "  --checkpoint-dir D each run writes its checkpoint and loss picture to a new D/run-NNN [tide-run]\n"
     "  --checkpoint-every N  steps between checkpoints, 0 for none [20; a pipeline saves none]\n"
     "  --resume [RUN]     continue RUN (a run folder), or the latest D/run-NNN with a checkpoint\n"
@@ -126,7 +143,8 @@ options parse(int argc, char** argv) {
     std::string_view const v = text;
     auto const [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
     TIDE_REQUIRE(ec == std::errc{} && end == v.data() + v.size() &&
-                     (out > 0 || flag == "--zero" || flag == "--checkpoint-every"),
+                     (out > 0 || flag == "--zero" || flag == "--checkpoint-every" || flag == "--warmup" ||
+                      flag == "--clip"),
                  flag,
                  " wants a positive number, got '", v, "'");
   };
@@ -142,11 +160,16 @@ options parse(int argc, char** argv) {
     if (flag == "--steps") number(flag, argv[i + 1], o.steps);
     else if (flag == "--batch") number(flag, argv[i + 1], o.batch);
     else if (flag == "--seq") number(flag, argv[i + 1], o.seq);
+    else if (flag == "--lr") number(flag, argv[i + 1], o.lr);
+    else if (flag == "--warmup") number(flag, argv[i + 1], o.warmup);
+    else if (flag == "--clip") number(flag, argv[i + 1], o.clip);
+    else if (flag == "--budget") o.budget = std::string_view(argv[i + 1]) == "auto" ? 0 : demo::size_from(flag, argv[i + 1]);
     else if (flag == "--bucket-kib") number(flag, argv[i + 1], o.bucket_kib);
     else if (flag == "--zero") number(flag, argv[i + 1], o.zero), o.zero_given = true;
     else if (flag == "--density") number(flag, argv[i + 1], o.density);
     else if (flag == "--powersgd") number(flag, argv[i + 1], o.powersgd);
     else if (flag == "--check-falls") number(flag, argv[i + 1], o.check_falls);
+    else if (flag == "--check-steady") number(flag, argv[i + 1], o.check_steady);
     else if (flag == "--pipeline") number(flag, argv[i + 1], o.pipeline);
     else if (flag == "--micro") number(flag, argv[i + 1], o.micro);
     else if (flag == "--schedule") o.schedule = argv[i + 1];
@@ -155,8 +178,8 @@ options parse(int argc, char** argv) {
     else if (flag == "--heartbeat") number(flag, argv[i + 1], o.heartbeat_s);
     else if (flag == "--deadline") number(flag, argv[i + 1], o.deadline_s);
     else TIDE_FAIL(usage, "unknown flag ", flag,
-                   " (flags: --steps --batch --seq --bucket-kib --zero --density --powersgd --pipeline --micro "
-                   "--schedule --check-falls --checkpoint-dir --checkpoint-every --resume --heartbeat --deadline; "
+                   " (flags: --steps --batch --seq --lr --warmup --clip --budget --bucket-kib --zero --density --powersgd --pipeline --micro "
+                   "--schedule --check-falls --check-steady --checkpoint-dir --checkpoint-every --resume --heartbeat --deadline; "
                    "--help says what they do)");
   }
   TIDE_REQUIRE(o.pipeline == 0 || ((!o.checkpoint_given || o.checkpoint_every == 0) && !o.resume),
@@ -172,6 +195,7 @@ options parse(int argc, char** argv) {
   TIDE_REQUIRE(o.pipeline > 0 || (o.schedule == "one_f_one_b" && o.micro == 4),
                "--schedule and --micro are a pipeline's: pass --pipeline P too");
   TIDE_REQUIRE(o.seq >= 2 && o.seq <= 256, "--seq must be 2 to 256");
+  TIDE_REQUIRE(o.lr <= 1.f, "--lr must be above 0 and at most 1, got ", o.lr);
   TIDE_REQUIRE(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3");
   TIDE_REQUIRE(o.density <= 1, "--density must be in (0, 1]");
   TIDE_REQUIRE(o.density == 0 || o.powersgd == 0, "--density and --powersgd are two compressions: pass one");
@@ -180,10 +204,11 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-// The device budget: half the model data, or the scheduler's minimum for this batch plus two
-// chunks if that is more (the scheduler measures its minimum from the activations).
+// The device budget: --budget, checked against the scheduler's minimum for this batch (the
+// scheduler measures it from the activations and says what it is made of); auto: the activations
+// plus half the model data, or that minimum plus two chunks if it is more.
 template <class Offload>
-std::size_t budget_for(tide::nn::gpt_config const& config, Offload const& off, int B, int T, int slots = 1,
+std::size_t budget_for(options const& opt, tide::nn::gpt_config const& config, Offload const& off, int slots = 1,
                        bool tied = false) {
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
@@ -191,14 +216,19 @@ std::size_t budget_for(tide::nn::gpt_config const& config, Offload const& off, i
   std::size_t activations = 0;
   {
     tide::nn::gpt<tide::host> model{config, arena, {.in_flight = slots, .separate_tied_grad = tied}};
-    std::vector<std::int32_t> zeros(std::size_t(B) * std::size_t(T), 0);
-    model.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {B, T}));
+    std::vector<std::int32_t> zeros(std::size_t(opt.batch) * std::size_t(opt.seq), 0);
+    model.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {opt.batch, opt.seq}));
     activations = tide::round_up(model.activations().footprint, 256);
   }
   tide::offload::scheduler<tide::host, float, Offload> const probe{
       ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config), off};
   std::size_t const model_data = 16 * static_cast<std::size_t>(tide::nn::gpt_parameters(config, tide::dtype::f32).count());
-  return std::max(activations + model_data / 2, probe.minimum_device_bytes(activations) + 2 * probe.chunk_bytes());
+  std::size_t const minimum = probe.minimum_device_bytes(activations);
+  if (opt.budget == 0) return std::max(activations + model_data / 2, minimum + 2 * probe.chunk_bytes());
+  TIDE_CHECK(opt.budget >= minimum, budget, "--budget ", tide::bytes_of{opt.budget}, " is below what ",
+             decltype(probe)::name(), " needs for this model and --batch ", opt.batch, " --seq ", opt.seq, ", ",
+             tide::bytes_of{minimum}, ": ", probe.minimum_explained(activations), "; pass more, or auto");
+  return opt.budget;
 }
 
 // Whether every rank of `c` holds these bits.
@@ -224,9 +254,10 @@ float report(tide::comm::mpi& world, tide::train::progress& progress, tide::trai
 }
 
 // Rank 0 prints the losses and the equality check; the exit status: 1 if the ranks differ where
-// they must not, or the loss fell by less than --check-falls.
-int verdict(options const& opt, int rank, float first, float last, bool same, std::string const& said_same,
-            std::string const& said_different) {
+// they must not, the loss fell by less than --check-falls, or one step rose above the step before
+// it by more than --check-steady (`losses`: the whole run's, one per step).
+int verdict(options const& opt, int rank, float first, float last, std::vector<float> const& losses, bool same,
+            std::string const& said_same, std::string const& said_different) {
   if (rank == 0)
     std::printf("loss %.4f -> %.4f; %s\n", static_cast<double>(first), static_cast<double>(last),
                 (same ? said_same : said_different).c_str());
@@ -235,6 +266,16 @@ int verdict(options const& opt, int rank, float first, float last, bool same, st
     if (rank == 0) std::fprintf(stderr, "example_04_data_parallel: the loss fell by %.4f, less than --check-falls %.4f\n",
                                 static_cast<double>(first - last), opt.check_falls);
     return 1;
+  }
+  for (std::size_t i = 1; opt.check_steady > 0 && i < losses.size(); ++i) {
+    double const rise = static_cast<double>(losses[i] - losses[i - 1]);
+    if (rise > opt.check_steady) {
+      if (rank == 0)
+        std::fprintf(stderr, "example_04_data_parallel: the loss rose by %.4f in one step (%.4f -> %.4f), more than "
+                             "--check-steady %.4f\n", rise, static_cast<double>(losses[i - 1]),
+                     static_cast<double>(losses[i]), opt.check_steady);
+      return 1;
+    }
   }
   return 0;
 }
@@ -251,6 +292,7 @@ struct session {
   fs::path dir;                               // the run folder
   bool resumed = false;
   demo::loss_history history;
+  tide::offload::trace_recorder timeline;  // rank 0's last step
   // On a terminal only when ./tide says its own output is one (every rank's stdout is a pty).
   tide::train::progress progress{stdout, std::getenv("TIDE_TERMINAL") != nullptr && ::isatty(1) != 0};
 
@@ -288,12 +330,25 @@ struct session {
                                        dir.string(), " and the flags of this run"));
   }
 
-  // The loss picture of the whole run, by rank 0.
-  void draw() const {
+  // Rank 0's pictures: the loss of the whole run, and its scheduler's last step (the memory tide
+  // and the timeline `timeline` recorded).
+  template <class Scheduler>
+  void draw(Scheduler& sched) {
+    sched.set_trace(nullptr);
     if (world.rank() != 0 || history.losses.empty()) return;
     tide::offload::write_file((dir / "loss.svg").string(),
                               tide::train::loss_svg(history.losses, history.validation, "04_data_parallel loss",
                                                     history.first_step));
+    auto const [tide_svg, trace_json] =
+        demo::draw_step(dir, sched, timeline, tide::detail::concat(Scheduler::name(), ", rank 0 of ", world.size()));
+    std::printf("pictures: %s, %s; timeline %s\n", (dir / "loss.svg").c_str(), tide_svg.c_str(), trace_json.c_str());
+  }
+
+  // Rank 0 records its scheduler's steps, each afresh: the last one is drawn.
+  template <class Scheduler>
+  void record(Scheduler& sched) {
+    timeline.clear();
+    if (world.rank() == 0) sched.set_trace(&timeline);
   }
 
   // Rank 0's last lines after a stop; the exit status.
@@ -302,11 +357,11 @@ struct session {
       std::printf("stopped by %s after step %lld of %d on every rank: ", demo::signal_name(asked),
                   static_cast<long long>(step), opt.steps);
       if (checkpoint.empty())
-        std::printf("no checkpoint (a pipeline saves none); loss picture %s\n", (dir / "loss.svg").c_str());
+        std::printf("no checkpoint (a pipeline saves none)\n");
       else
-        std::printf("checkpoint %s; loss picture %s\ncontinue with: ./tide demo --ranks %d --resume %s --steps %d "
+        std::printf("checkpoint %s\ncontinue with: ./tide demo --ranks %d --resume %s --steps %d "
                     "(and the flags of this run)\n",
-                    checkpoint.c_str(), (dir / "loss.svg").c_str(), world.size(), dir.c_str(), opt.steps);
+                    checkpoint.c_str(), world.size(), dir.c_str(), opt.steps);
     }
     return tide::train::stop_signals::exit_status(asked);
   }
@@ -323,10 +378,11 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
   tide::train::window_loader loader{corpus, tide::train::split::train, opt.batch, opt.seq, 1, {rank, ranks}};
   tide::nn::gpt_config const config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = opt.seq};
   tide::offload::chunked<tide::offload::belady> off{.chunk_bytes = 256_KiB};
-  off.device_budget = budget_for(config, off, opt.batch, opt.seq);
+  off.device_budget = budget_for(opt, config, off);
   auto trainer = tide::train::make_trainer(
       tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = 1}}, off,
-      tide::optim::adamw{.lr = 2e-3f, .decay_matrices_only = true, .schedule = {.warmup_steps = 10, .total_steps = opt.steps}},
+      tide::optim::adamw{.lr = opt.lr, .clip_norm = opt.clip, .decay_matrices_only = true,
+                         .schedule = {.warmup_steps = opt.warmup, .total_steps = opt.steps}},
       comm);
   fs::path const checkpoint = run.dir / checkpoint_name;
   if (run.resumed) {
@@ -347,7 +403,7 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
       std::printf("resumed from %s at step %lld; writing on in %s\n", checkpoint.c_str(),
                   static_cast<long long>(trainer.steps()), run.dir.c_str());
     else
-      std::printf("run folder: %s (checkpoint, loss picture)\n", run.dir.c_str());
+      std::printf("run folder: %s (checkpoint, pictures, timeline)\n", run.dir.c_str());
     std::fflush(stdout);
   }
   auto save = [&] {
@@ -364,6 +420,7 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
   int asked = 0, trained = 0;
   while (trainer.steps() < opt.steps && asked == 0) {
     run.beat.at_step(trainer.steps() + 1);
+    run.record(trainer.scheduler());
     loader.next({in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}});
     auto const st = trainer.step({{in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}}});
     last = report(world, run.progress, st, opt.steps);  // the global batch's loss
@@ -373,7 +430,7 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
     if (asked != 0 || (opt.checkpoint_every > 0 && (st.step % opt.checkpoint_every == 0 || st.step == opt.steps)))
       save();
   }
-  run.draw();
+  run.draw(trainer.scheduler());
   // The same parameters on every rank, bit for bit (ZeRO-3: gathered from their owners first).
   trainer.scheduler().gather_parameters();
   std::vector<float> p;
@@ -393,7 +450,7 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
                                static_cast<long long>(trainer.steps()));
     return 0;
   }
-  return verdict(opt, rank, first, last, same,
+  return verdict(opt, rank, first, last, run.history.losses, same,
                  tide::detail::concat("parameters identical on all ", ranks, " ranks"),
                  tide::detail::concat("parameters DIFFERENT on the ", ranks, " ranks"));
 }
@@ -412,13 +469,13 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
   tide::nn::gpt_config const config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = opt.seq};
   tide::offload::chunked<tide::offload::belady> off{.chunk_bytes = 256_KiB};
   int const slots = pp::slots_needed(pp::generate(K, opt.pipeline, opt.micro), 0);
-  off.device_budget = budget_for(config, off, opt.batch, opt.seq, slots, true);
+  off.device_budget = budget_for(opt, config, off, slots, true);
   auto trainer = tide::train::make_trainer(
       tide::nn::gpt_spec<tide::host>{.config = config,
                                      .options = {.seed = 1, .in_flight = slots, .separate_tied_grad = true}},
       off,
-      tide::optim::adamw{.lr = 2e-3f, .decay_matrices_only = true, .micro_steps = opt.micro,
-                         .schedule = {.warmup_steps = 10, .total_steps = opt.steps}},
+      tide::optim::adamw{.lr = opt.lr, .clip_norm = opt.clip, .decay_matrices_only = true, .micro_steps = opt.micro,
+                         .schedule = {.warmup_steps = opt.warmup, .total_steps = opt.steps}},
       tide::comm::data_parallel{.comm = &g.data, .bucket_bytes = opt.bucket_kib << 10, .zero = 0},
       tide::train::no_compress{},
       pp::on_ranks<K, tide::comm::mpi>{.stages = opt.pipeline, .micro = opt.micro, .group = &g.pipeline, .tied = &g.tied});
@@ -430,7 +487,7 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
                 decltype(trainer)::scheduler_type::name().c_str(),
                 tide::detail::concat(tide::bytes_of{off.device_budget}).c_str(),
                 trainer.scheduler().parameters().size(), trainer.model().parameters().size());
-    std::printf("run folder: %s (loss picture; a pipeline saves no checkpoint)\n", run.dir.c_str());
+    std::printf("run folder: %s (pictures, timeline; a pipeline saves no checkpoint)\n", run.dir.c_str());
   }
   run.beat.set_note("This pipeline run saves no checkpoint: start it again");
   using batch = typename decltype(trainer)::batch_type;
@@ -444,6 +501,7 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
   int asked = 0;
   while (trainer.steps() < opt.steps && asked == 0) {
     run.beat.at_step(trainer.steps() + 1);
+    run.record(trainer.scheduler());
     for (int k = 0; k < opt.micro; ++k)
       loader.next({in.data() + rows * std::size_t(k), {opt.batch, opt.seq}},
                   {tg.data() + rows * std::size_t(k), {opt.batch, opt.seq}});
@@ -453,7 +511,7 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
     run.history.losses.push_back(last);
     asked = tide::train::agreed_stop(world, run.stop.pending());
   }
-  run.draw();
+  run.draw(trainer.scheduler());
   if (asked != 0) return run.stopped(asked, trainer.steps(), {});
   // Each stage's replicas hold the same parameters, and both ends the same wte, bit for bit.
   std::vector<float> p;
@@ -470,7 +528,7 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
     tied_same = same_on(g.tied, trainer.scheduler().read_param(wte));
   }
   bool const ok = tide::comm::all_ranks(world, replicas_same && tied_same);
-  return verdict(opt, rank, first, last, ok,
+  return verdict(opt, rank, first, last, run.history.losses, ok,
                  "each stage's parameters identical on its replicas, wte identical at both ends",
                  "parameters DIFFER where they must not");
 }

@@ -15,10 +15,14 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include <tide/core/bytes.hpp>
 #include <tide/core/error.hpp>
+#include <tide/offload/report.hpp>
+#include <tide/offload/trace_events.hpp>
 #include <tide/train/checkpoint.hpp>
 #include <tide/train/crc32c.hpp>
 
@@ -156,5 +160,61 @@ struct digest {
 
 // "SIGINT" / "SIGTERM".
 inline char const* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+
+// "48MiB", "1.5GiB", "500MB", "50000000": KiB, MiB, GiB are powers of 1024, KB, MB, GB powers of
+// 1000, no unit is bytes. At most 1 PiB (no device has more); a fraction needs a unit.
+inline std::size_t size_from(std::string_view flag, std::string_view text) {
+  using namespace tide::literals;
+  constexpr std::size_t most = std::size_t{1} << 50;
+  auto const not_a_size = [&] {
+    TIDE_FAIL(usage, flag, " ", text,
+              ": not a size; pass bytes or a number and a unit, e.g. 48MiB, 1.5GiB, 500MB (KiB, MiB, GiB: "
+              "powers of 1024; KB, MB, GB: powers of 1000)");
+  };
+  TIDE_CHECK(!text.starts_with('-'), usage, flag, " ", text, ": a size cannot be negative");
+  std::size_t const digits = std::min(text.find_first_not_of("0123456789."), text.size());
+  std::string_view const number = text.substr(0, digits), unit_text = text.substr(digits);
+  if (number.find_first_of("0123456789") == std::string_view::npos || number.find('.') != number.rfind('.'))
+    not_a_size();
+  std::size_t unit = 0;
+  for (auto const& [name, bytes] : {std::pair{"", 1_B}, std::pair{"B", 1_B}, std::pair{"KiB", 1_KiB},
+                                    std::pair{"MiB", 1_MiB}, std::pair{"GiB", 1_GiB}, std::pair{"KB", 1_B * 1000},
+                                    std::pair{"MB", 1_B * 1000 * 1000}, std::pair{"GB", 1_B * 1000 * 1000 * 1000}})
+    if (unit_text == name) unit = bytes;
+  if (unit == 0) not_a_size();
+  std::size_t bytes = 0;
+  if (number.find('.') == std::string_view::npos) {
+    std::uint64_t n = 0;
+    auto const [end, ec] = std::from_chars(number.data(), number.data() + number.size(), n);
+    TIDE_CHECK(ec != std::errc::result_out_of_range && n <= most / unit, usage, flag, " ", text,
+               ": too large (more than 1 PiB)");
+    if (ec != std::errc{} || end != number.data() + number.size()) not_a_size();
+    bytes = static_cast<std::size_t>(n) * unit;
+  } else {
+    TIDE_CHECK(unit > 1, usage, flag, " ", text, ": not a whole number of bytes; use a unit for a fraction (1.5MiB)");
+    double v = 0;
+    auto const [end, ec] = std::from_chars(number.data(), number.data() + number.size(), v);
+    if (ec != std::errc{} || end != number.data() + number.size()) not_a_size();
+    double const b = v * static_cast<double>(unit);
+    TIDE_CHECK(b <= static_cast<double>(most), usage, flag, " ", text, ": too large (more than 1 PiB)");
+    bytes = static_cast<std::size_t>(b);
+  }
+  TIDE_CHECK(bytes > 0, usage, flag, " ", text, ": must be more than 0 bytes");
+  return bytes;
+}
+
+// One step of the run, as the demos draw it: the memory tide of the scheduler's last step
+// (memory-tide.svg) and the timeline `recorded` holds (step-trace.json, Chrome trace events) in
+// `dir`. `what` names the scheduler and the rank in both titles. Returns the two paths.
+template <class Scheduler>
+std::pair<fs::path, fs::path> draw_step(fs::path const& dir, Scheduler const& sched,
+                                        tide::offload::trace_recorder const& recorded, std::string const& what) {
+  auto const tide_svg = dir / "memory-tide.svg", trace_json = dir / "step-trace.json";
+  recorded.write(trace_json.string(), what + ", the last step of the demo");
+  tide::offload::write_file(tide_svg.string(),
+                            tide::offload::memory_tide_svg(sched.memory_tide(), what + ", one step of the demo",
+                                                           {.first = "emb", .last = "head"}));  // nn::gpt's blocks
+  return {tide_svg, trace_json};
+}
 
 }  // namespace demo

@@ -26,6 +26,8 @@ import struct
 
 import torch
 
+from gpt_reference import forward as gpt_forward
+
 L, NH, C, V, VP, MAXT = 2, 2, 16, 48, 64, 16
 B, T = 2, 8
 STEPS = 10
@@ -60,32 +62,9 @@ def initial_parameters(gen):
     return params
 
 
-def layernorm(x, w, b):
-    mean = x.mean(-1, keepdim=True)
-    var = ((x - mean) ** 2).mean(-1, keepdim=True)  # biased, as GPT-2
-    return (x - mean) / torch.sqrt(var + 1e-5) * w + b
-
-
 def forward(p, tokens):
     """Logits (B, T, Vp)."""
-    Bn, Tn = tokens.shape
-    hs = C // NH
-    x = p["wte"][tokens] + p["wpe"][:Tn]
-    mask = torch.tril(torch.ones(Tn, Tn, dtype=torch.bool))
-    for l in range(L):
-        h = lambda name: p[f"h{l}.{name}"]
-        qkv = layernorm(x, h("ln1.w"), h("ln1.b")) @ h("attn.qkv.w").T + h("attn.qkv.b")
-        q, k, v = qkv.split(C, dim=-1)
-        q, k, v = (t.view(Bn, Tn, NH, hs).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
-        att = torch.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(Bn, Tn, C)
-        x = x + y @ h("attn.proj.w").T + h("attn.proj.b")
-        f = layernorm(x, h("ln2.w"), h("ln2.b")) @ h("mlp.fc.w").T + h("mlp.fc.b")
-        f = torch.nn.functional.gelu(f, approximate="tanh")
-        x = x + f @ h("mlp.proj.w").T + h("mlp.proj.b")
-    x = layernorm(x, p["lnf.w"], p["lnf.b"])
-    return x @ p["wte"].T
+    return gpt_forward(p, tokens, L, NH)
 
 
 def losses_of(logits, targets):

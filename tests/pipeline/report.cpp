@@ -50,6 +50,15 @@ TEST_CASE("the JSON and the SVG hold every action; a failed simulation is refuse
   CHECK_THROWS_WITH_AS(pp::to_json(broken, bad), doctest::Contains("did not simulate"), tide::error);
 }
 
+TEST_CASE("the SVG is wide enough for every action's label, DualPipeV's half-length chunks too") {
+  for (auto const& s : {pp::dualpipe_v(4, 8), pp::zb_v(4, 8), pp::one_f_one_b(4, 8)}) {
+    auto const r = pp::check(s, {.f = 1, .b = 1, .w = 1});
+    auto const g = pp::to_svg(s, r);
+    CAPTURE(s.name);
+    CHECK(count(g, "<rect class=\"action ") == count(g, "fill=\"white\">"));  // a white label on each
+  }
+}
+
 TEST_CASE("the ASCII grid skips actions of no duration and refuses a grid too wide to read") {
   auto const s = pp::zb_h1(2, 3);
   auto const free_w = pp::check(s, {.f = 1, .b = 1, .w = 0});  // W costs nothing: not drawn

@@ -608,7 +608,10 @@ TEST_CASE("gradient accumulation averages the micro-batches") {
   double worst = 0;
   for (std::size_t i = 0; i < pa.size(); ++i)
     for (std::size_t j = 0; j < pa[i].size(); ++j) worst = std::max(worst, std::abs(double(pa[i][j]) - pw[i][j]));
-  CHECK(worst < 1e-5);
+  // Summation order moves a gradient element by a few ulps, and Adam divides it by sqrt(v): an
+  // element whose gradient is near zero moves by a different fraction of lr. The four steps' lr
+  // sum to 9e-3; 5e-5 is half a percent of that (measured: 1.03e-5 at -O1, under 1e-5 at -O3).
+  CHECK(worst < 5e-5);
   CHECK_THROWS_AS(acc.step(view_of<decltype(acc)>(data_of(0))), tide::error);  // 1 micro-batch for 2 micro-steps
 }
 

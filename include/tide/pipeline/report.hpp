@@ -48,6 +48,8 @@ inline std::string label(action a, int chunks) {
   if (chunks > 1) l += ":" + std::to_string(a.chunk);
   return l;
 }
+// The width the SVG's label of an action needs: its text without the kind (the colour says it).
+inline double label_px(action a, int chunks) { return 7.0 * static_cast<double>(label(a, chunks).size() - 1) + 4.0; }
 inline char const* colour(op k) {
   switch (k) {
     case op::F: return "#4c78a8";
@@ -132,7 +134,14 @@ inline std::string to_ascii(schedule const& s, simulation const& r) {
 inline std::string to_svg(schedule const& s, simulation const& r) {
   detail::require_ok(s, r);
   using format::svg_number;
-  double const left = 70, top = 40, row = 28, right = 20, unit = std::clamp(900.0 / std::max(r.makespan, 1e-9), 4.0, 40.0);
+  // Pixels a time unit: 900 for the whole makespan, or more where the shortest action's label
+  // (7 px a character, 2 px either side) would not fit its box; at most 60.
+  double fit = 0;
+  for (auto const& l : r.timeline)
+    for (auto const& t : l)
+      if (t.end > t.start) fit = std::max(fit, detail::label_px(t.a, s.chunks) / (t.end - t.start));
+  double const left = 70, top = 40, row = 28, right = 20,
+               unit = std::clamp(std::max(900.0 / std::max(r.makespan, 1e-9), fit), 4.0, 60.0);
   double const w = left + unit * r.makespan + right, h = top + row * s.stages + 50;
   std::string g = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"" +
                   svg_number(w) + "\" height=\"" + svg_number(h) + "\" font-family=\"sans-serif\" font-size=\"11\">\n";
@@ -156,7 +165,7 @@ inline std::string to_svg(schedule const& s, simulation const& r) {
            svg_number(y + 2) + "\" width=\"" + svg_number(std::max(width - 1, 0.5)) + "\" height=\"" +
            svg_number(row - 4) + "\" fill=\"" + detail::colour(t.a.kind) + "\"><title>" + l + " " +
            detail::shown(t.start) + " to " + detail::shown(t.end) + "</title></rect>\n";
-      if (width >= 7.0 * static_cast<double>(l.size()))
+      if (width >= detail::label_px(t.a, s.chunks))
         g += "<text x=\"" + svg_number(x + width / 2) + "\" y=\"" + svg_number(y + row / 2 + 4) +
              "\" text-anchor=\"middle\" fill=\"white\">" + l.substr(1) + "</text>\n";
     }
