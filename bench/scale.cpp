@@ -1,19 +1,21 @@
 // Figure nvme_read_vs_fio: sequential read bandwidth of memory::file_store, the I/O half of an
 // NVMe tier. The store writes a file of 64 MiB blocks (1 GiB; 16 MiB under TIDE_BENCH_QUICK=1),
-// then reads every block in order into pinned_pool buffers (what a tier reads into: huge pages), two blocks
-// in flight, each split into requests of request_bytes served by queue_depth I/O threads (the
-// defaults). Anchor: fio reading the same file, 1 MiB requests, 8 in flight (libaio), O_DIRECT
-// when the store uses it, into hugetlb buffers (the best a tool does on this disk: 4 KiB-page
-// buffers read 2x slower into a virtio disk), in the same run. When the kernel has too few free
-// hugetlb pages the bench raises vm.nr_hugepages for the run if it may (root) and restores it;
-// otherwise fio reads into ordinary pages and the anchor's text says so. Every measurement takes its turn in each of 7 rounds and
-// the figures are medians (on a shared machine the load drifts). Goal: ratio >= 0.9.
+// then reads every block in order into pinned_pool buffers (what a tier reads into: transparent
+// huge pages), two blocks in flight, each split into requests of request_bytes served by
+// queue_depth I/O threads (the defaults). Anchor: fio reading the same file, 1 MiB requests, 8 in
+// flight (libaio), O_DIRECT when the store uses it, into hugetlb buffers (the best a tool does on
+// this disk: 4 KiB-page buffers read 2x slower into a virtio disk), in the same run. When the
+// kernel has too few free hugetlb pages the bench raises vm.nr_hugepages for the run if it may
+// (root) and restores it; otherwise fio reads into ordinary pages and the anchor's text says so.
+// Every measurement takes its turn in each of 7 rounds and the figures are medians (on a shared
+// machine the load drifts). Goal: ratio >= 0.9.
 // Detail: the median of the per-round ratios; dd bs=1M reading the same file (the anchor of the
 // earlier nvme_read_vs_probe); a plain loop of 1 MiB preads into the same buffers (what the store
 // costs over the system calls themselves); the store reading into buffers in transparent huge
-// pages; queue depths 1, 2, 4 (stores of their own, in the same rounds: the sweep behind the
-// default, 8); write bandwidth against dd overwriting a file of the same size; the mode and the
-// sizes. The file, its mode and the machine go to stderr.
+// pages, and into hugetlb pages as fio's (0 when none could be had); queue depths 1, 2, 4 (stores
+// of their own, in the same rounds: the sweep behind the default, 8); write bandwidth against dd
+// overwriting a file of the same size; the mode and the sizes. The file, its mode and the machine
+// go to stderr.
 // The folder is TIDE_BENCH_FOLDER, or the system's temp folder. The files shrink, with a note,
 // when the folder has less than twice their size free.
 
@@ -91,6 +93,27 @@ struct huge_page_buffers : buffers {
   }
   huge_page_buffers(huge_page_buffers const&) = delete;
   huge_page_buffers& operator=(huge_page_buffers const&) = delete;
+};
+
+// The same in hugetlb pages (MAP_HUGETLB: 2 MiB pages the kernel reserved, never split), when
+// there are enough free: what fio reads into. Empty (`ring` has no buffers) otherwise.
+struct hugetlb_buffers : buffers {
+  std::size_t mapped = 0;
+  std::vector<void*> maps;
+  explicit hugetlb_buffers(std::size_t n) : mapped(tide::round_up(n, 2_MiB)) {
+    for (std::size_t i = 0; i < in_flight; ++i) {
+      void* const m = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+      if (m == MAP_FAILED) break;
+      maps.push_back(m);
+      std::memset(m, static_cast<int>(0x5a + i), n);
+    }
+    if (maps.size() == in_flight) ring = maps;
+  }
+  ~hugetlb_buffers() {
+    for (void* m : maps) ::munmap(m, mapped);
+  }
+  hugetlb_buffers(hugetlb_buffers const&) = delete;
+  hugetlb_buffers& operator=(hugetlb_buffers const&) = delete;
 };
 
 // Every block in order, `in_flight` at a time.
@@ -259,11 +282,13 @@ int main() {
   huge_page_buffers huge(block);
 
   mem::file_store::options const defaults{.folder = folder, .block_bytes = block, .blocks = blocks};
-  double write = 0, read = 0, read_huge = 0, loop = 0, fio = 0, dd = 0, dd_write = 0, per_round = 0;
+  double write = 0, read = 0, read_huge = 0, read_hugetlb = 0, loop = 0, fio = 0, dd = 0, dd_write = 0, per_round = 0;
   std::vector<double> swept(depths.size());
   bool direct = false, fio_huge = false;
   constexpr std::size_t fio_buffers = 32 * 1_MiB;  // iodepth 8 of 1 MiB, and what fio adds (24 MiB were refused)
-  bool const reserved = reserve_hugetlb(fio_buffers);
+  // fio's buffers and the store's in hugetlb pages too (the detail's hugetlb_read_gbs).
+  bool const reserved = reserve_hugetlb(fio_buffers + in_flight * tide::round_up(block, 2_MiB));
+  hugetlb_buffers hugetlb(block);
   {
     mem::file_store store{defaults};
     direct = store.mode() == mem::file_store_mode::direct;
@@ -291,11 +316,12 @@ int main() {
         "if=" + shell_quoted(store.path().string()) + " of=/dev/null bs=1M" + (direct ? " iflag=direct" : "");
     pass(store, pinned, false);  // warm-up, every path once
     pass(store, huge, false);
+    if (!hugetlb.ring.empty()) pass(store, hugetlb, false);
     pread_loop(fd, block, blocks, pinned);
     dd_gbs(dd_read);
     fio_huge = hugetlb_free_for(fio_buffers);
     fio_gbs(store.path().string(), bytes, direct, fio_huge);
-    std::vector<double> mine, mine_huge, theirs, dd_rounds, plain, ratios;
+    std::vector<double> mine, mine_huge, mine_hugetlb, theirs, dd_rounds, plain, ratios;
     std::vector<std::vector<double>> depth_gbs(depths.size());
     for (int r = 0; r < rounds; ++r) {  // in turns: drift hits every path alike
       mine.push_back(gbs(bytes, seconds_of([&] { pass(store, pinned, false); })));
@@ -304,6 +330,7 @@ int main() {
       dd_rounds.push_back(dd_gbs(dd_read));
       plain.push_back(gbs(bytes, seconds_of([&] { pread_loop(fd, block, blocks, pinned); })));
       mine_huge.push_back(gbs(bytes, seconds_of([&] { pass(store, huge, false); })));
+      if (!hugetlb.ring.empty()) mine_hugetlb.push_back(gbs(bytes, seconds_of([&] { pass(store, hugetlb, false); })));
       for (std::size_t d = 0; d < depths.size(); ++d)
         depth_gbs[d].push_back(gbs(bytes, seconds_of([&] { pass(*sweep[d], pinned, false); })));
     }
@@ -314,6 +341,7 @@ int main() {
     per_round = median(ratios);
     loop = median(plain);
     read_huge = median(mine_huge);
+    read_hugetlb = mine_hugetlb.empty() ? 0 : median(mine_hugetlb);
     for (std::size_t d = 0; d < depths.size(); ++d) swept[d] = median(depth_gbs[d]);
   }
 
@@ -360,6 +388,8 @@ int main() {
                  {"vs_pread_loop", read / loop},
                  {"huge_page_read_gbs", read_huge},
                  {"huge_page_ratio", read_huge / fio},
+                 {"hugetlb_read_gbs", read_hugetlb},
+                 {"hugetlb_ratio", read_hugetlb / fio},
                  {"huge_page_advised", huge.advised ? 1.0 : 0.0},
                  {"write_gbs", write},
                  {"dd_write_gbs", dd_write},

@@ -7,7 +7,7 @@
 //             row per warp; key and value tiles of 32 rows go through shared memory, lane l
 //             scores key j0 + l, the warp reduces max and sum with shuffles, and each lane
 //             accumulates the output channels l, l + 32, ... in registers
-//   backward  D = dout . out per row (a scratch of B NH T floats, cudaMallocAsync on the stream);
+//   backward  D = dout . out per row (B NH T floats of the caller's scratch, scratch_bytes first);
 //             then dK, dV with one warp per key row (lane = query of a 32-query tile) and dQ with
 //             one warp per query row (lane = key of a 32-key tile): each gradient has one owner,
 //             sums in a fixed order, no atomics, so results repeat bit for bit
