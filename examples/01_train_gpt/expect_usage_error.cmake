@@ -2,7 +2,11 @@
 # status 2, exactly one line of output (stdout and stderr together), naming the problem, with no
 # source path in it.
 #
-#   cmake -DPROGRAM=<example_01_train_gpt> -DEXPECT=<regex> [-DFRESH_DIR=<dir>] -P expect_usage_error.cmake -- ARGS...
+#   cmake -DPROGRAM=<example_01_train_gpt> -DEXPECT=<regex> [-DFRESH_DIR=<dir>] [-DNAME=<name>]
+#         -P expect_usage_error.cmake -- ARGS...
+#
+# NAME: the program's name, which the line must start with (default example_01_train_gpt; the
+# data-parallel demo's tests run mpiexec as PROGRAM and pass NAME=example_04_data_parallel).
 #
 # FRESH_DIR: a folder emptied (created empty) before the run.
 
@@ -43,8 +47,11 @@ endif()
 if(text MATCHES "/main\\.cpp")
   list(APPEND problems "a source path in the message")
 endif()
-if(NOT text MATCHES "^example_01_train_gpt: ")
-  list(APPEND problems "the line does not start with 'example_01_train_gpt: '")
+if(NOT NAME)
+  set(NAME example_01_train_gpt)
+endif()
+if(NOT text MATCHES "^${NAME}: ")
+  list(APPEND problems "the line does not start with '${NAME}: '")
 endif()
 if(NOT text MATCHES "${EXPECT}")
   list(APPEND problems "the message does not match '${EXPECT}'")
@@ -53,6 +60,6 @@ endif()
 string(REPLACE ";" " " shown "${args}")
 if(problems)
   string(REPLACE ";" "; " problems "${problems}")
-  message(FATAL_ERROR "example_01_train_gpt ${shown}: ${problems}\n--- output ---\n${output}--------------")
+  message(FATAL_ERROR "${NAME} ${shown}: ${problems}\n--- output ---\n${output}--------------")
 endif()
-message(STATUS "example_01_train_gpt ${shown}: exit 2, one line: ${text}")
+message(STATUS "${NAME} ${shown}: exit 2, one line: ${text}")

@@ -225,7 +225,8 @@ std::size_t budget_for(options const& opt, tide::nn::gpt_config const& config, O
   std::size_t const model_data = 16 * static_cast<std::size_t>(tide::nn::gpt_parameters(config, tide::dtype::f32).count());
   std::size_t const minimum = probe.minimum_device_bytes(activations);
   if (opt.budget == 0) return std::max(activations + model_data / 2, minimum + 2 * probe.chunk_bytes());
-  TIDE_CHECK(opt.budget >= minimum, budget, "--budget ", tide::bytes_of{opt.budget}, " is below what ",
+  // A usage error, not a budget one: the flag is wrong on every rank alike, and rank 0 says so once.
+  TIDE_CHECK(opt.budget >= minimum, usage, "--budget ", tide::bytes_of{opt.budget}, " is below what ",
              decltype(probe)::name(), " needs for this model and --batch ", opt.batch, " --seq ", opt.seq, ", ",
              tide::bytes_of{minimum}, ": ", probe.minimum_explained(activations), "; pass more, or auto");
   return opt.budget;
