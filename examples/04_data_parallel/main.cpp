@@ -15,12 +15,17 @@
 // and the ranks beyond P are data-parallel replicas of the pipeline (ZeRO-0). Each rank keeps its
 // stage's parameters only, offloaded by chunked<belady> as before.
 //
+// With --host-budget SIZE --spill-folder D (data parallelism, any ZeRO stage) each rank keeps at
+// most SIZE of model data on the host between steps; the optimizer state of its chunks past that
+// goes to a file of its own under D/rank-R (the NVMe tier), and checkpoints read it from there.
+//
 // AdamW at a peak lr of 1e-3 after 20 warm-up steps, the gradients' global norm clipped at 1.0:
 // with lr 2e-3, 10 warm-up steps and no clipping, this small-batch model overshoots in single
 // steps (3.4 -> 8.9 -> 3.3); docs/training.md, "Loss spikes", shows why.
 //
 //   mpiexec -n 2 ./example_04_data_parallel [--steps N] [--batch B] [--seq T] [--lr X] [--warmup N]
-//                                           [--clip X] [--bucket-kib K]
+//                                           [--clip X] [--budget SIZE] [--host-budget SIZE
+//                                           --spill-folder D] [--bucket-kib K]
 //                                           [--zero 0|1|2|3] [--density D | --powersgd R]
 //                                           [--pipeline P [--micro M] [--schedule S]]
 //                                           [--check-falls X] [--checkpoint-dir D] [--checkpoint-every N]
@@ -83,6 +88,8 @@ struct options {
   int warmup = 20;
   float clip = 1.f;  // 0: none
   std::size_t budget = 0;  // device bytes a rank's scheduler may use; 0: auto
+  std::size_t host_budget = 0;  // host bytes of model data a rank keeps between steps; 0: no limit
+  std::string spill_folder;     // where a rank's optimizer state past host_budget goes
   std::size_t bucket_kib = 256;
   int zero = 2;
   bool zero_given = false;
@@ -112,6 +119,9 @@ constexpr char const* usage_text =
     "  --clip X           clip the gradients' global norm at X, 0 for none [1]\n"
     "  --budget SIZE|auto a rank's device budget (48MiB, 1.5GiB, bytes) [auto: the activations plus half\n"
     "                     the model data, or the scheduler's minimum plus two chunks if that is more]\n"
+    "  --host-budget SIZE model data a rank's host keeps between steps; past it the optimizer state\n"
+    "                     (then parameter chunks) of its chunks goes to a file in --spill-folder [no limit]\n"
+    "  --spill-folder D   where each rank's file goes (one file a rank)\n"
     "  --bucket-kib K     gradient bucket size [256]\n"
     "  --zero 0|1|2|3     ZeRO stage [2]\n"
     "  --density D        send the largest fraction D of each chunk's residual (error feedback)\n"
@@ -163,6 +173,8 @@ options parse(int argc, char** argv) {
     else if (flag == "--lr") number(flag, argv[i + 1], o.lr);
     else if (flag == "--warmup") number(flag, argv[i + 1], o.warmup);
     else if (flag == "--clip") number(flag, argv[i + 1], o.clip);
+    else if (flag == "--host-budget") o.host_budget = demo::size_from(flag, argv[i + 1]);
+    else if (flag == "--spill-folder") o.spill_folder = argv[i + 1];
     else if (flag == "--budget") o.budget = std::string_view(argv[i + 1]) == "auto" ? 0 : demo::size_from(flag, argv[i + 1]);
     else if (flag == "--bucket-kib") number(flag, argv[i + 1], o.bucket_kib);
     else if (flag == "--zero") number(flag, argv[i + 1], o.zero), o.zero_given = true;
@@ -178,7 +190,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--heartbeat") number(flag, argv[i + 1], o.heartbeat_s);
     else if (flag == "--deadline") number(flag, argv[i + 1], o.deadline_s);
     else TIDE_FAIL(usage, "unknown flag ", flag,
-                   " (flags: --steps --batch --seq --lr --warmup --clip --budget --bucket-kib --zero --density --powersgd --pipeline --micro "
+                   " (flags: --steps --batch --seq --lr --warmup --clip --budget --host-budget --spill-folder --bucket-kib --zero --density --powersgd --pipeline --micro "
                    "--schedule --check-falls --check-steady --checkpoint-dir --checkpoint-every --resume --heartbeat --deadline; "
                    "--help says what they do)");
   }
@@ -187,6 +199,10 @@ options parse(int argc, char** argv) {
                "--checkpoint-every and --resume");
   if (o.pipeline > 0) o.checkpoint_every = 0;
   TIDE_REQUIRE(!o.checkpoint_dir.empty(), "--checkpoint-dir is empty: name a folder");
+  TIDE_REQUIRE((o.host_budget == 0) == o.spill_folder.empty(), "--host-budget and --spill-folder go together: the "
+               "optimizer state past the host budget needs a folder, and a folder needs a budget to spill past");
+  TIDE_REQUIRE(o.host_budget == 0 || o.pipeline == 0, "--host-budget: the NVMe tier runs with data parallelism, "
+               "not inside a pipeline here; drop --pipeline or --host-budget");
   TIDE_REQUIRE(o.schedule == "one_f_one_b" || o.schedule == "gpipe", "--schedule must be one_f_one_b or gpipe");
   TIDE_REQUIRE(o.pipeline == 0 || (o.density == 0 && o.powersgd == 0),
                "--pipeline runs with dense data parallelism: drop --density / --powersgd");
@@ -378,7 +394,13 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
   auto const corpus = tide::train::byte_corpus::from_path(tide::train::fortunes_path());
   tide::train::window_loader loader{corpus, tide::train::split::train, opt.batch, opt.seq, 1, {rank, ranks}};
   tide::nn::gpt_config const config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = opt.seq};
-  tide::offload::chunked<tide::offload::belady> off{.chunk_bytes = 256_KiB};
+  tide::offload::chunked<tide::offload::belady> off{.chunk_bytes = 256_KiB, .host_budget = opt.host_budget};
+  if (opt.host_budget > 0) {  // one folder a rank: each rank's file holds its own chunks' state
+    off.spill_folder = fs::path(opt.spill_folder) / ("rank-" + std::to_string(rank));
+    std::error_code ec;
+    fs::create_directories(off.spill_folder, ec);
+    TIDE_CHECK(!ec, io, "--spill-folder ", off.spill_folder.string(), ": cannot create it: ", ec.message());
+  }
   off.device_budget = budget_for(opt, config, off);
   auto trainer = tide::train::make_trainer(
       tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = 1}}, off,
