@@ -2,7 +2,7 @@
 //
 //   <selector>_cold_vs_exact   choosing 1 % of a residual by magnitude (k = n / 100), on 20
 //   <selector>_warm_vs_exact   consecutive residuals the bench records first: the GPT of
-//                              examples/04 (0.86 M parameters, T 64, batch 4) trained on one
+//                              examples/04 (0.83 M parameters, T 64, batch 4) trained on one
 //                              process with error feedback at density 0.01 (exact top-k sent,
 //                              AdamW on the sent part, the rest kept), after 10 steps of warm-up.
 //                              Elements per second of each selector of compress/select.hpp on the

@@ -51,6 +51,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -119,8 +120,8 @@ constexpr char const* usage_text =
     "  --clip X           clip the gradients' global norm at X, 0 for none [1]\n"
     "  --budget SIZE|auto a rank's device budget (48MiB, 1.5GiB, bytes) [auto: the activations plus half\n"
     "                     the model data, or the scheduler's minimum plus two chunks if that is more]\n"
-    "  --host-budget SIZE model data a rank's host keeps between steps; past it the optimizer state\n"
-    "                     (then parameter chunks) of its chunks goes to a file in --spill-folder [no limit]\n"
+    "  --host-budget SIZE model data a rank's host keeps between steps; past it the optimizer state of\n"
+    "                     its chunks goes to a file in --spill-folder (parameters stay) [no limit]\n"
     "  --spill-folder D   where each rank's file goes (one file a rank)\n"
     "  --bucket-kib K     gradient bucket size [256]\n"
     "  --zero 0|1|2|3     ZeRO stage [2]\n"
@@ -212,6 +213,9 @@ options parse(int argc, char** argv) {
                "--schedule and --micro are a pipeline's: pass --pipeline P too");
   TIDE_REQUIRE(o.seq >= 2 && o.seq <= 256, "--seq must be 2 to 256");
   TIDE_REQUIRE(o.lr <= 1.f, "--lr must be above 0 and at most 1, got ", o.lr);
+  TIDE_REQUIRE(o.warmup >= 0, "--warmup must be 0 or more steps, got ", o.warmup);
+  TIDE_REQUIRE(std::isfinite(o.clip) && o.clip >= 0.f, "--clip must be 0 (no clipping) or a positive norm, got ",
+               o.clip);
   TIDE_REQUIRE(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3");
   TIDE_REQUIRE(o.density <= 1, "--density must be in (0, 1]");
   TIDE_REQUIRE(o.density == 0 || o.powersgd == 0, "--density and --powersgd are two compressions: pass one");
