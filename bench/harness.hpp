@@ -109,6 +109,19 @@ struct figure {
 };
 
 // `TIDE_BENCH_QUICK=1` (set by the smoke test) asks benchmarks for small sizes and few reps.
+// A field of /proc/meminfo as the number it holds ("MemAvailable" in kB, "HugePages_Free" in
+// pages); -1 when the file or the field is missing.
+inline double meminfo(std::string const& field) {
+  std::ifstream in("/proc/meminfo");
+  for (std::string key; in >> key;) {
+    double value = 0;
+    in >> value;
+    if (key == field + ":") return value;
+    in.ignore(256, '\n');
+  }
+  return -1;
+}
+
 inline bool quick() {
   char const* q = std::getenv("TIDE_BENCH_QUICK");
   return q != nullptr && q[0] == '1';

@@ -154,14 +154,9 @@ std::size_t resident_bytes() {
 // (glibc keeps freed memory below its mmap threshold, which the large blocks raise).
 std::size_t mem_available_bytes() {
   ::malloc_trim(0);
-  std::ifstream in("/proc/meminfo");
-  for (std::string key; in >> key;) {
-    std::size_t kb = 0;
-    in >> kb;
-    if (key == "MemAvailable:") return kb * 1024;
-    in.ignore(256, '\n');
-  }
-  TIDE_FAIL(io, "bench_offload: no MemAvailable in /proc/meminfo");
+  double const kb = tide::bench::meminfo("MemAvailable");
+  TIDE_CHECK(kb >= 0, io, "bench_offload: no MemAvailable in /proc/meminfo");
+  return static_cast<std::size_t>(kb) * 1024;
 }
 
 // ---- activation bytes without a model ---------------------------------------------------------

@@ -199,16 +199,8 @@ double dd_gbs(std::string const& args) {
 // Whether the kernel has free hugetlb pages for `bytes` of fio's buffers (vm.nr_hugepages; none
 // unless an administrator reserved them).
 bool hugetlb_free_for(std::size_t bytes) {
-  FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f == nullptr) return false;
-  char line[256];
-  double free_pages = 0, page_kib = 0;
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    std::sscanf(line, "HugePages_Free: %lf", &free_pages);
-    std::sscanf(line, "Hugepagesize: %lf kB", &page_kib);
-  }
-  std::fclose(f);
-  return free_pages * page_kib * 1024 >= static_cast<double>(bytes);
+  double const pages = tide::bench::meminfo("HugePages_Free"), page_kib = tide::bench::meminfo("Hugepagesize");
+  return pages >= 0 && page_kib > 0 && pages * page_kib * 1024 >= static_cast<double>(bytes);
 }
 
 // vm.nr_hugepages before the bench raised it, or -1.
