@@ -51,6 +51,7 @@
 
 #include "tide/offload/gradient_sink.hpp"
 #include "tide/offload/hooks.hpp"
+#include "tide/offload/offline_optimum.hpp"
 #include "tide/offload/policy.hpp"
 #include "tide/offload/report.hpp"
 #include "tide/offload/scheduler.hpp"

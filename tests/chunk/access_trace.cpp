@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <tide/chunk/access_trace.hpp>
+#include <tide/chunk/memory_tracer.hpp>
 
 #include "support/kernel_checks.hpp"
 
@@ -48,13 +49,15 @@ access_trace random_trace(std::mt19937& rng, bool with_host_and_released) {
   std::uniform_int_distribution<std::uint32_t> id(0, chunks - 1);
   access_trace tr(chunks);
   for (std::uint32_t t = 0, m = n_moments(rng); t < m; ++t) {
-    ids touched, on_host, released;
+    ids touched, on_host, released, written;
     for (std::uint32_t k = width(rng); k > 0; --k) touched.push_back(id(rng));
     if (with_host_and_released) {
       for (std::uint32_t k = width(rng) / 2; k > 0; --k) on_host.push_back(id(rng));
       for (std::uint32_t k = width(rng) / 2; k > 0; --k) released.push_back(id(rng));
+      for (std::uint32_t c : touched)
+        if (rng() % 2 == 0) written.push_back(c);
     }
-    tr.add_moment(touched, on_host, released);
+    tr.add_moment(touched, on_host, released, written);
   }
   return tr;
 }
@@ -123,6 +126,32 @@ TEST_CASE("add_moment rejects an id past chunks() and leaves the trace as it was
   CHECK(msg.find("3 chunks") != std::string::npos);
   CHECK(tr == before);
   CHECK(tr.next_use_distance(0, 0) == 1);
+  // A written chunk must be one the moment touches; an id past chunks() is named too.
+  std::string const w = usage_error([&] { tr.add_moment(ids{0, 1}, ids{}, ids{}, ids{2}); });
+  CHECK(w.find("written chunk 2") != std::string::npos);
+  CHECK(w.find("touched") != std::string::npos);
+  CHECK(usage_error([&] { tr.add_moment(ids{0}, ids{}, ids{}, ids{5}); }).find("written chunk 5") != std::string::npos);
+  CHECK(tr == before);
+}
+
+TEST_CASE("written: kept per moment, in the text form as 'w:', part of equality") {
+  access_trace tr(6);
+  tr.add_moment(ids{0, 1});
+  tr.add_moment(ids{1, 4}, ids{}, ids{4}, ids{4});
+  tr.add_moment(ids{2, 3, 5}, ids{1}, ids{}, ids{5, 2});
+  CHECK(tr.written(0).empty());
+  CHECK(std::ranges::equal(tr.written(1), ids{4}));
+  CHECK(std::ranges::equal(tr.written(2), ids{5, 2}));  // in the order given
+  CHECK(tr.to_text() == "chunks: 6\n0 1\n1 4 w: 4 r: 4\n2 3 5 w: 5 2 h: 1\n");
+  CHECK(access_trace::parse(tr.to_text()) == tr);
+  access_trace same_but_unwritten(6);
+  same_but_unwritten.add_moment(ids{0, 1});
+  same_but_unwritten.add_moment(ids{1, 4}, ids{}, ids{4});
+  same_but_unwritten.add_moment(ids{2, 3, 5}, ids{1});
+  CHECK_FALSE(same_but_unwritten == tr);
+  tr.clear();
+  CHECK(tr.moments() == 0);
+  CHECK(tr.to_text() == "chunks: 6\n");
 }
 
 TEST_CASE("parse(to_text(t)) == t on random traces") {
@@ -182,6 +211,20 @@ TEST_CASE("parse errors are corrupt-file errors that name the line") {
   CHECK(has(msg, "'-1' is negative"));
   msg = corrupt_error("99999999999\n");
   CHECK(has(msg, "32 bits"));
+  // 'w:' names ids the moment touches, after the touched ids and before 'h:' and 'r:'.
+  msg = corrupt_error("0 1\n2 3 w: 4\n");
+  CHECK(has(msg, "line 2"));
+  CHECK(has(msg, "written chunk 4"));
+  msg = corrupt_error("2 3 h: 1 w: 2\n");
+  CHECK(has(msg, "line 1"));
+  CHECK(has(msg, "'w:' out of order"));
+  msg = corrupt_error("2 w: 2 w: 2\n");
+  CHECK(has(msg, "'w:' out of order"));
+  msg = corrupt_error("-\n2 w: 2x\n");
+  CHECK(has(msg, "line 2"));
+  CHECK(has(msg, "'2x' is not a chunk id"));
+  msg = corrupt_error("chunks: 3\n2 w: 3\n");
+  CHECK(has(msg, "chunk 3"));
 }
 
 TEST_CASE("parse: a corrupt chunk count is an error naming the line and the value, not an allocation") {
@@ -227,4 +270,42 @@ TEST_CASE("parse: every integer is checked: signs, trailing characters, hex, emp
     CHECK(has(msg, b.says));
     CHECK(has(msg, "line "));
   }
+}
+
+TEST_CASE("memory_tracer records the written ids: a replay that writes otherwise records again; amend keeps them") {
+  using tide::chunk::memory_tracer;
+  using tide::chunk::phase;
+  memory_tracer tracer{{.device_budget = 1000}};
+  tracer.set_chunks(4);
+  auto step = [&](ids const& backward_writes) {
+    tracer.begin_step();
+    (void)tracer.at({0, phase::forward}, ids{0});
+    (void)tracer.at({0, phase::backward}, ids{0, 2}, {}, {}, backward_writes);
+    (void)tracer.at({0, phase::optimizer}, ids{}, ids{0}, ids{2});
+    tracer.end_step();
+  };
+  step(ids{2});
+  REQUIRE(tracer.warm());
+  CHECK(std::ranges::equal(tracer.trace().written(1), ids{2}));
+  CHECK(tracer.trace().to_text() == "chunks: 4\n0\n0 2 w: 2\nh: 0 r: 2\n");
+  step(ids{2});
+  CHECK(tracer.invalidations() == 0);
+  step(ids{0, 2});  // the same ids touched, other writes: not the recorded step
+  CHECK(tracer.invalidations() == 1);
+  CHECK(std::ranges::equal(tracer.trace().written(1), ids{0, 2}));
+  // An f of five arguments: the writes of ids still touched stay.
+  tracer.amend([](std::size_t t, tide::chunk::moment, std::vector<std::uint32_t>& touched, std::vector<std::uint32_t>&,
+                  std::vector<std::uint32_t>&) {
+    if (t == 1) touched = {2};
+  });
+  CHECK(std::ranges::equal(tracer.trace().written(1), ids{2}));
+  // Of six: the writes are the caller's (the engine: a device optimizer step writes its parameters).
+  tracer.amend([](std::size_t, tide::chunk::moment m, std::vector<std::uint32_t>& touched,
+                  std::vector<std::uint32_t>& on_host, std::vector<std::uint32_t>&, std::vector<std::uint32_t>& written) {
+    if (m.phase != phase::optimizer) return;
+    touched = {0};
+    on_host.clear();
+    written = {0};
+  });
+  CHECK(tracer.trace().to_text() == "chunks: 4\n0\n2 w: 2\n0 w: 0 r: 2\n");
 }

@@ -1,26 +1,27 @@
 #pragma once
 // access_trace: one training step as the device sees it, a sequence of moments. Per moment: the
-// chunk ids touched on the device, the ids that must be on the host (e.g. for a host optimizer
-// step), and the ids released after it (payload dropped; the next touch allocates it zeroed, no copy).
-// The step repeats, so the trace is cyclic: after the last moment comes moment 0 again.
+// chunk ids touched on the device, those of them the moment writes (their device copy is then the
+// newest: leaving the device costs a copy back), the ids that must be on the host (e.g. for a host
+// optimizer step), and the ids released after it (payload dropped; the next touch allocates it
+// zeroed, no copy). The step repeats, so the trace is cyclic: after the last moment comes moment 0.
 //
 //   tide::chunk::access_trace tr(6);                         // chunk ids 0..5
 //   std::uint32_t const fwd[] = {0, 1}, bwd[] = {1, 4}, grad[] = {4};
 //   tr.add_moment(fwd);                                      // moment 0
-//   tr.add_moment(bwd, {}, grad);                            // moment 1: touches 1 and 4, then drops 4
+//   tr.add_moment(bwd, {}, grad, grad);                      // moment 1: touches 1 and 4, writes 4, drops 4
 //   tr.next_use_distance(0, 1);   // 1: moment 0 of the next step, cyclically
 //   tr.next_use_distance(3, 0);   // access_trace::never
-//   tr.to_text();                 // "chunks: 6\n0 1\n1 4 r: 4\n"
+//   tr.to_text();                 // "chunks: 6\n0 1\n1 4 w: 4 r: 4\n"
 //   auto same = tide::chunk::access_trace::parse(text);  // '#' comments, errors name the line
 //
-// Text form, one line per moment: touched ids, then "h:" and the on-host ids, then "r:" and the
-// released ids ("3 4 7 h: 5 r: 5"); "-" is a moment with no ids at all. An optional first line
+// Text form, one line per moment: touched ids, then "w:" and the written ids, "h:" and the on-host
+// ids, "r:" and the released ids ("3 4 7 w: 4 h: 5 r: 5"); "-" is a moment with no ids at all. An optional first line
 // "chunks: N" fixes chunks() (else the largest id + 1). Blank and comment-only lines are skipped.
 // parse() reads untrusted files: anything malformed is tide::error(corrupt) naming the line and
 // the token: a token that is not a decimal integer (signs, trailing characters, overflow), an id
 // of 2^32 or more, an id >= N, and a chunk count above max_parsed_chunks(text.size()) =
 // max(2^20, bytes of the text) (a trace allocates a table entry per chunk: a corrupt count must
-// not become a 2^32-entry allocation).
+// not become a 2^32-entry allocation), a written id the moment does not touch.
 //
 // next_use_distance is O(log uses): every chunk keeps the sorted moments that touch it, so the
 // next use is a binary search, wrapping to the chunk's first use (Belady's question, asked at
@@ -52,14 +53,18 @@ class access_trace {
   }
 
   // Appends a moment and returns its index. Ids are kept in the order given (the tracer compares
-  // moments with what it sees); a chunk listed twice in `touched` counts once. Any id >= chunks()
-  // is a usage error and leaves the trace as it was.
+  // moments with what it sees); a chunk listed twice in `touched` counts once. Any id >= chunks(),
+  // or a written id not in `touched`, is a usage error and leaves the trace as it was.
   std::size_t add_moment(std::span<std::uint32_t const> touched, std::span<std::uint32_t const> on_host = {},
-                         std::span<std::uint32_t const> released = {}) {
+                         std::span<std::uint32_t const> released = {}, std::span<std::uint32_t const> written = {}) {
     std::size_t const t = moments();
     check_ids(touched, "touched", t);
     check_ids(on_host, "on-host", t);
     check_ids(released, "released", t);
+    check_ids(written, "written", t);
+    for (std::uint32_t c : written)
+      TIDE_REQUIRE(std::ranges::find(touched, c) != touched.end(), "access_trace::add_moment: written chunk ", c,
+                   " at moment ", t, " is not among the moment's touched chunks (a write is a device touch)");
     std::size_t distinct = 0;
     for (std::uint32_t c : touched) {
       auto& u = uses_[c];
@@ -71,6 +76,7 @@ class access_trace {
     touched_.append(touched);
     on_host_.append(on_host);
     released_.append(released);
+    written_.append(written);
     return t;
   }
 
@@ -79,6 +85,7 @@ class access_trace {
     touched_.clear();
     on_host_.clear();
     released_.clear();
+    written_.clear();
     for (auto& u : uses_) u.clear();
     working_set_ = 0;
   }
@@ -88,6 +95,8 @@ class access_trace {
   [[nodiscard]] std::span<std::uint32_t const> touched(std::size_t t) const { return touched_.at(t); }
   [[nodiscard]] std::span<std::uint32_t const> on_host(std::size_t t) const { return on_host_.at(t); }
   [[nodiscard]] std::span<std::uint32_t const> released(std::size_t t) const { return released_.at(t); }
+  // The touched ids moment t writes (a subset of touched(t)).
+  [[nodiscard]] std::span<std::uint32_t const> written(std::size_t t) const { return written_.at(t); }
   // The moments that touch chunk c, ascending.
   [[nodiscard]] std::span<std::size_t const> uses(std::uint32_t c) const {
     TIDE_REQUIRE(c < chunks_, "access_trace::uses: chunk ", c, " but the trace has ", chunks_, " chunks");
@@ -119,6 +128,8 @@ class access_trace {
         s += token;
       };
       for (std::uint32_t c : touched(t)) put(std::to_string(c));
+      if (!written(t).empty()) put("w:");
+      for (std::uint32_t c : written(t)) put(std::to_string(c));
       if (!on_host(t).empty()) put("h:");
       for (std::uint32_t c : on_host(t)) put(std::to_string(c));
       if (!released(t).empty()) put("r:");
@@ -138,7 +149,7 @@ class access_trace {
   // The text form back (to_text's, or hand-written); tide::error(corrupt) naming the line on any
   // malformed input, see the top of this header.
   static access_trace parse(std::string_view text) {
-    using moment_ids = std::array<std::vector<std::uint32_t>, 3>;  // touched, on host, released
+    using moment_ids = std::array<std::vector<std::uint32_t>, 4>;  // touched, written, on host, released
     std::size_t const text_bytes = text.size(), most_chunks = max_parsed_chunks(text_bytes);
     std::vector<moment_ids> moments;
     std::size_t chunks = 0, max_id_plus_one = 0, max_id_line = 0, line_no = 0;
@@ -166,12 +177,12 @@ class access_trace {
         moments.push_back(std::move(m));
         continue;
       }
-      std::size_t section = 0;  // 0 touched, 1 on host, 2 released: sections only go forward, each once
+      std::size_t section = 0;  // 0 touched, 1 written, 2 on host, 3 released: only forward, each once
       for (std::string_view tok : tokens) {
-        if (tok == "h:" || tok == "r:") {
-          std::size_t const next = tok == "h:" ? 1 : 2;
+        if (tok == "w:" || tok == "h:" || tok == "r:") {
+          std::size_t const next = tok == "w:" ? 1 : tok == "h:" ? 2 : 3;
           TIDE_CHECK(next > section, corrupt, "access_trace::parse: line ", line_no, ": '", tok,
-                     "' out of order (a moment is: touched ids, then 'h:' ids, then 'r:' ids)");
+                     "' out of order (a moment is: touched ids, then 'w:', 'h:' and 'r:' ids)");
           section = next;
           continue;
         }
@@ -184,6 +195,8 @@ class access_trace {
           max_id_plus_one = id + 1;
           max_id_line = line_no;
         }
+        TIDE_CHECK(section != 1 || std::ranges::find(m[0], id) != m[0].end(), corrupt, "access_trace::parse: line ",
+                   line_no, ": written chunk ", id, " is not among the moment's touched ids (a write is a touch)");
         m[section].push_back(static_cast<std::uint32_t>(id));
       }
       moments.push_back(std::move(m));
@@ -193,7 +206,7 @@ class access_trace {
                ": chunk id ", max_id_plus_one - 1, " makes ", max_id_plus_one, " chunks, more than a trace of ",
                text_bytes, " bytes can describe (at most ", most_chunks, "); the file is corrupt");
     access_trace tr(chunks_given ? chunks : max_id_plus_one);
-    for (auto const& m : moments) tr.add_moment(m[0], m[1], m[2]);
+    for (auto const& m : moments) tr.add_moment(m[0], m[2], m[3], m[1]);
     return tr;
   }
 
@@ -247,12 +260,12 @@ class access_trace {
                "' does not fit 64 bits (", what, ")");
     TIDE_CHECK(ec == std::errc{} && end == tok.data() + tok.size(), corrupt, "access_trace::parse: line ", line_no,
                ": '", tok, "' is not ", what,
-               " (a moment is: touched ids, then 'h:' ids, then 'r:' ids; '-' for none)");
+               " (a moment is: touched ids, then 'w:', 'h:' and 'r:' ids; '-' for none)");
     return v;
   }
 
   std::size_t chunks_ = 0;
-  id_rows touched_, on_host_, released_;
+  id_rows touched_, on_host_, released_, written_;
   std::vector<std::vector<std::size_t>> uses_;  // by chunk: the moments touching it, ascending
   std::size_t working_set_ = 0;
 };

@@ -2,7 +2,8 @@
 // memory_tracer: what one training step looks like from the device's side, recorded once.
 //
 // A moment is each pre-forward and pre-backward of a block that owns parameters (PatrickStar).
-// The warm-up step records, per moment, the chunks it touches and the non-model device bytes
+// The warm-up step records, per moment, the chunks it touches (and which of them it writes:
+// gradients in backward, parameters a device optimizer step changes) and the non-model device bytes
 // (activations, workspaces: whatever the arena holds besides model data) at their peak over the
 // moment; later steps replay that record as a cyclic trace. A step whose moment sequence differs
 // (another block order, another set of chunks) invalidates the trace and records again.
@@ -19,6 +20,7 @@
 // land while this moment's non-model data is still live.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -53,16 +55,19 @@ class memory_tracer {
     if (!warm()) reset_record();
   }
 
-  // The moment `m` touching `chunks` happens now; returns its index in the step. While replaying,
+  // The moment `m` touching `chunks` (and writing `written`, a subset) happens now; returns its
+  // index in the step. While replaying,
   // a moment that differs from the trace's (or one past its end) invalidates the trace: the step
   // goes on recording from scratch (the moments so far are re-entered) and the next end_step()
   // installs the new record.
   std::size_t at(moment m, std::span<std::uint32_t const> chunks, std::span<std::uint32_t const> on_host = {},
-                 std::span<std::uint32_t const> released = {}) {
+                 std::span<std::uint32_t const> released = {}, std::span<std::uint32_t const> written = {}) {
     std::size_t const t = position_++;
     if (warm() && !diverged_) {
       bool const same = t < moments_.size() && moments_[t] == m && std::ranges::equal(trace_.touched(t), chunks) &&
-                        std::ranges::equal(trace_.on_host(t), on_host) && std::ranges::equal(trace_.released(t), released);
+                        std::ranges::equal(trace_.on_host(t), on_host) &&
+                        std::ranges::equal(trace_.released(t), released) &&
+                        std::ranges::equal(trace_.written(t), written);
       if (same) return t;
       // Re-record the step: keep the matching prefix (it happened), drop the rest.
       diverged_ = true;
@@ -70,7 +75,8 @@ class memory_tracer {
       access_trace prefix(trace_.chunks());
       std::vector<moment> kept(moments_.begin(), moments_.begin() + static_cast<std::ptrdiff_t>(t));
       std::vector<std::size_t> nm(non_model_.begin(), non_model_.begin() + static_cast<std::ptrdiff_t>(t));
-      for (std::size_t i = 0; i < t; ++i) prefix.add_moment(trace_.touched(i), trace_.on_host(i), trace_.released(i));
+      for (std::size_t i = 0; i < t; ++i)
+        prefix.add_moment(trace_.touched(i), trace_.on_host(i), trace_.released(i), trace_.written(i));
       record_ = std::move(prefix);
       record_moments_ = std::move(kept);
       record_non_model_ = std::move(nm);
@@ -78,7 +84,7 @@ class memory_tracer {
       moments_.clear();
       non_model_.clear();
     }
-    record_.add_moment(chunks, on_host, released);
+    record_.add_moment(chunks, on_host, released, written);
     record_moments_.push_back(m);
     record_non_model_.push_back(0);
     return t;
@@ -118,19 +124,27 @@ class memory_tracer {
   }
 
   // A planned change of the trace (optimizer state moved to the device changes what the
-  // optimizer moments touch): f(t, moment, touched, on_host, released) may rewrite the three
-  // lists of moment t in place. The non-model figures stay. Not while a step is re-recording.
+  // optimizer moments touch): f(t, moment, touched, on_host, released, written) may rewrite the
+  // four lists of moment t in place (an f of five arguments leaves `written` to the tracer, which
+  // keeps the written ids still touched). The non-model figures stay. Not while a step is re-recording.
   template <class F>
   void amend(F&& f) {
     TIDE_REQUIRE(warm() && !diverged_, "memory_tracer::amend needs a recorded trace and no step re-recording it");
     access_trace next(trace_.chunks());
-    std::vector<std::uint32_t> touched, on_host, released;
+    std::vector<std::uint32_t> touched, on_host, released, written;
+    using ids = std::vector<std::uint32_t>&;
     for (std::size_t t = 0; t < moments_.size(); ++t) {
       touched.assign(trace_.touched(t).begin(), trace_.touched(t).end());
       on_host.assign(trace_.on_host(t).begin(), trace_.on_host(t).end());
       released.assign(trace_.released(t).begin(), trace_.released(t).end());
-      f(t, moments_[t], touched, on_host, released);
-      next.add_moment(touched, on_host, released);
+      written.assign(trace_.written(t).begin(), trace_.written(t).end());
+      if constexpr (std::invocable<F&, std::size_t, moment, ids, ids, ids, ids>) {
+        f(t, moments_[t], touched, on_host, released, written);
+      } else {
+        f(t, moments_[t], touched, on_host, released);
+        std::erase_if(written, [&](std::uint32_t c) { return std::ranges::find(touched, c) == touched.end(); });
+      }
+      next.add_moment(touched, on_host, released, written);
     }
     trace_ = std::move(next);
   }

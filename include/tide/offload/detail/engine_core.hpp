@@ -465,7 +465,7 @@ class engine_core {
   std::unique_ptr<file_tier<B>> files_;
   std::size_t host_kept_ = 0;              // host_budget: the model data kept on the host between steps
   std::size_t activation_host_bytes_ = 0;  // the model's offloaded activations, in the host pool
-  std::vector<std::uint32_t> touched_, on_host_, released_;
+  std::vector<std::uint32_t> touched_, on_host_, released_, written_;  // a moment's lists for the tracer
   std::vector<std::uint32_t> ids_pair_ = std::vector<std::uint32_t>(2);
   bool params_sharded_ = false;  // ZeRO-3 on more than one rank
   shard_map shards_;             // ZeRO-3: the chunks held now, the gathers in flight

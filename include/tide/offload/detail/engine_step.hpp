@@ -57,7 +57,14 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
   res_.plan_.tick();
   store_.reclaim_stale(false);
   auto const& ids = res_.ids_of(block, ph);
-  std::size_t const t = res_.plan_.tracer.at({block, ph}, ids);
+  // Backward writes its gradient chunks (ids n..2n-1); under reuse_grad_slots, also the parameter
+  // chunks completing there (they take their gradients, which have no other copy).
+  written_.clear();
+  if (ph == chunk::phase::backward)
+    for (std::uint32_t id : ids)
+      if (id >= store_.n_ || (this->options_.reuse_grad_slots && std::ranges::count(res_.completes_at(block), id) != 0))
+        written_.push_back(id);
+  std::size_t const t = res_.plan_.tracer.at({block, ph}, ids, {}, {}, written_);
   res_.current_ = t;
   this->gather_for(block, ph);  // before the block's clock starts: the warm-up times compute only
   if (ph == chunk::phase::forward && res_.plan_.tracer.recording()) block_start_ = std::chrono::steady_clock::now();

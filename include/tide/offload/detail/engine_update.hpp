@@ -54,8 +54,13 @@ std::uint32_t engine_core<B, T, P, O, S, Src>::place_state_on_device(std::uint32
   }
   if (res_.plan_.tracer.warm()) {  // a planned change, not a divergence: the optimizer moments now touch them
     res_.plan_.tracer.amend([&](std::size_t, chunk::moment m, std::vector<std::uint32_t>& touched,
-                      std::vector<std::uint32_t>& on_host, std::vector<std::uint32_t>& released) {
-      if (m.phase == chunk::phase::optimizer) optimizer_moment(m.block, touched, on_host, released);
+                      std::vector<std::uint32_t>& on_host, std::vector<std::uint32_t>& released,
+                      std::vector<std::uint32_t>& written) {
+      if (m.phase != chunk::phase::optimizer) return;
+      optimizer_moment(m.block, touched, on_host, released);
+      written.clear();  // a device step writes the parameter chunks it touches
+      for (std::uint32_t id : touched)
+        if (id < store_.n_) written.push_back(id);
     });
   }
   return placed;
@@ -140,7 +145,10 @@ template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::optimizer_moments_of(int block, bool apply) {
   optimizer_moment(block, touched_, on_host_, released_);
   if (released_.empty()) return;
-  res_.current_ = res_.plan_.tracer.at({block, chunk::phase::optimizer}, touched_, on_host_, released_);
+  written_.clear();  // a device step writes the parameter chunks it touches
+  for (std::uint32_t id : touched_)
+    if (id < store_.n_) written_.push_back(id);
+  res_.current_ = res_.plan_.tracer.at({block, chunk::phase::optimizer}, touched_, on_host_, released_, written_);
   free_reduced_unowned(false);
   for (std::uint32_t c : res_.completes_at(block)) optimizer_step(c, apply);
   store_.cur_.peak_model_bytes = std::max(store_.cur_.peak_model_bytes, model_bytes_now());  // copies out in flight
