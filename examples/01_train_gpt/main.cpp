@@ -293,8 +293,7 @@ struct batch {
 // The model's options: the seed, and --recompute / --offload-activations for every block.
 tide::nn::gpt_options model_options(options const& opt, tide::nn::gpt_config const& config) {
   tide::nn::gpt_options o{.seed = opt.seed};
-  if (opt.recompute) o.recompute = tide::nn::block_set::all(config.layers);
-  if (opt.offload_activations) o.offload_activations = tide::nn::block_set::range(tide::nn::embedding_block, config.layers - 1);
+  demo::memory_options(o, config, opt.recompute, opt.offload_activations);
   return o;
 }
 

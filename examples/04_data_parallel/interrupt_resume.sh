@@ -15,26 +15,14 @@ rm -rf "$dir"
 mkdir -p "$dir"
 launch=("$mpiexec" -q -n 2 --oversubscribe --allow-run-as-root --bind-to none "$program"
         --steps 200 --batch 4 --seq 32)
-fail() { echo "FAIL: $*"; exit 1; }
-crc_of() { grep -o 'crc32c [0-9a-f]*' "$1" | tail -n 1; }
-wait_for() { for _ in $(seq 1 1200); do grep -q "$2" "$1" && return 0; sleep 0.05; done; fail "no '$2' in $1"; }
+source "$(dirname "$0")/common.sh"
 
 "${launch[@]}" --checkpoint-every 0 --checkpoint-dir "$dir/straight" >"$dir/straight.log" 2>&1
 straight=$(crc_of "$dir/straight.log")
 [ -n "$straight" ] || fail "the straight run printed no digest"
 
 "${launch[@]}" --checkpoint-every 0 --checkpoint-dir "$dir/stopped" >"$dir/stopped.log" 2>&1 &
-job=$!
-wait_for "$dir/stopped.log" "step    20/200"
-pause=$(printf '0.%03d' $((RANDOM % 300)))
-sleep "$pause"
-kill -USR1 "$job"
-rc=0
-wait "$job" || rc=$?
-grep -v '^step' "$dir/stopped.log"
-[ "$rc" -eq 130 ] || fail "exit status $rc after SIGUSR1 to mpiexec, want 130"
-at=$(grep -o "stopped by SIGINT after step [0-9]* of 200 on every rank" "$dir/stopped.log" | grep -o 'step [0-9]*' |
-     grep -o '[0-9]*') || fail "no 'stopped by SIGINT ... on every rank' report"
+stop_at_random $! "$dir/stopped.log" "step    20/200" 200
 for f in checkpoint loss.svg memory-tide.svg step-trace.json; do
   [ -s "$dir/stopped/run-001/$f" ] || [ -d "$dir/stopped/run-001/$f" ] || fail "the stopped run wrote no $f"
 done

@@ -12,12 +12,16 @@
 //
 // With --pipeline P the model is cut into P stages, one per rank (pipeline::on_ranks), each step
 // runs --micro M micro-batches of B rows through them in --schedule order (one_f_one_b or gpipe),
-// and the ranks beyond P are data-parallel replicas of the pipeline (ZeRO-0). Each rank keeps its
-// stage's parameters only, offloaded by chunked<belady> as before.
+// and the ranks beyond P are data-parallel replicas of the pipeline (ZeRO-0, or --zero 1: each
+// stage's optimizer state sharded over its replicas). Each rank keeps its stage's parameters
+// only, offloaded by chunked<belady> as before.
 //
-// With --host-budget SIZE --spill-folder D (data parallelism, any ZeRO stage) each rank keeps at
+// With --host-budget SIZE --spill-folder D (any ZeRO stage, or a pipeline) each rank keeps at
 // most SIZE of model data on the host between steps; the optimizer state of its chunks past that
 // goes to a file of its own under D/rank-R (the NVMe tier), and checkpoints read it from there.
+// --recompute recomputes every block's activations in backward, --offload-activations moves
+// every block's saved activations to the host between forward and backward: both bit-identical,
+// both shrink the device budget the activations take (as in 01_train_gpt).
 //
 // AdamW at a peak lr of 1e-3 after 20 warm-up steps, the gradients' global norm clipped at 1.0:
 // with lr 2e-3, 10 warm-up steps and no clipping, this small-batch model overshoots in single
@@ -25,7 +29,8 @@
 //
 //   mpiexec -n 2 ./example_04_data_parallel [--steps N] [--batch B] [--seq T] [--lr X] [--warmup N]
 //                                           [--clip X] [--budget SIZE] [--host-budget SIZE
-//                                           --spill-folder D] [--bucket-kib K]
+//                                           --spill-folder D] [--recompute] [--offload-activations]
+//                                           [--bucket-kib K]
 //                                           [--zero 0|1|2|3] [--density D | --powersgd R]
 //                                           [--pipeline P [--micro M] [--schedule S]]
 //                                           [--check-falls X] [--checkpoint-dir D] [--checkpoint-every N]
@@ -35,7 +40,7 @@
 //
 // Each run writes to a folder of its own, tide-run/run-NNN (examples/common/run.hpp, shared with
 // 01_train_gpt): a checkpoint every --checkpoint-every steps (a set of one shard per rank under
-// ZeRO or a compressor; a pipeline saves none), loss.svg, and rank 0's memory-tide.svg and
+// ZeRO, a compressor or a pipeline), loss.svg, and rank 0's memory-tide.svg and
 // step-trace.json of its last step; --resume [RUN] continues it. SIGINT or
 // SIGTERM on any rank (./tide demo forwards a Ctrl-C to mpiexec as SIGUSR1) stops every rank after
 // the same step, saves and exits 130 or 143. A comm::heartbeat on every rank names a rank that is
@@ -91,6 +96,8 @@ struct options {
   std::size_t budget = 0;  // device bytes a rank's scheduler may use; 0: auto
   std::size_t host_budget = 0;  // host bytes of model data a rank keeps between steps; 0: no limit
   std::string spill_folder;     // where a rank's optimizer state past host_budget goes
+  bool recompute = false;            // every block's activations recomputed in backward
+  bool offload_activations = false;  // every block's saved activations to host memory
   std::size_t bucket_kib = 256;
   int zero = 2;
   bool zero_given = false;
@@ -102,8 +109,7 @@ struct options {
   double check_falls = 0;
   double check_steady = 0;  // > 0: fail if a step's loss is more than this above the step before
   std::string checkpoint_dir = "tide-run";
-  int checkpoint_every = 20;  // 0: none (a pipeline saves none)
-  bool checkpoint_given = false;
+  int checkpoint_every = 20;  // 0: none
   bool resume = false;
   std::string resume_from;  // --resume RUN; empty: the latest run folder with a checkpoint
   int heartbeat_s = 10;     // a rank silent this long is lost
@@ -123,8 +129,11 @@ constexpr char const* usage_text =
     "  --host-budget SIZE model data a rank's host keeps between steps; past it the optimizer state of\n"
     "                     its chunks goes to a file in --spill-folder (parameters stay) [no limit]\n"
     "  --spill-folder D   where each rank's file goes (one file a rank)\n"
+    "  --recompute        recompute every block's activations in backward (activation checkpointing)\n"
+    "  --offload-activations  move every block's saved activations to host memory between forward\n"
+    "                     and backward\n"
     "  --bucket-kib K     gradient bucket size [256]\n"
-    "  --zero 0|1|2|3     ZeRO stage [2]\n"
+    "  --zero 0|1|2|3     ZeRO stage [2; a pipeline: 0, and takes 0 or 1]\n"
     "  --density D        send the largest fraction D of each chunk's residual (error feedback)\n"
     "  --powersgd R       send each matrix as a rank-R product\n"
     "  --pipeline P       P pipeline stages, one per rank (./tide demo --pipeline P [--ranks N])\n"
@@ -133,7 +142,7 @@ constexpr char const* usage_text =
     "  --check-falls X    fail unless the loss fell by X\n"
     "  --check-steady X   fail if any step's loss is more than X above the step before it\n"
     "  --checkpoint-dir D each run writes its checkpoint and loss picture to a new D/run-NNN [tide-run]\n"
-    "  --checkpoint-every N  steps between checkpoints, 0 for none [20; a pipeline saves none]\n"
+    "  --checkpoint-every N  steps between checkpoints, 0 for none [20]\n"
     "  --resume [RUN]     continue RUN (a run folder), or the latest D/run-NNN with a checkpoint\n"
     "  --heartbeat S      a rank silent for S seconds is reported lost by the others [10]\n"
     "  --deadline S       the longest one collective may take before the ranks give up [600]\n"
@@ -167,6 +176,11 @@ options parse(int argc, char** argv) {
       else --i;  // no value: the next flag is at i + 1
       continue;
     }
+    if (flag == "--recompute" || flag == "--offload-activations") {  // switches: no value
+      (flag == "--recompute" ? o.recompute : o.offload_activations) = true;
+      --i;
+      continue;
+    }
     TIDE_REQUIRE(i + 1 < argc, flag, " needs a value");
     if (flag == "--steps") number(flag, argv[i + 1], o.steps);
     else if (flag == "--batch") number(flag, argv[i + 1], o.batch);
@@ -187,28 +201,26 @@ options parse(int argc, char** argv) {
     else if (flag == "--micro") number(flag, argv[i + 1], o.micro);
     else if (flag == "--schedule") o.schedule = argv[i + 1];
     else if (flag == "--checkpoint-dir") o.checkpoint_dir = argv[i + 1];
-    else if (flag == "--checkpoint-every") number(flag, argv[i + 1], o.checkpoint_every), o.checkpoint_given = true;
+    else if (flag == "--checkpoint-every") number(flag, argv[i + 1], o.checkpoint_every);
     else if (flag == "--heartbeat") number(flag, argv[i + 1], o.heartbeat_s);
     else if (flag == "--deadline") number(flag, argv[i + 1], o.deadline_s);
     else TIDE_FAIL(usage, "unknown flag ", flag,
-                   " (flags: --steps --batch --seq --lr --warmup --clip --budget --host-budget --spill-folder --bucket-kib --zero --density --powersgd --pipeline --micro "
+                   " (flags: --steps --batch --seq --lr --warmup --clip --budget --host-budget --spill-folder --recompute "
+                   "--offload-activations --bucket-kib --zero --density --powersgd --pipeline --micro "
                    "--schedule --check-falls --check-steady --checkpoint-dir --checkpoint-every --resume --heartbeat --deadline; "
                    "--help says what they do)");
   }
-  TIDE_REQUIRE(o.pipeline == 0 || ((!o.checkpoint_given || o.checkpoint_every == 0) && !o.resume),
-               "--pipeline runs without checkpoints (the trainer does not save a pipeline's stages yet): drop "
-               "--checkpoint-every and --resume");
-  if (o.pipeline > 0) o.checkpoint_every = 0;
   TIDE_REQUIRE(!o.checkpoint_dir.empty(), "--checkpoint-dir is empty: name a folder");
   TIDE_REQUIRE((o.host_budget == 0) == o.spill_folder.empty(), "--host-budget and --spill-folder go together: the "
                "optimizer state past the host budget needs a folder, and a folder needs a budget to spill past");
-  TIDE_REQUIRE(o.host_budget == 0 || o.pipeline == 0, "--host-budget: the NVMe tier runs with data parallelism, "
-               "not inside a pipeline here; drop --pipeline or --host-budget");
   TIDE_REQUIRE(o.schedule == "one_f_one_b" || o.schedule == "gpipe", "--schedule must be one_f_one_b or gpipe");
+  TIDE_REQUIRE(o.pipeline == 0 || !o.offload_activations, "--offload-activations runs with one micro-batch in "
+               "flight, and a pipeline stage holds several: drop it, or use --recompute");
   TIDE_REQUIRE(o.pipeline == 0 || (o.density == 0 && o.powersgd == 0),
                "--pipeline runs with dense data parallelism: drop --density / --powersgd");
-  TIDE_REQUIRE(o.pipeline == 0 || !o.zero_given || o.zero == 0,
-               "--pipeline runs its replicas with ZeRO-0 (each stage keeps its own parameters' state): drop --zero");
+  TIDE_REQUIRE(o.pipeline == 0 || !o.zero_given || o.zero <= 1,
+               "--pipeline runs its replicas with ZeRO-0 or 1 (each stage's optimizer state over its replicas), not ",
+               "ZeRO-", o.zero, ": pass --zero 0 or 1");
   TIDE_REQUIRE(o.pipeline > 0 || (o.schedule == "one_f_one_b" && o.micro == 4),
                "--schedule and --micro are a pipeline's: pass --pipeline P too");
   TIDE_REQUIRE(o.seq >= 2 && o.seq <= 256, "--seq must be 2 to 256");
@@ -227,29 +239,57 @@ options parse(int argc, char** argv) {
 // The device budget: --budget, checked against the scheduler's minimum for this batch (the
 // scheduler measures it from the activations and says what it is made of); auto: the activations
 // plus half the model data, or that minimum plus two chunks if it is more.
-template <class Offload>
-std::size_t budget_for(options const& opt, tide::nn::gpt_config const& config, Offload const& off, int slots = 1,
-                       bool tied = false) {
+// The model's options: the seed, a pipeline's slots and its tied gradient, and --recompute /
+// --offload-activations for every block (demo::memory_options, as 01_train_gpt).
+tide::nn::gpt_options model_options(options const& opt, tide::nn::gpt_config const& config, int slots = 1,
+                                    bool tied = false) {
+  tide::nn::gpt_options o{.seed = 1, .in_flight = slots, .separate_tied_grad = tied};
+  demo::memory_options(o, config, opt.recompute, opt.offload_activations);
+  return o;
+}
+
+// The offload policy of a rank: chunked<belady> under the device budget (--budget, checked
+// against the scheduler's minimum for these activations; auto: the activations plus half the
+// model data, or that minimum plus two chunks if it is more), and with --host-budget the NVMe
+// tier in a folder of the rank's own. The offloaded activations take their host copies from the
+// scheduler's pool: the host budget grows by them and keeps them as its reserve.
+tide::offload::chunked<tide::offload::belady> offload_for(options const& opt, tide::nn::gpt_config const& config,
+                                                          tide::nn::gpt_options const& model, int rank) {
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   tide::memory::device_arena<tide::host> arena{{.budget = 256_MiB}};
-  std::size_t activations = 0;
+  tide::nn::activation_report plan;
   {
-    tide::nn::gpt<tide::host> model{config, arena, {.in_flight = slots, .separate_tied_grad = tied}};
+    tide::nn::gpt<tide::host> m{config, arena, model};
     std::vector<std::int32_t> zeros(std::size_t(opt.batch) * std::size_t(opt.seq), 0);
-    model.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {opt.batch, opt.seq}));
-    activations = tide::round_up(model.activations().footprint, 256);
+    m.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {opt.batch, opt.seq}));
+    plan = m.activations();
   }
-  tide::offload::scheduler<tide::host, float, Offload> const probe{
+  std::size_t const activations = tide::round_up(plan.footprint, 256);
+  std::size_t const reserve = opt.host_budget != 0 && opt.offload_activations ? plan.host_bytes : 0;
+  tide::offload::chunked<tide::offload::belady> off{.chunk_bytes = 256_KiB,
+                                                    .host_budget = opt.host_budget == 0 ? 0 : opt.host_budget + reserve,
+                                                    .host_reserve = reserve};
+  if (opt.host_budget > 0) {  // one folder a rank: each rank's file holds its own chunks' state
+    off.spill_folder = fs::path(opt.spill_folder) / ("rank-" + std::to_string(rank));
+    std::error_code ec;
+    fs::create_directories(off.spill_folder, ec);
+    TIDE_CHECK(!ec, io, "--spill-folder ", off.spill_folder.string(), ": cannot create it: ", ec.message());
+  }
+  tide::offload::scheduler<tide::host, float, decltype(off)> const probe{
       ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config), off};
   std::size_t const model_data = 16 * static_cast<std::size_t>(tide::nn::gpt_parameters(config, tide::dtype::f32).count());
   std::size_t const minimum = probe.minimum_device_bytes(activations);
-  if (opt.budget == 0) return std::max(activations + model_data / 2, minimum + 2 * probe.chunk_bytes());
+  if (opt.budget == 0) {
+    off.device_budget = std::max(activations + model_data / 2, minimum + 2 * probe.chunk_bytes());
+    return off;
+  }
   // A usage error, not a budget one: the flag is wrong on every rank alike, and rank 0 says so once.
   TIDE_CHECK(opt.budget >= minimum, usage, "--budget ", tide::bytes_of{opt.budget}, " is below what ",
              decltype(probe)::name(), " needs for this model and --batch ", opt.batch, " --seq ", opt.seq, ", ",
              tide::bytes_of{minimum}, ": ", probe.minimum_explained(activations), "; pass more, or auto");
-  return opt.budget;
+  off.device_budget = opt.budget;
+  return off;
 }
 
 // Whether every rank of `c` holds these bits.
@@ -262,11 +302,12 @@ bool same_on(tide::comm::mpi& c, std::vector<float> const& v) {
 
 // The step's loss over every rank (the mean: a pipeline's stages all report their replica's),
 // shown on rank 0's progress line (every tenth step kept); returns it. One rank reduces nothing.
-float report(tide::comm::mpi& world, tide::train::progress& progress, tide::train::step_stats shown, int steps) {
+float report(tide::comm::mpi& world, tide::train::progress& progress, tide::train::step_stats shown, int steps,
+             int replicas) {
   std::vector<float> loss{shown.loss / static_cast<float>(world.size())};
   world.all_reduce(std::span<float>(loss), tide::comm::reduce_op::sum);
   shown.loss = loss[0];
-  if (world.size() == 1) shown.bytes_reduced = 0;
+  if (replicas == 1) shown.bytes_reduced = 0;  // one replica sums nothing
   if (world.rank() == 0) {
     progress.update(shown, steps);  // counts the bytes moved
     if (shown.step % 10 == 0 || shown.step == steps) progress.line(shown, steps);
@@ -344,11 +385,59 @@ struct session {
     dir = fs::path(o.checkpoint_dir) / name;
   }
 
+  // The ./tide demo flags that launch this job's shape again.
+  [[nodiscard]] std::string shape_flags() const {
+    return opt.pipeline > 0 ? tide::detail::concat("--pipeline ", opt.pipeline, " --ranks ", world.size())
+                            : tide::detail::concat("--ranks ", world.size());
+  }
+
   // What a lost rank's message says to do, after each save.
   void saved(fs::path const& checkpoint, std::int64_t step) {
     beat.set_note(tide::detail::concat("The last checkpoint is ", checkpoint.string(), " (step ", step,
-                                       "): continue with ./tide demo --ranks ", world.size(), " --resume ",
+                                       "): continue with ./tide demo ", shape_flags(), " --resume ",
                                        dir.string(), " and the flags of this run"));
+  }
+
+  // Loads RUN/checkpoint, with the data position and the losses it carries.
+  template <class Trainer>
+  void load(Trainer& trainer, tide::train::window_loader& loader, fs::path const& checkpoint) {
+    std::uint64_t position = 0;
+    trainer.load(checkpoint, [&](tide::train::checkpoint_reader const& r) {
+      position = r.read_value<std::uint64_t>("data.position");
+      history.read(r);
+    });
+    loader.seek(position);
+    history.trim_to(trainer.steps());
+    saved(checkpoint, trainer.steps());
+  }
+
+  // Saves RUN/checkpoint: a set of one shard per rank (ZeRO, a compressor, a pipeline), every
+  // rank writing its own; otherwise one file, written by rank 0.
+  template <class Trainer>
+  void save(Trainer& trainer, tide::train::window_loader const& loader, fs::path const& checkpoint) {
+    std::uint64_t const position = loader.position();
+    if (trainer.sharded() || world.rank() == 0)
+      trainer.save(checkpoint, [&](tide::train::checkpoint_writer& w) {
+        w.add_value("data.position", position);
+        history.write(w);
+      });
+    saved(checkpoint, trainer.steps());
+  }
+
+  // Rank 0's line after the job's own: where the run writes, and the step it resumed at.
+  void where(fs::path const& checkpoint, std::int64_t step) const {
+    if (resumed)
+      std::printf("resumed from %s at step %lld; writing on in %s\n", checkpoint.c_str(), static_cast<long long>(step),
+                  dir.c_str());
+    else
+      std::printf("run folder: %s (checkpoint, pictures, timeline)\n", dir.c_str());
+    std::fflush(stdout);
+  }
+
+  // Whether step `step` ends with a checkpoint: every --checkpoint-every steps, the last step, and
+  // a step after which a signal stops the run.
+  [[nodiscard]] bool saves_after(std::int64_t step, int asked) const {
+    return asked != 0 || (opt.checkpoint_every > 0 && (step % opt.checkpoint_every == 0 || step == opt.steps));
   }
 
   // Rank 0's pictures: the loss of the whole run, and its scheduler's last step (the memory tide
@@ -377,12 +466,8 @@ struct session {
     if (world.rank() == 0) {
       std::printf("stopped by %s after step %lld of %d on every rank: ", demo::signal_name(asked),
                   static_cast<long long>(step), opt.steps);
-      if (checkpoint.empty())
-        std::printf("no checkpoint (a pipeline saves none)\n");
-      else
-        std::printf("checkpoint %s\ncontinue with: ./tide demo --ranks %d --resume %s --steps %d "
-                    "(and the flags of this run)\n",
-                    checkpoint.c_str(), world.size(), dir.c_str(), opt.steps);
+      std::printf("checkpoint %s\ncontinue with: ./tide demo %s --resume %s --steps %d (and the flags of this run)\n",
+                  checkpoint.c_str(), shape_flags().c_str(), dir.c_str(), opt.steps);
     }
     return tide::train::stop_signals::exit_status(asked);
   }
@@ -398,50 +483,21 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
   auto const corpus = tide::train::byte_corpus::from_path(tide::train::fortunes_path());
   tide::train::window_loader loader{corpus, tide::train::split::train, opt.batch, opt.seq, 1, {rank, ranks}};
   tide::nn::gpt_config const config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = opt.seq};
-  tide::offload::chunked<tide::offload::belady> off{.chunk_bytes = 256_KiB, .host_budget = opt.host_budget};
-  if (opt.host_budget > 0) {  // one folder a rank: each rank's file holds its own chunks' state
-    off.spill_folder = fs::path(opt.spill_folder) / ("rank-" + std::to_string(rank));
-    std::error_code ec;
-    fs::create_directories(off.spill_folder, ec);
-    TIDE_CHECK(!ec, io, "--spill-folder ", off.spill_folder.string(), ": cannot create it: ", ec.message());
-  }
-  off.device_budget = budget_for(opt, config, off);
+  auto const model = model_options(opt, config);
+  auto const off = offload_for(opt, config, model, rank);
   auto trainer = tide::train::make_trainer(
-      tide::nn::gpt_spec<tide::host>{.config = config, .options = {.seed = 1}}, off,
+      tide::nn::gpt_spec<tide::host>{.config = config, .options = model}, off,
       tide::optim::adamw{.lr = opt.lr, .clip_norm = opt.clip, .decay_matrices_only = true,
                          .schedule = {.warmup_steps = opt.warmup, .total_steps = opt.steps}},
       comm);
   fs::path const checkpoint = run.dir / checkpoint_name;
-  if (run.resumed) {
-    std::uint64_t position = 0;
-    trainer.load(checkpoint, [&](tide::train::checkpoint_reader const& r) {
-      position = r.read_value<std::uint64_t>("data.position");
-      run.history.read(r);
-    });
-    loader.seek(position);
-    run.history.trim_to(trainer.steps());
-    run.saved(checkpoint, trainer.steps());
-  }
+  if (run.resumed) run.load(trainer, loader, checkpoint);
   if (rank == 0) {
     std::printf("data parallel on %d ranks, ZeRO-%d, %s, %s, device budget %s per rank, global batch %d x %d tokens\n",
                 ranks, opt.zero, how.c_str(), decltype(trainer)::scheduler_type::name().c_str(),
                 tide::detail::concat(tide::bytes_of{off.device_budget}).c_str(), ranks * opt.batch, opt.seq);
-    if (run.resumed)
-      std::printf("resumed from %s at step %lld; writing on in %s\n", checkpoint.c_str(),
-                  static_cast<long long>(trainer.steps()), run.dir.c_str());
-    else
-      std::printf("run folder: %s (checkpoint, pictures, timeline)\n", run.dir.c_str());
-    std::fflush(stdout);
+    run.where(checkpoint, trainer.steps());
   }
-  auto save = [&] {
-    std::uint64_t const position = loader.position();
-    if (trainer.sharded() || rank == 0)
-      trainer.save(checkpoint, [&](tide::train::checkpoint_writer& w) {
-        w.add_value("data.position", position);
-        run.history.write(w);
-      });
-    run.saved(checkpoint, trainer.steps());
-  };
   std::vector<std::int32_t> in(std::size_t(opt.batch) * std::size_t(opt.seq)), tg(in.size());
   float first = 0, last = 0;
   int asked = 0, trained = 0;
@@ -450,12 +506,11 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
     run.record(trainer.scheduler());
     loader.next({in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}});
     auto const st = trainer.step({{in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}}});
-    last = report(world, run.progress, st, opt.steps);  // the global batch's loss
+    last = report(world, run.progress, st, opt.steps, ranks);  // the global batch's loss
     if (trained++ == 0) first = last;  // this run's first
     run.history.losses.push_back(last);
     asked = tide::train::agreed_stop(world, run.stop.pending());  // every rank stops after the same step
-    if (asked != 0 || (opt.checkpoint_every > 0 && (st.step % opt.checkpoint_every == 0 || st.step == opt.steps)))
-      save();
+    if (run.saves_after(st.step, asked)) run.save(trainer, loader, checkpoint);
   }
   run.draw(trainer.scheduler());
   // The same parameters on every rank, bit for bit (ZeRO-3: gathered from their owners first).
@@ -488,25 +543,25 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
   namespace pp = tide::pipeline;
   TIDE_REQUIRE(world.size() % opt.pipeline == 0, "--pipeline ", opt.pipeline, " on ", world.size(),
                " ranks: the ranks must be a multiple of the stages");
-  session run{opt, world, "checkpoint"};
+  fs::path const checkpoint_name = "checkpoint";  // a set: one shard per rank
+  session run{opt, world, checkpoint_name};
   auto g = pp::make_groups(world, opt.pipeline);
   int const replicas = world.size() / opt.pipeline;
   auto const corpus = tide::train::byte_corpus::from_path(tide::train::fortunes_path());
   tide::train::window_loader loader{corpus, tide::train::split::train, opt.batch, opt.seq, 1, {g.replica, replicas}};
   tide::nn::gpt_config const config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = opt.seq};
-  tide::offload::chunked<tide::offload::belady> off{.chunk_bytes = 256_KiB};
   int const slots = pp::slots_needed(pp::generate(K, opt.pipeline, opt.micro), 0);
-  off.device_budget = budget_for(opt, config, off, slots, true);
-  auto trainer = tide::train::make_trainer(
-      tide::nn::gpt_spec<tide::host>{.config = config,
-                                     .options = {.seed = 1, .in_flight = slots, .separate_tied_grad = true}},
-      off,
+  auto const model = model_options(opt, config, slots, true);
+  auto const off = offload_for(opt, config, model, world.rank());
+  auto trainer = tide::train::make_trainer(tide::nn::gpt_spec<tide::host>{.config = config, .options = model}, off,
       tide::optim::adamw{.lr = opt.lr, .clip_norm = opt.clip, .decay_matrices_only = true, .micro_steps = opt.micro,
                          .schedule = {.warmup_steps = opt.warmup, .total_steps = opt.steps}},
-      tide::comm::data_parallel{.comm = &g.data, .bucket_bytes = opt.bucket_kib << 10, .zero = 0},
+      tide::comm::data_parallel{.comm = &g.data, .bucket_bytes = opt.bucket_kib << 10, .zero = opt.zero_given ? opt.zero : 0},
       tide::train::no_compress{},
       pp::on_ranks<K, tide::comm::mpi>{.stages = opt.pipeline, .micro = opt.micro, .group = &g.pipeline, .tied = &g.tied});
   int const rank = world.rank();
+  fs::path const checkpoint = run.dir / checkpoint_name;
+  if (run.resumed) run.load(trainer, loader, checkpoint);
   if (rank == 0) {
     std::printf("pipeline of %d stages (%s, %d micro-batches of %d x %d tokens) x %d data-parallel replicas, %s, "
                 "device budget %s per rank; stage 0 holds %zu of %zu tensors\n",
@@ -514,9 +569,8 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
                 decltype(trainer)::scheduler_type::name().c_str(),
                 tide::detail::concat(tide::bytes_of{off.device_budget}).c_str(),
                 trainer.scheduler().parameters().size(), trainer.model().parameters().size());
-    std::printf("run folder: %s (pictures, timeline; a pipeline saves no checkpoint)\n", run.dir.c_str());
+    run.where(checkpoint, trainer.steps());
   }
-  run.beat.set_note("This pipeline run saves no checkpoint: start it again");
   using batch = typename decltype(trainer)::batch_type;
   auto const rows = std::size_t(opt.batch) * std::size_t(opt.seq);
   std::vector<std::int32_t> in(rows * std::size_t(opt.micro)), tg(in.size());
@@ -525,7 +579,7 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
     micro.push_back({{in.data() + rows * std::size_t(k), {opt.batch, opt.seq}},
                      {tg.data() + rows * std::size_t(k), {opt.batch, opt.seq}}});
   float first = 0, last = 0;
-  int asked = 0;
+  int asked = 0, trained = 0;
   while (trainer.steps() < opt.steps && asked == 0) {
     run.beat.at_step(trainer.steps() + 1);
     run.record(trainer.scheduler());
@@ -533,13 +587,13 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
       loader.next({in.data() + rows * std::size_t(k), {opt.batch, opt.seq}},
                   {tg.data() + rows * std::size_t(k), {opt.batch, opt.seq}});
     auto const st = trainer.step(std::span<batch const>(micro));
-    last = report(world, run.progress, st, opt.steps);  // every stage reports its replica's loss
-    if (st.step == 1) first = last;
+    last = report(world, run.progress, st, opt.steps, replicas);  // every stage reports its replica's loss
+    if (trained++ == 0) first = last;  // this run's first
     run.history.losses.push_back(last);
     asked = tide::train::agreed_stop(world, run.stop.pending());
+    if (run.saves_after(st.step, asked)) run.save(trainer, loader, checkpoint);
   }
   run.draw(trainer.scheduler());
-  if (asked != 0) return run.stopped(asked, trainer.steps(), {});
   // Each stage's replicas hold the same parameters, and both ends the same wte, bit for bit.
   std::vector<float> p;
   auto const& list = trainer.scheduler().parameters();
@@ -555,6 +609,24 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
     tied_same = same_on(g.tied, trainer.scheduler().read_param(wte));
   }
   bool const ok = tide::comm::all_ranks(world, replicas_same && tied_same);
+  // The digest of the whole model: each stage's CRC-32C of its parameters, in stage order.
+  std::vector<std::int64_t> crcs(static_cast<std::size_t>(opt.pipeline), 0);
+  demo::digest mine;
+  mine.add(p);
+  crcs[static_cast<std::size_t>(g.stage)] = mine.crc;
+  g.pipeline.all_reduce(std::span<std::int64_t>(crcs), tide::comm::reduce_op::sum);
+  if (rank == 0) {
+    demo::digest d;
+    for (std::int64_t c : crcs) d.crc = tide::train::crc32c(std::as_bytes(std::span(&c, 1)), d.crc);
+    std::printf("parameters after step %lld: crc32c %08x (of the %d stages' own)\n",
+                static_cast<long long>(trainer.steps()), d.crc, opt.pipeline);
+  }
+  if (asked != 0) return run.stopped(asked, trainer.steps(), checkpoint);
+  if (trained == 0) {
+    if (rank == 0) std::printf("nothing to train: the checkpoint is at step %lld; raise --steps\n",
+                               static_cast<long long>(trainer.steps()));
+    return 0;
+  }
   return verdict(opt, rank, first, last, run.history.losses, ok,
                  "each stage's parameters identical on its replicas, wte identical at both ends",
                  "parameters DIFFER where they must not");

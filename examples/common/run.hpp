@@ -1,7 +1,8 @@
 #pragma once
 // What the demos share (examples/01_train_gpt and examples/04_data_parallel): each run's folder,
 // resuming one, the loss history a checkpoint carries so that a resumed run's picture covers the
-// whole run, the stop on a signal, and the digest of the parameters a test compares.
+// whole run, the stop on a signal, the digest of the parameters a test compares, and the model's
+// memory options (--recompute, --offload-activations).
 //
 // Run folders: DIR/run-001, run-002, ...; a new run takes the next free number, --resume takes
 // the latest one holding a checkpoint, or the run folder named after it.
@@ -21,6 +22,7 @@
 
 #include <tide/core/bytes.hpp>
 #include <tide/core/error.hpp>
+#include <tide/nn/gpt_config.hpp>
 #include <tide/offload/report.hpp>
 #include <tide/offload/trace_events.hpp>
 #include <tide/train/checkpoint.hpp>
@@ -157,6 +159,16 @@ struct digest {
   std::uint32_t crc = 0;
   void add(std::span<float const> v) { crc = tide::train::crc32c(std::as_bytes(v), crc); }
 };
+
+// --recompute: every block's activations recomputed in backward; --offload-activations: every
+// block's saved activations moved to host memory between forward and backward (the head's
+// logits stay). Both demos take both.
+inline void memory_options(tide::nn::gpt_options& o, tide::nn::gpt_config const& config, bool recompute,
+                           bool offload_activations) {
+  if (recompute) o.recompute = tide::nn::block_set::all(config.layers);
+  if (offload_activations)
+    o.offload_activations = tide::nn::block_set::range(tide::nn::embedding_block, config.layers - 1);
+}
 
 // "SIGINT" / "SIGTERM".
 inline char const* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }

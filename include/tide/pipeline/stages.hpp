@@ -33,11 +33,19 @@
 // could not step wte before the first stage's last backward). The gradient norm counts wte once,
 // on the first stage, and sums over the stages.
 //
+// Checkpoints. A pipelined trainer saves a checkpoint set (train/checkpoint_set.hpp) of one shard
+// per rank, numbered stage + stages x replica: the first replica of each stage writes its
+// stage's parameters, masters and optimizer state (under ZeRO-1 each replica its own chunks';
+// the tied embedding once, from the first stage), every rank its extra sections; the whole job
+// agrees before the manifest is written.
+// Sections are named by parameter, so the set loads at another shape: any stage count, any
+// number of replicas, or no pipeline at all, each rank taking its own stage's tensors by name.
+//
 // What it does not do yet: schedules of one piece per stage only (gpipe, one_f_one_b, zb_h1,
-// zb_h2; interleaved, zb_v and dualpipe_v need a scheduler that serves two block ranges); no ZeRO and no
-// compressing gradient sink inside a pipeline; no checkpoints of a pipelined trainer (save and load
-// refuse); pipeline stages on threads of one process run through thread_executor, outside
-// make_trainer.
+// zb_h2; interleaved, zb_v and dualpipe_v need a scheduler that serves two block ranges); ZeRO-1
+// over the replicas, not ZeRO-2 or 3 (the tied embedding's gradient is summed after the
+// replicas' sum, which ZeRO-2 leaves on each chunk's owner only); no compressing gradient sink;
+// pipeline stages on threads of one process run through thread_executor, outside make_trainer.
 
 #include <algorithm>
 #include <cstddef>
@@ -195,6 +203,9 @@ struct on_ranks {
     return executor->run(model, ex, micro_batches, scale);
   }
   [[nodiscard]] double sum_over_stages(double x) const { return comm::sum_over_ranks(*group, x); }
+  // Whether `ok` holds on every stage; stage 0's `value` on every stage (a checkpoint set's name).
+  [[nodiscard]] bool all_stages(bool ok) const { return comm::all_ranks(*group, ok); }
+  [[nodiscard]] std::int64_t of_stage0(std::int64_t value) const { return comm::of_rank0(*group, value); }
   // The last step's measurement of this rank's stage (null before the first).
   [[nodiscard]] run_stats const* last() const noexcept { return executor ? &executor->last() : nullptr; }
   // The sum of a shared parameter's gradient over the first and last stage (tied: both call it,

@@ -208,15 +208,15 @@ class trainer {
   // previous file stays until the new one is complete; missing parent folders are created.
   // Between steps.
   //
-  // Under ZeRO (zero > 0), or when the gradient sink keeps lists of its own on several ranks,
-  // `path` is a checkpoint set's folder and every rank calls save: each writes the tensors of its
-  // own chunks, the sink's lists of every chunk (they are the rank's own), and extra(writer), to
-  // its shard; rank 0
-  // commits the set with its manifest once every shard is on disk (train/checkpoint_set.hpp). A
-  // rank that fails makes every rank throw, and the previous set stays the checkpoint.
+  // Under ZeRO (zero > 0), when the gradient sink keeps lists of its own on several ranks, and
+  // in a pipeline of one stage per rank, `path` is a checkpoint set's folder and every rank calls
+  // save: each writes the tensors of its own chunks (a pipeline: the first replica of each stage
+  // its stage's), the sink's lists of every chunk (they are the rank's own), and extra(writer),
+  // to its shard; the first rank commits the set with its manifest once every shard is on disk
+  // (train/checkpoint_set.hpp). A rank that fails makes every rank throw, and the previous set
+  // stays the checkpoint.
   template <class Extra>
   void save(std::filesystem::path const& path, Extra&& extra) {
-    refuse_pipelined_checkpoint("save");
     struct end_views {  // the block a save reads spilled state into, freed however the save ends
       scheduler_type& s;
       ~end_views() {
@@ -226,7 +226,7 @@ class trainer {
         }
       }
     } const views{scheduler_};
-    if constexpr (requires { comm_.of_rank0(0); }) {
+    if constexpr (staged || requires { comm_.of_rank0(0); }) {
       if (sharded()) {
         save_set(path, extra);
         return;
@@ -247,15 +247,15 @@ class trainer {
   // as it was. Then extra(reader) reads the caller's sections. With data parallelism every rank
   // calls load, and a rank that cannot load makes every rank throw before any writes.
   //
-  // A set loads on any number of ranks and any ZeRO stage: each rank reads every shard and takes
-  // the parameters it holds (all of them, except under ZeRO-3 between steps: its own chunks') and
-  // the state of the chunks it owns now (re-sharding). The sink's lists and extra(reader) come
+  // A set loads on any number of ranks, any ZeRO stage and any pipeline shape: each rank reads
+  // every shard and takes the parameters it holds (all of them, except under ZeRO-3 between
+  // steps: its own chunks'; in a pipeline: its stage's) and the state of the chunks it owns now
+  // (re-sharding). The sink's lists and extra(reader) come
   // from the shard this rank wrote when the rank count is the same. On another rank count
   // extra(reader) gets the shard of rank r mod the set's ranks, and a rank's own list (a
   // residual) is the sum of the shards r, r + W, ...: the sum over the ranks is kept.
   template <class Extra>
   void load(std::filesystem::path const& path, Extra&& extra) {
-    refuse_pipelined_checkpoint("load");
     if (checkpoint_set::is_set(path)) {
       load_set(path, extra);
       return;
@@ -275,10 +275,11 @@ class trainer {
   }
 
   // Whether save writes a checkpoint set, one shard per rank, so that every rank calls save:
-  // under ZeRO, and when the gradient sink keeps lists of its own on several ranks (a
-  // compressor's residuals differ by rank). Otherwise every rank holds the same state, and one
-  // rank (rank 0) saves the file.
+  // under ZeRO, in a pipeline, and when the gradient sink keeps lists of its own on several
+  // ranks (a compressor's residuals differ by rank). Otherwise every rank holds the same state,
+  // and one rank (rank 0) saves the file.
   [[nodiscard]] bool sharded() const {
+    if constexpr (staged) return true;  // every stage holds its own parameters
     if constexpr (requires { comm_.zero; })
       if (comm_.zero > 0) return true;
     if constexpr (!extra_lists.empty() && requires { comm_.of_rank0(0); }) return comm_.world_size() > 1;
@@ -286,10 +287,50 @@ class trainer {
   }
 
  private:
-  // Whether `ok` holds on every rank.
+  // Whether `ok` holds on every rank of the data-parallel group.
   [[nodiscard]] bool agree(bool ok) const {
     if constexpr (requires { comm_.all_ranks(ok); }) return comm_.all_ranks(ok);
     else return ok;
+  }
+  // Whether `ok` holds on every rank of the job: the replicas, then (a pipeline) every stage.
+  [[nodiscard]] bool agree_everywhere(bool ok) const {
+    ok = agree(ok);
+    if constexpr (staged) ok = pipeline_.all_stages(ok);
+    return ok;
+  }
+  // A value every rank of the job takes from the first (a checkpoint set's name).
+  [[nodiscard]] std::int64_t of_first_rank(std::int64_t v) const {
+    if constexpr (requires { comm_.of_rank0(v); }) v = comm_.of_rank0(v);
+    if constexpr (staged) v = pipeline_.of_stage0(v);
+    return v;
+  }
+  // This rank's shard in a checkpoint set, and the set's shards: replica-major, as
+  // pipeline::make_groups numbers the ranks (stage + stages x replica).
+  [[nodiscard]] int set_rank() const {
+    if constexpr (staged) return pipeline_.stage() + pipeline_.stages * comm_.rank();
+    else return comm_.rank();
+  }
+  [[nodiscard]] int set_ranks() const {
+    if constexpr (staged) return pipeline_.stages * comm_.world_size();
+    else return comm_.world_size();
+  }
+  // The scheduler's number of the model's parameter i: i itself, or in a pipeline stage its
+  // index among the stage's parameters (offload::no_index: another stage holds it).
+  [[nodiscard]] std::uint32_t local(std::uint32_t i) const noexcept {
+    if constexpr (staged) return stage_.index[i];
+    else return i;
+  }
+  // Whether this rank writes parameter i (scheduler number j) to a set: the owner of its chunk
+  // under ZeRO; in a pipeline, of the stage that counts it (wte: the first stage, whose copy equals
+  // the last's bit for bit), the replica that owns its chunk (ZeRO-1) or else the first one.
+  [[nodiscard]] bool writes(std::uint32_t j) const {
+    if (!scheduler_.keeps_state(j)) return false;
+    if constexpr (staged) {
+      bool sharded_state = false;  // ZeRO-1: each replica keeps its own chunks' state
+      if constexpr (requires { comm_.zero; }) sharded_state = comm_.zero > 0;
+      return stage_.counted[j] && (sharded_state || comm_.rank() == 0);
+    }
+    return true;
   }
   // The sections of this trainer: all tensors, or under ZeRO those of this rank's chunks. The
   // model data is deferred: the commit reads each tensor when it writes it (tensor_source), so
@@ -323,45 +364,14 @@ class trainer {
   // chunks, each from the file that holds its "p/<name>" section.
   template <class Extra>
   void load_from(std::span<checkpoint_reader const> files, std::string const& where, std::exception_ptr failure,
-                 Extra& extra, std::size_t extra_file) {
-    auto const& list = model_.parameters();
-    std::vector<std::size_t> from(list.size(), files.size());
-    if (!failure) {
-      try {
-        check_files(files, where, from);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-    }
-    bool const everyone = agree(!failure);
-    if (failure) std::rethrow_exception(failure);
-    TIDE_CHECK(everyone, usage, "checkpoint ", where, ": another rank could not load it (its error says why); "
-               "nothing was loaded");
-    auto const st = files[0].read_value<state>("trainer.state");
-    for (std::uint32_t i = 0; i < list.size(); ++i) {
-      checkpoint_reader const& r = files[from[i]];
-      // ZeRO-3: a chunk this rank does not hold now is gathered from its owner when next used.
-      if (scheduler_.holds_parameter(i))
-        r.read(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, i));
-      read_extras(files, i, extra_file);
-      if (!scheduler_.keeps_state(i)) continue;  // ZeRO: the rank that owns its chunk keeps it
-      for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
-        r.read(state_section(k, list[i].name()), scheduler_.state_bytes(k, i));
-      if constexpr (scheduler_type::has_master)
-        r.read(section("w/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::master, i));
-    }
-    step_ = st.step;
-    scheduler_.set_optimizer_steps(st.adam_steps);
-    scaler_.restore(st.scale, st.good, st.skipped);
-    extra(files[extra_file]);
-  }
+                 Extra& extra, std::size_t extra_file);
 
   // Tensor i of the sink's lists, which are every rank's own, of every chunk. From this rank's
   // shard when the set has one per rank now (and for a list that is the same on every rank, from
   // shard r mod n). On another rank count a rank's own list (a residual, what it has not sent
   // yet) is re-sharded so that the sum over the ranks stays what it was: rank r takes the sum of
   // shards r, r + W, r + 2W, ..., in that order, or zeros when there is none.
-  void read_extras(std::span<checkpoint_reader const> files, std::uint32_t i, std::size_t extra_file);
+  void read_extras(std::span<checkpoint_reader const> files, std::uint32_t i, std::uint32_t j, std::size_t extra_file);
 
   void check_files(std::span<checkpoint_reader const> files, std::string const& where, std::vector<std::size_t>& from);
 
@@ -409,9 +419,12 @@ class trainer {
   // A pipeline of one stage per rank: this stage's parameters (pipeline::part_of); empty otherwise.
   static pipeline::stage_part stage_of(Spec const& spec, Pipeline const& pipe, Comm const& comm, Optimizer const& opt) {
     if constexpr (staged) {
+      // ZeRO-2 leaves a gradient on its chunk's owner only, and owners differ between the first
+      // and the last stage, whose tied embedding's gradient is summed after the replicas' sum.
       if constexpr (requires { comm.zero; })
-        TIDE_REQUIRE(comm.zero == 0, "make_trainer: ZeRO (zero = ", comm.zero, ") inside a pipeline of ", Pipeline::name,
-                     " is not supported yet; pass zero = 0 (each stage keeps its own parameters' state only)");
+        TIDE_REQUIRE(comm.zero <= 1, "make_trainer: ZeRO-", comm.zero, " inside a pipeline of ", Pipeline::name,
+                     " is not supported yet; pass zero = 0 or 1 (each stage shards its own parameters' optimizer "
+                     "state over its replicas)");
       block_uses const uses = spec.uses();
       return pipeline::part_of(spec.parameters(), uses, pipe.cut_for(uses.first_block, uses.last_block(), opt.micro_steps),
                                pipe.stage());
@@ -419,10 +432,6 @@ class trainer {
       (void)spec, (void)pipe, (void)comm, (void)opt;
       return {};
     }
-  }
-  void refuse_pipelined_checkpoint(char const* what) const {
-    TIDE_CHECK(!staged, usage, "trainer::", what, ": checkpoints of a pipelined trainer (", Pipeline::name,
-               ", one stage per rank) are not supported yet; train without the pipeline policy to checkpoint");
   }
   // One line per parameter: "name dtype d0 d1 ...".
   [[nodiscard]] std::string shape_text() const {

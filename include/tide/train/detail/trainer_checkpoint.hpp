@@ -1,11 +1,12 @@
 #pragma once
 // make_trainer's checkpoints, out of line (the class is in train/trainer.hpp, which includes this
 // file): the sections a save writes (parameters, masters, optimizer state, a sink's extra lists,
-// the caller's extra sections), a checkpoint set of one file per rank (ZeRO, per-rank residuals),
-// and the checks a load makes before it changes anything.
+// the caller's extra sections), a checkpoint set of one file per rank (ZeRO, per-rank residuals,
+// pipeline stages), and the load: the checks it makes before it changes anything, then the reads.
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -23,17 +24,19 @@ void trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::add_sections(c
   w.add_value("trainer.state", st);
   auto const& list = model_.parameters();
   for (std::uint32_t i = 0; i < list.size(); ++i) {
+    std::uint32_t const j = local(i);
+    if (j == offload::no_index) continue;  // another pipeline stage's
     // A sink's lists are this rank's own (a residual), kept for every chunk: all in its shard.
     for (std::size_t k = 0; k < extra_lists.size(); ++k)
-      w.add(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, i));
-    if (!scheduler_.keeps_state(i)) continue;  // ZeRO: the rank that owns its chunk writes it
-    std::size_t const id = 4 * std::size_t{i};
-    w.add_deferred(section("p/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::param, i), id);
+      w.add(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, j));
+    if (!writes(j)) continue;  // ZeRO: the rank that owns its chunk writes it; a pipeline: one copy
+    std::size_t const id = 4 * std::size_t{j};
+    w.add_deferred(section("p/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::param, j), id);
     for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
-      w.add_deferred(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, i),
+      w.add_deferred(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, j),
                      id + 1 + k);
     if constexpr (scheduler_type::has_master)
-      w.add_deferred(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, i), id + 3);
+      w.add_deferred(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, j), id + 3);
   }
 }
 
@@ -51,9 +54,9 @@ template <class Spec, class Offload, class Optimizer, class Comm, class Compress
 template <class Extra>
 void
 trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::save_set(std::filesystem::path const& dir, Extra& extra) {
-  int const rank = comm_.rank(), ranks = comm_.world_size();
+  int const rank = set_rank(), ranks = set_ranks();
   auto const nonce = static_cast<std::uint64_t>(
-      comm_.of_rank0(std::chrono::steady_clock::now().time_since_epoch().count()));
+      of_first_rank(std::chrono::steady_clock::now().time_since_epoch().count()));
   std::string const set = checkpoint_set::set_name(step_, nonce);
   std::string why;
   try {
@@ -68,7 +71,7 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::save_set(std::files
   } catch (...) {
     why = "an exception that is not a std::exception";
   }
-  bool const written = agree(why.empty());
+  bool const written = agree_everywhere(why.empty());
   TIDE_CHECK(written, io, "checkpoint set ", dir.string(), ": ", why.empty() ? "another rank" : "rank " +
              std::to_string(rank), " could not write its shard", why.empty() ? "" : " (" + why + ")",
              "; the previous checkpoint set stays the checkpoint");
@@ -81,7 +84,7 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::save_set(std::files
       why = e.what();
     }
   }
-  bool const committed = agree(why.empty());
+  bool const committed = agree_everywhere(why.empty());
   TIDE_CHECK(committed, io, "checkpoint set ", dir.string(), ": the manifest was not written",
              why.empty() ? "" : " (" + why + ")", "; the previous checkpoint set stays the checkpoint");
   if (rank == 0) checkpoint_set::remove_other_sets(dir, set);
@@ -108,19 +111,60 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::load_set(std::files
     failure = std::current_exception();
   }
   int const n = static_cast<int>(files.size());
-  load_from(files, where, failure, extra, n > 0 ? static_cast<std::size_t>(comm_.rank() % n) : 0);
+  load_from(files, where, failure, extra, n > 0 ? static_cast<std::size_t>(set_rank() % n) : 0);
+}
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+template <class Extra>
+void trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::load_from(std::span<checkpoint_reader const> files,
+                                                                       std::string const& where,
+                                                                       std::exception_ptr failure, Extra& extra,
+                                                                       std::size_t extra_file) {
+  auto const& list = model_.parameters();
+  std::vector<std::size_t> from(list.size(), files.size());
+  if (!failure) {
+    try {
+      check_files(files, where, from);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  bool const everyone = agree_everywhere(!failure);
+  if (failure) std::rethrow_exception(failure);
+  TIDE_CHECK(everyone, usage, "checkpoint ", where, ": another rank could not load it (its error says why); "
+             "nothing was loaded");
+  auto const st = files[0].read_value<state>("trainer.state");
+  for (std::uint32_t i = 0; i < list.size(); ++i) {
+    std::uint32_t const j = local(i);
+    if (j == offload::no_index) continue;  // another pipeline stage's
+    checkpoint_reader const& r = files[from[i]];
+    // ZeRO-3: a chunk this rank does not hold now is gathered from its owner when next used.
+    if (scheduler_.holds_parameter(j))
+      r.read(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, j));
+    read_extras(files, i, j, extra_file);
+    if (!scheduler_.keeps_state(j)) continue;  // ZeRO: the rank that owns its chunk keeps it
+    for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
+      r.read(state_section(k, list[i].name()), scheduler_.state_bytes(k, j));
+    if constexpr (scheduler_type::has_master)
+      r.read(section("w/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::master, j));
+  }
+  step_ = st.step;
+  scheduler_.set_optimizer_steps(st.adam_steps);
+  scaler_.restore(st.scale, st.good, st.skipped);
+  extra(files[extra_file]);
 }
 
 template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
 void
 trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::read_extras(std::span<checkpoint_reader const> files,
-                                                                         std::uint32_t i, std::size_t extra_file) {
+                                                                         std::uint32_t i, std::uint32_t j,
+                                                                         std::size_t extra_file) {
   auto const n = static_cast<int>(files.size());
   int const w = comm_.world_size(), r = comm_.rank();
   auto const& list = model_.parameters();
   for (std::size_t k = 0; k < extra_lists.size(); ++k) {
     std::string const x = extra_section(k, list[i].name());
-    auto const out = scheduler_.extra_bytes(k, i);
+    auto const out = scheduler_.extra_bytes(k, j);
     if (n == w || extra_lists[k].shared) {
       files[extra_file].read(x, out);
       continue;
@@ -130,8 +174,8 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::read_extras(std::sp
     reshard_.resize(out.size());
     auto* const acc = reinterpret_cast<float*>(out.data());
     auto const* const add = reinterpret_cast<float const*>(reshard_.data());
-    for (int j = r; j < n; j += w) {
-      files[static_cast<std::size_t>(j)].read(x, std::span<std::byte>(reshard_));
+    for (int shard = r; shard < n; shard += w) {
+      files[static_cast<std::size_t>(shard)].read(x, std::span<std::byte>(reshard_));
       for (std::size_t e = 0; e < out.size() / sizeof(float); ++e) acc[e] += add[e];
     }
   }
@@ -171,6 +215,8 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::check_files(std::sp
   // Every section is checked (present, its size that of this model's tensor) before anything
   // is written: a mismatch anywhere leaves the trainer as it was.
   for (std::uint32_t i = 0; i < list.size(); ++i) {
+    std::uint32_t const j = local(i);
+    if (j == offload::no_index) continue;  // another pipeline stage's: not read here
     std::string const p = section("p/", list[i].name());
     TIDE_CHECK(from[i] < files.size(), usage, "checkpoint ", where, ": no section \"", p, "\"",
                files.size() > 1 ? " in any shard" : "");
@@ -183,20 +229,20 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::check_files(std::sp
                  " (saved from a model of another shape or dtype); nothing was loaded");
     };
     auto expect = [&](std::string const& name, std::size_t want) { expect_in(files[from[i]], name, want); };
-    expect(p, scheduler_.tensor_size(chunk::chunk_role::param, i));
+    expect(p, scheduler_.tensor_size(chunk::chunk_role::param, j));
     for (std::size_t k = 0; k < extra_lists.size(); ++k) {  // every shard has them (read_extras may sum them)
       TIDE_CHECK(extra_lists[k].type == dtype::f32 || extra_lists[k].shared ||
                      files.size() == static_cast<std::size_t>(comm_.world_size()),
                  usage, "checkpoint ", where, ": the gradient sink's list \"", extra_lists[k].name, "\" was saved on ",
                  files.size(), " ranks; loading it on ", comm_.world_size(), " sums shards, which tide does for f32 "
                  "lists only: load it on ", files.size(), " ranks");
-      for (checkpoint_reader const& f : files) expect_in(f, extra_section(k, list[i].name()), scheduler_.extra_size(k, i));
+      for (checkpoint_reader const& f : files) expect_in(f, extra_section(k, list[i].name()), scheduler_.extra_size(k, j));
     }
-    if (!scheduler_.keeps_state(i)) continue;
+    if (!scheduler_.keeps_state(j)) continue;
     for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
-      expect(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, i));
+      expect(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, j));
     if constexpr (scheduler_type::has_master)
-      expect(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, i));
+      expect(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, j));
   }
 }
 
