@@ -23,22 +23,22 @@
 //                             bound (the flow's schedule at its true cost), the gap, the bounds at
 //                             each moment's own budget, and belady (MIN), lru, fifo simulated on
 //                             the same trace (every eviction a copy there).
-//   max_model_vs_static_<d>   the largest GPT-2-family model (B=1, T=1024, heads = C/64, V=50257)
-//                             chunked<belady> can train over the largest static_partition can, at
-//                             device budgets of 1, 2 and 4 GiB on this machine (host = 80% of
-//                             MemAvailable - budget, read after the figures before freed their
-//                             trainers and malloc_trim returned the heap: detail.bench_resident_bytes
-//                             is what the bench holds then), and on paper for a V100 (32 GiB + 240 GiB)
-//                             and an H100 (80 GiB + 1 TiB) with mixed-precision formulas. Goal 2.5.
-//                             detail.formula says how each side is computed. chunked now recomputes
-//                             every block and offloads its output; the largest chunked model at the
-//                             smallest budget is then trained for 2 steps under it (detail.trained_*;
-//                             at every budget when TIDE_BENCH_TRAIN_ALL=1).
-//                             detail.chunked_nvme_*: the same with Adam's state in the NVMe tier's
-//                             file (computed; the one at the largest budget is trained for 2 steps
-//                             when TIDE_BENCH_TRAIN_NVME=1: detail.trained_nvme_*);
-//                             detail.chunked_nvme_all_*: the parameter chunks there too (computed;
-//                             the smoke run trains a small shape so: detail.trained_nvme_all_*).
+//   max_model_vs_zero_offload_<d>gib  the largest GPT-2-family model (B=1, T=1024, heads = C/64,
+//                             V=50257) chunked<belady> trains over the largest static_partition
+//                             (ZeRO-Offload's placement) trains, at device budgets of 1, 2 and 4 GiB
+//                             and a host capacity R = 0.8 (MemAvailable - D) (scheduler_options::
+//                             host_capacity), both found by training 2 steps with the library's
+//                             defaults, every block recomputed and its output offloaded; one layer
+//                             more must fail on each side with the budget error (detail.*_next_*).
+//                             The formula's depth is the search's start (detail.formula_*). Goal 2.5.
+//   max_model_vs_capacity_<d>gib  tide's trained parameters over (D + R) / 24 B: how close it
+//                             gets to the machine's bound for this configuration. Goal 0.9.
+//                             detail.chunked_nvme_*: the NVMe tier's largest (computed; trained at
+//                             the largest budget when TIDE_BENCH_TRAIN_NVME=1: detail.trained_nvme_*).
+//   throughput_vs_zero_offload_at_its_max_<d>gib  tokens/s of chunked<belady> over static_partition's,
+//                             both on static_partition's largest model, same budgets. Goal 1.2.
+//                             The three take about 30 minutes: every trial is a model of up to a
+//                             billion parameters trained for 2 steps.
 //   recompute_overhead        tokens/s with every block recomputed over every activation kept,
 //                             resident, steps interleaved. Goal 0.7.
 //   activation_offload_vs_resident  tokens/s with every block's saved activations offloaded to the
@@ -60,6 +60,8 @@
 // TIDE_BENCH_SVG=path: the memory tide of a steady step of the offloaded run goes there.
 // TIDE_BENCH_ENGINE_ONLY=1: offload_4x_vs_resident and undo_on_error_vs_off only (the engine's
 // speed, about a minute; scripts/bench-engine-ab compares two commits' engines with it).
+// TIDE_BENCH_MAX_MODEL_ONLY=1: the max_model and throughput_vs_zero_offload figures only (the
+// half hour of (c)).
 // TIDE_BENCH_QUICK=1 (the smoke test): tiny shapes, one budget, seconds.
 
 #include <malloc.h>
@@ -569,6 +571,100 @@ void prove_by_training(tide::exec<host> const& ex, bool quick, best_model const&
              "nothing from its file");
 }
 
+// ---- the largest model, trained on both sides ---------------------------------------------------
+
+// One side's largest model, found by training. The formula's depth (at its best C) is the start;
+// a trial builds the scheduler with host_capacity = the host room the bench grants and trains 2
+// steps with the library's defaults (undo copies on), every block recomputed and its output
+// offloaded. A budget error (the device budget, or the host capacity: at construction or inside a
+// step) steps the depth down until a trial trains; then one layer more must fail with the budget
+// error (up again while it trains). Other errors end the bench.
+struct trained_max {
+  int layers = 0, channels = 0, tries = 0;
+  double params = 0, seconds = 0, loss1 = 0, loss2 = 0, peak_device = 0, peak_host = 0;
+  double next_params = 0;        // the one-layer-deeper model
+  bool next_failed = false;      // it failed with the budget error
+  std::string next_error;        // that error's message
+};
+
+template <class Cfg>
+std::optional<std::string> train_trial(tide::exec<host> const& ex, tide::nn::gpt_config const& c, std::size_t D,
+                                       Cfg const& cfg, std::size_t host_capacity, trained_max* record) {
+  shape const s{c, 1, c.max_seq};
+  off::scheduler_options so{};
+  so.host_capacity = host_capacity;
+  try {
+    auto const t0 = std::chrono::steady_clock::now();
+    trainer<Cfg> t{ex, c, D, cfg, true, lean_options(c.layers), so};
+    float const l1 = t.step(ex, s, 0), l2 = t.step(ex, s, 0);  // one batch: the loss must fall
+    TIDE_CHECK(std::isfinite(l1) && std::isfinite(l2) && l2 < l1, internal, "bench_offload: ", Cfg::name(),
+               " trained L ", c.layers, " C ", c.channels, " for 2 steps: losses ", l1, ", ", l2,
+               ", not finite and falling");
+    if (record != nullptr) {
+      record->layers = c.layers;
+      record->channels = c.channels;
+      record->params = double(tide::nn::parameter_count(tide::nn::resolve(c)));
+      record->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      record->loss1 = l1;
+      record->loss2 = l2;
+      record->peak_device = double(t.stats.back().peak_device_bytes);
+      record->peak_host = double(t.sched.host_pool_stats().peak_bytes_held);
+    }
+    return std::nullopt;
+  } catch (tide::error const& e) {
+    if (e.category() != tide::errc::budget) throw;
+    return e.message();
+  }
+}
+
+template <class Cfg, class Family>
+trained_max search_trained(tide::exec<host> const& ex, Family&& family, int C, int start, std::size_t D,
+                           Cfg const& cfg, std::size_t host_capacity, int most_tries) {
+  trained_max m;
+  int L = std::max(start, 1);
+  for (;;) {  // down until a trial trains
+    ++m.tries;
+    if (!train_trial(ex, family(L, C), D, cfg, host_capacity, &m)) break;
+    TIDE_CHECK(L > 1 && m.tries < most_tries, internal, "bench_offload: ", Cfg::name(), " trains no depth from ",
+               start, " down to ", L, " at C ", C);
+    --L;
+  }
+  for (;;) {  // one deeper must fail
+    ++m.tries;
+    trained_max deeper = m;
+    auto const c = family(L + 1, C);
+    auto const err = train_trial(ex, c, D, cfg, host_capacity, &deeper);
+    if (!err && m.tries < most_tries) {  // it trained: the largest is deeper
+      m = deeper;
+      ++L;
+      continue;
+    }
+    m.next_params = double(tide::nn::parameter_count(tide::nn::resolve(c)));
+    m.next_failed = err.has_value();
+    m.next_error = err ? err->substr(0, 200) : tide::detail::concat("trained (the search stopped after ", most_tries,
+                                                                     " trials)");
+    return m;
+  }
+}
+
+// Tokens/s of `cfg` on model c: 3 steps, the last 2 timed (the first records the trace).
+template <class Cfg>
+double tokens_per_second(tide::exec<host> const& ex, tide::nn::gpt_config const& c, std::size_t D, Cfg const& cfg,
+                         std::size_t host_capacity) {
+  shape const s{c, 1, c.max_seq};
+  off::scheduler_options so{};
+  so.host_capacity = host_capacity;
+  trainer<Cfg> t{ex, c, D, cfg, true, lean_options(c.layers), so};
+  for (int k = 0; k < 3; ++k) (void)t.step(ex, s, k);
+  return double(s.B * s.T) / median(std::vector<double>(t.seconds.end() - 2, t.seconds.end()));
+}
+
+// TIDE_BENCH_MAX_MODEL_ONLY=1: the largest-model figures only.
+bool max_model_only() {
+  char const* const v = std::getenv("TIDE_BENCH_MAX_MODEL_ONLY");
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
+}
+
 // TIDE_BENCH_ENGINE_ONLY=1: stop after the engine's speed figures.
 bool engine_only() {
   char const* const v = std::getenv("TIDE_BENCH_ENGINE_ONLY");
@@ -587,7 +683,7 @@ int main() {
   // (a) to (f) in a scope of their own: their trainers (4.4 GB here) are gone before (c) reads
   // MemAvailable for its host room.
   cross_check cc;  // (c)'s formula of the least device bytes against the schedulers
-  {
+  if (!max_model_only()) {
     // ---- (a) 4x the budget vs resident ----------------------------------------------------------
     shape const s = q ? shape{{.layers = 6, .heads = 2, .channels = 128, .vocab = 256, .max_seq = 32}, 2, 16}
                       : shape{{.layers = 8, .heads = 12, .channels = 768, .vocab = 2048, .max_seq = 128}, 4, 64};
@@ -961,7 +1057,7 @@ int main() {
     }
   }
 
-  // ---- (c) the largest model, chunked vs static -------------------------------------------------
+  // ---- (c) the largest model: chunked<belady> against ZeRO-Offload's placement, both trained ---
   std::size_t const available = mem_available_bytes();
   std::size_t const resident = resident_bytes();  // what the figures before left held
   int const max_layers = q ? 64 : 512;  // planning 20 L activations is O(L^2): the smoke run stays shallow
@@ -982,89 +1078,144 @@ int main() {
   std::span<double const> const budgets_gib(budgets_all, q ? 1 : std::size(budgets_all));
   char const* const nvme_env = std::getenv("TIDE_BENCH_TRAIN_NVME");
   bool const train_nvme = nvme_env != nullptr && std::string_view(nvme_env) == "1";
-  // TIDE_BENCH_TRAIN_ALL=1: the host-only chunked model is trained at every budget, not only the
-  // smallest (minutes each, and most of the machine's memory at 4 GiB).
-  char const* const all_env = std::getenv("TIDE_BENCH_TRAIN_ALL");
-  bool const train_all = all_env != nullptr && std::string_view(all_env) == "1";
+  using chunked_t = off::chunked<off::belady>;
+  // The smoke run's family: a small vocabulary and context, so that its searches train in seconds.
+  auto const family = [q](int L, int C) {
+    return q ? tide::nn::gpt_config{.layers = L, .heads = 2, .channels = C, .vocab = 2048, .max_seq = 64}
+             : gpt2_family(L, C);
+  };
+  // Per parameter, what chunked<belady> keeps at once with the library's defaults: the fp32
+  // parameter, Adam's m and v, and the undo copies of the three until the step completes (the
+  // gradients stream through a few blocks).
+  constexpr double state_bytes_per_param = 24;
+  std::string const rule =
+      "Both sides trained: each keeps its largest model, found by training 2 steps (B=1, T=maxT, one batch, the "
+      "loss must fall) with the library's defaults (undo copies on) and every block recomputed and its output "
+      "offloaded, under the device budget D and a host capacity R = 0.8 (MemAvailable - D) "
+      "(scheduler_options::host_capacity: past it a budget error, at construction or inside a step). The search "
+      "starts at the formula's depth for the formula's best C, steps down while a trial fails with a budget "
+      "error, and up while one layer more trains; one layer more must fail with the budget error (next_*). "
+      "Anchor: static_partition, ZeRO-Offload's placement as its paper gives it (Ren et al. 2021, sec. 4: "
+      "parameters on the device for the whole step, gradients to the host as backward completes them, fp32 "
+      "state and the update on the host): every parameter chunk and one block's gradient chunks on the device. "
+      "throughput_vs_zero_offload_at_its_max: both at the anchor's largest model, 3 steps, the last 2 timed. "
+      "max_model_vs_capacity: tide's trained parameters over (D + R) / 24 B (fp32 parameter, m, v and their "
+      "undo copies; gradients stream). GPT-2 family: heads = C/64, V = 50257, maxT = 1024, C in {512..2560} "
+      "(the smoke run: V 2048, maxT 64, C 128, D 10 MiB, R 48 MiB).";
   std::string const formula_here =
-      "chunked<belady> (fp32 as tide runs today), every block recomputed and its output offloaded: device >= A + "
-      "2 k S; host 3 n S + (q + 2) S + H <= 0.8 (MemAvailable - D): the parameter chunks and Adam's m and v, "
-      "q = scheduler_options::host_steps_in_flight (4) chunks of gradients waiting for their host steps and 2 "
-      "blocks in flight, H = (L + 1) T C 4 bytes of offloaded block outputs (nothing subtracted for what the "
-      "device holds: the host updates bring every chunk back to the host); chunked_keeping_activations: the "
-      "same without recompute or offload (H = 0); chunked_nvme (computed; trained at the largest budget when "
-      "TIDE_BENCH_TRAIN_NVME=1): the first with Adam m and v in the NVMe tier's file, host n S + (q + 2) S + H "
-      "+ 4 S (two chunks' state in staging) <= 0.8 (MemAvailable - D), file 4 n S (two slots) <= 0.8 of the "
-      "temp folder's free space; it assumes keep_host_copies = false and undo_on_error = false (else the "
-      "device-resident parameter chunks and the stepped chunks' copies also take host memory); "
-      "chunked_nvme_all (computed; the smoke run trains a small shape so): the parameter chunks in the file "
-      "too, host (q + 2) S + H + 4 S + 13 S (five parameter chunks in staging, eight fetches in flight), file "
-      "6 n S. "
-      "static_partition: device >= A + n S + k S; host 3 n S + (q + 2) S <= 0.8 (MemAvailable - D). "
-      "A = nn::gpt's planned activation buffer at B=1, T=1024 (with those options for chunked); S = chunk bytes from search_chunk_size with two "
-      "chunks <= D/4 (on the host: rounded up to the pinned pool's size class); n = chunks per list; k = most chunks one block touches; D = device budget. GPT-2 family: "
-      "heads = C/64, V = 50257, maxT = 1024, C in {512..2560}, the deepest L <= 512 that fits per C.";
+      "the starts: chunked<belady>: device >= A + 2 k S; host 3 n S + 3 n S (undo) + (q + 2) S + H <= R; "
+      "static_partition: device >= A + n S + k S; host 3 n S + 3 n S (undo) + (q + 2) S + H <= R. chunked_nvme "
+      "(computed; trained at the largest budget when TIDE_BENCH_TRAIN_NVME=1, without undo copies): Adam m and "
+      "v in the NVMe tier's file, host n S + (q + 2) S + H + 4 S <= R, file 4 n S <= 0.8 of the temp folder's "
+      "free space; chunked_nvme_all: the parameter chunks in the file too, host (q + 2) S + H + 4 S + 13 S, "
+      "file 6 n S. A = nn::gpt's planned activation buffer at B=1, T=1024, every block recomputed; S = chunk "
+      "bytes from search_chunk_size with two chunks <= D/4 (rounded up to the pinned pool's size class); n = "
+      "chunks per list; k = most chunks one block touches; q = host_steps_in_flight (4); H = the offloaded "
+      "block outputs.";
   tide::memory::pinned_pool<host> const host_pool{{.lock_pages = false}};  // its size classes only
   for (double dg : budgets_gib) {
-    auto const D = static_cast<std::size_t>(dg * gib);
-    double const host_room = 0.8 * (double(available) - double(D));
+    auto const D = q ? std::size_t{10_MiB} : static_cast<std::size_t>(dg * gib);
+    double const host_room = q ? double(48_MiB) : 0.8 * (double(available) - double(D));
+    auto const R = static_cast<std::size_t>(host_room);
     double const disk_room = 0.8 * double(std::filesystem::space(std::filesystem::temp_directory_path()).available);
     // lean: every block recomputed and its output offloaded (their host bytes count too).
     // nvme: the optimizer state (m, v) in the NVMe tier's file (two slots each), the host keeping
     // the parameter chunks and two chunks' state in staging. on_file: the parameter chunks in the
     // file too (two slots), the host keeping five of them in staging (two for the host steps, one
     // for a fetch, two for the reads ahead) and one per fetch whose copy is in flight (at most 8,
-    // the copy engine's bound; the pool keeps them cached).
-    auto const fits_with = [&](which w, bool lean = false, bool nvme = false, bool on_file = false) {
-      return [&, w, lean, nvme, on_file](tide::nn::gpt_config const& c, std::size_t A, best_model& m) {
+    // the copy engine's bound; the pool keeps them cached). undo: the undo copies of every
+    // stepped chunk's parameters, m and v until the step completes.
+    auto const fits_with = [&](which w, bool nvme = false, bool on_file = false) {
+      return [&, w, nvme, on_file](tide::nn::gpt_config const& c, std::size_t A, best_model& m) {
         auto const f = layout_of(c, D);
         if (!f) return false;
         std::size_t const need = minimum_of(w, *f, A);
-        // S as the host pool holds it: rounded up to the pool's size class (under 0.4 % above 16 MiB).
         double const S = double(host_pool.class_size(f->chunk_bytes)), n = double(f->chunks);
-        // Every list's chunks on the host (nothing subtracted for what the device holds: the host
-        // updates bring each chunk back), and the gradients of the queued host steps only.
         double const queued = (off::scheduler_options{}.host_steps_in_flight + 2) * S;
         double const staging = nvme ? 2 * double(host_pool.class_size(2 * f->chunk_bytes)) + (on_file ? 13 * S : 0.0) : 0.0;
-        double const kept = on_file ? 0.0 : (nvme ? 1 : 3) * n * S;
+        double const kept = on_file ? 0.0 : nvme ? n * S : 6 * n * S;
         double const disk = nvme ? (on_file ? 6 : 4) * n * double(f->chunk_bytes) : 0.0;
-        double const offloaded = lean ? double(lean_activations_of(c.layers).host_bytes(1, 1024, c, 4)) : 0.0;
-        double const host = w == which::chunked ? kept + queued + offloaded + staging : 3 * n * S + queued;
+        double const offloaded = double(lean_activations_of(c.layers).host_bytes(1, 1024, c, 4));
+        double const host = kept + queued + offloaded + staging;
         m.device_bytes = double(need);
         m.host_bytes = host;
         m.chunk_bytes = double(f->chunk_bytes);
         return need <= D && host <= host_room && disk <= disk_room;
       };
     };
-    best_model const ch = largest(grid, D, 4, max_layers, fits_with(which::chunked, true), true);
-    best_model const nv = largest(grid, D, 4, max_layers, fits_with(which::chunked, true, true), true);
-    best_model const nvp = largest(grid, D, 4, max_layers, fits_with(which::chunked, true, true, true), true);
-    best_model const kept = largest(grid, D, 4, max_layers, fits_with(which::chunked));
-    best_model const st_m = largest(grid, D, 4, max_layers, fits_with(which::fixed));
+    best_model ch, st_m, nv, nvp;
+    if (!q) {
+      ch = largest(grid, D, 4, max_layers, fits_with(which::chunked), true);
+      st_m = largest(grid, D, 4, max_layers, fits_with(which::fixed), true);
+      nv = largest(grid, D, 4, max_layers, fits_with(which::chunked, true), true);
+      nvp = largest(grid, D, 4, max_layers, fits_with(which::chunked, true, true), true);
+    }
+    int const C_tide = q ? 128 : ch.channels, C_zo = q ? 128 : st_m.channels;
+    // The formula lands within a few layers (8 trials); the smoke run starts anywhere (its trials are cheap).
+    int const tries = q ? 32 : 8;
+    trained_max const tide_m = search_trained(ex, family, C_tide, q ? 4 : ch.layers, D, chunked_t{}, R, tries);
+    trained_max const zo_m = search_trained(ex, family, C_zo, q ? 4 : st_m.layers, D, off::static_partition{}, R, tries);
+    auto const at_anchor = family(zo_m.layers, zo_m.channels);
+    double const tps_zo = tokens_per_second(ex, at_anchor, D, off::static_partition{}, R);
+    double const tps_tide = tokens_per_second(ex, at_anchor, D, chunked_t{}, R);
+    double const bound = (double(D) + host_room) / state_bytes_per_param;
+    auto const trained_detail = [](std::vector<std::pair<std::string, double>>& d, std::string const& who,
+                                   trained_max const& got) {
+      d.insert(d.end(), {{who + "_layers", got.layers},
+                         {who + "_channels", got.channels},
+                         {who + "_params", got.params},
+                         {who + "_loss_step1", got.loss1},
+                         {who + "_loss_step2", got.loss2},
+                         {who + "_seconds", got.seconds},
+                         {who + "_peak_device_bytes", got.peak_device},
+                         {who + "_peak_host_bytes", got.peak_host},
+                         {who + "_trials", got.tries},
+                         {who + "_next_params", got.next_params},
+                         {who + "_next_over_params", got.params > 0 ? got.next_params / got.params : 0.0},
+                         {who + "_next_failed_with_budget_error", got.next_failed ? 1.0 : 0.0}});
+    };
+    std::vector<std::pair<std::string, double>> common{{"device_budget_bytes", double(D)},
+                                                       {"host_capacity_bytes", host_room},
+                                                       {"mem_available_bytes", double(available)},
+                                                       {"bench_resident_bytes", double(resident)}};
+    text_fields text{{"rule", rule}, {"formula", formula_here}, {"tide_next_error", tide_m.next_error},
+                     {"zero_offload_next_error", zo_m.next_error}};
+    std::string const gib_name = q ? "smoke" : tide::detail::concat(static_cast<int>(dg), "gib");
     figure c{.bench = "offload",
-             .name = tide::detail::concat("max_model_vs_static_", static_cast<int>(dg), "gib"),
-             .value = ch.params,
+             .name = "max_model_vs_zero_offload_" + gib_name,
+             .value = tide_m.params,
              .unit = "parameters",
-             .anchor = "static_partition (ZeRO-Offload placement), same budget, same formulas",
-             .anchor_value = st_m.params,
+             .anchor = "static_partition (ZeRO-Offload's placement), same device budget and host capacity, trained",
+             .anchor_value = zo_m.params,
              .higher_is_better = true,
              .goal = 2.5,
-             .detail = {{"device_budget_bytes", double(D)},
-                        {"mem_available_bytes", double(available)},
-                        {"bench_resident_bytes", double(resident)},
-                        {"host_room_bytes", host_room},
-                        {"minimum_cross_checks", cc.checks},
-                        {"minimum_mismatches", cc.mismatches}}};
-    add_model(c.detail, "chunked", ch, max_layers);
-    add_model(c.detail, "chunked_keeping_activations", kept, max_layers);
-    add_model(c.detail, "chunked_nvme", nv, max_layers);
-    c.detail.emplace_back("chunked_nvme_over_static", st_m.params > 0 ? nv.params / st_m.params : 0.0);
-    add_model(c.detail, "chunked_nvme_all", nvp, max_layers);
-    c.detail.emplace_back("chunked_nvme_all_over_static", st_m.params > 0 ? nvp.params / st_m.params : 0.0);
-    c.detail.emplace_back("disk_room_bytes", disk_room);
-    add_model(c.detail, "static", st_m, max_layers);
-    text_fields text{{"formula", formula_here}};
-    if (dg == budgets_gib.front() || train_all) prove_by_training(ex, q, ch, D, c, text);
+             .detail = common};
+    trained_detail(c.detail, "tide", tide_m);
+    trained_detail(c.detail, "zero_offload", zo_m);
+    if (!q) {
+      add_model(c.detail, "formula_tide", ch, max_layers);
+      add_model(c.detail, "formula_zero_offload", st_m, max_layers);
+    }
+    print_figure(c, text);
+    figure cap{.bench = "offload",
+               .name = "max_model_vs_capacity_" + gib_name,
+               .value = tide_m.params,
+               .unit = "parameters",
+               .anchor = "(device budget + host capacity) / 24 B per parameter: the machine's bound for this "
+                         "configuration",
+               .anchor_value = bound,
+               .higher_is_better = true,
+               .goal = 0.9,
+               .detail = common};
+    cap.detail.insert(cap.detail.end(), {{"bytes_per_param", state_bytes_per_param},
+                                         {"tide_params", tide_m.params},
+                                         {"tide_peak_host_bytes", tide_m.peak_host},
+                                         {"disk_room_bytes", disk_room}});
+    if (!q) {
+      add_model(cap.detail, "chunked_nvme", nv, max_layers);
+      add_model(cap.detail, "chunked_nvme_all", nvp, max_layers);
+    }
+    text_fields cap_text{{"rule", rule}, {"formula", formula_here}};
     // The NVMe model at the largest budget: trained when TIDE_BENCH_TRAIN_NVME=1 (at 4 GiB here
     // 1.4 G parameters: minutes of compute and a 22 GB file), and always in the smoke run.
     if (dg == budgets_gib.back() && (q || train_nvme)) {
@@ -1077,12 +1228,27 @@ int main() {
           std::filesystem::remove_all(path, ec);
         }
       } const cleanup{folder};
-      prove_by_training(ex, q, nv, D, c, text, folder);
+      prove_by_training(ex, q, nv, D, cap, cap_text, folder);
       // Every parameter chunk on file as well: the smoke run's small shape (the largest model of
       // the formula is bounded by the drive, hundreds of GB).
-      if (q) prove_by_training(ex, q, nvp, D, c, text, folder, true);
+      if (q) prove_by_training(ex, q, nvp, D, cap, cap_text, folder, true);
     }
-    print_figure(c, text);
+    print_figure(cap, cap_text);
+    figure th{.bench = "offload",
+              .name = "throughput_vs_zero_offload_at_its_max_" + gib_name,
+              .value = tps_tide,
+              .unit = "tokens/s",
+              .anchor = "static_partition (ZeRO-Offload's placement) on its own largest model, same budgets",
+              .anchor_value = tps_zo,
+              .higher_is_better = true,
+              .goal = 1.2,
+              .detail = common};
+    th.detail.insert(th.detail.end(), {{"layers", at_anchor.layers},
+                                       {"channels", at_anchor.channels},
+                                       {"params", zo_m.params},
+                                       {"timed_steps", 2},
+                                       {"loadavg_1min_after", load_average()}});
+    print_figure(th, {{"rule", rule}});
   }
 
   // On paper: mixed precision, fp16 activations, one GPU.

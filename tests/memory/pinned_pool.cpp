@@ -391,6 +391,37 @@ TEST_CASE("a request beyond the host's memory is a budget error that says what t
   unlocked.deallocate(q, 64_KiB);
 }
 
+TEST_CASE("a capacity: a new block past it releases cached blocks first, then is a budget error; nothing is lost") {
+  pool p{{.lock_pages = false, .capacity = 1_MiB}};
+  void* a = p.allocate(512_KiB);
+  p.deallocate(p.allocate(256_KiB), 256_KiB);  // cached: 768 KiB held
+  void* c = p.allocate(512_KiB);               // past 1 MiB with the cached block: that goes first
+  CHECK(p.stats().bytes_held == 1_MiB);
+  CHECK(p.stats().bytes_cached == 0);
+  CHECK(p.stats().blocks == 2);
+  try {
+    (void)p.allocate(4_KiB);
+    FAIL("an allocation past the capacity did not throw");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::budget);
+    CAPTURE(e.message());
+    CHECK(has(e.message(), "4096 bytes"));
+    CHECK(has(e.message(), "capacity of 1.00 MiB"));
+    CHECK(has(e.message(), "host_capacity"));
+  }
+  CHECK(p.stats().bytes_held == 1_MiB);  // nothing was mapped
+  CHECK(p.stats().misses == 3);
+  p.deallocate(c, 512_KiB);
+  void* d = p.allocate(512_KiB);  // its class's cached block: no room needed
+  CHECK(d == c);
+  p.deallocate(d, 512_KiB);
+  p.deallocate(a, 512_KiB);
+  void* e = p.allocate(1_MiB);  // both cached blocks go to make room for a larger one
+  CHECK(p.stats().bytes_held == 1_MiB);
+  CHECK(p.stats().blocks == 1);
+  p.deallocate(e, 1_MiB);
+}
+
 TEST_CASE("a refused mmap is an io error that says what to change") {
   if (sanitized) {
     MESSAGE("skipped under a sanitizer: it cannot run with a capped address space");

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tide/nn/gpt.hpp"
@@ -46,6 +47,7 @@ typename Trainer::batch_type view_of(std::vector<std::int32_t> const& d) {
 }
 
 using tide::test::file_text;
+bool has_text(std::string const& s, std::string_view part) { return s.find(part) != std::string::npos; }
 
 enum class fault { allocation, copy, activation_copy };
 
@@ -306,6 +308,47 @@ std::vector<std::vector<std::byte>> state_of(sched_t& s, std::size_t params) {
 }
 
 }  // namespace
+
+TEST_CASE("a host capacity too small for the model data is a budget error at construction; for a step's extras, "
+          "a budget error that loses nothing") {
+  tide::test::scratch_dir dir{"capacity"};
+  off::chunked<off::belady> cfg{.chunk_bytes = chunk_bytes};
+  cfg.device_budget = tight(cfg);
+  auto free = tide::train::make_trainer(spec<>, cfg, overlapped);
+  std::size_t const kept = free.scheduler().host_pool_stats().bytes_held;  // the model data on the host
+  (void)free.step(view_of<decltype(free)>(data_of(0)));
+  std::size_t const peak = free.scheduler().host_pool_stats().peak_bytes_held;
+  REQUIRE(peak > kept);  // a step takes more: undo copies, the gradients of the host steps
+
+  cfg.host_capacity = kept / 2;
+  try {
+    (void)tide::train::make_trainer(spec<>, cfg, overlapped);
+    FAIL("a host capacity of half the model data did not throw");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::budget);
+    CHECK(has_text(e.message(), "host_capacity"));
+  }
+  cfg.host_capacity = kept + (peak - kept) / 2;
+  auto short_of = tide::train::make_trainer(spec<>, cfg, overlapped);
+  short_of.save(dir.path / "before");
+  try {
+    (void)short_of.step(view_of<decltype(short_of)>(data_of(0)));
+    FAIL("a step past the host capacity did not throw");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::budget);
+  }
+  CHECK(short_of.steps() == 0);
+  short_of.save(dir.path / "after");
+  CHECK(file_text(dir.path / "after") == file_text(dir.path / "before"));
+  cfg.host_capacity = peak;  // what the step took: it trains, to the bits of no limit
+  auto enough = tide::train::make_trainer(spec<>, cfg, overlapped);
+  (void)enough.step(view_of<decltype(enough)>(data_of(0)));
+  auto const want = params_of(free), got = params_of(enough);
+  int differ = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    differ += std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)) != 0;
+  CHECK(differ == 0);
+}
 
 TEST_CASE("a hook that throws in any block, forward or backward, loses nothing") {
   off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};

@@ -739,7 +739,7 @@ TEST_CASE("chunk_store on sealed: fetch, copy out and hand-over move the bytes; 
   mem::device_arena<tide::sealed> arena{{.budget = 2 * block}};  // room for two chunks
   tide::block_uses uses{0, {{0, 1}, {2, 3}, {4, 5}, {6, 7}}};
   store_owner owner;
-  store_owner::store_t st(owner, ex, arena, m.params, uses, m.layout, 0, {}, false);
+  store_owner::store_t st(owner, ex, arena, m.params, uses, m.layout, 0, {}, {.lock_pages = false});
   owner.store = &st;
   std::size_t const elems = st.param_[0].capacity() / sizeof(float);
   auto host_of = [&](std::uint32_t c) { return reinterpret_cast<float*>(st.param_[c].payload()); };

@@ -11,8 +11,10 @@
 // mlock (RLIMIT_MEMLOCK) the block stays unlocked and one message goes to stderr per process.
 // tide::cuda (pinned_pool.cuh) uses cudaHostAlloc. stats().locked counts the locked blocks.
 //
-// Out of host memory: a request larger than the host's memory (RAM + swap) is tide::error(budget)
-// before anything is mapped, and a refused mmap is tide::error(io). An offload scheduler's host
+// Out of host memory: a request larger than the host's memory (RAM + swap), or one that would take
+// the pool past its capacity (options::capacity, once the cached blocks of other sizes are
+// released), is tide::error(budget) before anything is mapped, and a refused mmap is
+// tide::error(io). An offload scheduler's host
 // tier is such a pool, holding the model data that is not on the device, so both messages say
 // what to change in a trainer's options: a smaller model, a larger device_budget, or (when the
 // pool locks its pages) lock_host_pages = false.
@@ -60,6 +62,10 @@ namespace tide::memory {
 
 struct pinned_pool_options {
   bool lock_pages = true;  // tide::host: mlock every block (cudaHostAlloc always pins)
+  // The most bytes the pool may hold, blocks handed out and cached (0: no limit). A new block
+  // that would pass it first releases cached blocks of other sizes; if that is not enough,
+  // allocate() throws tide::error(budget) before mapping anything.
+  std::size_t capacity = 0;
 };
 
 struct pinned_pool_stats {
@@ -234,10 +240,20 @@ class pinned_pool {
         ++s.stats.hits;
         return b.ptr;
       }
+      make_room(s, size, bytes);
     }
-    auto const fresh = pages::acquire(size, s.opts.lock_pages);  // slow: outside the lock
+    auto const fresh = [&] {  // slow: outside the lock
+      try {
+        return pages::acquire(size, s.opts.lock_pages);
+      } catch (...) {
+        std::lock_guard lock(s.mutex);
+        s.mapping -= size;
+        throw;
+      }
+    }();
     try {
       std::lock_guard lock(s.mutex);
+      s.mapping -= size;
       std::uint32_t i = s.spare;
       if (i != npos) s.spare = s.blocks[i].next;
       else {
@@ -368,9 +384,33 @@ class pinned_pool {
     std::vector<block> blocks;
     std::unordered_map<void const*, std::uint32_t> index;
     std::uint32_t spare = npos;
+    std::size_t mapping = 0;  // of new blocks being mapped now, outside the lock (capacity)
     pinned_pool_stats stats;
     mutable std::mutex mutex;
   };
+
+  // Capacity: room for a new block of `size` bytes (for a request of `bytes`) beside the blocks
+  // held and those being mapped, releasing cached blocks first; then counts it as being mapped.
+  // Under s.mutex.
+  void make_room(state& s, std::size_t size, std::size_t bytes) {
+    std::size_t const cap = s.opts.capacity;
+    if (cap == 0) return;
+    auto const over = [&] { return s.stats.bytes_held + s.mapping + size > cap; };
+    for (std::size_t c = 0; c < s.heads.size() && over(); ++c)
+      while (s.heads[c] != npos && over()) {
+        std::uint32_t const i = s.heads[c];
+        s.heads[c] = s.blocks[i].next;
+        pages::release(s.blocks[i].ptr, s.blocks[i].bytes);
+        s.stats.bytes_cached -= s.blocks[i].bytes;
+        forget(s, i);
+      }
+    TIDE_CHECK(!over(), budget, "pinned_pool<", B::name, ">::allocate: ", bytes, " bytes (", bytes_of{bytes},
+               ") would take the pool past its capacity of ", bytes_of{cap}, " (it holds ",
+               bytes_of{s.stats.bytes_held + s.mapping}, " in blocks handed out): ",
+               detail::host_room_advice((std::is_same_v<B, host> || std::is_same_v<B, sealed>) && s.opts.lock_pages),
+               ", or raise the capacity (scheduler_options::host_capacity)");
+    s.mapping += size;
+  }
 
   // Block record i leaves the pool's books (its pages are released, or given up, by the caller);
   // the record becomes a spare. Under s.mutex.

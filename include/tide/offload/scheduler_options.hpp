@@ -71,6 +71,13 @@ struct scheduler_options {
   // landed, and an eviction copies the chunk back: less host memory (by the device-resident
   // parameter chunks), more copies.
   bool keep_host_copies = true;
+  // The most host memory the engine's pool may hold (memory::pinned_pool_options::capacity; 0: no
+  // limit): the model data kept on the host, the undo copies and gradients of the host steps,
+  // staging, the offloaded activations. Past it, what asks for more is tide::error(budget): the
+  // construction when the model data alone does not fit, a step (undone, as any failure) when
+  // what the step takes on top of it does not. The largest model a machine trains is then found
+  // without the kernel's out-of-memory killer (bench/offload's max_model figures).
+  std::size_t host_capacity = 0;
 };
 
 }  // namespace tide::offload

@@ -122,6 +122,8 @@ struct chunked {
   // scheduler_options::host_steps_in_flight: the gradient ring's blocks, host steps queued beside
   // backward before the next one waits (0: no ring, every gradient keeps its block until step()).
   int host_steps_in_flight = 4;
+  // scheduler_options::host_capacity: the most host memory the engine may hold (0: no limit).
+  std::size_t host_capacity = 0;
   static constexpr bool moves_data = true;
 
   static std::string name() { return tide::detail::concat("chunked<", Policy::name, ">"); }
@@ -175,6 +177,7 @@ struct layer_window {
   bool reuse_grad_slots = false;  // scheduler_options::reuse_grad_slots (through make_trainer)
   bool keep_host_copies = true;   // scheduler_options::keep_host_copies (through make_trainer)
   int host_steps_in_flight = 4;   // scheduler_options::host_steps_in_flight (through make_trainer)
+  std::size_t host_capacity = 0;  // scheduler_options::host_capacity (through make_trainer)
   static constexpr bool moves_data = true;
 
   static std::string name() {
@@ -234,6 +237,7 @@ struct static_partition {
   bool reuse_grad_slots = false;  // scheduler_options::reuse_grad_slots (through make_trainer)
   bool keep_host_copies = true;   // scheduler_options::keep_host_copies (through make_trainer)
   int host_steps_in_flight = 4;   // scheduler_options::host_steps_in_flight (through make_trainer)
+  std::size_t host_capacity = 0;  // scheduler_options::host_capacity (through make_trainer)
   static constexpr bool moves_data = true;
 
   static std::string name() { return "static_partition"; }

@@ -139,18 +139,11 @@ class trainer {
         arena_({.budget = budget_of(spec, off)}),
         stage_(stage_of(spec, pipeline, comm, opt)),
         elsewhere_(std::max<std::size_t>(stage_.largest_elsewhere, 1)),
+        // A stage sums wte before stepping, and hands its gradients to the sink once every stage
+        // and replica ran backward.
         scheduler_(ex_, arena_, staged ? stage_.params : spec.parameters(), staged ? stage_.uses : spec.uses(), off,
-                   {.micro_steps = opt.micro_steps,
-                    .host_steps_in_flight = detail::host_steps_in_flight_of(off),
-                    .defer_optimizer = staged || needs_all_gradients(opt),  // a stage sums wte before stepping
-                    .defer_sink = staged,  // summed once every stage and replica ran backward
-                    .decay_matrices_only = opt.decay_matrices_only,
-                    .host_budget = detail::host_budget_of(off),
-                    .spill_folder = detail::spill_folder_of(off),
-                    .host_reserve = detail::host_reserve_of(off),
-                    .reuse_grad_slots = detail::reuse_grad_slots_of(off),
-                    .keep_host_copies = detail::keep_host_copies_of(off)},
-                   opt, comm.sink(), comm.source()),
+                   detail::scheduler_options_of(off, opt, staged || needs_all_gradients(opt), staged), opt,
+                   comm.sink(), comm.source()),
         model_(spec.build(arena_, staged ? hooks_type{&scheduler_, stage_.index.data(), elsewhere_.data()}
                                          : hooks_type{&scheduler_})),
         scaler_(opt.scaling) {}

@@ -58,7 +58,7 @@ class chunk_store {
 
   chunk_store(Engine& owner, exec<B> const& ex, memory::device_arena<B>& arena, parameter_list params,
               block_uses uses, chunk::chunk_layout layout, std::size_t state_lists, std::span<extra_list const> extras,
-              bool lock_pages, chunk_shard shard = {}, bool attach_state = true)
+              memory::pinned_pool_options host_pool, chunk_shard shard = {}, bool attach_state = true)
       : owner_(&owner),
         ex_(ex),
         arena_(&arena),
@@ -68,7 +68,7 @@ class chunk_store {
         param_(chunk::chunk_role::param, dtype_of<T>, layout_, params_),
         grad_(chunk::chunk_role::grad, dtype_of<T>, layout_, params_),
         master_(chunk::chunk_role::master, dtype::f32, layout_, params_),
-        host_(memory::pinned_pool_options{.lock_pages = lock_pages}),
+        host_(host_pool),
         engine_(copy_stream_, {.max_in_flight = 8}),
         shard_(shard) {
     TIDE_REQUIRE(shard.ranks >= 1 && shard.rank >= 0 && shard.rank < shard.ranks, "offload::scheduler: the sink's "

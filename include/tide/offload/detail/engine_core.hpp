@@ -77,7 +77,8 @@ class engine_core {
               P const& policy, scheduler_options const& options, O const& optimizer, S const& sink,
               Src const& source)
       : store_(*this, ex, arena, params, uses, policy.layout(params, uses, arena.config().budget, sizeof(T)),
-               state_lists, extra_lists_of<S>(), options.lock_host_pages, shard_of(sink), options.host_budget == 0),
+               state_lists, extra_lists_of<S>(), {.lock_pages = options.lock_host_pages, .capacity = options.host_capacity},
+               shard_of(sink), options.host_budget == 0),
         res_(store_, policy),
         sinks_(sink, store_.n_, store_.cur_),
         source_(source),
