@@ -21,7 +21,9 @@
 //
 // The thread executor (pipeline/executor.hpp) on p = 2 stages, m = 8 micro-batches of a GPT
 // (L 4, C 128, B 4, T 64), uniform cut. Two stages of one thread each on this machine's two
-// cores: each stage has a core. W is folded into the one-pass backward.
+// cores: each stage has a core. The zero-bubble schedules (zb_h1, zb_h2, zb_v, dualpipe_v) run a
+// model whose backward splits in two (gpt_options::split_backward): W runs the weight pass; the
+// others the one-pass backward.
 //   executor_overhead_<schedule>     the makespan the simulator gives from the per-piece forward
 //                                    and backward times measured in the same runs, over the
 //                                    measured wall time of the step (goal 0.9): what the executor
@@ -30,6 +32,21 @@
 //                                    both measured, against 1 - the schedule's closed-form bubble
 //                                    at the same (p, m) (the table above; goal 0.9 of it): what
 //                                    the schedule reaches on a real model, unequal pieces included
+//
+//   zb_h1_bubble_vs_1f1b, zb_h2_bubble_vs_1f1b  (goals 0.6, 0.3) the zero-bubble schedule's
+//                                    measured bubble over 1F1B's (the one-pass backward, what a
+//                                    user runs without the split), same model, (p, m) and run.
+//                                    The bubble is the idle time inside each stage's own span
+//                                    (first action's start to last action's end) over the spans:
+//                                    the bubble the schedules remove, which is 0 for ZB-H2 at
+//                                    equal costs. The stagger between stages' starts stays in
+//                                    the makespan (the detail's makespan_ratio: (m + p − 1) /
+//                                    (3m + p − 1) = 0.36 at best here for both). The detail also
+//                                    has the same schedule with the whole backward in B
+//                                    (span_bubble_whole_backward: what the split buys) and W / B.
+//   zb_h1_bubble_vs_1f1b_ranks, zb_h2_bubble_vs_1f1b_ranks  the same on 2 MPI ranks, a stage and
+//                                    a model per rank (pipeline::rank_executor), busy and span
+//                                    summed over the ranks; when the build has MPI.
 //
 // partitioner_vs_uniform: a GPT whose head is several blocks' worth (vocab 8192, C 128, L 6),
 // each block's forward and backward measured alone (measure_blocks), cut into 2 stages by
@@ -45,6 +62,11 @@
 
 #include "harness.hpp"
 #include "tide/memory/device_arena.hpp"
+#if defined(TIDE_MPIEXEC)
+#include "mpi_launch.hpp"
+#include "tide/comm/mpi.hpp"
+#include "tide/pipeline/ranks.hpp"
+#endif
 #include "tide/nn/gpt.hpp"
 #include "tide/pipeline/executor.hpp"
 #include "tide/pipeline/simulate.hpp"
@@ -82,7 +104,7 @@ double closed_bubble(pp::kind k, int stages, int micro, int v) {
 // Mean wall seconds per step and mean per-piece costs over `reps` runs after 2 warm-ups; the
 // slowest stage's mean busy seconds.
 struct measured {
-  double seconds = 0, slowest_busy = 0, bubble = 0;
+  double seconds = 0, slowest_busy = 0, bubble = 0, span_bubble = 0;
   std::vector<pp::costs> pieces;
 };
 measured run_steps(pp::thread_executor& run, host_gpt& model, tide::exec<tide::host> const& ex,
@@ -98,29 +120,100 @@ measured run_steps(pp::thread_executor& run, host_gpt& model, tide::exec<tide::h
     auto const& st = run.last();
     r.seconds += st.seconds / reps;
     r.bubble += st.bubble_fraction / reps;
+    r.span_bubble += st.span_bubble_fraction / reps;
     auto const pc = st.piece_costs(Q);
-    for (std::size_t q = 0; q < pc.size(); ++q) r.pieces[q].f += pc[q].f / reps, r.pieces[q].b += pc[q].b / reps;
+    for (std::size_t q = 0; q < pc.size(); ++q)
+      r.pieces[q].f += pc[q].f / reps, r.pieces[q].b += pc[q].b / reps, r.pieces[q].w += pc[q].w / reps;
     for (std::size_t s = 0; s < busy.size(); ++s) busy[s] += st.stages[s].busy / reps;
   }
   r.slowest_busy = *std::max_element(busy.begin(), busy.end());
   return r;
 }
 
-void executor_figures() {
-  tide::nn::gpt_config const config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = 64};
-  int const m = 8;
-  tokens const data(m, 4, 64, config.vocab);
+// The executor figures' model and step: p = 2 stages, m = 8 micro-batches of (B, T) = (4, 64).
+constexpr tide::nn::gpt_config executor_gpt{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = 64};
+constexpr int executor_micro = 8;
+
+bool zero_bubble(pp::kind k) {
+  return k == pp::kind::zb_h1 || k == pp::kind::zb_h2 || k == pp::kind::zb_v || k == pp::kind::dualpipe_v;
+}
+
+// Schedule k on the thread executor, the model's backward split in two when `split`; the uniform
+// cut, or `cut` when it has pieces.
+measured on_threads(pp::kind k, bool split, tokens const& data, int reps, pp::cut const& cut = {}) {
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
+  int const v = k == pp::kind::interleaved ? 2 : 1;
+  auto const s = pp::generate(k, 2, executor_micro, v);
+  tide::memory::device_arena<tide::host> arena{{.budget = std::size_t{1} << 30}};
+  pp::thread_executor run{s, cut.pieces() > 0 ? cut : pp::uniform_cut(-1, executor_gpt.layers, s.stages * s.chunks)};
+  host_gpt model(executor_gpt, arena, {.seed = 1, .in_flight = run.slots(split), .split_backward = split});
+  model.zero_grad(ex);
+  return run_steps(run, model, ex, std::span<batch const>(data.micro), reps);
+}
+
+// The executor model's blocks cut into 2 stages of equal measured cost (measure_blocks, then
+// partition_layers): what a user runs to keep the stages even. `costs` may replace the
+// measured ones (ranks pass every rank's mean, so all cut alike).
+std::vector<pp::layer_cost> executor_block_costs(tokens const& data) {
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = std::size_t{1} << 30}};
+  host_gpt model(executor_gpt, arena, {.seed = 1});
+  model.zero_grad(ex);
+  return pp::measure_blocks(model, ex, data.micro[0], 5);
+}
+pp::cut even_cut(std::span<pp::layer_cost const> costs) {
+  return pp::cut_of(pp::partition_layers(costs, {.stages = 2, .micro = executor_micro}), -1);
+}
+
+// The span bubble the simulator gives schedule k at (2, m) from per-piece costs measured in a run.
+double predicted_span_bubble(pp::kind k, std::span<pp::costs const> pieces) {
+  auto const r = pp::simulate(pp::generate(k, 2, executor_micro, 1), pieces);
+  double busy = 0, span = 0;
+  for (auto const& st : r.stages) busy += st.busy, span += st.span();
+  return span > 0 ? 1 - busy / span : 0;
+}
+
+// zb_<h1|h2>_bubble_vs_1f1b: the zero-bubble schedule's measured bubble over 1F1B's, same model,
+// same (p, m), same cut, same run; `where`: "" on threads, "_ranks" on MPI ranks.
+void zero_bubble_figure(pp::kind k, double goal, measured const& zb, measured const& whole, measured const& ofob,
+                        std::string const& where, pp::cut const& cut) {
+  tide::bench::figure{.bench = "pipeline",
+                      .name = std::string(k == pp::kind::zb_h1 ? "zb_h1" : "zb_h2") + "_bubble_vs_1f1b" + where,
+                      .value = zb.span_bubble,
+                      .unit = "idle fraction of the stages' own spans (span_bubble_fraction), measured",
+                      .anchor = "1F1B's, with the model's one-pass backward, same model and (p, m), same run",
+                      .anchor_value = ofob.span_bubble,
+                      .higher_is_better = false,
+                      .goal = goal,
+                      .detail = {{"stages", 2},
+                                 {"micro", executor_micro},
+                                 {"makespan_bubble", zb.bubble},
+                                 {"makespan_bubble_1f1b", ofob.bubble},
+                                 {"makespan_ratio", zb.bubble / ofob.bubble},
+                                 {"span_bubble_whole_backward", whole.span_bubble},
+                                 {"step_s", zb.seconds},
+                                 {"step_s_1f1b", ofob.seconds},
+                                 {"w_over_b", zb.pieces.empty() || zb.pieces[0].b == 0 ? 0 : zb.pieces[0].w / zb.pieces[0].b},
+                                 {"stage0_last_block", cut.last.empty() ? 0 : cut.last[0]},
+                                 // the same ratio simulated from each run's measured per-piece F, B, W:
+                                 // what the costs allow, the executor's waits left out
+                                 {"simulated_ratio", predicted_span_bubble(k, zb.pieces) /
+                                                         predicted_span_bubble(pp::kind::one_f_one_b, ofob.pieces)}}}
+      .print();
+}
+
+void executor_figures() {
+  int const m = executor_micro;
+  tokens const data(m, 4, 64, executor_gpt.vocab);
+
   for (pp::kind k : {pp::kind::gpipe, pp::kind::one_f_one_b, pp::kind::interleaved, pp::kind::zb_h1, pp::kind::zb_h2,
                      pp::kind::zb_v, pp::kind::dualpipe_v}) {
     int const v = k == pp::kind::interleaved ? 2 : 1;
     auto const s = pp::generate(k, 2, m, v);
-    tide::memory::device_arena<tide::host> arena{{.budget = std::size_t{1} << 30}};
-    host_gpt model(config, arena, {.seed = 1, .in_flight = pp::slots_needed(s, 0)});
-    model.zero_grad(ex);
-    pp::thread_executor run{s, pp::uniform_cut(model, s)};
-    measured const r = run_steps(run, model, ex, std::span<batch const>(data.micro), 5);
+    // The zero-bubble schedules with the backward split (their W's fill bubbles); the others whole.
+    measured const r = on_threads(k, zero_bubble(k), data, 5);
     auto const sim = pp::check(s);  // valid
     auto const from_costs = pp::simulate(s, std::span<pp::costs const>(r.pieces));
     tide::bench::figure{.bench = "pipeline",
@@ -152,10 +245,81 @@ void executor_figures() {
                                    {"closed_bubble", closed},
                                    {"simulated_bubble_from_measured_pieces", from_costs.bubble_fraction},
                                    {"slowest_stage_busy_s", r.slowest_busy},
-                                   {"step_s", r.seconds}}}
+                                   {"step_s", r.seconds},
+                                   {"span_bubble", r.span_bubble},
+                                   {"split_backward", zero_bubble(k) ? 1.0 : 0.0}}}
         .print();
   }
+  // The zero-bubble figures on a cut of equal stages, 1F1B's the same: the bubble the schedule
+  // leaves, not the cut's imbalance.
+  auto const costs = executor_block_costs(data);
+  pp::cut const cut = even_cut(costs);
+  int const reps = tide::bench::quick() ? 2 : 9;
+  measured const ofob = on_threads(pp::kind::one_f_one_b, false, data, reps, cut);
+  measured const h1 = on_threads(pp::kind::zb_h1, true, data, reps, cut);
+  measured const h1_whole = on_threads(pp::kind::zb_h1, false, data, reps, cut);
+  measured const h2 = on_threads(pp::kind::zb_h2, true, data, reps, cut);
+  measured const h2_whole = on_threads(pp::kind::zb_h2, false, data, reps, cut);
+  zero_bubble_figure(pp::kind::zb_h1, 0.6, h1, h1_whole, ofob, "", cut);
+  zero_bubble_figure(pp::kind::zb_h2, 0.3, h2, h2_whole, ofob, "", cut);
 }
+
+#if defined(TIDE_MPIEXEC)
+// The same on MPI ranks, a stage per rank (pipeline::rank_executor), every rank its own model:
+// a rank's bubble from its own timeline, summed over the ranks (busy and span).
+measured on_ranks(tide::comm::mpi& world, pp::kind k, bool split, tokens const& data, int reps, pp::cut const& cut) {
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  auto const s = pp::generate(k, world.size(), executor_micro, 1);
+  tide::memory::device_arena<tide::host> arena{{.budget = std::size_t{1} << 30}};
+  pp::rank_executor run{world, s, cut};
+  host_gpt model(executor_gpt, arena,
+                 {.seed = 1, .in_flight = run.slots(split), .separate_tied_grad = true, .split_backward = split});
+  measured r;
+  r.pieces.assign(static_cast<std::size_t>(s.stages * s.chunks), pp::costs{.f = 0, .b = 0, .w = 0, .comm = 0});
+  double busy = 0, span = 0, seconds = 0;
+  for (int i = -2; i < reps; ++i) {
+    model.zero_grad(ex);
+    tide::bench::keep(run.run(model, ex, std::span<batch const>(data.micro), 1.f / executor_micro));
+    if (i < 0) continue;
+    auto const& st = run.last();
+    busy += st.stages[0].busy;
+    span += st.stages[0].busy / std::max(1e-12, 1 - st.span_bubble_fraction);
+    seconds += st.seconds;
+    auto const pc = st.piece_costs(static_cast<int>(r.pieces.size()));  // this rank's pieces; the others 0
+    for (std::size_t q = 0; q < pc.size(); ++q)
+      r.pieces[q].f += pc[q].f / reps, r.pieces[q].b += pc[q].b / reps, r.pieces[q].w += pc[q].w / reps;
+  }
+  for (pp::costs& c : r.pieces)
+    c = {.f = tide::comm::sum_over_ranks(world, c.f), .b = tide::comm::sum_over_ranks(world, c.b),
+         .w = tide::comm::sum_over_ranks(world, c.w), .comm = 0};
+  double const all_busy = tide::comm::sum_over_ranks(world, busy), all_span = tide::comm::sum_over_ranks(world, span);
+  double const wall = tide::comm::sum_over_ranks(world, seconds) / world.size();  // the ranks' mean wall time
+  r.seconds = wall / reps;
+  r.span_bubble = 1 - all_busy / all_span;
+  r.bubble = 1 - all_busy / (world.size() * wall);
+  return r;
+}
+
+void rank_figures(tide::comm::mpi& world) {
+  tokens const data(executor_micro, 4, 64, executor_gpt.vocab);
+  int const reps = tide::bench::quick() ? 2 : 9;
+  auto costs = executor_block_costs(data);  // every rank's, then their mean: one cut everywhere
+  for (pp::layer_cost& c : costs) {
+    c.forward = tide::comm::sum_over_ranks(world, c.forward) / world.size();
+    c.backward = tide::comm::sum_over_ranks(world, c.backward) / world.size();
+  }
+  pp::cut const cut = even_cut(costs);
+  measured const ofob = on_ranks(world, pp::kind::one_f_one_b, false, data, reps, cut);
+  measured const h1 = on_ranks(world, pp::kind::zb_h1, true, data, reps, cut);
+  measured const h1_whole = on_ranks(world, pp::kind::zb_h1, false, data, reps, cut);
+  measured const h2 = on_ranks(world, pp::kind::zb_h2, true, data, reps, cut);
+  measured const h2_whole = on_ranks(world, pp::kind::zb_h2, false, data, reps, cut);
+  if (world.rank() != 0) return;
+  zero_bubble_figure(pp::kind::zb_h1, 0.6, h1, h1_whole, ofob, "_ranks", cut);
+  zero_bubble_figure(pp::kind::zb_h2, 0.3, h2, h2_whole, ofob, "_ranks", cut);
+}
+#endif
 
 void partitioner_vs_uniform() {
   tide::nn::gpt_config const config{.layers = 6, .heads = 4, .channels = 128, .vocab = 8192, .max_seq = 64};
@@ -195,7 +359,15 @@ void partitioner_vs_uniform() {
 
 }  // namespace
 
-int main() {
+int main([[maybe_unused]] int argc, [[maybe_unused]] char** argv) {
+#if defined(TIDE_MPIEXEC)
+  if (tide::bench::under_mpiexec()) {
+    tide::comm::mpi_session session{&argc, &argv};
+    tide::comm::mpi world{session};
+    rank_figures(world);
+    return 0;
+  }
+#endif
   struct shape {
     int p, m;
   };
@@ -231,5 +403,9 @@ int main() {
     }
   executor_figures();
   partitioner_vs_uniform();
+#if defined(TIDE_MPIEXEC)
+  return tide::bench::run_on(argv[0], "2");  // the zero-bubble figures on ranks
+#else
   return 0;
+#endif
 }

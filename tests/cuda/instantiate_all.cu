@@ -119,6 +119,12 @@ void activations_of(cuda_exec const& ex) {
   k::matmul_forward_gelu(ex, y, y, x, x, x, ws);
   k::matmul_backward(ex, y, y, y, x, x, x, ws);
   k::matmul_backward_gelu(ex, y, y, y, y, x, x, x, ws);
+  k::matmul_backward_input(ex, y, x, x);
+  k::matmul_backward_input(ex, y, x, x, ws);
+  k::matmul_backward_weight(ex, y, y, x, x);
+  k::matmul_backward_weight(ex, y, y, x, x, ws);
+  k::matmul_backward_gelu_input(ex, y, y, x, x);
+  k::matmul_backward_gelu_input(ex, y, y, x, x, ws);
 
   k::gelu_forward(ex, y, x);
   k::gelu_backward(ex, y, x, x);
@@ -132,6 +138,8 @@ void activations_of(cuda_exec const& ex) {
   k::residual_layernorm_forward(ex, y, y, stats, stats, x, x, x, x);
   (void)k::layernorm_backward_scratch_bytes(ex, 4, 8);
   k::layernorm_backward(ex, y, y, y, x, x, x, saved, saved, ws);
+  k::layernorm_backward_input(ex, y, x, x, x, saved, saved);
+  k::layernorm_backward_weight(ex, y, y, x, x, saved, saved, ws);
 
   k::residual_forward(ex, y, x, x);
   k::residual_backward(ex, y, y, x);

@@ -1,7 +1,8 @@
 // tide::kernels LayerNorm: host against the double reference (float, bf16, f16; widths that are
 // not multiples of the vector width), the reference backward against central finite differences
 // of the reference forward, bit-identical results for 1, 2 and 3 threads, the fused
-// residual + LayerNorm against the two unfused calls, and bad arguments.
+// residual + LayerNorm against the two unfused calls, the backward's input and weight halves
+// against the fused backward (bit for bit), and bad arguments.
 
 #include <doctest/doctest.h>
 
@@ -439,6 +440,126 @@ TEST_CASE("layernorm: bad arguments throw tide::error(usage) and write nothing")
   CHECK(same_bits(out, untouched));
 }
 
+TEST_CASE("layernorm backward split: the input and weight halves give the fused bits") {
+  std::mt19937 gen(61);
+  // Each of dinp, dweight, dbias equal bit for bit; a half alone leaves the other's outputs as they were.
+  auto check = [&]<class T, class W>(T*, W*, index_t N, index_t C) {
+    CAPTURE(N);
+    CAPTURE(C);
+    backward_case<T, W> const p(N, C, gen);
+    for (int threads : {1, 2}) {
+      CAPTURE(threads);
+      tide::thread_pool pool{threads};
+      tide::exec<tide::host> const ex{pool};
+      tk::detail::call_scratch const scratch(tk::layernorm_backward_scratch_bytes(ex, N, C));
+      auto input = [&](auto dinp, auto, auto, auto dout, auto inp, auto weight, auto mean, auto rstd) {
+        tk::layernorm_backward_input(ex, dinp, dout, inp, weight, mean, rstd);
+      };
+      auto weight = [&](auto, auto dweight, auto dbias, auto dout, auto inp, auto, auto mean, auto rstd) {
+        tk::layernorm_backward_weight(ex, dweight, dbias, dout, inp, mean, rstd, scratch.get());
+      };
+      auto const [dinp, dw, db] = p.run([&](auto... v) { tk::layernorm_backward(ex, v..., scratch.get()); });
+      CHECK(!same_bits(dinp, p.dinp0));  // the backward ran
+      CHECK(!same_bits(dw, p.dw0));
+      CHECK(!same_bits(db, p.db0));
+      auto const [dinp_iw, dw_iw, db_iw] = p.run([&](auto... v) {
+        input(v...);
+        weight(v...);
+      });
+      CHECK(same_bits(dinp_iw, dinp));
+      CHECK(same_bits(dw_iw, dw));
+      CHECK(same_bits(db_iw, db));
+      auto const [dinp_wi, dw_wi, db_wi] = p.run([&](auto... v) {
+        weight(v...);
+        input(v...);
+      });
+      CHECK(same_bits(dinp_wi, dinp));
+      CHECK(same_bits(dw_wi, dw));
+      CHECK(same_bits(db_wi, db));
+      auto const [dinp_i, dw_i, db_i] = p.run([&](auto... v) { input(v...); });
+      CHECK(same_bits(dinp_i, dinp));
+      CHECK(same_bits(dw_i, p.dw0));
+      CHECK(same_bits(db_i, p.db0));
+      auto const [dinp_w, dw_w, db_w] = p.run([&](auto... v) { weight(v...); });
+      CHECK(same_bits(dinp_w, p.dinp0));
+      CHECK(same_bits(dw_w, dw));
+      CHECK(same_bits(db_w, db));
+    }
+  };
+  // C = 24 and 37: not multiples of the 32 lanes of a row sum; N = 300: five chunks of 64 rows.
+  for (auto [N, C] : {std::pair<index_t, index_t>{37, 24}, {300, 37}}) {
+    check(static_cast<float*>(nullptr), static_cast<float*>(nullptr), N, C);
+    check(static_cast<bf16*>(nullptr), static_cast<bf16*>(nullptr), N, C);
+    check(static_cast<f16*>(nullptr), static_cast<f16*>(nullptr), N, C);
+    check(static_cast<bf16*>(nullptr), static_cast<float*>(nullptr), N, C);
+  }
+}
+
+TEST_CASE("layernorm backward split: bad arguments throw tide::error(usage) and write nothing") {
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> ex{pool};
+  index_t const N = 4, C = 8;
+  std::vector<float> x(32, 1.0f), w(8, 1.0f), w9(9, 1.0f), mean(4, 0.0f), rstd(4, 1.0f), dinp(32, -7.0f),
+      dout(32, 1.0f), dw(8, -7.0f), db(8, -7.0f), dw9(9, -7.0f);
+  tk::detail::call_scratch const scratch(tk::layernorm_backward_scratch_bytes(ex, N, C));
+  auto const ws = scratch.get();
+  auto X = view(x, {N, C});
+  auto Wt = view(w, {C});
+  auto M = view(mean, {N});
+  auto R = view(rstd, {N});
+  auto DI = view(dinp, {N, C});
+  auto DO = view(dout, {N, C});
+  auto DW = view(dw, {C});
+  auto DB = view(db, {C});
+
+  // The input half.
+  auto msg = usage_error([&] { tk::layernorm_backward_input(ex, view(dinp, {C, N}), DO, X, Wt, M, R); });
+  CHECK(msg.find("dinp") != std::string::npos);
+  CHECK(msg.find("(8, 4)") != std::string::npos);
+  msg = usage_error([&] { tk::layernorm_backward_input(ex, DI, view(dout, {C, N}), X, Wt, M, R); });
+  CHECK(msg.find("dout") != std::string::npos);
+  msg = usage_error([&] { tk::layernorm_backward_input(ex, DI, DO, X, view(w9, {9}), M, R); });
+  CHECK(msg.find("weight") != std::string::npos);
+  msg = usage_error([&] { tk::layernorm_backward_input(ex, DI, DO, X, Wt, view(mean, {2, 2}).slice(0, 1), R); });
+  CHECK(msg.find("mean") != std::string::npos);
+  msg = usage_error([&] { tk::layernorm_backward_input(ex, DO, DO, X, Wt, M, R); });  // dinp over dout
+  CHECK(msg.find("overlaps") != std::string::npos);
+  msg = usage_error([&] { tk::layernorm_backward_input(ex, view(x, {N, C}), DO, X, Wt, M, R); });  // dinp over inp
+  CHECK(msg.find("overlaps") != std::string::npos);
+
+  // The weight half.
+  msg = usage_error([&] { tk::layernorm_backward_weight(ex, view(dw9, {9}), DB, DO, X, M, R, ws); });
+  CHECK(msg.find("dweight") != std::string::npos);
+  msg = usage_error([&] { tk::layernorm_backward_weight(ex, DW, view(dw9, {9}), DO, X, M, R, ws); });
+  CHECK(msg.find("dbias") != std::string::npos);
+  msg = usage_error([&] { tk::layernorm_backward_weight(ex, DW, DB, view(dout, {C, N}), X, M, R, ws); });
+  CHECK(msg.find("dout") != std::string::npos);
+  msg = usage_error([&] { tk::layernorm_backward_weight(ex, DW, DB, DO, X, M, view(rstd, {2, 2}).slice(0, 1), ws); });
+  CHECK(msg.find("rstd") != std::string::npos);
+  msg = usage_error([&] { tk::layernorm_backward_weight(ex, DW, DW, DO, X, M, R, ws); });  // dbias over dweight
+  CHECK(msg.find("overlaps") != std::string::npos);
+  msg = usage_error([&] {  // dbias over dout
+    tk::layernorm_backward_weight(ex, DW, tensor_view<float>(dout.data(), {C}), DO, X, M, R, ws);
+  });
+  CHECK(msg.find("overlaps") != std::string::npos);
+
+  // Less scratch than the query asks (the input half needs none).
+  std::size_t const need = tk::layernorm_backward_scratch_bytes(ex, N, C);
+  REQUIRE(need > 4);
+  tk::detail::call_scratch const small(need - 4);
+  msg = usage_error([&] { tk::layernorm_backward_weight(ex, DW, DB, DO, X, M, R, small.get()); });
+  CHECK(msg.find("layernorm_backward_scratch_bytes") != std::string::npos);
+  msg = usage_error([&] { tk::layernorm_backward_weight(ex, DW, DB, DO, X, M, R, tk::scratch<>{}); });
+  CHECK(msg.find("layernorm_backward_scratch_bytes") != std::string::npos);
+
+  CHECK(same_bits(dinp, std::vector<float>(32, -7.0f)));
+  CHECK(same_bits(dw, std::vector<float>(8, -7.0f)));
+  CHECK(same_bits(db, std::vector<float>(8, -7.0f)));
+  CHECK(same_bits(dw9, std::vector<float>(9, -7.0f)));
+  CHECK(same_bits(dout, std::vector<float>(32, 1.0f)));
+  CHECK(same_bits(x, std::vector<float>(32, 1.0f)));
+}
+
 TEST_CASE("layernorm: zero rows is a no-op") {
   tide::thread_pool pool{2};
   tide::exec<tide::host> ex{pool};
@@ -447,6 +568,10 @@ TEST_CASE("layernorm: zero rows is a no-op") {
                         view(b, {5}));
   tk::layernorm_backward(ex, view(none, {0, 5}), view(dw, {5}), view(db, {5}), view(none, {0, 5}), view(none, {0, 5}),
                          view(w, {5}), view(none, {0}), view(none, {0}));
+  tk::layernorm_backward_input(ex, view(none, {0, 5}), view(none, {0, 5}), view(none, {0, 5}), view(w, {5}),
+                               view(none, {0}), view(none, {0}));
+  tk::layernorm_backward_weight(ex, view(dw, {5}), view(db, {5}), view(none, {0, 5}), view(none, {0, 5}),
+                                view(none, {0}), view(none, {0}), tk::scratch<>{});
   CHECK(dw == std::vector<float>(5, 2.0f));
   CHECK(db == std::vector<float>(5, 3.0f));
 }

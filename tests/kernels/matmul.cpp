@@ -427,4 +427,214 @@ TEST_CASE("bad matmul shapes throw usage errors and touch nothing") {
   CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 7.f; }));
 }
 
+// ---- the backward in two halves ---------------------------------------------------------------
+
+// One backward's inputs and old accumulators (non-zero: the halves add, as the fused call does).
+template <class T>
+struct split_case {
+  dims d;
+  std::mt19937 rng;
+  tensor<T> x, w, dout, pre, dinp, dw, db;
+  split_case(dims shape, unsigned seed)
+      : d(shape),
+        rng(seed),
+        x(rows_shape(d.N, d.C), rng),
+        w({d.OC, d.C}, rng, 0.5),
+        dout(rows_shape(d.N, d.OC), rng),
+        pre(dout.s, rng, 2.0),
+        dinp(x.s, rng),
+        dw(w.s, rng),
+        db({d.OC}, rng) {}
+};
+
+template <class T>
+struct split_grads {
+  std::vector<T> dinp, dw, db, dout;
+};
+
+// How the backward runs: fused, the input half then the weight half, the weight half then the
+// input half, or only one of them.
+enum class split { fused, input_then_weight, weight_then_input, input_only, weight_only };
+
+// Runs the backward (the GELU form when gelu: its input half rewrites dout, which the weight half
+// then reads, so it runs input first) on copies of the accumulators and dout.
+template <class T>
+split_grads<T> run_split(split_case<T> const& p, int threads, split how, bool gelu, bool with_bias) {
+  split_grads<T> g{p.dinp.v, p.dw.v, p.db.v, p.dout.v};
+  tide::thread_pool pool{threads};
+  tide::exec<tide::host> ex{pool};
+  k::detail::call_scratch const scratch(k::matmul_backward_scratch_bytes<T>(ex, p.d.N, p.d.C, p.d.OC));
+  auto const ws = scratch.get();
+  tensor_view<T> const dinp{g.dinp.data(), p.x.s}, dw{g.dw.data(), p.w.s}, dout{g.dout.data(), p.dout.s};
+  tensor_view<T> const db = with_bias ? tensor_view<T>{g.db.data(), {p.d.OC}} : tensor_view<T>{};
+  tensor_view<T const> const x{p.x.v.data(), p.x.s}, w{p.w.v.data(), p.w.s}, pre{p.pre.v.data(), p.pre.s};
+  auto input = [&] {
+    if (gelu)
+      k::matmul_backward_gelu_input(ex, dinp, dout, pre, w, ws);
+    else
+      k::matmul_backward_input(ex, dinp, tensor_view<T const>(dout), w, ws);
+  };
+  auto weight = [&] { k::matmul_backward_weight(ex, dw, db, tensor_view<T const>(dout), x, ws); };
+  switch (how) {
+    case split::fused:
+      if (gelu)
+        k::matmul_backward_gelu(ex, dinp, dw, db, dout, pre, x, w, ws);
+      else
+        k::matmul_backward(ex, dinp, dw, db, tensor_view<T const>(dout), x, w, ws);
+      break;
+    case split::input_then_weight: input(), weight(); break;
+    case split::weight_then_input: weight(), input(); break;
+    case split::input_only: input(); break;
+    case split::weight_only: weight(); break;
+  }
+  return g;
+}
+
+// Bitwise equality, with the count and the first index of differing elements when not.
+template <class T>
+void check_bits(char const* what, std::vector<T> const& got, std::vector<T> const& want) {
+  REQUIRE(got.size() == want.size());
+  std::size_t differ = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0 && differ++ == 0) first = i;
+  INFO(what, ": ", differ, " of ", got.size(), " elements differ, the first at ", first);
+  CHECK(differ == 0);
+}
+
+// N = 37 is odd (one (N, C) view); N = 300 rows cut the sgemm into several blocks of rows and
+// OC = 72 the dbias sums into two column tasks.
+dims const split_shapes[] = {{37, 24, 40}, {300, 40, 72}};
+
+TEST_CASE_TEMPLATE("matmul backward split: the input and weight halves give the fused bits", T, float, tide::bf16,
+                   tide::f16) {
+  unsigned seed = 400;
+  for (dims const d : split_shapes) {
+    split_case<T> const p(d, seed++);
+    for (int threads : {1, 2})
+      for (bool with_bias : {true, false}) {
+        INFO("N ", d.N, ", C ", d.C, ", OC ", d.OC, ", threads ", threads, ", bias ", with_bias);
+        auto const fused = run_split(p, threads, split::fused, false, with_bias);
+        CHECK(!same_bits(fused.dinp, p.dinp.v));  // the backward ran
+        CHECK(!same_bits(fused.dw, p.dw.v));
+        for (split how : {split::input_then_weight, split::weight_then_input}) {
+          CAPTURE(how == split::input_then_weight);
+          auto const halves = run_split(p, threads, how, false, with_bias);
+          check_bits("dinp", halves.dinp, fused.dinp);
+          check_bits("dweight", halves.dw, fused.dw);
+          check_bits("dbias", halves.db, fused.db);
+          check_bits("dout (read only)", halves.dout, p.dout.v);
+        }
+        // Each half writes only its own outputs.
+        auto const input = run_split(p, threads, split::input_only, false, with_bias);
+        check_bits("dinp, input half alone", input.dinp, fused.dinp);
+        check_bits("dweight, input half alone", input.dw, p.dw.v);
+        check_bits("dbias, input half alone", input.db, p.db.v);
+        auto const weight = run_split(p, threads, split::weight_only, false, with_bias);
+        check_bits("dinp, weight half alone", weight.dinp, p.dinp.v);
+        check_bits("dweight, weight half alone", weight.dw, fused.dw);
+        check_bits("dbias, weight half alone", weight.db, fused.db);
+        if (!with_bias) check_bits("dbias absent", fused.db, p.db.v);
+      }
+  }
+}
+
+TEST_CASE_TEMPLATE("matmul backward split, GELU form: the input half rewrites dout as the fused call does", T, float,
+                   tide::bf16, tide::f16) {
+  unsigned seed = 500;
+  for (dims const d : split_shapes) {
+    split_case<T> const p(d, seed++);
+    for (int threads : {1, 2})
+      for (bool with_bias : {true, false}) {
+        INFO("N ", d.N, ", C ", d.C, ", OC ", d.OC, ", threads ", threads, ", bias ", with_bias);
+        auto const fused = run_split(p, threads, split::fused, true, with_bias);
+        CHECK(!same_bits(fused.dout, p.dout.v));  // dout now holds the gradient of pre
+        auto const input = run_split(p, threads, split::input_only, true, with_bias);
+        check_bits("dout after the input half", input.dout, fused.dout);
+        check_bits("dinp after the input half", input.dinp, fused.dinp);
+        check_bits("dweight, input half alone", input.dw, p.dw.v);
+        check_bits("dbias, input half alone", input.db, p.db.v);
+        auto const halves = run_split(p, threads, split::input_then_weight, true, with_bias);
+        check_bits("dinp", halves.dinp, fused.dinp);
+        check_bits("dweight", halves.dw, fused.dw);
+        check_bits("dbias", halves.db, fused.db);
+        check_bits("dout", halves.dout, fused.dout);
+      }
+  }
+}
+
+TEST_CASE("matmul backward split: bad calls throw usage errors and touch nothing") {
+  std::vector<float> x(6 * 4, 1.f), w(5 * 4, 1.f), dx(x.size(), 2.f), dw(w.size(), 2.f), db(5, 2.f),
+      dout(6 * 5, 1.f), pre(dout.size(), 1.f);
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> ex{pool};
+  k::detail::call_scratch const scratch(k::matmul_backward_scratch_bytes<float>(ex, 6, 4, 5));
+  auto const ws = scratch.get();
+  tensor_view<float> const X{x.data(), {6, 4}}, W{w.data(), {5, 4}}, DX{dx.data(), {6, 4}}, DW{dw.data(), {5, 4}},
+      DB{db.data(), {5}}, DO{dout.data(), {6, 5}}, P{pre.data(), {6, 5}};
+  using in_view = tensor_view<float const>;
+
+  // The input half: dinp (N, C) against dout (N, OC) and weight (OC, C).
+  throws_usage([&] { k::matmul_backward_input(ex, tensor_view<float>{dx.data(), {4, 6}}, DO, W, ws); }, "(4, 6)");
+  throws_usage([&] { k::matmul_backward_input(ex, tensor_view<float>{dx.data(), {5, 4}}, DO, W, ws); }, "(5, 4)");
+  throws_usage([&] { k::matmul_backward_input(ex, DX, in_view{dout.data(), {6, 4}}, W, ws); }, "dout with");
+  throws_usage([&] { k::matmul_backward_input(ex, DX, DO, in_view{w.data(), {4, 5}}, ws); }, "(4, 5)");
+  throws_usage([&] { k::matmul_backward_input(ex, tensor_view<float>{dout.data(), {6, 4}}, DO, W, ws); }, "overlaps");
+  throws_usage(  // dinp over weight
+      [&] { k::matmul_backward_input(ex, tensor_view<float>{w.data(), {5, 4}}, in_view{dout.data(), {5, 5}}, W, ws); },
+      "overlaps");
+  tensor_view<float> const strided{dx.data(), {3, 4}, {8, 1, 1, 1}};
+  throws_usage([&] { k::matmul_backward_input(ex, strided, in_view{dout.data(), {3, 5}}, W, ws); }, "contiguous");
+
+  // The weight half: dweight (OC, C) against inp (N, C) and dout (N, OC); dbias (OC).
+  throws_usage([&] { k::matmul_backward_weight(ex, tensor_view<float>{dw.data(), {4, 5}}, DB, DO, X, ws); }, "(4, 5)");
+  throws_usage([&] { k::matmul_backward_weight(ex, tensor_view<float>{dw.data(), {4, 4}}, DB, DO, X, ws); }, "dout with");
+  throws_usage([&] { k::matmul_backward_weight(ex, DW, tensor_view<float>{db.data(), {3}}, DO, X, ws); },
+               "dbias of shape (5)");
+  throws_usage([&] { k::matmul_backward_weight(ex, DW, DB, DO, in_view{x.data(), {4, 6}}, ws); }, "weight");
+  throws_usage([&] { k::matmul_backward_weight(ex, DW, DB, in_view{dout.data(), {5, 5}}, X, ws); }, "dout with");
+  throws_usage([&] { k::matmul_backward_weight(ex, DW, tensor_view<float>{dw.data(), {5}}, DO, X, ws); }, "overlaps");
+  throws_usage([&] { k::matmul_backward_weight(ex, tensor_view<float>{dout.data(), {5, 4}}, DB, DO, X, ws); },
+               "overlaps");
+  throws_usage([&] { k::matmul_backward_weight(ex, DW, tensor_view<float>{x.data(), {5}}, DO, X, ws); }, "overlaps");
+
+  // The GELU input half: also pre, of dout's shape, apart from dout.
+  throws_usage([&] { k::matmul_backward_gelu_input(ex, DX, DO, in_view{pre.data(), {6, 4}}, W, ws); }, "pre");
+  throws_usage([&] { k::matmul_backward_gelu_input(ex, DX, DO, DO, W, ws); }, "overlaps");
+  throws_usage([&] { k::matmul_backward_gelu_input(ex, tensor_view<float>{dx.data(), {4, 6}}, DO, P, W, ws); },
+               "(4, 6)");
+  throws_usage([&] { k::matmul_backward_gelu_input(ex, tensor_view<float>{dout.data(), {6, 4}}, DO, P, W, ws); },
+               "overlaps");
+
+  for (auto const* v : {&dx, &dw, &db}) CHECK(std::all_of(v->begin(), v->end(), [](float e) { return e == 2.f; }));
+  CHECK(std::all_of(dout.begin(), dout.end(), [](float e) { return e == 1.f; }));
+}
+
+TEST_CASE("matmul backward split: less scratch than the query asks is refused before anything is written") {
+  using T = tide::bf16;  // float needs no scratch with BLAS; bf16 needs its float copies
+  index_t const N = 6, C = 4, OC = 5;
+  std::mt19937 rng(9);
+  tensor<T> x({N, C}, rng), w({OC, C}, rng), dout({N, OC}, rng), pre({N, OC}, rng), dinp({N, C}, rng),
+      dw({OC, C}, rng), db({OC}, rng);
+  auto const old_dinp = dinp.v, old_dw = dw.v, old_db = db.v, old_dout = dout.v;
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> ex{pool};
+  std::size_t const need = k::matmul_backward_scratch_bytes<T>(ex, N, C, OC);
+  REQUIRE(need > 4);
+  k::detail::call_scratch const small(need - 4), none(0);
+  for (k::scratch<> const ws : {small.get(), none.get()}) {
+    CAPTURE(ws.bytes);
+    CHECK_THROWS_WITH_AS(k::matmul_backward_input(ex, dinp.view(), tensor_view<T const>(dout.view()), w.view(), ws),
+                         doctest::Contains("matmul_backward_scratch_bytes"), tide::error);
+    CHECK_THROWS_WITH_AS(
+        k::matmul_backward_weight(ex, dw.view(), db.view(), tensor_view<T const>(dout.view()), x.view(), ws),
+        doctest::Contains("matmul_backward_scratch_bytes"), tide::error);
+    CHECK_THROWS_WITH_AS(k::matmul_backward_gelu_input(ex, dinp.view(), dout.view(), pre.view(), w.view(), ws),
+                         doctest::Contains("matmul_backward_scratch_bytes"), tide::error);
+  }
+  CHECK(same_bits(dinp.v, old_dinp));
+  CHECK(same_bits(dw.v, old_dw));
+  CHECK(same_bits(db.v, old_db));
+  CHECK(same_bits(dout.v, old_dout));  // the GELU input half rewrites dout only after its checks
+}
+
 }  // namespace

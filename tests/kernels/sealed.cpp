@@ -1,5 +1,6 @@
 // The kernels on tide::sealed: a GPT block's forward and backward, a classifier, a grad norm and
-// an AdamW step, run on memory the host cannot read, give the bits of the same calls on tide::host.
+// an AdamW step, run on memory the host cannot read, give the bits of the same calls on tide::host;
+// so do the backward's input and weight halves, against the host's fused backward.
 #include <doctest/doctest.h>
 
 #include "support/gate.hpp"
@@ -173,6 +174,131 @@ TEST_CASE("a training step's kernels on sealed give the host's bits") {
   arena.deallocate(ws.data, need);
   arena.deallocate(dev_ids, ids.size() * sizeof(std::int32_t));
   arena.deallocate(dev, n * sizeof(float));
+}
+
+namespace {
+
+// A matmul (plain and GELU form) and a LayerNorm backward in one flat buffer of E: inputs, then
+// the old accumulators (non-zero: the halves add), at odd sizes.
+struct split_layout {
+  static constexpr index_t N = 37, IC = 24, OC = 40;
+  index_t at = 0;
+  index_t take(index_t n) {
+    index_t const o = at;
+    at += (n + 127) / 128 * 128;  // 256-byte aligned for 2-byte elements too
+    return o;
+  }
+  index_t x = take(N * IC), w = take(OC * IC), pre = take(N * OC), lnw = take(IC);
+  index_t inputs_end = at;
+  index_t dout = take(N * OC), dinp = take(N * IC), dw = take(OC * IC), db = take(OC);  // matmul_backward
+  index_t gdout = take(N * OC), gdinp = take(N * IC), gdw = take(OC * IC), gdb = take(OC);  // the GELU form
+  index_t ldout = take(N * IC), ldinp = take(N * IC), ldw = take(IC), ldb = take(IC);  // layernorm_backward
+  index_t total = at;
+};
+
+// Runs the three backwards: fused (split = false) or as the input halves, then the weight halves.
+// `base`: the buffer's first element (host or sealed); `stats`: mean, then rstd (N floats each).
+template <class E, class Ex, class Space>
+void split_backward(Ex const& ex, bool split, E* base, float const* stats, k::scratch<Space> ws) {
+  using L = split_layout;
+  L const l;
+  auto t = [&](index_t off, tide::shape s) { return tensor_view<E, Space>{base + off, s}; };
+  auto c = [&](index_t off, tide::shape s) { return tensor_view<E const, Space>{base + off, s}; };
+  tensor_view<float const, Space> const mean{stats, {L::N}}, rstd{stats + L::N, {L::N}};
+  auto const x = c(l.x, {L::N, L::IC});
+  auto const w = c(l.w, {L::OC, L::IC});
+  if (!split) {
+    k::matmul_backward(ex, t(l.dinp, {L::N, L::IC}), t(l.dw, {L::OC, L::IC}), t(l.db, {L::OC}),
+                       c(l.dout, {L::N, L::OC}), x, w, ws);
+    k::matmul_backward_gelu(ex, t(l.gdinp, {L::N, L::IC}), t(l.gdw, {L::OC, L::IC}), t(l.gdb, {L::OC}),
+                            t(l.gdout, {L::N, L::OC}), c(l.pre, {L::N, L::OC}), x, w, ws);
+    k::layernorm_backward(ex, t(l.ldinp, {L::N, L::IC}), t(l.ldw, {L::IC}), t(l.ldb, {L::IC}),
+                          c(l.ldout, {L::N, L::IC}), x, c(l.lnw, {L::IC}), mean, rstd, ws);
+    return;
+  }
+  k::matmul_backward_input(ex, t(l.dinp, {L::N, L::IC}), c(l.dout, {L::N, L::OC}), w, ws);
+  k::matmul_backward_gelu_input(ex, t(l.gdinp, {L::N, L::IC}), t(l.gdout, {L::N, L::OC}), c(l.pre, {L::N, L::OC}), w,
+                                ws);
+  k::layernorm_backward_input(ex, t(l.ldinp, {L::N, L::IC}), c(l.ldout, {L::N, L::IC}), x, c(l.lnw, {L::IC}), mean,
+                              rstd);
+  k::matmul_backward_weight(ex, t(l.dw, {L::OC, L::IC}), t(l.db, {L::OC}), c(l.dout, {L::N, L::OC}), x, ws);
+  k::matmul_backward_weight(ex, t(l.gdw, {L::OC, L::IC}), t(l.gdb, {L::OC}), c(l.gdout, {L::N, L::OC}), x, ws);
+  k::layernorm_backward_weight(ex, t(l.ldw, {L::IC}), t(l.ldb, {L::IC}), c(l.ldout, {L::N, L::IC}), x, mean, rstd,
+                               ws);
+}
+
+template <class E, class Ex>
+std::size_t split_scratch(Ex const& ex) {
+  using L = split_layout;
+  return std::max(k::matmul_backward_scratch_bytes<E>(ex, L::N, L::IC, L::OC),
+                  k::layernorm_backward_scratch_bytes(ex, L::N, L::IC));
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("the split backward on sealed: the input and weight halves give the host's fused bits", E, float,
+                   tide::bf16, tide::f16) {
+  using L = split_layout;
+  L const l;
+  auto const n = static_cast<std::size_t>(l.total);
+  std::vector<E> init(n, tide::from_float<E>(0.f));
+  for (index_t i = 0; i < l.total; ++i)
+    init[static_cast<std::size_t>(i)] = tide::from_float<E>((i < l.inputs_end ? 1.f : 0.1f) * tide::test::noise(11, i));
+  // mean and rstd of the LayerNorm's inp, from the host forward.
+  std::vector<float> stats(2 * L::N);
+  {
+    std::vector<E> out(static_cast<std::size_t>(L::N * L::IC)), bias(L::IC, tide::from_float<E>(0.f));
+    tide::thread_pool pool{1};
+    k::layernorm_forward(tide::exec<tide::host>{pool}, tensor_view<E>{out.data(), {L::N, L::IC}},
+                         tensor_view<float>{stats.data(), {L::N}}, tensor_view<float>{stats.data() + L::N, {L::N}},
+                         tensor_view<E const>{init.data() + l.x, {L::N, L::IC}},
+                         tensor_view<E const>{init.data() + l.lnw, {L::IC}}, tensor_view<E const>{bias.data(), {L::IC}});
+  }
+
+  tide::thread_pool host_pool{2};
+  tide::exec<tide::host> const hx{host_pool};
+  std::vector<E> on_host = init;
+  k::detail::call_scratch const host_ws(split_scratch<E>(hx));
+  split_backward<E, tide::exec<tide::host>, tide::host>(hx, false, on_host.data(), stats.data(), host_ws.get());
+
+  mem::device_arena<tide::sealed> arena{{.budget = 1_MiB}};
+  mem::stream<tide::sealed> compute;
+  tide::thread_pool worker_pool{2};
+  tide::exec<tide::sealed> ex{worker_pool, compute};
+  auto* dev = static_cast<E*>(arena.allocate(n * sizeof(E)));
+  auto* dev_stats = static_cast<float*>(arena.allocate(stats.size() * sizeof(float)));
+  compute.copy(dev, init.data(), n * sizeof(E));
+  compute.copy(dev_stats, stats.data(), stats.size() * sizeof(float));
+  std::size_t const need = split_scratch<E>(ex);
+  CHECK(need == split_scratch<E>(hx));
+  REQUIRE(need > 0);
+  k::scratch<tide::sealed> const ws{static_cast<std::byte*>(arena.allocate(need)), need};
+  split_backward<E, tide::exec<tide::sealed>, tide::sealed>(ex, true, dev, dev_stats, ws);
+  std::vector<E> on_sealed(n, tide::from_float<E>(-1.f));
+  compute.copy(on_sealed.data(), dev, n * sizeof(E));
+  compute.synchronize();
+
+  // Every output (dinp, dweight, dbias of the three, and dout rewritten by the GELU input half).
+  auto const region = [&](std::vector<E> const& v, index_t off, index_t len) {
+    return std::vector<E>(v.begin() + off, v.begin() + off + len);
+  };
+  struct named {
+    char const* name;
+    index_t off, len;
+  };
+  for (named const o : {named{"dinp", l.dinp, L::N * L::IC}, named{"dweight", l.dw, L::OC * L::IC},
+                        named{"dbias", l.db, L::OC}, named{"gelu dout", l.gdout, L::N * L::OC},
+                        named{"gelu dinp", l.gdinp, L::N * L::IC}, named{"gelu dweight", l.gdw, L::OC * L::IC},
+                        named{"gelu dbias", l.gdb, L::OC}, named{"layernorm dinp", l.ldinp, L::N * L::IC},
+                        named{"layernorm dweight", l.ldw, L::IC}, named{"layernorm dbias", l.ldb, L::IC}}) {
+    CAPTURE(o.name);
+    CHECK(tide::test::same_bits(region(on_sealed, o.off, o.len), region(on_host, o.off, o.len)));
+    CHECK(!tide::test::same_bits(region(on_host, o.off, o.len), region(init, o.off, o.len)));  // the backward ran
+  }
+  CHECK(tide::test::same_bits(on_sealed, on_host));  // and nothing else was written
+  arena.deallocate(ws.data, need);
+  arena.deallocate(dev_stats, stats.size() * sizeof(float));
+  arena.deallocate(dev, n * sizeof(E));
 }
 
 TEST_CASE("kernel scratch: a call with less than its query asks is refused before it writes") {

@@ -1,5 +1,6 @@
-// pipeline::rank_executor on MPI ranks, one stage per rank: every schedule on 2 and on 4 ranks gives
-// each rank's parameters the gradients of gradient accumulation in one process, bit for bit, and
+// pipeline::rank_executor on MPI ranks, one stage per rank: every schedule on 2 and on 4 ranks (the
+// zero-bubble ones also with the backward split, W's apart) gives each rank's parameters the
+// gradients of gradient accumulation in one process, bit for bit, and
 // every rank the losses' sum; the parameters of other ranks' blocks keep a zero gradient (the
 // head's share of wte travels to the embedding's rank); 2 stages x 2 data-parallel replicas on 4
 // ranks equal one process summing the two replicas' accumulations.
@@ -17,6 +18,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <tide/comm/mpi.hpp>
@@ -86,13 +88,22 @@ TEST_CASE("mpi pipeline: every schedule, one stage per rank, equals gradient acc
   auto const [ref_loss, ref] = accumulate(d, scale);
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
+  std::vector<std::pair<pp::schedule, bool>> runs;  // every schedule; the zero-bubble ones with a split backward too
   for (auto const& s : {pp::gpipe(p, m), pp::one_f_one_b(p, m), pp::interleaved(p, m, 2), pp::zb_h1(p, m),
                         pp::zb_h2(p, m), pp::zb_v(p, m), pp::dualpipe_v(p, m)}) {
+    runs.emplace_back(s, false);
+    if (s.name != "gpipe" && s.name != "one_f_one_b" && s.name != "interleaved") runs.emplace_back(s, true);
+  }
+  for (auto const& [s, split] : runs) {
     CAPTURE(s.name);
+    CAPTURE(split);
     tide::memory::device_arena<tide::host> arena{{.budget = 64_MiB}};
-    host_gpt model(config, arena, {.seed = 5, .in_flight = pp::slots_needed(s, world.rank()), .separate_tied_grad = true});
+    // split: W's run the weight pass apart, so a micro-batch holds its slot until its last W here
+    int const slots = pp::slots_needed(s, world.rank(), split);
+    host_gpt model(config, arena, {.seed = 5, .in_flight = slots, .separate_tied_grad = true, .split_backward = split});
     model.zero_grad(ex);
     pp::rank_executor run{world, s, pp::uniform_cut(model, s)};
+    CHECK(run.slots(split) == slots);
     CHECK(run.stage() == world.rank());
     for (int rep = 0; rep < 2; ++rep) {  // a second step reuses the links and buffers
       model.zero_grad(ex);
@@ -104,6 +115,7 @@ TEST_CASE("mpi pipeline: every schedule, one stage per rank, equals gradient acc
       CHECK(c.foreign_nonzero == 0);
       REQUIRE(run.last().stages.size() == 1);
       CHECK(run.last().stages[0].forwards == m * s.chunks);
+      CHECK((run.last().stages[0].weights > 0) == split);  // the weight passes ran apart, and were timed
       CHECK(run.last().bubble_fraction > 0);  // every stage waits for a neighbour at least once
       CHECK(run.last().bubble_fraction < 1);
     }

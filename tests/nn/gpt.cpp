@@ -417,7 +417,7 @@ TEST_CASE("gpt: training is bit-identical across runs and across 1 and 2 threads
 
 // ---- recompute and activation offload ---------------------------------------------------------
 
-TEST_CASE("gpt: recompute and activation offload train bit-identically to keeping every activation, on host and sealed") {
+TEST_CASE("gpt: recompute, activation offload and a split backward train bit-identically to keeping every activation, on host and sealed") {
   // Rows split over both threads, as in the test above; 3 blocks so sets can leave some out.
   gpt_config const c{.layers = 3, .heads = 4, .channels = 128, .vocab = 64, .max_seq = 32};
   int const B = 4, T = 32;
@@ -429,8 +429,11 @@ TEST_CASE("gpt: recompute and activation offload train bit-identically to keepin
   struct variant {
     char const* name;
     block_set recompute, offload;
+    bool split = false;  // the backward in two passes, B then W per block
   };
   variant const variants[] = {
+      {"split backward", {}, {}, true},
+      {"split backward, recompute block 1", block_set({1}), {}, true},
       {"recompute every block", block_set::all(3), {}},
       {"recompute block 1", block_set({1}), {}},
       {"offload every block and the embeddings", {}, block_set::range(-1, 2)},
@@ -443,18 +446,19 @@ TEST_CASE("gpt: recompute and activation offload train bit-identically to keepin
     INFO(std::string(v.name));
     std::vector<float> params;
     auto const losses = train(ex, c, B, T, 3, &params, {.seed = 42, .recompute = v.recompute,
-                                                        .offload_activations = v.offload});
+                                                        .offload_activations = v.offload, .split_backward = v.split});
     CHECK(same_bits(losses, base));
     CHECK(same_bits(params, kept));
   }
   // The same on tide::sealed, memory the host cannot read: initialised on the host from the same
   // streams and copied, every kernel queued on the compute stream, offloaded activations on the
   // model's own copy stream, ordered against the kernels by events only.
-  for (variant const& v : {variant{"sealed, every activation kept", {}, {}}, variants[0], variants[2], variants[6]}) {
+  for (variant const& v : {variant{"sealed, every activation kept", {}, {}}, variants[1], variants[2], variants[4],
+                           variants[8]}) {
     INFO("sealed: " << std::string(v.name));
     std::vector<float> params;
     auto const losses = train_sealed(c, B, T, 3, &params, {.seed = 42, .recompute = v.recompute,
-                                                           .offload_activations = v.offload});
+                                                           .offload_activations = v.offload, .split_backward = v.split});
     CHECK(same_bits(losses, base));
     CHECK(same_bits(params, kept));
   }

@@ -76,6 +76,18 @@ std::vector<float> flat_grads(host_gpt const& m) {
   return {g.data(), g.data() + g.size()};
 }
 
+// f() throws tide::error(usage) whose message says `says`.
+template <class F>
+void usage(F&& f, char const* says) {
+  try {
+    f();
+    FAIL("expected a usage error");
+  } catch (tide::error const& e) {
+    CHECK(e.category() == tide::errc::usage);
+    CHECK_MESSAGE(std::string(e.what()).find(says) != std::string::npos, e.what());
+  }
+}
+
 // (a) the whole model, micro-batch after micro-batch.
 result run_whole(tide::exec<tide::host> const& ex, data const& d, tide::nn::gpt_options const& options = whole_options) {
   tide::memory::device_arena<tide::host> arena{{.budget = 4_MiB}};
@@ -250,15 +262,6 @@ TEST_CASE("stages: wrong ranges, slots and orders throw usage errors naming what
   tide::memory::device_arena<tide::host> arena{{.budget = 4_MiB}};
   host_gpt m(tiny, arena, {.seed = 1, .in_flight = 2});
   data const d;
-  auto const usage = [](auto&& f, char const* says) {
-    try {
-      f();
-      FAIL("expected a usage error");
-    } catch (tide::error const& e) {
-      CHECK(e.category() == tide::errc::usage);
-      CHECK_MESSAGE(std::string(e.what()).find(says) != std::string::npos, e.what());
-    }
-  };
   CHECK(m.first_block() == -1);
   CHECK(m.last_block() == 2);
   usage([&] { m.forward_blocks(ex, 1, 0, 0, d.at(0)); }, "pass embedding_block (-1) <= first <= last");
@@ -285,6 +288,61 @@ TEST_CASE("stages: wrong ranges, slots and orders throw usage errors naming what
   m.backward_blocks(ex, -1, 0, 1);
   usage([&] { m.backward_blocks(ex, -1, 0, 1); }, "has no forward to go back through");  // one backward per forward
   usage([&] { host_gpt(tiny, arena, {.in_flight = 0}); }, "in_flight = 0");
+}
+
+TEST_CASE("stages: a split backward (input passes, weight passes later) gives the whole model's gradients") {
+  tide::thread_pool pool{2};
+  tide::exec<tide::host> ex{pool};
+  data const d;
+  result const whole = run_whole(ex, d);
+  tide::nn::gpt_options split = whole_options;
+  split.split_backward = true;
+  result const split_whole = run_whole(ex, d, split);  // backward(): B then W, block by block
+  CHECK(same_bits(split_whole.losses, whole.losses));
+  CHECK(same_bits(split_whole.grads, whole.grads));
+
+  // Two ranges, every micro-batch in its own slot: each range's weight pass trails its input
+  // pass by one micro-batch (as a zero-bubble stage's W lags its B), the last ones at the end.
+  for (bool recompute : {false, true}) {
+    CAPTURE(recompute);
+    tide::memory::device_arena<tide::host> arena{{.budget = 16_MiB}};
+    host_gpt m(tiny, arena, {.seed = 3, .in_flight = micro_batches,
+                             .recompute = recompute ? tide::nn::block_set({0}) : tide::nn::block_set{},
+                             .split_backward = true});
+    m.zero_grad(ex);
+    auto const r = ranges(2);
+    std::vector<float> losses;
+    for (int k = 0; k < micro_batches; ++k) {
+      (void)m.forward_blocks(ex, r[0].first, r[0].second, k, d.at(k));
+      losses.push_back(m.forward_blocks(ex, r[1].first, r[1].second, k, d.at(k)));
+      m.backward_input_blocks(ex, r[1].first, r[1].second, k, loss_scale);
+      if (k > 0) m.backward_weight_blocks(ex, r[1].first, r[1].second, k - 1);
+      m.backward_input_blocks(ex, r[0].first, r[0].second, k, loss_scale);
+      if (k > 0) m.backward_weight_blocks(ex, r[0].first, r[0].second, k - 1);
+    }
+    m.backward_weight_blocks(ex, r[1].first, r[1].second, micro_batches - 1);
+    m.backward_weight_blocks(ex, r[0].first, r[0].second, micro_batches - 1);
+    CHECK(same_bits(losses, whole.losses));
+    CHECK(same_bits(flat_grads(m), whole.grads));
+  }
+
+  // Out of order: W before B, W twice, a forward over a slot that owes W, B on a whole model.
+  tide::memory::device_arena<tide::host> arena{{.budget = 16_MiB}};
+  host_gpt m(tiny, arena, {.seed = 3, .in_flight = 2, .split_backward = true});
+  m.zero_grad(ex);
+  (void)m.forward_blocks(ex, -1, 2, 0, d.at(0));
+  usage([&] { m.backward_weight_blocks(ex, -1, 2, 0); }, "has no input pass to follow");
+  m.backward_input_blocks(ex, -1, 2, 0);
+  usage([&] { m.backward_input_blocks(ex, -1, 2, 0); }, "has no forward to go back through");
+  usage([&] { (void)m.forward_blocks(ex, -1, 2, 0, d.at(1)); }, "still owes its weight pass");
+  m.backward_weight_blocks(ex, -1, 2, 0);
+  usage([&] { m.backward_weight_blocks(ex, -1, 2, 0); }, "or its weight pass already ran");
+  (void)m.forward_blocks(ex, -1, 2, 0, d.at(1));  // the slot is free again
+  host_gpt one_pass(tiny, arena, {.seed = 3});
+  (void)one_pass.forward(ex, d.at(0));
+  usage([&] { one_pass.backward_input_blocks(ex, -1, 2, 0); }, "split_backward = true");
+  usage([&] { host_gpt(tiny, arena, {.offload_activations = tide::nn::block_set({0}), .split_backward = true}); },
+        "use recompute with a split backward");
 }
 
 TEST_CASE("stages: in_flight slots each hold one plan; in_flight = 1 is the plan alone") {

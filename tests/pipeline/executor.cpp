@@ -1,6 +1,7 @@
 // The thread executor: every schedule (GPipe, 1F1B, interleaved, ZB-H1, ZB-H2, ZB-V, DualPipeV) run on
 // threads over nn::gpt gives the losses and gradients of plain gradient accumulation over the same
-// micro-batches, bit for bit, with the stages on one-thread pools and the reference on two; a run
+// micro-batches, bit for bit, with the stages on one-thread pools and the reference on two, with
+// the backward whole and split in two (W's running the weight pass apart); a run
 // can be repeated; the stages really work at once; the slots a schedule needs are what its
 // in-flight peak says; bad arguments are refused with what to pass; a stage that throws stops the
 // run without a hang and the next run is exact again.
@@ -13,6 +14,7 @@
 #include <stdexcept>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <tide/memory/device_arena.hpp>
@@ -63,15 +65,24 @@ result accumulate(data const& d, float scale) {
   return r;
 }
 
-result pipelined(pp::schedule const& s, data const& d, float scale, pp::run_stats* stats = nullptr) {
+int weights_in(pp::schedule const& s, int stage) {
+  int n = 0;
+  for (pp::action const& a : s.per_stage[static_cast<std::size_t>(stage)]) n += a.kind == pp::op::W;
+  return n;
+}
+
+// split: a model whose backward splits in two, so W's run its weight pass apart from B.
+result pipelined(pp::schedule const& s, data const& d, float scale, pp::run_stats* stats = nullptr,
+                 bool split = false) {
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   tide::memory::device_arena<tide::host> arena{{.budget = 64_MiB}};
-  int const slots = pp::slots_needed(s, 0);
-  host_gpt m(config, arena, {.seed = 5, .in_flight = slots});
+  bool const apart = split && weights_in(s, 0) > 0;
+  pp::thread_executor run{s, pp::uniform_cut(-1, config.layers, s.stages * s.chunks)};
+  int const slots = apart ? pp::shared_slots(s) : pp::slots_needed(s, 0);
+  REQUIRE(run.slots(apart) == slots);
+  host_gpt m(config, arena, {.seed = 5, .in_flight = slots, .split_backward = split});
   m.zero_grad(ex);
-  pp::thread_executor run{s, pp::uniform_cut(m, s)};
-  REQUIRE(run.slots() == slots);
   result r;
   r.loss_sum = run.run(m, std::span<batch const>(d.micro), scale);
   r.grads = grads_of(m);
@@ -107,6 +118,22 @@ TEST_CASE("executor: slots_needed is the schedule's in-flight peak on the first 
   }
 }
 
+TEST_CASE("executor: with W apart, the shared model's slots are the fewest whose waits cost nothing") {
+  for (auto const& s : {pp::zb_h1(2, 8), pp::zb_h1(4, 8), pp::zb_h2(2, 8), pp::zb_h2(4, 8), pp::zb_v(2, 8),
+                        pp::zb_v(4, 8), pp::dualpipe_v(2, 8)}) {
+    CAPTURE(s.name);
+    CAPTURE(s.stages);
+    int const n = pp::shared_slots(s);
+    MESSAGE(s.name, " p = ", s.stages, ": ", n, " shared slots (stage 0 alone holds ", pp::slots_needed(s, 0, true), ")");
+    CHECK(n <= s.micro);
+    CHECK(n >= pp::slots_needed(s, 0, true));  // never fewer than stage 0 holds itself
+    double const free = pp::detail::slot_wait_makespan(s, s.micro);
+    CHECK(free == pp::simulate(s, pp::costs{.f = 1, .b = 1, .w = 1, .comm = 0}).makespan);
+    CHECK(pp::detail::slot_wait_makespan(s, n) == free);
+    CHECK(pp::detail::slot_wait_makespan(s, n - 1) != free);  // longer, or a deadlock (−1)
+  }
+}
+
 TEST_CASE("executor: every schedule on threads equals gradient accumulation, bit for bit") {
   for (int m : {4, 8}) {
     data const d(m);
@@ -117,12 +144,18 @@ TEST_CASE("executor: every schedule on threads equals gradient accumulation, bit
                                            pp::interleaved(2, m, 2), pp::interleaved(4, m, 2), pp::zb_h1(2, m),
                                            pp::zb_h1(4, m),      pp::zb_h2(2, m),       pp::zb_h2(4, m),
                                            pp::zb_v(2, m),       pp::zb_v(4, m),        pp::dualpipe_v(2, m)};
-    for (pp::schedule const& s : all) {
+    for (auto const& [s, split] : [&] {
+           std::vector<std::pair<pp::schedule, bool>> runs;
+           for (pp::schedule const& s : all)
+             for (bool split : {false, true}) runs.emplace_back(s, split);
+           return runs;
+         }()) {
       CAPTURE(s.name);
       CAPTURE(s.stages);
       CAPTURE(m);
+      CAPTURE(split);
       pp::run_stats st;
-      result const got = pipelined(s, d, scale, &st);
+      result const got = pipelined(s, d, scale, &st, split);
       CHECK(got.loss_sum == ref.loss_sum);
       CHECK(same_bits(got.grads, ref.grads));
       // What the run measured: each stage ran its list, busy within the wall time.
@@ -130,6 +163,8 @@ TEST_CASE("executor: every schedule on threads equals gradient accumulation, bit
       for (std::size_t i = 0; i < st.stages.size(); ++i) {
         CHECK(st.stages[i].timeline.size() == s.per_stage[i].size());
         CHECK(st.stages[i].forwards == m * s.chunks);
+        // A split model's W's ran its weight pass (timed); otherwise they were folded into B.
+        CHECK(st.stages[i].weights == (split ? weights_in(s, static_cast<int>(i)) : 0));
         CHECK(st.stages[i].busy > 0);
         CHECK(st.stages[i].busy <= st.seconds);
       }
@@ -138,6 +173,7 @@ TEST_CASE("executor: every schedule on threads equals gradient accumulation, bit
       auto const c = st.measured_costs(s.chunks);
       CHECK(c.f > 0);
       CHECK(c.b > 0);
+      CHECK((c.w > 0) == (split && weights_in(s, 0) > 0));
     }
   }
 }

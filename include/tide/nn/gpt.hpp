@@ -19,10 +19,10 @@
 // first zero_grad / backward, activations (in_flight copies of one lifetime_planner plan) at
 // the first forward of each (B, T). gpt_options::recompute and offload_activations take a
 // block's activations off the plan between its forward and backward (recomputed, or kept on the
-// host), bit-identically. On tide::sealed (and any device backend) kernels are queued: synchronize
-// the compute stream before destroying the model or its arena. docs/nn.md has the details.
-// The pieces: nn/gpt_config.hpp,
-// nn/gpt_activations.hpp (the plan), nn/gpt_blocks.hpp (each block's forward and backward).
+// host), bit-identically; split_backward runs the backward in two passes. On tide::sealed (and any
+// device backend) kernels are queued: synchronize the compute stream before destroying the model
+// or its arena. docs/nn.md has the details. The pieces: nn/gpt_config.hpp, nn/gpt_activations.hpp
+// (the plan), nn/gpt_blocks.hpp (each block's forward and backward).
 
 #include <algorithm>
 #include <cstddef>
@@ -57,24 +57,6 @@
 
 namespace tide::nn {
 
-// Hooks that also carry the model's offloaded activations (gpt_options::offload_activations):
-// host room for them, their copies issued as one batch per block, after the compute work that
-// `ready` marks, with an event recorded after it, and a drain for a pass that throws. An
-// offload scheduler's hooks do (offload::hooks): the
-// activations then move on its activation copy stream and engine (beside its chunk copies), and
-// share its host pool and host_budget, its counters and its timeline. With other hooks the model
-// carries them itself. Hooks that carry
-// them must outlive the model, which returns its host room when it is destroyed.
-template <class H, class B>
-concept ActivationCarrier = requires(H& h, std::byte* p, std::size_t n, int block, memory::copy_direction d,
-                                     std::span<memory::copy_request const> copies, memory::event<B> const& ready,
-                                     memory::event<B>& done) {
-  { h.activation_host(n) } -> std::same_as<std::byte*>;
-  { h.release_activation_host(p, n) } noexcept;  // from the destructor and a pass that throws
-  h.copy_activations(block, d, copies, ready, done);
-  { h.drain_activations() } noexcept;
-};
-
 template <Backend B, Element T, class Hooks>
 class gpt {
   static_assert(GptHooks<Hooks>, "gpt<B, T, Hooks>: Hooks must have pre_forward(int), post_forward(int), "
@@ -103,9 +85,12 @@ class gpt {
         arena_(&arena),
         hooks_(std::move(hooks)),
         plan_(config_, options.keep_logits, has_tied_buffer(options), sizeof(T), options.alignment, options.recompute,
-              options.offload_activations),
+              options.offload_activations, options.split_backward),
         slots_(static_cast<std::size_t>(options.in_flight)),
         stages_(config_.layers, options.in_flight) {
+    TIDE_REQUIRE(!external_storage || !options.split_backward, "gpt_options::split_backward with hooks that keep "
+                 "the parameters (an offload scheduler, which serves one backward per block): give the model its "
+                 "own storage (nn::no_hooks), or leave the backward whole");
     if constexpr (!external_storage)
       params_ = detail::arena_block<B>(arena, params_list_.bytes(), options_.alignment);
     initialise(nullptr, options_.seed);
@@ -193,7 +178,7 @@ class gpt {
   // allocates them zeroed. For a mean over m micro-batches, scale by 1/m. One backward per
   // forward: backward reuses the memory of the activations it is done with.
   void backward(exec<B> const& ex, float loss_scale = 1.f) {
-    run_backward("gpt::backward", ex, embedding_block, last_block(), 0, loss_scale);
+    run_backward("gpt::backward", ex, embedding_block, last_block(), 0, loss_scale, pass::whole);
   }
 
   // ---- training: stages -------------------------------------------------------------------------
@@ -221,8 +206,21 @@ class gpt {
   void backward_blocks(exec<B> const& ex, int first, int last, int micro, float loss_scale = 1.f) {
     stages_.check_range("gpt::backward_blocks", first, last, micro);
     check_whole_model("gpt::backward_blocks");
-    run_backward("gpt::backward_blocks", ex, first, last, micro, loss_scale);
+    run_backward("gpt::backward_blocks", ex, first, last, micro, loss_scale, pass::whole);
   }
+  // backward_blocks in two passes (gpt_options::split_backward): the input pass (B) leaves
+  // boundary_grad(micro) as backward_blocks does, with the head's gradients; the weight pass (W),
+  // later but before the slot's next forward, adds the blocks' and the embedding's parameter
+  // gradients (bit for bit backward_blocks'), and may run beside B of the range below.
+  void backward_input_blocks(exec<B> const& ex, int first, int last, int micro, float loss_scale = 1.f) {
+    check_split("gpt::backward_input_blocks", first, last, micro);
+    run_backward("gpt::backward_input_blocks", ex, first, last, micro, loss_scale, pass::input);
+  }
+  void backward_weight_blocks(exec<B> const& ex, int first, int last, int micro) {
+    check_split("gpt::backward_weight_blocks", first, last, micro);
+    run_backward("gpt::backward_weight_blocks", ex, first, last, micro, 1.f, pass::weights);
+  }
+  [[nodiscard]] bool splits_backward() const noexcept { return options_.split_backward; }
 
   // Plans and allocates the activations of every slot for (B, T), and the scratch of the kernels
   // ex runs, as a forward of a new (B, T) does: a pipeline stage calls it before receiving its
@@ -312,14 +310,17 @@ class gpt {
                  "(gpt_options::offload_activations), which runs through the whole-model forward() and backward() "
                  "only; for pipeline stages use gpt_options::recompute");
   }
-
+  void check_split(char const* op, int first, int last, int micro) const {
+    stages_.check_range(op, first, last, micro);
+    TIDE_REQUIRE(options_.split_backward, op, ": this model's backward is one pass; construct it with "
+                 "gpt_options::split_backward = true, or call backward_blocks");
+  }
   void check_slot(char const* op, int micro) const {
     stages_.check_micro(op, micro);
     TIDE_REQUIRE(batch_ != 0, op, ": no activations yet; run a forward first (it plans them for its (B, T))");
   }
 
   // ---- activations ----------------------------------------------------------------------------
-
   // Plans and allocates in_flight slots for (Bn, Tn) unless they are already. The old buffer
   // is returned first, so the arena never holds both; if the new one does not fit, the model
   // holds no activations (parameters and gradients are untouched) and the error propagates.
@@ -429,9 +430,11 @@ class gpt {
 
   void forward_block(exec<B> const& ex, int b, int micro, bool with_targets);
 
-  void run_backward(char const* op, exec<B> const& ex, int first, int last, int micro, float loss_scale);
+  // whole: both passes per block (a split model runs B then W, block by block).
+  enum class pass : std::uint8_t { whole, input, weights };
+  void run_backward(char const* op, exec<B> const& ex, int first, int last, int micro, float loss_scale, pass p);
 
-  void backward_block(exec<B> const& ex, int b, int micro);
+  void backward_block(exec<B> const& ex, int b, int micro, pass p);
 
   // ---- activation offload ---------------------------------------------------------------------
 

@@ -9,6 +9,7 @@
 // backward, each live while its kernels run and sized by their queries (gpt_scratch).
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -54,6 +55,10 @@ struct op_numbers {
   [[nodiscard]] constexpr int recompute(int l) const { return 6 + 8 * L + 8 * (L - 1 - l); }
   [[nodiscard]] constexpr int bwd(int l, int k) const { return recompute(l) + 1 + k; }
   [[nodiscard]] constexpr int encoder_bwd() const { return 6 + 16 * L; }
+  // With the backward split in two: every weight pass, which may run any time after its block's
+  // input pass (and beside other blocks' passes of the same micro-batch on other stages). What a
+  // weight pass reads lives to here, so nothing later in the plan reuses its memory.
+  [[nodiscard]] constexpr int weights() const { return 7 + 16 * L; }
   // The last forward op of block b (embedding_block .. L, L: the head with its loss).
   [[nodiscard]] constexpr int fwd_end(int b) const { return b < 0 ? encoder() : b < L ? fwd(b, 7) : classifier(); }
   // The first backward op of block b (0 .. L).
@@ -66,6 +71,9 @@ struct block_tensors {
       fcproj, res3;
   memory::tensor_id dfch, dln2, datty, dqkv, dln1;
   memory::tensor_id scratch;  // the kernels' scratch: the forward's, or the backward's
+  // With the backward split: d x_{l+1} and d res2 as the input pass saw them (the residual
+  // stream's gradient changes in place), and the weight pass's scratch.
+  memory::tensor_id dout, dres2, wscratch;
 };
 
 // One block's activations (forward) and activation gradients (backward) for one micro-batch.
@@ -76,6 +84,8 @@ struct block_views {
   tensor_view<float, B> lse;                                                          // (B, NH, T)
   tensor_view<T, B> dfch, dln2, datty, dqkv, dln1;
   kernels::scratch<B> ws;  // the kernels' scratch (forward, or backward with its recompute)
+  tensor_view<T, B> dout, dres2;  // (B, T, C), with the backward split; empty otherwise
+  kernels::scratch<B> wws;        // the weight pass's scratch, with the backward split
 };
 
 template <Backend B, class T>
@@ -96,9 +106,11 @@ class gpt_activation_plan {
 
   // tied_buffer: the head's share of wte's gradient gets its own tensor (has_tied_buffer).
   // recompute, offload: gpt_options::recompute and offload_activations (checked).
+  // split: the backward runs in two passes (gpt_options::split_backward).
   gpt_activation_plan(gpt_config const& c, bool keep_logits, bool tied_buffer, std::size_t element_bytes,
-                      std::size_t alignment, block_set const& recompute = {}, block_set const& offload = {})
-      : config_(c), planner_(alignment), has_tied_(tied_buffer), alignment_(alignment) {
+                      std::size_t alignment, block_set const& recompute = {}, block_set const& offload = {},
+                      bool split = false)
+      : config_(c), planner_(alignment), has_tied_(tied_buffer), split_(split), alignment_(alignment) {
     register_tensors(keep_logits, element_bytes, recompute, offload);
     sizes_.resize(kinds_.size());
   }
@@ -138,6 +150,7 @@ class gpt_activation_plan {
   [[nodiscard]] memory::lifetime_planner const& planner() const noexcept { return planner_; }
   // Whether `tied` names a tensor (the (Vp, C) tied gradient buffer).
   [[nodiscard]] bool has_tied() const noexcept { return has_tied_; }
+  [[nodiscard]] bool split() const noexcept { return split_; }
 
   // Block l's tensors as its forward writes them, and as its backward reads them: the same ids
   // unless the block is recomputed or offloaded (then the backward's are other tensors, planned
@@ -185,7 +198,9 @@ class gpt_activation_plan {
             t(b.ln2, btc),          t(b.fch, bt4c),     t(b.fch_gelu, bt4c), t(b.fcproj, btc),  t(b.res3, btc),
             f(b.ln1_mean, bt),      f(b.ln1_rstd, bt),  f(b.ln2_mean, bt),   f(b.ln2_rstd, bt),
             f(b.lse, {Bn, index_t{config_.heads}, Tn}), t(b.dfch, bt4c),     t(b.dln2, btc),    t(b.datty, btc),
-            t(b.dqkv, bt3c),        t(b.dln1, btc),     scratch_at<B>(base, b.scratch)};
+            t(b.dqkv, bt3c),        t(b.dln1, btc),     scratch_at<B>(base, b.scratch),
+            split_ ? t(b.dout, btc) : tensor_view<T, B>{}, split_ ? t(b.dres2, btc) : tensor_view<T, B>{},
+            split_ ? scratch_at<B>(base, b.wscratch) : kernels::scratch<B>{}};
   }
   template <Backend B, class T>
   [[nodiscard]] head_views<B, T> head_at(std::byte* base, index_t Bn, index_t Tn) const noexcept {
@@ -216,13 +231,15 @@ class gpt_activation_plan {
     op_numbers const op{config_.layers};
     int const L = config_.layers;
     std::size_t const f = sizeof(float);
-    planner_.reserve(static_cast<std::size_t>(42 * L + 14), static_cast<std::size_t>(L) * 350 + 128);
-    kinds_.reserve(static_cast<std::size_t>(42 * L + 14));
+    planner_.reserve(static_cast<std::size_t>(45 * L + 14), static_cast<std::size_t>(L) * 360 + 128);
+    kinds_.reserve(static_cast<std::size_t>(45 * L + 14));
     blocks_.resize(static_cast<std::size_t>(L));
     back_.resize(static_cast<std::size_t>(L));
     recompute_.assign(static_cast<std::size_t>(L), 0);
     moves_.assign(static_cast<std::size_t>(L + 1), {});
     for (int l : recompute.blocks()) recompute_[static_cast<std::size_t>(l)] = 1;
+    // The last op of a tensor a weight pass also reads: its own last read, or the weight passes'.
+    auto const kept = [&](int last) { return split_ ? op.weights() : last; };
 
     // An activation the forward writes at `first`, the forward last reads at `fwd_last` and the
     // backward last reads at `last`, of block b. Kept: one tensor over [first, last]. Offloaded
@@ -240,7 +257,7 @@ class gpt_activation_plan {
       moves_[static_cast<std::size_t>(b - embedding_block)].push_back({fwd, back});
     };
     // x_0 is read by block 0's ln1 (forward and backward), its first residual and its recompute.
-    saved("encoded", extent::btc, t, embedding_block, op.encoder(), op.bwd(0, 6), encoded, encoded_back);
+    saved("encoded", extent::btc, t, embedding_block, op.encoder(), kept(op.bwd(0, 6)), encoded, encoded_back);
     for (int l = 0; l < L; ++l) {
       block_tensors& b = blocks_[static_cast<std::size_t>(l)];
       block_tensors& k = back_[static_cast<std::size_t>(l)];
@@ -253,30 +270,35 @@ class gpt_activation_plan {
         fwd = add(name(what), kind, bytes, first, fwd_last);
         back = add(name(what) + ".re", kind, bytes, op.recompute(l), last);
       };
-      inner("ln1", extent::btc, t, op.fwd(l, 0), op.fwd(l, 1), op.bwd(l, 5), b.ln1, k.ln1);
-      inner("ln1.mean", extent::bt, f, op.fwd(l, 0), op.fwd(l, 0), op.bwd(l, 6), b.ln1_mean, k.ln1_mean);
-      inner("ln1.rstd", extent::bt, f, op.fwd(l, 0), op.fwd(l, 0), op.bwd(l, 6), b.ln1_rstd, k.ln1_rstd);
+      inner("ln1", extent::btc, t, op.fwd(l, 0), op.fwd(l, 1), kept(op.bwd(l, 5)), b.ln1, k.ln1);
+      inner("ln1.mean", extent::bt, f, op.fwd(l, 0), op.fwd(l, 0), kept(op.bwd(l, 6)), b.ln1_mean, k.ln1_mean);
+      inner("ln1.rstd", extent::bt, f, op.fwd(l, 0), op.fwd(l, 0), kept(op.bwd(l, 6)), b.ln1_rstd, k.ln1_rstd);
       inner("qkv", extent::bt3c, t, op.fwd(l, 1), op.fwd(l, 2), op.bwd(l, 5), b.qkv, k.qkv);
-      inner("atty", extent::btc, t, op.fwd(l, 2), op.fwd(l, 3), op.bwd(l, 4), b.atty, k.atty);
+      inner("atty", extent::btc, t, op.fwd(l, 2), op.fwd(l, 3), kept(op.bwd(l, 4)), b.atty, k.atty);
       inner("att.lse", extent::bnht, f, op.fwd(l, 2), op.fwd(l, 2), op.bwd(l, 4), b.lse, k.lse);
       // attproj and fcproj die inside the forward; a recompute writes attproj again (for res2).
       b.attproj = k.attproj = add(name("attproj"), extent::btc, t, op.fwd(l, 3), op.fwd(l, 4));
       if (recomputed(l)) k.attproj = add(name("attproj.re"), extent::btc, t, op.recompute(l), op.recompute(l));
-      inner("res2", extent::btc, t, op.fwd(l, 4), op.fwd(l, 7), op.bwd(l, 2), b.res2, k.res2);
-      inner("ln2", extent::btc, t, op.fwd(l, 4), op.fwd(l, 5), op.bwd(l, 1), b.ln2, k.ln2);
-      inner("ln2.mean", extent::bt, f, op.fwd(l, 4), op.fwd(l, 4), op.bwd(l, 2), b.ln2_mean, k.ln2_mean);
-      inner("ln2.rstd", extent::bt, f, op.fwd(l, 4), op.fwd(l, 4), op.bwd(l, 2), b.ln2_rstd, k.ln2_rstd);
+      inner("res2", extent::btc, t, op.fwd(l, 4), op.fwd(l, 7), kept(op.bwd(l, 2)), b.res2, k.res2);
+      inner("ln2", extent::btc, t, op.fwd(l, 4), op.fwd(l, 5), kept(op.bwd(l, 1)), b.ln2, k.ln2);
+      inner("ln2.mean", extent::bt, f, op.fwd(l, 4), op.fwd(l, 4), kept(op.bwd(l, 2)), b.ln2_mean, k.ln2_mean);
+      inner("ln2.rstd", extent::bt, f, op.fwd(l, 4), op.fwd(l, 4), kept(op.bwd(l, 2)), b.ln2_rstd, k.ln2_rstd);
       inner("fch", extent::bt4c, t, op.fwd(l, 5), op.fwd(l, 5), op.bwd(l, 1), b.fch, k.fch);
-      inner("fch_gelu", extent::bt4c, t, op.fwd(l, 5), op.fwd(l, 6), op.bwd(l, 0), b.fch_gelu, k.fch_gelu);
+      inner("fch_gelu", extent::bt4c, t, op.fwd(l, 5), op.fwd(l, 6), kept(op.bwd(l, 0)), b.fch_gelu, k.fch_gelu);
       b.fcproj = k.fcproj = add(name("fcproj"), extent::btc, t, op.fwd(l, 6), op.fwd(l, 7));
       // x_{l+1}: read by the next block's forward, recompute and ln1 backward, or by lnf's.
       int const res3_last = l + 1 < L ? op.bwd(l + 1, 6) : op.lnf_bwd();
-      saved(name("res3"), extent::btc, t, l, op.fwd(l, 7), res3_last, b.res3, k.res3);
-      b.dfch = k.dfch = add(name("dfch"), extent::bt4c, t, op.bwd(l, 0), op.bwd(l, 1));
-      b.dln2 = k.dln2 = add(name("dln2"), extent::btc, t, op.bwd(l, 1), op.bwd(l, 2));
+      saved(name("res3"), extent::btc, t, l, op.fwd(l, 7), kept(res3_last), b.res3, k.res3);
+      b.dfch = k.dfch = add(name("dfch"), extent::bt4c, t, op.bwd(l, 0), kept(op.bwd(l, 1)));
+      b.dln2 = k.dln2 = add(name("dln2"), extent::btc, t, op.bwd(l, 1), kept(op.bwd(l, 2)));
       b.datty = k.datty = add(name("datty"), extent::btc, t, op.bwd(l, 3), op.bwd(l, 4));
-      b.dqkv = k.dqkv = add(name("dqkv"), extent::bt3c, t, op.bwd(l, 4), op.bwd(l, 5));
-      b.dln1 = k.dln1 = add(name("dln1"), extent::btc, t, op.bwd(l, 5), op.bwd(l, 6));
+      b.dqkv = k.dqkv = add(name("dqkv"), extent::bt3c, t, op.bwd(l, 4), kept(op.bwd(l, 5)));
+      b.dln1 = k.dln1 = add(name("dln1"), extent::btc, t, op.bwd(l, 5), kept(op.bwd(l, 6)));
+      if (split_) {
+        b.dout = k.dout = add(name("dout"), extent::btc, t, op.bwd(l, 0), op.weights());
+        b.dres2 = k.dres2 = add(name("dres2"), extent::btc, t, op.bwd(l, 2), op.weights());
+        b.wscratch = k.wscratch = add(name("wscratch"), extent::ws_backward, 1, op.bwd(l, 0), op.weights());
+      }
       // The kernels' scratch: the forward's matmuls and attention (ops 1 .. 6), the backward's
       // from its recompute on.
       b.scratch = add(name("scratch"), extent::ws_forward, 1, op.fwd(l, 1), op.fwd(l, 6));
@@ -294,14 +316,14 @@ class gpt_activation_plan {
     }
     losses = add("losses", extent::bt, f, op.classifier(), last);
     dlnf = add("dlnf", extent::btc, t, op.head_bwd(), op.lnf_bwd());
-    dres = add("dresidual", extent::btc, t, op.lnf_bwd(), last);
+    dres = add("dresidual", extent::btc, t, op.lnf_bwd(), kept(last));
     // The head's share of wte's gradient, kept apart until the embedding's backward adds it
     // (the tied gradient: one order of additions for the whole model and for stages).
-    if (has_tied_) tied = add("tied.dwte", extent::vpc, t, op.head_bwd(), last);
+    if (has_tied_) tied = add("tied.dwte", extent::vpc, t, op.head_bwd(), kept(last));
     // One wte piece's logits (forward) or their gradient (backward), in turn.
     if (config_.wte_pieces > 1) piece = add("logits.piece", extent::btr, t, op.head(), op.head_bwd());
     head_scratch = add("head.scratch", extent::ws_head, 1, op.head(), op.lnf_bwd());
-    encoder_scratch = add("encoder.dscratch", extent::ws_encoder, 1, op.encoder_bwd(), op.encoder_bwd());
+    encoder_scratch = add("encoder.dscratch", extent::ws_encoder, 1, op.encoder_bwd(), kept(op.encoder_bwd()));
   }
 
   struct kind_bytes {
@@ -334,6 +356,7 @@ class gpt_activation_plan {
   memory::lifetime_planner planner_;
   gpt_scratch scratch_{};  // of the current plan
   bool has_tied_ = false;
+  bool split_ = false;
   std::size_t alignment_;
   std::vector<block_tensors> back_;             // by layer: the backward's ids
   std::vector<std::uint8_t> recompute_;         // by layer
@@ -351,7 +374,7 @@ class gpt_activation_plan {
 inline std::size_t activation_bytes(gpt_config const& c, gpt_options const& o, index_t Bn, index_t Tn,
                                     std::size_t element_bytes, gpt_scratch const& scratch = {}) {
   gpt_activation_plan plan(resolve(c), o.keep_logits, has_tied_buffer(o), element_bytes, o.alignment, o.recompute,
-                           o.offload_activations);
+                           o.offload_activations, o.split_backward);
   plan.replan(Bn, Tn, scratch);
   auto const n = static_cast<std::size_t>(o.in_flight);
   return (n - 1) * round_up(plan.footprint(), o.alignment) + plan.footprint();
@@ -402,13 +425,19 @@ inline block_set recompute_within(gpt_config const& config, gpt_options options,
 
 namespace tide::nn::detail {
 
-// Which blocks of which micro-batch slot ran forward and not yet backward: what
-// forward_blocks / backward_blocks check their ranges and order against.
+// Which blocks of which micro-batch slot ran forward and not yet backward, or went back through
+// the input pass and owe the weight pass: what forward_blocks and the backward passes check their
+// ranges and order against. Atomic: a stage's backward reads the state of the block after its
+// range, which the next stage's weight pass may be writing on another thread.
 class stage_slots {
  public:
+  enum state : std::uint8_t { idle, forwarded, owed };
+
   stage_slots(int layers, int in_flight)
       : layers_(layers), in_flight_(in_flight),
-        forwarded_(static_cast<std::size_t>(in_flight) * static_cast<std::size_t>(layers + 2), 0) {}
+        states_(static_cast<std::size_t>(in_flight) * static_cast<std::size_t>(layers + 2)) {
+    clear();
+  }
 
   void check_micro(char const* op, int micro) const {
     TIDE_REQUIRE(micro >= 0 && micro < in_flight_, op, ": micro = ", micro, " but options.in_flight = ", in_flight_,
@@ -420,34 +449,52 @@ class stage_slots {
                  last, "): pass embedding_block (-1) <= first <= last <= head_block (", layers_, ")");
     check_micro(op, micro);
   }
-  // Backward of first .. last: each ran forward, and the block after them (if it ran forward
-  // here: a pipeline stage never runs the others) already went back.
+  // A forward would overwrite what an owed weight pass reads.
+  void check_forward(char const* op, int first, int last, int micro) const {
+    for (int b = first; b <= last; ++b)
+      TIDE_REQUIRE(at(b, micro) != owed, op, ": block ", b, " of micro-batch slot ", micro, " still owes its weight "
+                   "pass; call backward_weight_blocks over it before the slot's next forward, or give the model more "
+                   "slots (gpt_options::in_flight)");
+  }
+  // Backward (whole or input pass) of first .. last: each ran forward, and the block after them
+  // (if it ran forward here: a pipeline stage never runs the others) already went back.
   void check_backward(char const* op, int first, int last, int micro) const {
     for (int b = first; b <= last; ++b)
-      TIDE_REQUIRE(forwarded(b, micro), op, ": block ", b, " of micro-batch slot ", micro,
+      TIDE_REQUIRE(at(b, micro) == forwarded, op, ": block ", b, " of micro-batch slot ", micro,
                    " has no forward to go back through (none ran, the forward had no targets, or its backward "
                    "already ran); run forward(ex, tokens, targets), or forward_blocks over the range with targets "
                    "when it holds the head, first");
-    TIDE_REQUIRE(last == layers_ || !forwarded(last + 1, micro), op, ": block ", last + 1, " of micro-batch slot ",
-                 micro, " ran forward but not backward; backward goes from the head down: call backward_blocks over "
-                 "the blocks after ", last, " first");
+    TIDE_REQUIRE(last == layers_ || at(last + 1, micro) != forwarded, op, ": block ", last + 1,
+                 " of micro-batch slot ", micro, " ran forward but not backward; backward goes from the head down: "
+                 "call the backward over the blocks after ", last, " first");
+  }
+  // The weight pass of first .. last: each went through its input pass.
+  void check_weights(char const* op, int first, int last, int micro) const {
+    for (int b = first; b <= last; ++b)
+      TIDE_REQUIRE(at(b, micro) == owed, op, ": block ", b, " of micro-batch slot ", micro,
+                   " has no input pass to follow (backward_input_blocks over it first), or its weight pass already ran");
   }
 
-  void set(int first, int last, int micro, bool ran) noexcept {
-    for (int b = first; b <= last; ++b) forwarded_[index(b, micro)] = ran ? 1 : 0;
+  void set(int first, int last, int micro, state s) noexcept {
+    for (int b = first; b <= last; ++b) states_[index(b, micro)].store(s, std::memory_order_relaxed);
   }
-  void clear() noexcept { std::fill(forwarded_.begin(), forwarded_.end(), std::uint8_t{0}); }
-  [[nodiscard]] bool forwarded(int block, int micro) const noexcept { return forwarded_[index(block, micro)] != 0; }
+  void clear() noexcept {
+    for (auto& s : states_) s.store(idle, std::memory_order_relaxed);
+  }
+  [[nodiscard]] bool forwarded_at(int block, int micro) const noexcept { return at(block, micro) == forwarded; }
 
  private:
   [[nodiscard]] std::size_t index(int block, int micro) const noexcept {
     return static_cast<std::size_t>(micro) * static_cast<std::size_t>(layers_ + 2) +
            static_cast<std::size_t>(block - embedding_block);
   }
+  [[nodiscard]] std::uint8_t at(int block, int micro) const noexcept {
+    return states_[index(block, micro)].load(std::memory_order_relaxed);
+  }
 
   int layers_;
   int in_flight_;
-  std::vector<std::uint8_t> forwarded_;  // [slot][block + 1]
+  std::vector<std::atomic<std::uint8_t>> states_;  // [slot][block + 1]
 };
 
 }  // namespace tide::nn::detail

@@ -326,6 +326,52 @@ void block_backward(exec<B> const& ex, tensor_view<T, B> dres, tensor_view<T con
                               fview(a.ln1_rstd), a.ws);
 }
 
+// block_backward in two passes (gpt_options::split_backward). The input pass: dres as in
+// block_backward, keeping what the weight pass reads (a.dout = d x_{l+1}, a.dres2 = d res2,
+// a.dfch already through gelu', a.dln2, a.dqkv, a.dln1). The same kernels' halves on the same
+// values: the same bits.
+template <Backend B, class T>
+void block_backward_input(exec<B> const& ex, tensor_view<T, B> dres, tensor_view<T const, B> x,
+                          block_views<B, T> const& a, block_params<tensor_view<T const, B>> const& w, index_t NH) {
+  using enum block_param;
+  using cview = tensor_view<T const, B>;
+  using fview = tensor_view<float const, B>;
+  index_t const N = dres.extent(0) * dres.extent(1), C = dres.extent(2);
+  auto const rows = [&](auto v) { return decltype(v)(v.data(), {N, C}); };
+  copy_columns(ex, rows(a.dout), 0, rows(cview(dres)), 0, C);
+  zero_fill(ex, a.dfch);
+  kernels::matmul_backward_input(ex, a.dfch, cview(dres), w[mlp_proj_w], a.ws);
+  zero_fill(ex, a.dln2);
+  kernels::matmul_backward_gelu_input(ex, a.dln2, a.dfch, cview(a.fch), w[fc_w], a.ws);
+  kernels::layernorm_backward_input(ex, dres, cview(a.dln2), cview(a.res2), w[ln2_w], fview(a.ln2_mean),
+                                    fview(a.ln2_rstd));
+  copy_columns(ex, rows(a.dres2), 0, rows(cview(dres)), 0, C);
+  zero_fill(ex, a.datty);
+  kernels::matmul_backward_input(ex, a.datty, cview(dres), w[attn_proj_w], a.ws);
+  zero_fill(ex, a.dqkv);
+  kernels::attention_backward(ex, a.dqkv, cview(a.datty), cview(a.qkv), cview(a.atty), fview(a.lse), NH, a.ws);
+  zero_fill(ex, a.dln1);
+  kernels::matmul_backward_input(ex, a.dln1, cview(a.dqkv), w[qkv_w], a.ws);
+  kernels::layernorm_backward_input(ex, dres, cview(a.dln1), x, w[ln1_w], fview(a.ln1_mean), fview(a.ln1_rstd));
+}
+
+// The weight pass: dw += the block's parameter gradients, from what the input pass kept.
+template <Backend B, class T>
+void block_backward_weights(exec<B> const& ex, tensor_view<T const, B> x, block_views<B, T> const& a,
+                            block_params<tensor_view<T, B>> const& dw) {
+  using enum block_param;
+  using cview = tensor_view<T const, B>;
+  using fview = tensor_view<float const, B>;
+  kernels::matmul_backward_weight(ex, dw[mlp_proj_w], dw[mlp_proj_b], cview(a.dout), cview(a.fch_gelu), a.wws);
+  kernels::matmul_backward_weight(ex, dw[fc_w], dw[fc_b], cview(a.dfch), cview(a.ln2), a.wws);
+  kernels::layernorm_backward_weight(ex, dw[ln2_w], dw[ln2_b], cview(a.dln2), cview(a.res2), fview(a.ln2_mean),
+                                     fview(a.ln2_rstd), a.wws);
+  kernels::matmul_backward_weight(ex, dw[attn_proj_w], dw[attn_proj_b], cview(a.dres2), cview(a.atty), a.wws);
+  kernels::matmul_backward_weight(ex, dw[qkv_w], dw[qkv_b], cview(a.dqkv), cview(a.ln1), a.wws);
+  kernels::layernorm_backward_weight(ex, dw[ln1_w], dw[ln1_b], cview(a.dln1), x, fview(a.ln1_mean), fview(a.ln1_rstd),
+                                     a.wws);
+}
+
 // ---- the head: final LayerNorm, LM head tied to wte, loss -------------------------------------
 
 // Piece j of a table cut into row pieces, as a (rows, C) view.

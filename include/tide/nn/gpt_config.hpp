@@ -256,6 +256,13 @@ struct gpt_options {
   // end of the next block's forward, and from the prefetch to their last read. Bit-identical.
   // With in_flight = 1 and the whole-model forward() / backward() only.
   block_set offload_activations{};
+  // The backward in two passes, for zero-bubble pipeline schedules: backward_input_blocks (B)
+  // computes the gradients flowing to the blocks below, backward_weight_blocks (W) the blocks'
+  // parameter gradients, as late as the schedule likes. Each block keeps what its W reads (its
+  // output gradients and the activations its weight products take) until W: more activation
+  // memory per slot (docs/nn.md). B then W equals backward_blocks bit for bit. The model's own
+  // storage only (an offload scheduler's hooks serve one backward per block); no offload_activations.
+  bool split_backward = false;
 };
 
 // Whether a model with these options keeps the (Vp, C) tied gradient buffer per slot.
@@ -279,6 +286,9 @@ inline gpt_options check_options(gpt_config const& c, gpt_options const& o) {
     TIDE_REQUIRE(o.in_flight == 1, "gpt_options::offload_activations with in_flight = ", o.in_flight,
                  ": activation offload runs with one micro-batch in flight; use recompute for pipeline stages");
   }
+  TIDE_REQUIRE(!o.split_backward || o.offload_activations.empty(),
+               "gpt_options::split_backward with offload_activations: the weight pass reads activations after the "
+               "backward that would fetch them back; use recompute with a split backward");
   return o;
 }
 

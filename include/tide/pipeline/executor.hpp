@@ -18,15 +18,17 @@
 // So a pipelined step equals gradient accumulation over the same micro-batches bit for bit
 // (tests/pipeline/executor.cpp, every schedule).
 //
-// W. The model's backward is one pass (nn::gpt computes input and weight gradients together),
-// so B and BW run the whole backward and W does nothing. Zero-bubble schedules run in their order
-// and stay exact, but their W-filled bubbles are not filled: what they gain on paper needs a
-// model whose backward splits in two.
+// B and W. A model whose backward splits in two (nn::gpt with gpt_options::split_backward: it
+// has backward_input_blocks, backward_weight_blocks and splits_backward()) runs B as its input
+// pass and W as its weight pass, so a zero-bubble schedule's W's fill its bubbles; BW runs both.
+// Any other model runs its whole backward in B and BW, and W does nothing: the schedule stays
+// exact, its bubbles unfilled.
 //
 // Slots. A micro-batch's activations live in the model's slot (micro mod in_flight) from its first
-// forward to its last backward; slots_needed(s) is the fewest slots for which no two micro-batches
-// in flight share one (1F1B: p; GPipe: m). The model must be built with in_flight >= that
-// (nn::gpt_options::in_flight), or run() says what to pass.
+// forward to its last backward (its W's, when they run apart); slots_needed(s, st, split) is the
+// fewest slots for which no two micro-batches on stage st share one (1F1B: p; GPipe: m). The
+// model must be built with in_flight >= the executor's slots(split) (nn::gpt_options::in_flight),
+// or run() says what to pass.
 
 #include <algorithm>
 #include <atomic>
@@ -91,7 +93,9 @@ cut uniform_cut(Model const& model, schedule const& s) {
 // slot: a micro-batch holds its slot from its first forward on the stage to its last backward
 // there. Of stage 0 for a model shared by every stage (micro-batch k's first and last action in
 // the whole pipeline are there: piece 0).
-inline int slots_needed(schedule const& s, int st) {
+// split: W's run apart from their B's (a model whose backward splits), so a slot is held until
+// the micro-batch's last W or BW on the stage; else until its last B or BW.
+inline int slots_needed(schedule const& s, int st, bool split = false) {
   auto const& list = s.per_stage.at(static_cast<std::size_t>(st));
   auto const m = static_cast<std::size_t>(s.micro);
   std::vector<int> opened(m, 0), closed(m, 0);
@@ -110,12 +114,66 @@ inline int slots_needed(schedule const& s, int st) {
           break;
         }
         holder[slot] = a.micro;
-      } else if ((a.kind == op::B || a.kind == op::BW) && ++closed[k] == per_micro) {
+      } else if ((a.kind == op::BW || a.kind == (split ? op::W : op::B)) && ++closed[k] == per_micro) {
         holder[slot] = -1;
       }
     }
     if (ok) return n;
   }
+  return s.micro;
+}
+
+namespace detail {
+// The makespan at unit costs (F, B, W 1 a stage, BW 2, as simulate takes them) when, besides the schedule's
+// dependencies, micro-batch k's first forward waits until micro-batch k − n has closed on every
+// piece (its W, or its BW); −1 if some stage then never reaches the end of its list. A greedy run
+// finds any deadlock: every stage waits only on its dependencies, so a deadlock in some order is
+// a cycle of list order and dependencies, which stops the greedy run too.
+inline double slot_wait_makespan(schedule const& s, int n) {
+  int const Q = s.stages * s.chunks, m = s.micro;
+  auto const at = [m](int q, int k) { return static_cast<std::size_t>(q) * static_cast<std::size_t>(m) +
+                                             static_cast<std::size_t>(k); };
+  std::vector<double> fwd(static_cast<std::size_t>(Q * m), -1), bwd(fwd.size(), -1);  // end times; −1: not yet
+  std::vector<int> closed(static_cast<std::size_t>(m), 0);
+  std::vector<double> closed_at(static_cast<std::size_t>(m), 0), clock(static_cast<std::size_t>(s.stages), 0);
+  std::vector<std::size_t> next(static_cast<std::size_t>(s.stages), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int st = 0; st < s.stages; ++st) {
+      auto const& list = s.per_stage[static_cast<std::size_t>(st)];
+      double& now = clock[static_cast<std::size_t>(st)];
+      for (std::size_t& i = next[static_cast<std::size_t>(st)]; i < list.size(); ++i, progress = true) {
+        action const a = list[i];
+        int const q = s.piece(st, a.chunk), k = a.micro;
+        auto const uk = static_cast<std::size_t>(k);
+        double ready = 0;  // when its inputs are there; −1: not yet
+        if (a.kind == op::F)
+          ready = q > 0 ? fwd[at(q - 1, k)]
+                        : k < n ? 0 : closed[static_cast<std::size_t>(k - n)] == Q ? closed_at[uk - static_cast<std::size_t>(n)] : -1;
+        else if (a.kind != op::W)  // a W follows its B, earlier in the list
+          ready = q + 1 < Q ? bwd[at(q + 1, k)] : fwd[at(q, k)];
+        if (ready < 0) break;
+        now = std::max(now, ready) + (a.kind == op::BW ? 2.0 : 1.0) / s.chunks;  // a chunk is 1/v of a stage
+        if (a.kind == op::F) fwd[at(q, k)] = now;
+        if (a.kind == op::B || a.kind == op::BW) bwd[at(q, k)] = now;
+        if (a.kind == op::W || a.kind == op::BW) ++closed[uk], closed_at[uk] = std::max(closed_at[uk], now);
+      }
+    }
+  }
+  for (int st = 0; st < s.stages; ++st)
+    if (next[static_cast<std::size_t>(st)] != s.per_stage[static_cast<std::size_t>(st)].size()) return -1;
+  return *std::max_element(clock.begin(), clock.end());
+}
+}  // namespace detail
+
+// The slots of a model that every stage shares (thread_executor) when W's run apart from B's: a
+// micro-batch's first forward waits until the one n before it has closed everywhere, so no
+// stage's W still reads a slot that a new forward writes. n is the fewest with which those waits
+// cost the schedule nothing at unit costs (the makespan of n = m, where nothing waits).
+inline int shared_slots(schedule const& s) {
+  double const free = detail::slot_wait_makespan(s, s.micro);
+  for (int n = 1; n < s.micro; ++n)
+    if (detail::slot_wait_makespan(s, n) == free) return n;
   return s.micro;
 }
 
@@ -129,7 +187,8 @@ struct ran_action {
 struct stage_times {
   double busy = 0;       // seconds in forward and backward (not waiting)
   double forward = 0;    // of which forward
-  int forwards = 0, backwards = 0;
+  double weight = 0;     // of which weight passes (W run apart)
+  int forwards = 0, backwards = 0, weights = 0;  // backwards: B and BW
   std::vector<ran_action> timeline;  // in the order it ran them
 };
 
@@ -137,35 +196,45 @@ struct stage_times {
 struct run_stats {
   double seconds = 0;          // wall time of the step's forward and backward
   double bubble_fraction = 0;  // 1 − Σ busy / (p · seconds)
+  // 1 − Σ busy / Σ span, a stage's span from the start of its first action that computed to the
+  // end of its last: the idle time inside the stages' own spans, the bubble zero-bubble
+  // schedules remove (ZB-H2's is 0 at equal costs), without the stagger between stages' starts
+  // and ends that bubble_fraction also counts.
+  double span_bubble_fraction = 0;
   std::vector<stage_times> stages;
   // Per-action costs as the simulator takes them (a whole stage's per micro-batch: one chunk's
-  // mean times v), from the measured means over every stage; W is free here (see above).
+  // mean times v), from the measured means over every stage; W is 0 when it ran inside B.
   [[nodiscard]] costs measured_costs(int chunks) const {
-    double f = 0, b = 0;
-    int nf = 0, nb = 0;
+    double f = 0, b = 0, w = 0;
+    int nf = 0, nb = 0, nw = 0;
     for (stage_times const& st : stages) {
       f += st.forward;
-      b += st.busy - st.forward;
+      b += st.busy - st.forward - st.weight;
+      w += st.weight;
       nf += st.forwards;
       nb += st.backwards;
+      nw += st.weights;
     }
-    return {.f = nf > 0 ? f / nf * chunks : 0, .b = nb > 0 ? b / nb * chunks : 0, .w = 0, .comm = 0};
+    auto const mean = [chunks](double t, int n) { return n > 0 ? t / n * chunks : 0; };
+    return {.f = mean(f, nf), .b = mean(b, nb), .w = mean(w, nw), .comm = 0};
   }
-  // Per piece (0 .. pieces − 1): its mean forward and backward time, for simulate(s, per_piece).
+  // Per piece (0 .. pieces − 1): its mean F, B (or BW) and W time, for simulate(s, per_piece).
   [[nodiscard]] std::vector<costs> piece_costs(int pieces) const {
     std::vector<costs> out(static_cast<std::size_t>(pieces), costs{.f = 0, .b = 0, .w = 0, .comm = 0});
-    std::vector<int> nf(out.size(), 0), nb(out.size(), 0);
+    std::vector<int> nf(out.size(), 0), nb(out.size(), 0), nw(out.size(), 0);
     for (stage_times const& st : stages)
       for (ran_action const& r : st.timeline) {
         auto const q = static_cast<std::size_t>(r.piece);
-        if (q >= out.size() || r.a.kind == op::W) continue;
-        bool const f = r.a.kind == op::F;
-        (f ? out[q].f : out[q].b) += r.end - r.start;
-        ++(f ? nf[q] : nb[q]);
+        if (q >= out.size()) continue;
+        double const t = r.end - r.start;
+        if (r.a.kind == op::F) out[q].f += t, ++nf[q];
+        else if (r.a.kind == op::W) out[q].w += t, ++nw[q];
+        else out[q].b += t, ++nb[q];
       }
     for (std::size_t q = 0; q < out.size(); ++q) {
       if (nf[q] > 0) out[q].f /= nf[q];
       if (nb[q] > 0) out[q].b /= nb[q];
+      if (nw[q] > 0) out[q].w /= nw[q];
     }
     return out;
   }
@@ -178,6 +247,16 @@ using clock = std::chrono::steady_clock;
 
 inline double seconds_between(clock::time_point a, clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// Whether `model` runs W apart from B (its backward splits in two) for schedule s.
+template <class Model>
+bool runs_weights_apart(Model const& model, schedule const& s) {
+  bool has_w = false;
+  for (auto const& list : s.per_stage)
+    for (action const& a : list) has_w = has_w || a.kind == op::W;
+  if constexpr (requires { model.splits_backward(); }) return has_w && model.splits_backward();
+  else return false;
 }
 
 // The checks every executor makes before its stages start; the model plans its activations and
@@ -219,51 +298,64 @@ void check_run(char const* who, schedule const& s, cut const& c, Model& model, e
 }
 
 // Stage st's list over `model`. Links provide what crosses stages: before_forward / after_forward
-// / before_backward / after_backward (piece, micro-batch, slot). Times only the model's calls.
+// / before_backward / after_backward (piece, micro-batch, slot); a W needs only its own stage's B.
+// split: W runs the model's weight pass and B its input pass (runs_weights_apart). Times only the
+// model's calls.
 template <class Model, class Batch, class B, class Links>
 void run_stage(int st, schedule const& s, cut const& c, Model& model, exec<B> const& ex, std::span<Batch const> micro,
-               float scale, int slots, Links& links, clock::time_point t0, stage_times& out, double* losses) {
+               float scale, int slots, bool split, Links& links, clock::time_point t0, stage_times& out,
+               double* losses) {
   int const last_piece = c.pieces() - 1;
   for (action const& a : s.per_stage[static_cast<std::size_t>(st)]) {
     int const q = s.piece(st, a.chunk);
     int const slot = a.micro % slots;
     auto const uq = static_cast<std::size_t>(q);
-    if (a.kind == op::W) {  // folded into B (one-pass backward)
+    int const first = c.first[uq], last = c.last[uq];
+    if (a.kind == op::W && !split) {  // folded into B (one-pass backward)
       auto const now = seconds_between(t0, clock::now());
       out.timeline.push_back({a, q, now, now});
       continue;
     }
-    bool const fwd = a.kind == op::F;
-    if (fwd) links.before_forward(q, a.micro, slot);
-    else links.before_backward(q, a.micro, slot);
+    if (a.kind == op::F) links.before_forward(q, a.micro, slot);
+    else if (a.kind != op::W) links.before_backward(q, a.micro, slot);
     auto const start = clock::now();
-    if (fwd) {
-      float const l = model.forward_blocks(ex, c.first[uq], c.last[uq], slot, micro[static_cast<std::size_t>(a.micro)]);
+    if (a.kind == op::F) {
+      float const l = model.forward_blocks(ex, first, last, slot, micro[static_cast<std::size_t>(a.micro)]);
       if (q == last_piece) losses[a.micro] = static_cast<double>(l);
+    } else if constexpr (requires { model.backward_weight_blocks(ex, first, last, slot); }) {
+      if (a.kind == op::W) model.backward_weight_blocks(ex, first, last, slot);
+      else if (a.kind == op::B && split) model.backward_input_blocks(ex, first, last, slot, scale);
+      else model.backward_blocks(ex, first, last, slot, scale);
     } else {
-      model.backward_blocks(ex, c.first[uq], c.last[uq], slot, scale);
+      model.backward_blocks(ex, first, last, slot, scale);
     }
     auto const end = clock::now();
     double const took = seconds_between(start, end);
     out.busy += took;
-    if (fwd) {
-      out.forward += took;
-      ++out.forwards;
-    } else {
-      ++out.backwards;
-    }
+    if (a.kind == op::F) out.forward += took, ++out.forwards;
+    else if (a.kind == op::W) out.weight += took, ++out.weights;
+    else ++out.backwards;
     out.timeline.push_back({a, q, seconds_between(t0, start), seconds_between(t0, end)});
-    if (fwd) links.after_forward(q, a.micro, slot);
-    else links.after_backward(q, a.micro, slot);
+    if (a.kind == op::F) links.after_forward(q, a.micro, slot);
+    else if (a.kind != op::W) links.after_backward(q, a.micro, slot);
+    if constexpr (requires { links.closed(q, a.micro); })
+      if (a.kind == op::BW || a.kind == op::W) links.closed(q, a.micro);  // the piece is done with the slot
   }
 }
 
 inline void finish_stats(run_stats& r, clock::time_point t0) {
   r.seconds = seconds_between(t0, clock::now());
-  double busy = 0;
-  for (stage_times const& st : r.stages) busy += st.busy;
+  double busy = 0, spans = 0;
+  for (stage_times const& st : r.stages) {
+    busy += st.busy;
+    double first = r.seconds, last = 0;
+    for (ran_action const& a : st.timeline)
+      if (a.end > a.start) first = std::min(first, a.start), last = std::max(last, a.end);
+    spans += std::max(0.0, last - first);
+  }
   double const room = static_cast<double>(r.stages.size()) * r.seconds;
   r.bubble_fraction = room > 0 ? std::max(0.0, 1.0 - busy / room) : 0;
+  r.span_bubble_fraction = spans > 0 ? std::max(0.0, 1.0 - busy / spans) : 0;
 }
 
 // One flag per (piece, micro-batch) and direction: 0 not yet, 1 done, 2 the run failed.
@@ -294,6 +386,35 @@ class done_flags {
   std::vector<std::atomic<int>> flags_;
 };
 
+// A counter per micro-batch that stages wait on reaching a count; < 0 when the run failed.
+class counters {
+ public:
+  void reset(std::size_t n) {
+    if (counts_.size() != n) counts_ = std::vector<std::atomic<int>>(n);
+    for (auto& c : counts_) c.store(0, std::memory_order_relaxed);
+  }
+  void add(std::size_t i) {
+    counts_[i].fetch_add(1, std::memory_order_acq_rel);
+    counts_[i].notify_all();
+  }
+  void wait(std::size_t i, int count) {
+    int v = 0;
+    while ((v = counts_[i].load(std::memory_order_acquire)) >= 0 && v < count)
+      counts_[i].wait(v, std::memory_order_acquire);
+    if (v < 0) throw done_flags::stopped{};
+  }
+  void fail_all() {
+    for (auto& c : counts_) {
+      c.store(failed, std::memory_order_release);
+      c.notify_all();
+    }
+  }
+
+ private:
+  static constexpr int failed = -(1 << 24);  // stays < 0 through any increments after it
+  std::vector<std::atomic<int>> counts_;
+};
+
 }  // namespace detail
 
 // Every stage on a thread of this process, one model shared by all: a stage hands a piece's
@@ -309,13 +430,17 @@ class thread_executor {
                  cut_.pieces(), " pieces, the schedule ", schedule_.name, " ", schedule_.stages * schedule_.chunks,
                  "; cut the model with uniform_cut(model, schedule)");
     slots_ = slots_needed(schedule_, 0);
+    shared_slots_ = shared_slots(schedule_);
     for (int st = 0; st < schedule_.stages; ++st) pools_.push_back(std::make_unique<thread_pool>(threads_per_stage));
   }
 
   [[nodiscard]] schedule const& plan() const noexcept { return schedule_; }
   [[nodiscard]] cut const& pieces() const noexcept { return cut_; }
-  // The model's in_flight must be at least this.
-  [[nodiscard]] int slots() const noexcept { return slots_; }
+  // The model's in_flight must be at least this. split: a model whose backward splits, under a
+  // schedule with W's: the stages share the model and a micro-batch's last W may run on any stage
+  // after stage 0 has moved on, so a micro-batch's first forward waits until the one slots(true)
+  // before it has closed everywhere (shared_slots).
+  [[nodiscard]] int slots(bool split = false) const noexcept { return split ? shared_slots_ : slots_; }
   [[nodiscard]] run_stats const& last() const noexcept { return stats_; }
 
   // Forward and backward of every micro-batch, pipelined; gradients += as m forward + backward
@@ -327,11 +452,14 @@ class thread_executor {
                     "pipeline::thread_executor: the model's hooks keep its parameters (an offload scheduler, which "
                     "serves one block order from one thread); give the stages a model with its own storage "
                     "(nn::no_hooks), or run a stage per rank (rank_executor, pipeline::on_ranks in make_trainer)");
-    detail::check_run("pipeline::thread_executor", schedule_, cut_, model, exec<host>{*pools_.front()}, micro, slots_);
+    split_ = detail::runs_weights_apart(model, schedule_);
+    detail::check_run("pipeline::thread_executor", schedule_, cut_, model, exec<host>{*pools_.front()}, micro,
+                      slots(split_));
     int const p = schedule_.stages, m = schedule_.micro, Q = cut_.pieces();
     auto const n = static_cast<std::size_t>(Q) * static_cast<std::size_t>(m);
     forward_done_.reset(n);
     backward_done_.reset(n);
+    closed_.reset(static_cast<std::size_t>(m));
     losses_.assign(static_cast<std::size_t>(m), std::nan(""));
     stats_ = {};
     stats_.stages.resize(static_cast<std::size_t>(p));
@@ -357,7 +485,11 @@ class thread_executor {
     [[nodiscard]] std::size_t at(int q, int k) const noexcept {
       return static_cast<std::size_t>(q) * static_cast<std::size_t>(m) + static_cast<std::size_t>(k);
     }
-    void before_forward(int q, int k, int) { if (q > 0) ex.forward_done_.wait(at(q - 1, k)); }
+    void before_forward(int q, int k, int) {
+      if (q > 0) ex.forward_done_.wait(at(q - 1, k));
+      else if (ex.split_ && k >= ex.shared_slots_) ex.closed_.wait(static_cast<std::size_t>(k - ex.shared_slots_), Q);
+    }
+    void closed(int, int k) { ex.closed_.add(static_cast<std::size_t>(k)); }
     void after_forward(int q, int k, int) { ex.forward_done_.set(at(q, k)); }
     // The last piece goes back after its own forward (same stage, earlier in its list).
     void before_backward(int q, int k, int) { if (q < Q - 1) ex.backward_done_.wait(at(q + 1, k)); }
@@ -369,7 +501,7 @@ class thread_executor {
     links l{*this, cut_.pieces(), schedule_.micro};
     exec<host> const ex{*pools_[static_cast<std::size_t>(st)]};
     try {
-      detail::run_stage(st, schedule_, cut_, model, ex, micro, scale, slots_, l, t0,
+      detail::run_stage(st, schedule_, cut_, model, ex, micro, scale, slots(split_), split_, l, t0,
                         stats_.stages[static_cast<std::size_t>(st)], losses_.data());
     } catch (detail::done_flags::stopped const&) {
       // another stage failed first; its error is the run's
@@ -380,14 +512,17 @@ class thread_executor {
       }
       forward_done_.fail_all();
       backward_done_.fail_all();
+      closed_.fail_all();
     }
   }
 
   schedule schedule_;
   cut cut_;
-  int slots_;
+  int slots_, shared_slots_ = 1;
+  bool split_ = false;  // of the current run
   std::vector<std::unique_ptr<thread_pool>> pools_;
   detail::done_flags forward_done_, backward_done_;
+  detail::counters closed_;  // per micro-batch: the pieces that closed it (W or BW), with W apart
   std::vector<double> losses_;
   run_stats stats_;
   std::mutex failure_mutex_;

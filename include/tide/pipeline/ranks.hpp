@@ -74,12 +74,14 @@ class rank_executor {
                  "use fewer micro-batches per step");
     me_ = group.rank();
     slots_ = slots_needed(schedule_, me_);
+    slots_split_ = slots_needed(schedule_, me_, true);
     if (schedule_.stages > 1)
       for (int i = 0; i < links; ++i) channels_.push_back(group.split(0, group.rank()));  // a duplicate per link kind
   }
 
   [[nodiscard]] int stage() const noexcept { return me_; }
-  [[nodiscard]] int slots() const noexcept { return slots_; }  // this rank's model needs in_flight >= slots()
+  // This rank's model needs in_flight >= slots(split); split: its backward splits in two (W runs apart).
+  [[nodiscard]] int slots(bool split = false) const noexcept { return split ? slots_split_ : slots_; }
   [[nodiscard]] schedule const& plan() const noexcept { return schedule_; }
   [[nodiscard]] cut const& pieces() const noexcept { return cut_; }
   // This rank's stage only: stages.size() == 1; bubble_fraction = 1 − busy / seconds.
@@ -105,7 +107,8 @@ class rank_executor {
     // throw here, before any message, rather than leave its peers to their deadline.
     std::exception_ptr failure;
     try {
-      detail::check_run("pipeline::rank_executor", schedule_, cut_, model, ex, micro, slots_);
+      split_ = detail::runs_weights_apart(model, schedule_);
+      detail::check_run("pipeline::rank_executor", schedule_, cut_, model, ex, micro, slots(split_));
       bool tied = false;  // the head's share of wte travels (a model with a tied buffer, two ranks)
       if constexpr (requires { model.tied_grad(0); }) tied = stage_of(schedule_, 0) != stage_of(schedule_, Q - 1);
       if (tied && (me_ == stage_of(schedule_, 0) || me_ == stage_of(schedule_, Q - 1)))
@@ -132,7 +135,8 @@ class rank_executor {
     auto const t0 = detail::clock::now();
     links_of<Model, B> l{*this, model, ex};
     try {
-      detail::run_stage(me_, schedule_, cut_, model, ex, micro, scale, slots_, l, t0, stats_.stages[0], losses_.data());
+      detail::run_stage(me_, schedule_, cut_, model, ex, micro, scale, slots(split_), split_, l, t0, stats_.stages[0],
+                        losses_.data());
     } catch (...) {
       failure = std::current_exception();
       try {
@@ -389,7 +393,8 @@ class rank_executor {
   C* group_;
   schedule schedule_;
   cut cut_;
-  int me_ = 0, slots_ = 1;
+  int me_ = 0, slots_ = 1, slots_split_ = 1;
+  bool split_ = false;  // of the current run
   bool tied_ = false, planned_ = false;
   std::vector<inbox> inboxes_;
   std::vector<std::pair<message, int>> outgoing_;  // what this stage sends in a run, in order, and to whom

@@ -11,7 +11,8 @@
 // cub::BlockReduce; a thread owns the same columns on every row, so its share of dweight and
 // dbias accumulates without atomics (in shared memory when 2C floats fit, else in the chunk's
 // global slot). column_sums_kernel then adds the chunks' partials in chunk order. Every output
-// is deterministic, independent of the device.
+// is deterministic, independent of the device. The split backward's halves (input gradient,
+// weight gradients) run the same kernel with one set of outputs each, so the same bits.
 
 #include <cuda_runtime.h>
 
@@ -128,72 +129,96 @@ __global__ void __launch_bounds__(cuda_row_tuning::block, cuda_row_tuning::row_m
                                                 storage);
 }
 
+// Which outputs layernorm_backward_kernel computes: the fused backward's, or one half of a
+// backward split in two (input gradient in B, weight gradients later in W).
+enum class layernorm_grads { input, weights, both };
+
 // One block per chunk of chunk_rows rows: dinp += ..., and the chunk's dweight, dbias terms into
-// partials[chunk] = (2, C) floats (see the file comment).
-template <class T, class W, int Width>
+// partials[chunk] = (2, C) floats (see the file comment). Grads picks the outputs: `weights`
+// reads neither weight nor dinp and skips the row sums; `input` writes no partials (null). Each
+// output gets the same operations in every variant, so the same bits.
+template <class T, class W, int Width, layernorm_grads Grads>
 __global__ void __launch_bounds__(cuda_row_tuning::block, cuda_row_tuning::row_min_blocks)
     layernorm_backward_kernel(T* __restrict__ dinp, float* __restrict__ partials, T const* __restrict__ dout,
                               T const* __restrict__ inp, W const* __restrict__ weight, float const* __restrict__ mean,
                               float const* __restrict__ rstd, index_t N, index_t C, bool shared) {
+  constexpr bool input = Grads != layernorm_grads::weights;
+  constexpr bool weights = Grads != layernorm_grads::input;
   constexpr int block = cuda_row_tuning::block;
   using sum = row_sum<block, block, 2>;
   using p = pack<T, Width>;
   using q = pack<W, Width>;
-  __shared__ typename sum::storage storage;
+  [[maybe_unused]] __shared__ typename sum::storage storage;
   extern __shared__ float shared_acc[];
   index_t const chunk = blockIdx.x;
-  float* const slot = partials + chunk * 2 * C;
-  float* const dw = shared ? shared_acc : slot;
-  float* const db = dw + C;
   index_t const packs = C / Width;
-  float const inv_c = 1.0f / static_cast<float>(C);
-  for (index_t j = threadIdx.x; j < packs; j += block)
+  [[maybe_unused]] float const inv_c = 1.0f / static_cast<float>(C);
+  float* slot = nullptr;
+  float* dw = nullptr;
+  float* db = nullptr;
+  if constexpr (weights) {
+    slot = partials + chunk * 2 * C;
+    dw = shared ? shared_acc : slot;
+    db = dw + C;
+    for (index_t j = threadIdx.x; j < packs; j += block)
 #pragma unroll
-    for (int k = 0; k < Width; ++k) dw[j * Width + k] = db[j * Width + k] = 0.0f;
+      for (int k = 0; k < Width; ++k) dw[j * Width + k] = db[j * Width + k] = 0.0f;
+  }
   index_t const end = (chunk + 1) * cuda_row_tuning::chunk_rows < N ? (chunk + 1) * cuda_row_tuning::chunk_rows : N;
   for (index_t r = chunk * cuda_row_tuning::chunk_rows; r < end; ++r) {
     auto const* xs = reinterpret_cast<p const*>(inp + r * C);
     auto const* gs = reinterpret_cast<p const*>(dout + r * C);
-    auto* ds = reinterpret_cast<p*>(dinp + r * C);
     float const m = mean[r], s = rstd[r];
-    float_sums<2> part{{0.0f, 0.0f}};
-    for (index_t j = threadIdx.x; j < packs; j += block) {
-      p const x = xs[j];
-      p const g = gs[j];
-      q const w = reinterpret_cast<q const*>(weight)[j];
+    [[maybe_unused]] float mean_dnorm = 0.0f, mean_dnorm_xhat = 0.0f;
+    if constexpr (input) {
+      float_sums<2> part{{0.0f, 0.0f}};
+      for (index_t j = threadIdx.x; j < packs; j += block) {
+        p const x = xs[j];
+        p const g = gs[j];
+        q const w = reinterpret_cast<q const*>(weight)[j];
 #pragma unroll
-      for (int k = 0; k < Width; ++k) {
-        float const dnorm = to_float(w.v[k]) * to_float(g.v[k]);
-        part.v[0] += dnorm;
-        part.v[1] += dnorm * layernorm_xhat(to_float(x.v[k]), m, s);
+        for (int k = 0; k < Width; ++k) {
+          float const dnorm = to_float(w.v[k]) * to_float(g.v[k]);
+          part.v[0] += dnorm;
+          part.v[1] += dnorm * layernorm_xhat(to_float(x.v[k]), m, s);
+        }
       }
+      float_sums<2> const total = sum::sum(part, storage);
+      mean_dnorm = total.v[0] * inv_c;
+      mean_dnorm_xhat = total.v[1] * inv_c;
     }
-    float_sums<2> const total = sum::sum(part, storage);
-    float const mean_dnorm = total.v[0] * inv_c, mean_dnorm_xhat = total.v[1] * inv_c;
     for (index_t j = threadIdx.x; j < packs; j += block) {
       p const x = xs[j];
       p const g = gs[j];
-      q const w = reinterpret_cast<q const*>(weight)[j];
-      p d = ds[j];
+      [[maybe_unused]] q w;
+      [[maybe_unused]] p d;
+      if constexpr (input) {
+        w = reinterpret_cast<q const*>(weight)[j];
+        d = reinterpret_cast<p*>(dinp + r * C)[j];
+      }
 #pragma unroll
       for (int k = 0; k < Width; ++k) {
         float const gk = to_float(g.v[k]);
         float const xhat = layernorm_xhat(to_float(x.v[k]), m, s);
-        d.v[k] = from_float<T>(to_float(d.v[k]) +
-                               layernorm_dinp(to_float(w.v[k]) * gk, xhat, mean_dnorm, mean_dnorm_xhat, s));
-        dw[j * Width + k] += xhat * gk;
-        db[j * Width + k] += gk;
+        if constexpr (input)
+          d.v[k] = from_float<T>(to_float(d.v[k]) +
+                                 layernorm_dinp(to_float(w.v[k]) * gk, xhat, mean_dnorm, mean_dnorm_xhat, s));
+        if constexpr (weights) {
+          dw[j * Width + k] += xhat * gk;
+          db[j * Width + k] += gk;
+        }
       }
-      ds[j] = d;
+      if constexpr (input) reinterpret_cast<p*>(dinp + r * C)[j] = d;
     }
   }
-  if (shared)
-    for (index_t j = threadIdx.x; j < packs; j += block)
+  if constexpr (weights)
+    if (shared)
+      for (index_t j = threadIdx.x; j < packs; j += block)
 #pragma unroll
-      for (int k = 0; k < Width; ++k) {
-        slot[j * Width + k] = dw[j * Width + k];
-        slot[C + j * Width + k] = db[j * Width + k];
-      }
+        for (int k = 0; k < Width; ++k) {
+          slot[j * Width + k] = dw[j * Width + k];
+          slot[C + j * Width + k] = db[j * Width + k];
+        }
 }
 
 // Width of the packs a row kernel may use: pack_width<T> when C is a multiple and every pointer
@@ -224,6 +249,26 @@ void launch_rows(index_t N, index_t C, bool packed, Launch&& launch) {
     if (packed) launch.template operator()<block, w>(blocks);
     else launch.template operator()<block, 1>(blocks);
   }
+  TIDE_CUDA_CHECK(cudaGetLastError());
+}
+
+// Launches layernorm_backward_kernel<Grads> over N rows, a block per chunk_rows rows. partials:
+// cuda_column_sums_floats<2>(N, C) floats, null for `input`; dinp and weight null for `weights`.
+template <layernorm_grads Grads, class T, class W>
+void launch_layernorm_backward(cudaStream_t stream, T* dinp, float* partials, T const* dout, T const* inp,
+                               W const* weight, float const* mean, float const* rstd, index_t N, index_t C) {
+  index_t const chunks = (N + cuda_row_tuning::chunk_rows - 1) / cuda_row_tuning::chunk_rows;
+  std::size_t const acc_bytes = static_cast<std::size_t>(2 * C) * sizeof(float);
+  bool const shared = Grads != layernorm_grads::input && acc_bytes <= cuda_row_tuning::shared_partials_max;
+  std::size_t const smem = shared ? acc_bytes : 0;
+  auto const blocks = static_cast<unsigned>(chunks);
+  constexpr int w = pack_width<T>;
+  if (rows_packable<T, W>(C, {dinp, dout, inp}, {weight}))  // a null pointer counts as aligned
+    layernorm_backward_kernel<T, W, w, Grads><<<blocks, cuda_row_tuning::block, smem, stream>>>(
+        dinp, partials, dout, inp, weight, mean, rstd, N, C, shared);
+  else
+    layernorm_backward_kernel<T, W, 1, Grads><<<blocks, cuda_row_tuning::block, smem, stream>>>(
+        dinp, partials, dout, inp, weight, mean, rstd, N, C, shared);
   TIDE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -286,20 +331,47 @@ void layernorm_backward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> d
   detail::check_scratch("layernorm_backward", "layernorm_backward_scratch_bytes", ws,
                         layernorm_backward_scratch_bytes(ex, N, C));
   if (N == 0) return;
-  index_t const chunks = (N + cuda_row_tuning::chunk_rows - 1) / cuda_row_tuning::chunk_rows;
   float* const partials = detail::scratch_part<float>(ws, 0);
-  std::size_t const acc_bytes = static_cast<std::size_t>(2 * C) * sizeof(float);
-  bool const shared = acc_bytes <= cuda_row_tuning::shared_partials_max;
-  std::size_t const smem = shared ? acc_bytes : 0;
-  auto const blocks = static_cast<unsigned>(chunks);
-  constexpr int w = detail::pack_width<T>;
-  if (detail::rows_packable<T, W>(C, {dinp.data(), dout.data(), inp.data()}, {weight.data()}))
-    detail::layernorm_backward_kernel<T, W, w><<<blocks, cuda_row_tuning::block, smem, ex.stream>>>(
-        dinp.data(), partials, dout.data(), inp.data(), weight.data(), mean.data(), rstd.data(), N, C, shared);
-  else
-    detail::layernorm_backward_kernel<T, W, 1><<<blocks, cuda_row_tuning::block, smem, ex.stream>>>(
-        dinp.data(), partials, dout.data(), inp.data(), weight.data(), mean.data(), rstd.data(), N, C, shared);
-  TIDE_CUDA_CHECK(cudaGetLastError());
+  detail::launch_layernorm_backward<detail::layernorm_grads::both, T, W>(
+      ex.stream, dinp.data(), partials, dout.data(), inp.data(), weight.data(), mean.data(), rstd.data(), N, C);
+  index_t const chunks = (N + cuda_row_tuning::chunk_rows - 1) / cuda_row_tuning::chunk_rows;
+  detail::launch_column_sums<W, 2>(ex.stream, partials, chunks, C, {{dweight.data(), dbias.data()}});
+}
+
+// The two halves of layernorm_backward (a backward split in two: the input gradient in B, the
+// weight gradients later in W), each with the bits of its outputs in layernorm_backward; device
+// views, on ex.stream. The weight half's scratch is layernorm_backward_scratch_bytes; the input
+// half needs none.
+//   layernorm_backward_input(ex, dinp, dout, inp, weight, mean, rstd);         // dinp +=
+//   layernorm_backward_weight(ex, dweight, dbias, dout, inp, mean, rstd, ws);  // dweight, dbias +=
+template <Element T, class D, class X, class Wv, class M, class R>
+  requires ReadView<D, T, tide::cuda> && ReadView<X, T, tide::cuda> && Element<element_of<Wv>> &&
+           ReadView<Wv, element_of<Wv>, tide::cuda> && ReadView<M, float, tide::cuda> && ReadView<R, float, tide::cuda>
+void layernorm_backward_input(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dinp, D dout, X inp, Wv weight,
+                              M mean, R rstd) {
+  using W = element_of<Wv>;
+  index_t const C = detail::check_layernorm_backward_input(dinp, dout, inp, weight, mean, rstd);
+  index_t const N = inp.size() / C;
+  if (N == 0) return;
+  detail::launch_layernorm_backward<detail::layernorm_grads::input, T, W>(
+      ex.stream, dinp.data(), nullptr, dout.data(), inp.data(), weight.data(), mean.data(), rstd.data(), N, C);
+}
+template <Element W, class D, class X, class M, class R>
+  requires Element<element_of<D>> && ReadView<D, element_of<D>, tide::cuda> &&
+           ReadView<X, element_of<D>, tide::cuda> && ReadView<M, float, tide::cuda> && ReadView<R, float, tide::cuda>
+void layernorm_backward_weight(exec<tide::cuda> const& ex, tensor_view<W, tide::cuda> dweight,
+                               tensor_view<W, tide::cuda> dbias, D dout, X inp, M mean, R rstd,
+                               scratch<tide::cuda> ws) {
+  using T = element_of<D>;
+  index_t const C = detail::check_layernorm_backward_weight(dweight, dbias, dout, inp, mean, rstd);
+  index_t const N = inp.size() / C;
+  detail::check_scratch("layernorm_backward_weight", "layernorm_backward_scratch_bytes", ws,
+                        layernorm_backward_scratch_bytes(ex, N, C));
+  if (N == 0) return;
+  float* const partials = detail::scratch_part<float>(ws, 0);
+  detail::launch_layernorm_backward<detail::layernorm_grads::weights, T, W>(
+      ex.stream, nullptr, partials, dout.data(), inp.data(), nullptr, mean.data(), rstd.data(), N, C);
+  index_t const chunks = (N + cuda_row_tuning::chunk_rows - 1) / cuda_row_tuning::chunk_rows;
   detail::launch_column_sums<W, 2>(ex.stream, partials, chunks, C, {{dweight.data(), dbias.data()}});
 }
 

@@ -6,6 +6,7 @@
 // the same for any thread count.
 
 #include <array>
+#include <utility>
 
 #include "tide/core/exec.hpp"
 #include "tide/kernels/layernorm/checks.hpp"
@@ -35,18 +36,24 @@ void layernorm_forward_row(T* __restrict out, float& mean_out, float& rstd_out, 
   rstd_out = rstd;
 }
 
-// One row of C: dinp += ..., and the row's terms of dweight and dbias into dw, db.
+// The row's means of dnorm = weight * dout and of dnorm * xhat, which every dinp term takes.
 template <class T, class W>
-void layernorm_backward_row(T* __restrict dinp, float* __restrict dw, float* __restrict db, T const* __restrict dout,
-                            T const* __restrict x, W const* __restrict weight, float mean, float rstd, index_t C) {
+std::pair<float, float> layernorm_dnorm_means(T const* __restrict dout, T const* __restrict x,
+                                              W const* __restrict weight, float mean, float rstd, index_t C) {
   float const inv_c = 1.0f / static_cast<float>(C);
   sums<2> const s = lane_sums<2>(C, [=](index_t i) {
     float const xhat = layernorm_xhat(to_float(x[i]), mean, rstd);
     float const dnorm = to_float(weight[i]) * to_float(dout[i]);
     return sums<2>{dnorm, dnorm * xhat};
   });
-  float const mean_dnorm = s[0] * inv_c;
-  float const mean_dnorm_xhat = s[1] * inv_c;
+  return {s[0] * inv_c, s[1] * inv_c};
+}
+
+// One row of C: dinp += ..., and the row's terms of dweight and dbias into dw, db.
+template <class T, class W>
+void layernorm_backward_row(T* __restrict dinp, float* __restrict dw, float* __restrict db, T const* __restrict dout,
+                            T const* __restrict x, W const* __restrict weight, float mean, float rstd, index_t C) {
+  auto const [mean_dnorm, mean_dnorm_xhat] = layernorm_dnorm_means(dout, x, weight, mean, rstd, C);
 #pragma GCC ivdep
   for (index_t i = 0; i < C; ++i) {
     float const g = to_float(dout[i]);
@@ -54,6 +61,30 @@ void layernorm_backward_row(T* __restrict dinp, float* __restrict dw, float* __r
     float const dnorm = to_float(weight[i]) * g;
     dinp[i] = from_float<T>(to_float(dinp[i]) + layernorm_dinp(dnorm, xhat, mean_dnorm, mean_dnorm_xhat, rstd));
     dw[i] += xhat * g;
+    db[i] += g;
+  }
+}
+
+// One row of C, the two halves of layernorm_backward_row apart (a backward split in two): the
+// same operations on each output, so the same bits.
+template <class T, class W>
+void layernorm_backward_input_row(T* __restrict dinp, T const* __restrict dout, T const* __restrict x,
+                                  W const* __restrict weight, float mean, float rstd, index_t C) {
+  auto const [mean_dnorm, mean_dnorm_xhat] = layernorm_dnorm_means(dout, x, weight, mean, rstd, C);
+#pragma GCC ivdep
+  for (index_t i = 0; i < C; ++i) {
+    float const xhat = layernorm_xhat(to_float(x[i]), mean, rstd);
+    float const dnorm = to_float(weight[i]) * to_float(dout[i]);
+    dinp[i] = from_float<T>(to_float(dinp[i]) + layernorm_dinp(dnorm, xhat, mean_dnorm, mean_dnorm_xhat, rstd));
+  }
+}
+template <class T>
+void layernorm_backward_weight_row(float* __restrict dw, float* __restrict db, T const* __restrict dout,
+                                   T const* __restrict x, float mean, float rstd, index_t C) {
+#pragma GCC ivdep
+  for (index_t i = 0; i < C; ++i) {
+    float const g = to_float(dout[i]);
+    dw[i] += layernorm_xhat(to_float(x[i]), mean, rstd) * g;
     db[i] += g;
   }
 }
@@ -122,6 +153,49 @@ void layernorm_backward(exec<host> const& ex, tensor_view<T> dinp, tensor_view<W
   index_t const C = detail::check_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd);
   detail::call_scratch const ws(layernorm_backward_scratch_bytes(ex, inp.size() / C, C));
   layernorm_backward(ex, dinp, dweight, dbias, dout, inp, weight, mean, rstd, ws.get());
+}
+
+// The two halves of layernorm_backward, for a backward split in two (zero-bubble pipelines run
+// the input gradient in B and the weight gradients later in W), each with the bits of its outputs
+// in layernorm_backward:
+//   layernorm_backward_input(ex, dinp, dout, inp, weight, mean, rstd);           // dinp +=
+//   layernorm_backward_weight(ex, dweight, dbias, dout, inp, mean, rstd, ws);    // dweight, dbias +=
+// The weight half's scratch is layernorm_backward_scratch_bytes; the input half needs none.
+template <Element T, class D, class X, class Wv, class M, class R>
+  requires ReadView<D, T> && ReadView<X, T> && Element<element_of<Wv>> && ReadView<Wv, element_of<Wv>> &&
+           ReadView<M, float> && ReadView<R, float>
+void layernorm_backward_input(exec<host> const& ex, tensor_view<T> dinp, D dout, X inp, Wv weight, M mean, R rstd) {
+  index_t const C = detail::check_layernorm_backward_input(dinp, dout, inp, weight, mean, rstd);
+  T* const di = dinp.data();
+  T const* const g = dout.data();
+  T const* const x = inp.data();
+  auto const* const w = weight.data();
+  float const* const m = mean.data();
+  float const* const s = rstd.data();
+  detail::for_rows(ex.pool, inp.size() / C, C, [=](index_t r0, index_t r1) {
+    for (index_t r = r0; r < r1; ++r)
+      detail::layernorm_backward_input_row(di + r * C, g + r * C, x + r * C, w, m[r], s[r], C);
+  });
+}
+template <Element W, class D, class X, class M, class R>
+  requires Element<element_of<D>> && ReadView<D, element_of<D>> && ReadView<X, element_of<D>> &&
+           ReadView<M, float> && ReadView<R, float>
+void layernorm_backward_weight(exec<host> const& ex, tensor_view<W> dweight, tensor_view<W> dbias, D dout, X inp,
+                               M mean, R rstd, scratch<host> ws) {
+  index_t const C = detail::check_layernorm_backward_weight(dweight, dbias, dout, inp, mean, rstd);
+  index_t const rows = inp.size() / C;
+  detail::check_scratch("layernorm_backward_weight", "layernorm_backward_scratch_bytes", ws,
+                        layernorm_backward_scratch_bytes(ex, rows, C));
+  auto const* const g = dout.data();
+  auto const* const x = inp.data();
+  float const* const m = mean.data();
+  float const* const s = rstd.data();
+  detail::rows_with_column_sums<2>(ex.pool, rows, C, std::array<W*, 2>{dweight.data(), dbias.data()},
+                                   detail::scratch_part<float>(ws, 0),
+                                   [=](index_t r, std::array<float*, 2> const& acc) {
+                                     detail::layernorm_backward_weight_row(acc[0], acc[1], g + r * C, x + r * C, m[r],
+                                                                           s[r], C);
+                                   });
 }
 
 // residual = a + b, then out = layernorm(residual), in one pass over each row (llm.c's

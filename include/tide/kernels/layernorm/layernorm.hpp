@@ -4,6 +4,10 @@
 //
 //   tide::kernels::layernorm_forward(ex, out, mean, rstd, inp, weight, bias);
 //   tide::kernels::layernorm_backward(ex, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+//   tide::kernels::layernorm_backward_input(ex, dinp, dout, inp, weight, mean, rstd);   // dinp += (B)
+//   tide::kernels::layernorm_backward_weight(ex, dweight, dbias, dout, inp, mean, rstd, ws);  // (W)
+//       the backward's halves, split for zero-bubble pipelines, each with the fused call's bits;
+//       ws: layernorm_backward_scratch_bytes(ex, N, C) bytes
 //   tide::kernels::residual_layernorm_forward(ex, residual, out, mean, rstd, a, b, weight, bias);
 //
 // Shapes: inp, out, dinp, dout, a, b, residual (N, C) or (B, T, C), contiguous; mean, rstd one

@@ -36,18 +36,22 @@ void check_rows_like(char const* op, char const* x_name, X const& x, char const*
   bool ok = o.rank() == x.rank() && o.extent(o.rank() - 1) == OC;
   for (int d = 0; ok && d + 1 < x.rank(); ++d) ok = o.extent(d) == x.extent(d);
   TIDE_REQUIRE(ok, op, " needs ", o_name, " with the leading extents of ", x_name, " ", rows_shape_text(x.extents()),
-               " and a last extent ", OC, " (weight's first extent), got ", rows_shape_text(o.extents()));
+               " and a last extent ", OC, " (the first extent of the (OC, C) matrix), got ", rows_shape_text(o.extents()));
   check_contiguous(op, o_name, o);
 }
 
+// x_name, w_name: what the caller calls the rows and the (OC, C) matrix (dinp, dweight in the
+// halves of the backward).
 template <class X, class W>
-matmul_dims check_matmul_operands(char const* op, X const& inp, W const& weight) {
-  TIDE_REQUIRE(inp.rank() >= 2, op, " needs inp of shape (N, C) or (B, T, C), got ", rows_shape_text(inp.extents()));
-  index_t const C = check_rows(op, "inp", inp);
-  TIDE_REQUIRE(weight.rank() == 2 && weight.extent(0) >= 1 && weight.extent(1) == C, op,
-               " needs weight of shape (OC, C) with OC >= 1 and C = ", C, " (the last extent of inp ",
+matmul_dims check_matmul_operands(char const* op, X const& inp, W const& weight, char const* x_name = "inp",
+                                  char const* w_name = "weight") {
+  TIDE_REQUIRE(inp.rank() >= 2, op, " needs ", x_name, " of shape (N, C) or (B, T, C), got ",
+               rows_shape_text(inp.extents()));
+  index_t const C = check_rows(op, x_name, inp);
+  TIDE_REQUIRE(weight.rank() == 2 && weight.extent(0) >= 1 && weight.extent(1) == C, op, " needs ", w_name,
+               " of shape (OC, C) with OC >= 1 and C = ", C, " (the last extent of ", x_name, " ",
                rows_shape_text(inp.extents()), "), got ", rows_shape_text(weight.extents()));
-  check_contiguous(op, "weight", weight);
+  check_contiguous(op, w_name, weight);
   matmul_dims const d{inp.size() / C, C, weight.extent(0)};
   // BLAS takes int sizes.
   TIDE_REQUIRE(d.N <= INT_MAX && d.C <= INT_MAX && d.OC <= INT_MAX, op, " supports at most ", INT_MAX,
@@ -95,9 +99,32 @@ matmul_dims check_matmul_backward(char const* op, DI const& dinp, DW const& dwei
   return d;
 }
 
+// The two halves of matmul_backward (zero-bubble pipelines run them apart): the input gradient
+// (dinp's shape gives N and C, weight's OC) and the weight gradients (inp's N and C, dweight's OC).
+template <class DI, class DO, class W>
+matmul_dims check_matmul_backward_input(char const* op, DI const& dinp, DO const& dout, W const& weight,
+                                        region::use dout_use) {
+  matmul_dims const d = check_matmul_operands(op, dinp, weight, "dinp");
+  check_rows_like(op, "dinp", dinp, "dout", dout, d.OC);
+  check_disjoint(op, {written("dinp", dinp),
+                      region{"dout", static_cast<void const*>(dout.data()), dout.bytes(),
+                             dout_use == region::use::read ? region::use::read : region::use::written},
+                      read("weight", weight)});
+  return d;
+}
+template <class DW, class DB, class DO, class X>
+matmul_dims check_matmul_backward_weight(DW const& dweight, DB const& dbias, DO const& dout, X const& inp) {
+  char const* const op = "matmul_backward_weight";
+  matmul_dims const d = check_matmul_operands(op, inp, dweight, "inp", "dweight");
+  check_rows_like(op, "inp", inp, "dout", dout, d.OC);
+  if (matmul_given(dbias)) check_vector(op, "dbias", dbias, d.OC, "dout");
+  check_disjoint(op, {written("dweight", dweight), matmul_optional(written("dbias", dbias), dbias),
+                      read("dout", dout), read("inp", inp)});
+  return d;
+}
+
 template <class DO, class P>
-void check_matmul_gelu_pre(DO const& dout, P const& pre) {
-  char const* const op = "matmul_backward_gelu";
+void check_matmul_gelu_pre(DO const& dout, P const& pre, char const* op = "matmul_backward_gelu") {
   check_same_shape(op, "dout", dout, "pre", pre);
   check_disjoint(op, {written("dout", dout), read("pre", pre)});
 }

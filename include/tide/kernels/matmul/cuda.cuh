@@ -136,18 +136,33 @@ void forward(exec<tide::cuda> const& ex, detail::matmul_dims const& d, T* out, T
   gemm(ex, false, true, d.N, d.OC, d.C, inp, d.C, weight, d.C, bias != nullptr ? 1.0f : 0.0f, out, d.OC);
 }
 
+// The backward in its two halves, which the fused backward runs in turn: the split and fused
+// entries issue the same cuBLAS calls and kernels.
+// dinp (N, C) += dout (N, OC) @ weight (OC, C)
 template <class T>
-void backward(exec<tide::cuda> const& ex, detail::matmul_dims const& d, T* dinp, T* dweight, T* dbias, T const* dout,
-              T const* inp, T const* weight) {
+void backward_input(exec<tide::cuda> const& ex, detail::matmul_dims const& d, T* dinp, T const* dout,
+                    T const* weight) {
   if (d.N == 0) return;
-  gemm(ex, false, false, d.N, d.C, d.OC, dout, d.OC, weight, d.C, 1.0f, dinp, d.C);  // dinp += dout @ weight
-  gemm(ex, true, false, d.OC, d.C, d.N, dout, d.OC, inp, d.C, 1.0f, dweight, d.C);   // dweight += dout^T @ inp
+  gemm(ex, false, false, d.N, d.C, d.OC, dout, d.OC, weight, d.C, 1.0f, dinp, d.C);
+}
+// dweight (OC, C) += dout^T (OC, N) @ inp (N, C); dbias (OC), when not null, += column sums of dout
+template <class T>
+void backward_weight(exec<tide::cuda> const& ex, detail::matmul_dims const& d, T* dweight, T* dbias, T const* dout,
+                     T const* inp) {
+  if (d.N == 0) return;
+  gemm(ex, true, false, d.OC, d.C, d.N, dout, d.OC, inp, d.C, 1.0f, dweight, d.C);
   if (dbias != nullptr) {
     constexpr int X = matmul_cuda_tuning::bias_columns, Y = matmul_cuda_tuning::bias_rows;
     auto const blocks = static_cast<unsigned>((d.OC + X - 1) / X);
     detail::matmul_dbias_kernel<T><<<blocks, dim3(X, Y), 0, ex.stream>>>(dbias, dout, d.N, d.OC);
     TIDE_CUDA_CHECK(cudaGetLastError());
   }
+}
+template <class T>
+void backward(exec<tide::cuda> const& ex, detail::matmul_dims const& d, T* dinp, T* dweight, T* dbias, T const* dout,
+              T const* inp, T const* weight) {
+  backward_input(ex, d, dinp, dout, weight);
+  backward_weight(ex, d, dweight, dbias, dout, inp);
 }
 
 }  // namespace matmul_cuda
@@ -194,6 +209,38 @@ void matmul_backward_gelu(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda>
   matmul_cuda::backward(ex, d, dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data());
 }
 
+// The two halves of matmul_backward (a backward split in two: input gradients in B, weight
+// gradients later in W), each with the same cuBLAS calls as matmul_backward.
+//   matmul_backward_input(ex, dinp, dout, weight);          // dinp += dout @ weight
+//   matmul_backward_weight(ex, dweight, dbias, dout, inp);  // dweight += dout^T @ inp, dbias +=
+template <Element T, class D, class W>
+  requires ReadView<D, T, tide::cuda> && ReadView<W, T, tide::cuda>
+void matmul_backward_input(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dinp, D dout, W weight) {
+  auto const d = detail::check_matmul_backward_input("matmul_backward_input", dinp, dout, weight,
+                                                     detail::region::use::read);
+  matmul_cuda::backward_input(ex, d, dinp.data(), dout.data(), weight.data());
+}
+template <Element T, class D, class X>
+  requires ReadView<D, T, tide::cuda> && ReadView<X, T, tide::cuda>
+void matmul_backward_weight(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dweight,
+                            std::type_identity_t<tensor_view<T, tide::cuda>> dbias, D dout, X inp) {
+  auto const d = detail::check_matmul_backward_weight(dweight, dbias, dout, inp);
+  matmul_cuda::backward_weight(ex, d, dweight.data(), dbias.data(), dout.data(), inp.data());
+}
+
+// matmul_backward_gelu's first half: dout <- dout * gelu'(pre) in place, then dinp += dout @
+// weight; matmul_backward_weight then takes the rewritten dout.
+template <Element T, class P, class W>
+  requires ReadView<P, T, tide::cuda> && ReadView<W, T, tide::cuda>
+void matmul_backward_gelu_input(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dinp,
+                                tensor_view<T, tide::cuda> dout, P pre, W weight) {
+  auto const d = detail::check_matmul_backward_input("matmul_backward_gelu_input", dinp, dout, weight,
+                                                     detail::region::use::written);
+  detail::check_matmul_gelu_pre(dout, pre, "matmul_backward_gelu_input");
+  gelu_backward(ex, dout, tensor_view<T const, tide::cuda>(pre), tensor_view<T const, tide::cuda>(dout));
+  matmul_cuda::backward_input(ex, d, dinp.data(), dout.data(), weight.data());
+}
+
 // The scratch protocol on CUDA: cuBLAS needs none of the caller's (it keeps its own workspace per
 // handle), so the queries answer 0 and the overloads with scratch check it and run the above.
 template <Element T>
@@ -234,6 +281,28 @@ void matmul_backward_gelu(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda>
                           tensor_view<T, tide::cuda> dout, P pre, X inp, W weight, scratch<tide::cuda> ws) {
   detail::check_scratch("matmul_backward_gelu", "matmul_backward_scratch_bytes", ws, 0);
   matmul_backward_gelu(ex, dinp, dweight, dbias, dout, pre, inp, weight);
+}
+template <Element T, class D, class W>
+  requires ReadView<D, T, tide::cuda> && ReadView<W, T, tide::cuda>
+void matmul_backward_input(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dinp, D dout, W weight,
+                           scratch<tide::cuda> ws) {
+  detail::check_scratch("matmul_backward_input", "matmul_backward_scratch_bytes", ws, 0);
+  matmul_backward_input(ex, dinp, dout, weight);
+}
+template <Element T, class D, class X>
+  requires ReadView<D, T, tide::cuda> && ReadView<X, T, tide::cuda>
+void matmul_backward_weight(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dweight,
+                            std::type_identity_t<tensor_view<T, tide::cuda>> dbias, D dout, X inp,
+                            scratch<tide::cuda> ws) {
+  detail::check_scratch("matmul_backward_weight", "matmul_backward_scratch_bytes", ws, 0);
+  matmul_backward_weight(ex, dweight, dbias, dout, inp);
+}
+template <Element T, class P, class W>
+  requires ReadView<P, T, tide::cuda> && ReadView<W, T, tide::cuda>
+void matmul_backward_gelu_input(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dinp,
+                                tensor_view<T, tide::cuda> dout, P pre, W weight, scratch<tide::cuda> ws) {
+  detail::check_scratch("matmul_backward_gelu_input", "matmul_backward_scratch_bytes", ws, 0);
+  matmul_backward_gelu_input(ex, dinp, dout, pre, weight);
 }
 
 TIDE_ABI_NAMESPACE_END

@@ -257,6 +257,28 @@ void matmul_column_sums(thread_pool& pool, float const* g, index_t N, index_t OC
   });
 }
 
+// dinp (N, C) += g (N, OC) @ w (OC, C); g as floats (matmul_operand).
+template <Element T>
+void matmul_input_pass(thread_pool& pool, matmul_dims const& d, float const* g, T const* weight, T* dinp,
+                       matmul_parts const& parts, scratch<host> ws) {
+  auto const at = [&](std::size_t offset) { return scratch_part<float>(ws, offset); };
+  matmul_operand<T> const w(pool, weight, d.OC * d.C, at(parts.weight));
+  matmul_result<T, true> const di(dinp, d.N * d.C, at(parts.dinp));
+  sgemm(pool, false, false, d.N, d.C, d.OC, g, d.OC, w.data(), d.C, di.accumulate(), di.data(), d.C, nullptr);
+  di.finish(pool);
+}
+// dweight (OC, C) += g^T (OC, N) @ x (N, C); dbias (or null) += the column sums of g.
+template <Element T>
+void matmul_weight_pass(thread_pool& pool, matmul_dims const& d, float const* g, T const* inp, T* dweight, T* dbias,
+                        matmul_parts const& parts, scratch<host> ws) {
+  auto const at = [&](std::size_t offset) { return scratch_part<float>(ws, offset); };
+  matmul_operand<T> const x(pool, inp, d.N * d.C, at(parts.inp));
+  matmul_result<T, true> const dw(dweight, d.OC * d.C, at(parts.dweight));
+  sgemm(pool, true, false, d.OC, d.C, d.N, g, d.OC, x.data(), d.C, dw.accumulate(), dw.data(), d.C, nullptr);
+  dw.finish(pool);
+  if (dbias != nullptr) matmul_column_sums(pool, g, d.N, d.OC, dbias);
+}
+
 }  // namespace detail
 
 // Scratch of matmul_forward / matmul_forward_gelu and of matmul_backward / matmul_backward_gelu
@@ -323,19 +345,36 @@ void matmul_backward(exec<host> const& ex, tensor_view<T> dinp, tensor_view<T> d
   if (d.N == 0) return;
   auto const at = [&](std::size_t offset) { return detail::scratch_part<float>(ws, offset); };
   detail::matmul_operand<T> const g(ex.pool, dout.data(), d.N * d.OC, at(parts.out));
-  detail::matmul_operand<T> const x(ex.pool, inp.data(), d.N * d.C, at(parts.inp));
-  detail::matmul_operand<T> const w(ex.pool, weight.data(), d.OC * d.C, at(parts.weight));
-  detail::matmul_result<T, true> const di(dinp.data(), d.N * d.C, at(parts.dinp));
-  detail::matmul_result<T, true> const dw(dweight.data(), d.OC * d.C, at(parts.dweight));
-  // dinp (N, C) += g (N, OC) @ w (OC, C)
-  detail::sgemm(ex.pool, false, false, d.N, d.C, d.OC, g.data(), d.OC, w.data(), d.C, di.accumulate(), di.data(), d.C,
-                nullptr);
-  // dweight (OC, C) += g^T (OC, N) @ x (N, C)
-  detail::sgemm(ex.pool, true, false, d.OC, d.C, d.N, g.data(), d.OC, x.data(), d.C, dw.accumulate(), dw.data(), d.C,
-                nullptr);
-  di.finish(ex.pool);
-  dw.finish(ex.pool);
-  if (detail::matmul_given(dbias)) detail::matmul_column_sums(ex.pool, g.data(), d.N, d.OC, dbias.data());
+  detail::matmul_input_pass<T>(ex.pool, d, g.data(), weight.data(), dinp.data(), parts, ws);
+  detail::matmul_weight_pass<T>(ex.pool, d, g.data(), inp.data(), dweight.data(), dbias.data(), parts, ws);
+}
+
+// The two halves of matmul_backward, for a backward split in two (zero-bubble pipelines: input
+// gradients in B, weight gradients later in W). Each gives the bits of its outputs in
+// matmul_backward: the same products in the same blocks. Scratch: matmul_backward_scratch_bytes.
+//   matmul_backward_input(ex, dinp, dout, weight, ws);          // dinp += dout @ weight
+//   matmul_backward_weight(ex, dweight, dbias, dout, inp, ws);  // dweight += dout^T @ inp, dbias +=
+template <Element T, class D, class W>
+  requires ReadView<D, T> && ReadView<W, T>
+void matmul_backward_input(exec<host> const& ex, tensor_view<T> dinp, D dout, W weight, scratch<host> ws) {
+  auto const d = detail::check_matmul_backward_input("matmul_backward_input", dinp, dout, weight,
+                                                     detail::region::use::read);
+  auto const parts = detail::matmul_backward_parts<T>(d.N, d.C, d.OC);
+  detail::check_scratch("matmul_backward_input", "matmul_backward_scratch_bytes", ws, parts.bytes);
+  if (d.N == 0) return;
+  detail::matmul_operand<T> const g(ex.pool, dout.data(), d.N * d.OC, detail::scratch_part<float>(ws, parts.out));
+  detail::matmul_input_pass<T>(ex.pool, d, g.data(), weight.data(), dinp.data(), parts, ws);
+}
+template <Element T, class D, class X>
+  requires ReadView<D, T> && ReadView<X, T>
+void matmul_backward_weight(exec<host> const& ex, tensor_view<T> dweight, std::type_identity_t<tensor_view<T>> dbias,
+                            D dout, X inp, scratch<host> ws) {
+  auto const d = detail::check_matmul_backward_weight(dweight, dbias, dout, inp);
+  auto const parts = detail::matmul_backward_parts<T>(d.N, d.C, d.OC);
+  detail::check_scratch("matmul_backward_weight", "matmul_backward_scratch_bytes", ws, parts.bytes);
+  if (d.N == 0) return;
+  detail::matmul_operand<T> const g(ex.pool, dout.data(), d.N * d.OC, detail::scratch_part<float>(ws, parts.out));
+  detail::matmul_weight_pass<T>(ex.pool, d, g.data(), inp.data(), dweight.data(), dbias.data(), parts, ws);
 }
 
 // The backward of matmul_forward_gelu. dout is the gradient of out = gelu(pre); it is first
@@ -353,6 +392,22 @@ void matmul_backward_gelu(exec<host> const& ex, tensor_view<T> dinp, tensor_view
                         detail::matmul_backward_parts<T>(d.N, d.C, d.OC).bytes);
   gelu_backward(ex, dout, tensor_view<T const>(pre), tensor_view<T const>(dout));
   matmul_backward(ex, dinp, dweight, dbias, tensor_view<T const>(dout), inp, weight, ws);
+}
+
+// matmul_backward_gelu's first half: dout <- dout * gelu'(pre) in place, then dinp += dout @
+// weight. The rewritten dout is what matmul_backward_weight then takes (with inp) for the
+// weight gradients.
+template <Element T, class P, class W>
+  requires ReadView<P, T> && ReadView<W, T>
+void matmul_backward_gelu_input(exec<host> const& ex, tensor_view<T> dinp, tensor_view<T> dout, P pre, W weight,
+                                scratch<host> ws) {
+  auto const d = detail::check_matmul_backward_input("matmul_backward_gelu_input", dinp, dout, weight,
+                                                     detail::region::use::written);
+  detail::check_matmul_gelu_pre(dout, pre, "matmul_backward_gelu_input");
+  detail::check_scratch("matmul_backward_gelu_input", "matmul_backward_scratch_bytes", ws,
+                        detail::matmul_backward_parts<T>(d.N, d.C, d.OC).bytes);
+  gelu_backward(ex, dout, tensor_view<T const>(pre), tensor_view<T const>(dout));
+  matmul_backward_input(ex, dinp, tensor_view<T const>(dout), weight, ws);
 }
 
 // The same four on the host with scratch allocated for the one call (kernels/scratch.hpp).

@@ -8,12 +8,18 @@
 //   matmul_backward(ex, dinp, dweight, dbias, dout, inp, weight);   // dinp, dweight, dbias +=
 //   matmul_backward_gelu(ex, dinp, dweight, dbias, dout, pre, inp, weight);
 //                                       // dout <- dout * gelu'(pre) in place, then as above
+//   matmul_backward_input(ex, dinp, dout, weight, ws);               // dinp += (the B half)
+//   matmul_backward_weight(ex, dweight, dbias, dout, inp, ws);       // dweight, dbias += (the W half)
+//   matmul_backward_gelu_input(ex, dinp, dout, pre, weight, ws);     // dout <- dout * gelu'(pre), dinp +=
+//   (the halves of a backward split for zero-bubble pipelines: each gives the fused call's bits;
+//   ws: matmul_backward_scratch_bytes<T>(ex, N, C, OC) bytes)
 //
 // Shapes: inp (N, C) or (B, T, C); weight (OC, C); bias, dbias (OC), or {} for none; out, pre,
 // dout (N, OC) or (B, T, OC); dinp as inp, dweight as weight. All contiguous; outputs separate from
-// inputs (except dout, which matmul_backward_gelu overwrites). Element types: one T for every
-// tensor of a call, float, bf16 or f16; products in float (fp32 sgemm on the host, cuBLAS with
-// fp32 compute on CUDA). The GELU form keeps pre because its backward needs gelu'(pre).
+// inputs (except dout, which matmul_backward_gelu and matmul_backward_gelu_input overwrite).
+// Element types: one T for every tensor of a call, float, bf16 or f16; products in float (fp32
+// sgemm on the host, cuBLAS with fp32 compute on CUDA). The GELU form keeps pre because its
+// backward needs gelu'(pre).
 //
 // Gradients accumulate (+=), as llm.c's do: zero them before the first micro-batch.
 //

@@ -3,6 +3,7 @@
 // nothing copies on its own stream, engine and pinned pool) and activation_mover (the host
 // copies, one block's batch of copies, and the events that order them against compute).
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -15,6 +16,27 @@
 #include "tide/memory/stream.hpp"
 #include "tide/memory/transfer_engine.hpp"
 #include "tide/nn/gpt_config.hpp"
+
+namespace tide::nn {
+
+// Hooks that also carry the model's offloaded activations (gpt_options::offload_activations):
+// host room for them, their copies issued as one batch per block, after the compute work that
+// `ready` marks, with an event recorded after it, and a drain for a pass that throws. An offload
+// scheduler's hooks do (offload::hooks): the activations then move on its activation copy stream
+// and engine (beside its chunk copies), and share its host pool and host_budget, its counters and
+// its timeline. With other hooks the model carries them itself. Hooks that carry them must
+// outlive the model, which returns its host room when it is destroyed.
+template <class H, class B>
+concept ActivationCarrier = requires(H& h, std::byte* p, std::size_t n, int block, memory::copy_direction d,
+                                     std::span<memory::copy_request const> copies, memory::event<B> const& ready,
+                                     memory::event<B>& done) {
+  { h.activation_host(n) } -> std::same_as<std::byte*>;
+  { h.release_activation_host(p, n) } noexcept;  // from the destructor and a pass that throws
+  h.copy_activations(block, d, copies, ready, done);
+  { h.drain_activations() } noexcept;
+};
+
+}  // namespace tide::nn
 
 namespace tide::nn::detail {
 

@@ -70,9 +70,10 @@ template <Backend B, Element T, class Hooks>
 float
 gpt<B, T, Hooks>::run_forward(exec<B> const& ex, int first, int last, int micro, token_view tokens,
                               token_view const* targets) {
+  stages_.check_forward("gpt: a forward", first, last, micro);
   prepare(ex, tokens.extent(0), tokens.extent(1));
   slot_state& s = slot(micro);
-  stages_.set(first, last, micro, false);  // overwritten from here: nothing to go back through
+  stages_.set(first, last, micro, detail::stage_slots::idle);  // overwritten from here: nothing to go back through
   if (first == embedding_block) s.tokens = tokens;
   bool const head = last == last_block();
   if (head) {
@@ -90,11 +91,11 @@ gpt<B, T, Hooks>::run_forward(exec<B> const& ex, int first, int last, int micro,
       mover_->wait_sent(ex, b - 1);
     }
     hooks_.post_forward(b);
-    stages_.set(b, b, micro, true);
+    stages_.set(b, b, micro, detail::stage_slots::forwarded);
   }
   if (mover_) mover_->finish(mover_->sending, mover_->sent);
   if (head && targets == nullptr)  // no loss: nothing of this slot to go back through
-    stages_.set(embedding_block, last, micro, false);
+    stages_.set(embedding_block, last, micro, detail::stage_slots::idle);
   return head ? loss_ : std::numeric_limits<float>::quiet_NaN();
 }
 
@@ -121,11 +122,16 @@ void gpt<B, T, Hooks>::forward_block(exec<B> const& ex, int b, int micro, bool w
 
 template <Backend B, Element T, class Hooks>
 void
-gpt<B, T, Hooks>::run_backward(char const* op, exec<B> const& ex, int first, int last, int micro, float loss_scale) {
-  stages_.check_backward(op, first, last, micro);
+gpt<B, T, Hooks>::run_backward(char const* op, exec<B> const& ex, int first, int last, int micro, float loss_scale,
+                               pass p) {
+  bool const weights = p == pass::weights;
+  if (weights) stages_.check_weights(op, first, last, micro);
+  else stages_.check_backward(op, first, last, micro);
   if (!external_storage && !grads_) zero_grad(ex);
-  stages_.set(first, last, micro, false);  // one backward per forward
-  if (last == last_block() && loss_scale != 1.f) detail::scale_in_place(ex, head_acts(micro).dlogits, loss_scale);
+  // One backward per forward; a split model's input pass leaves the weight pass owed.
+  stages_.set(first, last, micro, p == pass::input ? detail::stage_slots::owed : detail::stage_slots::idle);
+  if (!weights && last == last_block() && loss_scale != 1.f)
+    detail::scale_in_place(ex, head_acts(micro).dlogits, loss_scale);
   offloading const guard{this};
   if (mover_) std::fill(mover_->fetching.begin(), mover_->fetching.end(), std::uint8_t{0});
   for (int b = last; b >= first; --b) {
@@ -135,16 +141,25 @@ gpt<B, T, Hooks>::run_backward(char const* op, exec<B> const& ex, int first, int
       fetch(ex, b - 2, micro);
       mover_->wait_fetched(ex, b - 1);
     }
-    backward_block(ex, b, micro);
+    if (p == pass::whole && plan_.split()) {
+      backward_block(ex, b, micro, pass::input);
+      backward_block(ex, b, micro, pass::weights);
+    } else {
+      backward_block(ex, b, micro, p);
+    }
     hooks_.post_backward(b);
   }
   if (mover_) mover_->finish(mover_->fetching, mover_->fetched);
 }
 
+// Block b's backward: whole (a model whose backward is one pass), or one of the split passes.
+// The head runs whole in the input pass (its share of wte's gradient must be there before the
+// embedding's); the embedding, which has no input gradient, in the weight pass.
 template <Backend B, Element T, class Hooks>
-void gpt<B, T, Hooks>::backward_block(exec<B> const& ex, int b, int micro) {
+void gpt<B, T, Hooks>::backward_block(exec<B> const& ex, int b, int micro, pass p) {
   auto const dres = act<T>(plan_.dres, micro, {batch_, seq_, index_t{config_.channels}});
   if (b == last_block()) {
+    if (p == pass::weights) return;
     auto const h = head_acts(micro);
     // The head's share of wte's gradient: its own buffer (overwritten), or wte's gradient (+=).
     if (plan_.has_tied()) detail::zero_fill(ex, h.tied);
@@ -153,9 +168,13 @@ void gpt<B, T, Hooks>::backward_block(exec<B> const& ex, int b, int micro) {
   } else if (b >= 0) {
     auto const x = residual_in(b, micro, true);
     auto const a = block_acts(b, micro, true);
-    if (plan_.recomputed(b)) detail::block_forward_to_gelu(ex, x, a, weights(b), index_t{config_.heads});
-    detail::block_backward(ex, dres, x, a, weights(b), weight_grads(b), index_t{config_.heads});
+    if (p != pass::weights && plan_.recomputed(b))
+      detail::block_forward_to_gelu(ex, x, a, weights(b), index_t{config_.heads});
+    if (p == pass::whole) detail::block_backward(ex, dres, x, a, weights(b), weight_grads(b), index_t{config_.heads});
+    else if (p == pass::input) detail::block_backward_input(ex, dres, x, a, weights(b), index_t{config_.heads});
+    else detail::block_backward_weights(ex, x, a, weight_grads(b));
   } else {
+    if (p == pass::input) return;
     // The head's share of wte's gradient first, then the embedding's: one order of additions
     // per micro-batch, however stages of other micro-batches interleave.
     auto const g = dwte();
