@@ -232,7 +232,7 @@ static_assert(!tt::ModelSpec<spec_of<missing_batch_type>> && !tt::ModelSpec<spec
               !tt::ModelSpec<spec_of<missing_model_parameters>> && !tt::ModelSpec<spec_of<missing_tokens_in>>);
 static_assert(tt::SpecBuildsModel<spec_of<missing_backward>, resident_hooks>);  // the spec part is right
 
-// ---- stages: nn::gpt is a StagedModel; a model without forward_blocks still trains --------------
+// ---- stages: nn::gpt is a StagedModel (and a SplitBackwardModel); a model without forward_blocks still trains
 
 struct staged_but_no_forward_blocks : missing_tokens_in {
   static std::size_t tokens_in(rows const&);
@@ -249,6 +249,13 @@ static_assert(tt::Model<staged_but_no_forward_blocks, tide::host> &&
               !tt::StagedHasForwardBlocks<staged_but_no_forward_blocks, tide::host> &&
               !tt::StagedModel<staged_but_no_forward_blocks, tide::host>);
 static_assert(tt::ModelSpec<linear_spec>);  // and it still trains: the spec needs no stages
+// What the executors need is declared where they are (pipeline/model.hpp): nn::gpt, with or
+// without hooks, also runs its backward in two passes; a staged model without them does not.
+static_assert(tide::pipeline::StagedModel<tide::nn::gpt<tide::host>, tide::host>);
+static_assert(tide::pipeline::SplitBackwardModel<tide::nn::gpt<tide::host>, tide::host>);
+static_assert(tide::pipeline::SplitBackwardModel<tide::nn::gpt<tide::sealed, tide::bf16>, tide::sealed>);
+static_assert(!tide::pipeline::StagedModel<staged_but_no_forward_blocks, tide::host>);
+static_assert(!tide::pipeline::SplitBackwardModel<linear<resident_hooks>, tide::host>);
 
 // ---- the stand-ins a trainer names for a wrong spec --------------------------------------------
 

@@ -1,7 +1,8 @@
 #pragma once
 // Running a schedule (pipeline/schedule.hpp) for real: each stage walks its action list over a
-// staged model (train::StagedModel: nn::gpt has forward_blocks, backward_blocks, boundary,
-// boundary_grad), waiting for what it needs from the stages before and after it. Here: every stage
+// staged model (pipeline::StagedModel, pipeline/model.hpp: nn::gpt has forward_blocks,
+// backward_blocks, boundary, boundary_grad), waiting for what it needs from the stages before and
+// after it. Here: every stage
 // on a thread of one process, all sharing one model; pipeline/ranks.hpp runs a stage per rank.
 //
 //   auto s = tide::pipeline::one_f_one_b(2, 8);
@@ -18,8 +19,8 @@
 // So a pipelined step equals gradient accumulation over the same micro-batches bit for bit
 // (tests/pipeline/executor.cpp, every schedule).
 //
-// B and W. A model whose backward splits in two (nn::gpt with gpt_options::split_backward: it
-// has backward_input_blocks, backward_weight_blocks and splits_backward()) runs B as its input
+// B and W. A model whose backward splits in two (a SplitBackwardModel: nn::gpt with
+// gpt_options::split_backward, whose splits_backward() says so) runs B as its input
 // pass and W as its weight pass, so a zero-bubble schedule's W's fill its bubbles; BW runs both.
 // Any other model runs its whole backward in B and BW, and W does nothing: the schedule stays
 // exact, its bubbles unfilled.
@@ -48,6 +49,7 @@
 #include "tide/core/error.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/core/parallel.hpp"
+#include "tide/pipeline/model.hpp"
 #include "tide/pipeline/partition.hpp"
 #include "tide/pipeline/schedule.hpp"
 #include "tide/pipeline/simulate.hpp"
@@ -250,13 +252,22 @@ inline double seconds_between(clock::time_point a, clock::time_point b) {
 }
 
 // Whether `model` runs W apart from B (its backward splits in two) for schedule s.
-template <class Model>
+template <class Model, Backend B>
 bool runs_weights_apart(Model const& model, schedule const& s) {
   bool has_w = false;
   for (auto const& list : s.per_stage)
     for (action const& a : list) has_w = has_w || a.kind == op::W;
-  if constexpr (requires { model.splits_backward(); }) return has_w && model.splits_backward();
+  if constexpr (SplitBackwardModel<Model, B>) return has_w && model.splits_backward();
   else return false;
+}
+
+// The executors' check of the model's type.
+template <class Model, Backend B>
+consteval void check_staged() {
+  static_assert(StagedModel<Model, B>, "pipeline: the model is not a pipeline::StagedModel (pipeline/model.hpp): "
+                "it needs batch_type, first_block(), last_block(), forward_blocks(ex, first, last, micro, batch), "
+                "backward_blocks(ex, first, last, micro, loss_scale), boundary(block, micro) and "
+                "boundary_grad(micro); nn::gpt has them");
 }
 
 // The checks every executor makes before its stages start; the model plans its activations and
@@ -322,7 +333,7 @@ void run_stage(int st, schedule const& s, cut const& c, Model& model, exec<B> co
     if (a.kind == op::F) {
       float const l = model.forward_blocks(ex, first, last, slot, micro[static_cast<std::size_t>(a.micro)]);
       if (q == last_piece) losses[a.micro] = static_cast<double>(l);
-    } else if constexpr (requires { model.backward_weight_blocks(ex, first, last, slot); }) {
+    } else if constexpr (SplitBackwardModel<Model, B>) {
       if (a.kind == op::W) model.backward_weight_blocks(ex, first, last, slot);
       else if (a.kind == op::B && split) model.backward_input_blocks(ex, first, last, slot, scale);
       else model.backward_blocks(ex, first, last, slot, scale);
@@ -452,7 +463,8 @@ class thread_executor {
                     "pipeline::thread_executor: the model's hooks keep its parameters (an offload scheduler, which "
                     "serves one block order from one thread); give the stages a model with its own storage "
                     "(nn::no_hooks), or run a stage per rank (rank_executor, pipeline::on_ranks in make_trainer)");
-    split_ = detail::runs_weights_apart(model, schedule_);
+    detail::check_staged<Model, host>();
+    split_ = detail::runs_weights_apart<Model, host>(model, schedule_);
     detail::check_run("pipeline::thread_executor", schedule_, cut_, model, exec<host>{*pools_.front()}, micro,
                       slots(split_));
     int const p = schedule_.stages, m = schedule_.micro, Q = cut_.pieces();

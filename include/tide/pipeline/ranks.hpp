@@ -99,6 +99,7 @@ class rank_executor {
   // += as m forward + backward pairs would. Returns the sum of the losses, on every rank.
   template <class Model, class Batch, Backend B>
   double run(Model& model, exec<B> const& ex, std::span<Batch const> micro, float scale) {
+    detail::check_staged<Model, B>();
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(model.boundary(0, 0).data())>>;
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>,
                   "pipeline::rank_executor: the model's activations must be float, bf16 or f16");
@@ -107,7 +108,7 @@ class rank_executor {
     // throw here, before any message, rather than leave its peers to their deadline.
     std::exception_ptr failure;
     try {
-      split_ = detail::runs_weights_apart(model, schedule_);
+      split_ = detail::runs_weights_apart<Model, B>(model, schedule_);
       detail::check_run("pipeline::rank_executor", schedule_, cut_, model, ex, micro, slots(split_));
       bool tied = false;  // the head's share of wte travels (a model with a tied buffer, two ranks)
       if constexpr (requires { model.tied_grad(0); }) tied = stage_of(schedule_, 0) != stage_of(schedule_, Q - 1);

@@ -32,6 +32,7 @@
 #include "tide/core/parameters.hpp"
 #include "tide/offload/scheduler.hpp"
 #include "tide/offload/schedulers.hpp"
+#include "tide/pipeline/model.hpp"
 
 namespace tide::train {
 
@@ -101,39 +102,15 @@ concept Model = ModelHasBatchType<M> && ModelHasForward<M, B> && ModelForwardRet
                 ModelHasBackward<M, B> && ModelHasParameters<M> && ModelCountsTokens<M>;
 
 // ---- stages, for a pipeline (optional: Model does not ask for them) --------------------------
-
-// Blocks numbered first_block() .. last_block(): what forward_blocks / backward_blocks take.
-template <class M>
-concept StagedHasBlocks = requires(M const& m) {
-  { m.first_block() } -> std::convertible_to<int>;
-  { m.last_block() } -> std::convertible_to<int>;
-};
-
-template <class M, class B>
-concept StagedHasForwardBlocks =
-    requires(M& m, exec<B>& ex, int first, int last, int micro, typename M::batch_type const& batch) {
-      { m.forward_blocks(ex, first, last, micro, batch) } -> std::convertible_to<float>;
-    };
-
-template <class M, class B>
-concept StagedHasBackwardBlocks = requires(M& m, exec<B>& ex, int first, int last, int micro, float loss_scale) {
-  m.backward_blocks(ex, first, last, micro, loss_scale);
-};
-
-// The tensors a pipeline sends between stages: the activations leaving a block, and the
-// gradient arriving at / leaving a stage, both views it can copy.
-template <class M>
-concept StagedHasBoundaries = requires(M const& m, int block, int micro) {
-  { m.boundary(block, micro).data() };
-  { m.boundary(block, micro).bytes() } -> std::convertible_to<std::size_t>;
-  { m.boundary_grad(micro).data() };
-  { m.boundary_grad(micro).bytes() } -> std::convertible_to<std::size_t>;
-};
+// The requirements are the executors' (pipeline/model.hpp); a trainer's staged model is also a Model.
+using pipeline::StagedHasBlocks;
+using pipeline::StagedHasForwardBlocks;
+using pipeline::StagedHasBackwardBlocks;
+using pipeline::StagedHasBoundaries;
 
 // A Model a pipeline can split into stages (nn::gpt is one).
 template <class M, class B>
-concept StagedModel = Model<M, B> && StagedHasBlocks<M> && StagedHasForwardBlocks<M, B> &&
-                      StagedHasBackwardBlocks<M, B> && StagedHasBoundaries<M>;
+concept StagedModel = Model<M, B> && pipeline::StagedModel<M, B>;
 
 namespace detail {
 // The hooks a trainer hands the model: the interface is the same under every offload policy, so
