@@ -25,6 +25,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tide/comm/data_parallel.hpp"
+#include "tide/comm/self.hpp"
 #include "tide/nn/gpt.hpp"
 #include "tide/memory/stream.hpp"
 #include "tide/offload/chunk_source.hpp"
@@ -523,6 +525,21 @@ void check_source(Policy off, std::vector<std::vector<float>> const& reference) 
   CHECK(releases > 0);
   for (std::uint32_t i = 0; i < reference.size(); ++i)
     CHECK_MESSAGE(same_bits(t.scheduler().read_param(i), reference[i]), Policy::name(), ": parameter ", i);
+}
+
+// A comm policy on two ranks with none of RankAgreement's members: refused before anything runs,
+// since a checkpoint failing on one rank would go unseen by the other.
+struct mute_comm : tide::train::no_comm {
+  static constexpr std::string_view name = "mute";
+  [[nodiscard]] int world_size() const noexcept { return 2; }
+};
+static_assert(tide::train::CommPolicy<mute_comm> && !tide::train::RankAgreement<mute_comm>);
+static_assert(tide::train::RankAgreement<tide::comm::data_parallel<tide::comm::self>>);
+
+TEST_CASE("a comm policy of several ranks without all_ranks, of_rank0 and sum_over_ranks is refused, naming them") {
+  CHECK_THROWS_WITH_AS(tide::train::make_trainer(spec, tide::offload::resident{}, opt, mute_comm{}),
+                       doctest::Contains("has no all_ranks(bool), of_rank0(int64) and sum_over_ranks(double)"),
+                       tide::error);
 }
 
 TEST_CASE("a chunk source that fills late on its own stream gives the same bits, and is told of every release") {

@@ -13,8 +13,9 @@
 //                      decay_matrices_only, scaling (optim::adamw, adam, sgd)
 //   CommPolicy         this process's rank among world_size, the gradient sink the engine hands
 //                      each completed chunk to (offload/gradient_sink.hpp) and the chunk source
-//                      that fills a fetched parameter chunk (offload/chunk_source.hpp); no_comm:
-//                      one process, no sink, chunks copied from the host
+//                      that fills a fetched parameter chunk (offload/chunk_source.hpp); on more
+//                      than one process also RankAgreement; no_comm: one process, no sink,
+//                      chunks copied from the host
 //   CompressionPolicy  the slot for gradient compression (stored; only no_compress exists: a
 //                      compressor is a gradient sink with extra lists, given by the comm policy,
 //                      as compress::sparse_data_parallel does)
@@ -63,6 +64,18 @@ concept CommPolicy = requires(C const& c) {
   typename C::source_type;
   { c.source() } -> std::same_as<typename C::source_type>;
 } && offload::GradientSink<typename C::sink_type> && offload::ChunkSource<typename C::source_type>;
+
+// What the trainer asks of the ranks besides gradients: whether `ok` holds on every rank (a
+// checkpoint that failed on one fails on all), rank 0's value on every rank (a set's name), the
+// sum over ranks (ZeRO's gradient norm). A comm policy of more than one process must have them:
+// the trainer refuses one without them when world_size() > 1 (comm::data_parallel and the
+// compressing sinks have them; no_comm, one process, needs none).
+template <class C>
+concept RankAgreement = requires(C const& c, bool ok, std::int64_t v, double x) {
+  { c.all_ranks(ok) } -> std::convertible_to<bool>;
+  { c.of_rank0(v) } -> std::convertible_to<std::int64_t>;
+  { c.sum_over_ranks(x) } -> std::convertible_to<double>;
+};
 
 template <class C>
 concept CompressionPolicy = requires {

@@ -131,7 +131,7 @@ class trainer {
   trainer(Spec const& spec, Offload const& off, Optimizer const& opt, Comm const& comm = {},
           Compress const& compress = {}, Pipeline const& pipeline = {}, int threads = thread_pool::default_threads())
       : optimizer_(checked(opt)),
-        comm_(comm),
+        comm_(checked(comm)),
         compress_(compress),
         pipeline_(pipeline),
         pool_(threads),
@@ -219,7 +219,7 @@ class trainer {
         }
       }
     } const views{scheduler_};
-    if constexpr (staged || requires { comm_.of_rank0(0); }) {
+    if constexpr (staged || RankAgreement<Comm>) {
       if (sharded()) {
         save_set(path, extra);
         return;
@@ -275,14 +275,14 @@ class trainer {
     if constexpr (staged) return true;  // every stage holds its own parameters
     if constexpr (requires { comm_.zero; })
       if (comm_.zero > 0) return true;
-    if constexpr (!extra_lists.empty() && requires { comm_.of_rank0(0); }) return comm_.world_size() > 1;
+    if constexpr (!extra_lists.empty() && RankAgreement<Comm>) return comm_.world_size() > 1;
     return false;
   }
 
  private:
   // Whether `ok` holds on every rank of the data-parallel group.
   [[nodiscard]] bool agree(bool ok) const {
-    if constexpr (requires { comm_.all_ranks(ok); }) return comm_.all_ranks(ok);
+    if constexpr (RankAgreement<Comm>) return comm_.all_ranks(ok);
     else return ok;
   }
   // Whether `ok` holds on every rank of the job: the replicas, then (a pipeline) every stage.
@@ -293,7 +293,7 @@ class trainer {
   }
   // A value every rank of the job takes from the first (a checkpoint set's name).
   [[nodiscard]] std::int64_t of_first_rank(std::int64_t v) const {
-    if constexpr (requires { comm_.of_rank0(v); }) v = comm_.of_rank0(v);
+    if constexpr (RankAgreement<Comm>) v = comm_.of_rank0(v);
     if constexpr (staged) v = pipeline_.of_stage0(v);
     return v;
   }
@@ -446,6 +446,13 @@ class trainer {
     TIDE_REQUIRE(o.clip_norm >= 0.f && std::isfinite(o.clip_norm), "optimizer clip_norm = ", o.clip_norm,
                  "; pass 0 (no clipping) or a positive norm");
     return o;
+  }
+  static Comm const& checked(Comm const& c) {
+    if constexpr (!RankAgreement<Comm>)
+      TIDE_REQUIRE(c.world_size() <= 1, "make_trainer: the comm policy ", Comm::name, " runs on ", c.world_size(),
+                   " ranks but has no all_ranks(bool), of_rank0(int64) and sum_over_ranks(double) "
+                   "(tide::train::RankAgreement): without them a failure on one rank is invisible to the others; add them");
+    return c;
   }
   static std::size_t budget_of(Spec const& spec, Offload const& off) {
     if (off.device_budget != 0) return off.device_budget;

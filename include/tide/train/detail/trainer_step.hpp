@@ -54,7 +54,7 @@ double trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::gradient_nor
     double const local = norm_of(owned_grads_);
     return std::sqrt(pipeline_.sum_over_stages(local * local));
   }
-  if constexpr (requires { comm_.zero; comm_.sum_over_ranks(0.0); }) {
+  if constexpr (requires { comm_.zero; } && RankAgreement<Comm>) {
     if (comm_.zero >= 2 && comm_.world_size() > 1) {
       // ZeRO-2: a rank holds the summed gradients of its own chunks only; the norm is the root
       // of their squares summed over the ranks (a non-finite one poisons the sum on every rank).
