@@ -204,7 +204,7 @@ TEST_CASE("the PowerSGD sink: a chunk's rank-r matrix sum comes back, its vector
   if (w > 1) CHECK(st.wire_bytes < st.dense_bytes / 4);
 }
 
-TEST_CASE_TEMPLATE("compressed data parallelism under ZeRO-1 and ZeRO-2 trains the same bits, and its sets resume bit-identically",
+TEST_CASE_TEMPLATE("compressed data parallelism under ZeRO-1, 2 and 3 trains the same bits, and its sets resume bit-identically",
                    Policy, sparse_dp, powersgd_dp) {
   auto& world = tide::test::world();
   int const w = world.size(), r = world.rank();
@@ -212,10 +212,17 @@ TEST_CASE_TEMPLATE("compressed data parallelism under ZeRO-1 and ZeRO-2 trains t
   auto plain = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), policy(0));
   train(plain, 0, 10, w, r);
   auto const reference = tide::test::flat_params(plain);
-  for (int zero : {1, 2}) {
+  for (int zero : {1, 2, 3}) {
     CAPTURE(zero);
     auto t = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), policy(zero));
+    CHECK(t.scheduler().shards_parameters() == (zero == 3 && w > 1));
     train(t, 0, 10, w, r);
+    if (zero == 3) {  // a rank holds its own chunks only, until every rank gathers the rest
+      std::uint32_t held = 0;
+      for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) held += t.scheduler().holds_parameter(i);
+      CHECK((held < t.model().parameters().size()) == (w > 1));
+      t.scheduler().gather_parameters();
+    }
     // The owner of each chunk stepped it with the same sums: the same bits, on every rank.
     CHECK(tide::test::max_difference(tide::test::flat_params(t), reference) == 0.f);
     std::uint32_t kept = 0;
@@ -232,12 +239,16 @@ TEST_CASE_TEMPLATE("compressed data parallelism under ZeRO-1 and ZeRO-2 trains t
     auto resumed = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), policy(zero));
     resumed.load(dir);
     train(resumed, 10, 13, w, r);
+    if (zero == 3) {
+      t.scheduler().gather_parameters();
+      resumed.scheduler().gather_parameters();
+    }
     CHECK(tide::test::max_difference(tide::test::flat_params(resumed), tide::test::flat_params(t)) == 0.f);
     world.barrier();
     if (r == 0) std::filesystem::remove_all(dir);
   }
-  // ZeRO-3 shards the parameters, which compression does not: refused with what to pass.
-  CHECK_THROWS_AS(tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), policy(3)), tide::error);
+  CHECK_THROWS_WITH_AS(tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), policy(4)),
+                       doctest::Contains("pass 0 to 3"), tide::error);
 }
 
 TEST_CASE("a set of residuals loaded on another rank count keeps their sum; PowerSGD's shared Q is copied") {

@@ -299,9 +299,10 @@ struct throwing_hooks {
 
 std::vector<std::vector<std::byte>> state_of(sched_t& s, std::size_t params) {
   std::vector<std::vector<std::byte>> out;
-  for (auto role : {tide::chunk::chunk_role::param, tide::chunk::chunk_role::exp_avg, tide::chunk::chunk_role::exp_avg_sq})
+  for (int list = -1; list < 2; ++list)  // the parameters, then the state lists 0 and 1
     for (std::uint32_t i = 0; i < params; ++i) {
-      auto const b = s.tensor_bytes(role, i);
+      auto const b = list < 0 ? s.tensor_bytes(tide::chunk::chunk_role::param, i)
+                              : s.state_bytes(static_cast<std::size_t>(list), i);
       out.emplace_back(b.begin(), b.end());
     }
   return out;

@@ -281,7 +281,7 @@ struct model {
     }
     layout = tide::chunk::pack(params, 16 * 16 + 64);
     using tide::chunk::chunk_role;
-    for (chunk_role r : {chunk_role::exp_avg, chunk_role::exp_avg_sq, chunk_role::param})
+    for (chunk_role r : {chunk_role::state, chunk_role::state, chunk_role::param})
       lists.emplace_back(r, tide::dtype::f32, layout, params);
   }
 };
@@ -449,7 +449,7 @@ struct lane_fixture {
   using runner = tide::offload::detail::update_runner<tide::host, float, tide::optim::sgd>;
   model m;
   tide::chunk::chunk_list grads{tide::chunk::chunk_role::grad, tide::dtype::f32, m.layout, m.params};
-  tide::offload::detail::undo_journal<tide::host, float> journal{m.host, 4, 1};
+  tide::offload::detail::undo_journal<tide::host, float, 1> journal{m.host, 4};
   std::vector<std::vector<float>> param, grad, momentum;  // by chunk: chunk_elements each
   lane_fixture() {
     std::size_t const n = m.layout.chunk_elements;
@@ -459,9 +459,9 @@ struct lane_fixture {
   }
   // Chunk c's job: its whole run, the journal's record when `journalled`.
   runner::job& stage(runner& r, std::uint32_t c, tide::optim::update_args a, bool journalled) {
-    tide::offload::detail::update_targets<float> x{param[c].data(), nullptr, {momentum[c].data()}};
+    tide::offload::detail::update_targets<float, 1> x{param[c].data(), nullptr, {momentum[c].data()}};
     auto const n = static_cast<tide::index_t>(param[c].size());
-    tide::offload::detail::undo_record* u = journalled ? journal.begin(c, param[c].size(), x) : nullptr;
+    tide::offload::detail::undo_record<1>* u = journalled ? journal.begin(c, param[c].size(), x) : nullptr;
     runner::job& j = r.job_of(c);
     j = {&r, c, {param[c].data(), grad[c].data(), {momentum[c].data()}, nullptr, n}, x, a, nullptr, u, {}};
     return j;

@@ -687,7 +687,7 @@ struct gated_adamw : tide::optim::adamw {
   std::chrono::microseconds lag{0};
   template <class T>
   void update(tide::exec<host> const& ex, tide::optim::update_args const& a,
-              std::span<tide::optim::update_tensor<T> const> tensors) const {
+              std::span<tide::optim::update_tensor<T, state_lists> const> tensors) const {
     if (g != nullptr) tide::test::gate::pass(g);
     std::this_thread::sleep_for(lag);
     adamw::update(ex, a, tensors);

@@ -14,6 +14,7 @@
 #include <array>
 #include <barrier>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <filesystem>
@@ -33,7 +34,9 @@
 #include "tide/offload/scheduler.hpp"
 #include "tide/optim/adam.hpp"
 #include "tide/optim/sgd.hpp"
+#include "tide/train/checkpoint.hpp"
 #include "tide/train/trainer.hpp"
+#include "support/files.hpp"
 #include "support/gpt_steps.hpp"
 
 namespace {
@@ -142,6 +145,40 @@ TEST_CASE("a scheduler policy defined by the user trains through make_trainer wi
 
 // ---- the optimizer slot ---------------------------------------------------------------------------
 
+// AdamW with AMSGrad's maximum of the second moment (PyTorch's amsgrad = True): an optimizer of
+// three state lists, written by a user, elementwise on the host. Its update over the whole model
+// at once is the reference its per-chunk steps in the engine must equal.
+struct amsgrad : tide::optim::adamw {
+  static constexpr std::string_view name = "amsgrad";
+  static constexpr std::size_t state_lists = 3;  // m, v, and the largest v so far
+  static constexpr bool keeps_prev = false;       // the engine keeps the values before a step
+  static constexpr bool out_of_place = false;
+  static constexpr std::string_view state_name(std::size_t k) noexcept {
+    return k == 0 ? "m" : k == 1 ? "v" : "vmax";
+  }
+  template <class T>
+  void update(tide::exec<host> const&, tide::optim::update_args const& a,
+              std::span<tide::optim::update_tensor<T, state_lists> const> tensors) const {
+    float const c1 = 1.f - std::pow(beta1, static_cast<float>(a.step));
+    float const c2 = 1.f - std::pow(beta2, static_cast<float>(a.step));
+    float const decay = a.decay ? weight_decay : 0.f;
+    for (auto const& x : tensors)
+      for (tide::index_t i = 0; i < x.n; ++i) {
+        float const g = tide::to_float(x.grad[i]) * a.grad_scale;
+        float& m = x.state[0][i];
+        float& v = x.state[1][i];
+        float& vmax = x.state[2][i];
+        m = beta1 * m + (1.f - beta1) * g;
+        v = beta2 * v + (1.f - beta2) * g * g;
+        vmax = std::max(vmax, v);
+        float const p = x.master[i] * (1.f - a.lr * decay);
+        x.master[i] = p - a.lr * (m / c1) / (std::sqrt(vmax / c2) + eps);
+        if (x.working != nullptr) x.working[i] = tide::from_float<T>(x.master[i]);
+      }
+  }
+};
+static_assert(tide::optim::check_optimizer<amsgrad>() && tide::train::OptimizerPolicy<amsgrad>);
+
 tide::optim::adam const adam{.lr = 2e-3f, .weight_decay = 0.01f};
 tide::optim::sgd const nesterov{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true};
 tide::optim::adamw const adamw{.lr = 3e-3f, .weight_decay = 0.1f};
@@ -159,7 +196,7 @@ std::vector<std::vector<float>> plain(O const& o) {
   tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
   tide::nn::gpt<host> model{config, arena, {.seed = 3}};
   auto const n = model.flat_params().extent(0);
-  std::vector<float> s0(static_cast<std::size_t>(n), 0.f), s1(static_cast<std::size_t>(n), 0.f);
+  std::vector<float> s0(static_cast<std::size_t>(n), 0.f), s1(static_cast<std::size_t>(n), 0.f), s2 = s1;
   tide::tensor_view<float, host> a(s0.data(), {n}), b(s1.data(), {n});
   for (int s = 0; s < optimizer_steps; ++s) {
     auto const d = tide::test::token_runs(s, batch, seq, 64);
@@ -172,6 +209,11 @@ std::vector<std::vector<float>> plain(O const& o) {
       tide::kernels::sgd(ex, {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov}, s + 1, model.flat_params(), g, a);
     else if constexpr (std::is_same_v<O, tide::optim::adam>)
       tide::kernels::adam(ex, {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}, s + 1, model.flat_params(), g, a, b);
+    else if constexpr (std::is_same_v<O, amsgrad>) {
+      tide::optim::update_tensor<float, 3> const whole{.master = model.flat_params().data(), .grad = g.data(),
+                                                       .state = {s0.data(), s1.data(), s2.data()}, .n = n};
+      o.update(ex, {.step = s + 1, .lr = o.lr}, std::span(&whole, 1));
+    }
     else
       tide::kernels::adamw(ex, o.hparams(o.lr), s + 1, model.flat_params(), g, a, b);
   }
@@ -199,16 +241,64 @@ void check_optimizer(Offload off, O const& o, std::vector<std::vector<float>> co
 }
 
 TEST_CASE_TEMPLATE("each optimizer, called per chunk by the engine, equals its kernel over the whole model", O,
-                   tide::optim::adam, tide::optim::sgd, tide::optim::adamw) {
+                   tide::optim::adam, tide::optim::sgd, tide::optim::adamw, amsgrad) {
+  static amsgrad const ams{{.lr = 3e-3f, .weight_decay = 0.1f}};
   O const& o = []() -> O const& {
     if constexpr (std::is_same_v<O, tide::optim::adam>) return adam;
     else if constexpr (std::is_same_v<O, tide::optim::sgd>) return nesterov;
+    else if constexpr (std::is_same_v<O, amsgrad>) return ams;
     else return adamw;
   }();
   auto const reference = plain(o);
   check_optimizer(off::chunked<off::belady>{.chunk_bytes = 20_KiB}, o, reference);
   check_optimizer(off::layer_window<2>{}, o, reference);
   check_optimizer(off::static_partition{.chunk_bytes = 20_KiB}, o, reference);
+}
+
+TEST_CASE("an optimizer of three state lists offloads, checkpoints a section per list and resumes bit for bit") {
+  amsgrad const o{{.lr = 3e-3f, .weight_decay = 0.1f}};
+  off::chunked<off::belady> policy{.chunk_bytes = 20_KiB};
+  policy.device_budget = tide::test::scheduler_minimum<decltype(policy), float>(config, policy, batch, seq) + 16_KiB;
+  auto const run = [](auto& t, int from, int to) {
+    for (int s = from; s < to; ++s) t.step(view_of<std::remove_cvref_t<decltype(t)>>(tide::test::token_runs(s, batch, seq, 64)));
+  };
+  tide::test::scratch_dir dir("amsgrad");
+  auto a = tide::train::make_trainer(spec, policy, o);
+  run(a, 0, 3);
+  a.save(dir.path / "ckpt");
+  // The third list is AMSGrad's own: never below v, and above it where v fell since its peak.
+  std::size_t above = 0, below = 0;
+  for (std::uint32_t i = 0; i < a.model().parameters().size(); ++i) {
+    auto const v = a.scheduler().state_view(1, i);
+    std::vector<float> vs(v.size() / sizeof(float));
+    std::memcpy(vs.data(), v.data(), v.size());
+    auto const vmax = a.scheduler().state_view(2, i);
+    for (std::size_t e = 0; e < vs.size(); ++e) {
+      float x = 0;
+      std::memcpy(&x, vmax.data() + e * sizeof(float), sizeof(float));
+      above += x > vs[e];
+      below += x < vs[e];
+    }
+  }
+  CHECK(above > 0);
+  CHECK(below == 0);
+  tide::train::checkpoint_reader const r{dir.path / "ckpt"};
+  for (std::string_view list : {"m/", "v/", "vmax/"})
+    CHECK_MESSAGE(r.contains(std::string(list) + "wpe"), "no section ", list, "wpe");
+  run(a, 3, 6);
+  auto b = tide::train::make_trainer(spec, policy, o);
+  b.load(dir.path / "ckpt");
+  run(b, 3, 6);
+  for (std::uint32_t i = 0; i < a.model().parameters().size(); ++i) {
+    CHECK_MESSAGE(same_bits(a.scheduler().read_param(i), b.scheduler().read_param(i)), "parameter ", i);
+    for (std::size_t k = 0; k < amsgrad::state_lists; ++k) {
+      auto const x = a.scheduler().state_view(k, i);
+      std::vector<std::byte> const sa(x.begin(), x.end());
+      auto const y = b.scheduler().state_view(k, i);
+      CHECK_MESSAGE(std::equal(sa.begin(), sa.end(), y.begin(), y.end()), "state list ", k, " of parameter ", i);
+    }
+  }
+  CHECK_THROWS_WITH_AS((void)a.scheduler().state_view(3, 0), doctest::Contains("keeps 3 state lists"), tide::error);
 }
 
 // ---- the gradient sink --------------------------------------------------------------------------
@@ -648,7 +738,7 @@ TEST_CASE("a sink's extra list is kept, placed with the optimizer state, undone 
   auto const& sched = straight.scheduler();
   bool some_on_device = false;
   for (std::uint32_t c = 0; c < sched.layout().chunks(); ++c) {
-    CHECK(sched.extra_list(0)[c].tier() == sched.list(tide::chunk::chunk_role::exp_avg)[c].tier());
+    CHECK(sched.extra_list(0)[c].tier() == sched.state_list(0)[c].tier());
     some_on_device = some_on_device || sched.os_on_device(c);
   }
   CHECK(some_on_device);

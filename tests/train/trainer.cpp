@@ -705,7 +705,7 @@ void check_resume(O const& opt, char const* tag) {
     if (zero_state)  // what a checkpoint without the optimizer's state would resume to
       for (std::uint32_t c = 0; c < t.scheduler().layout().chunks(); ++c)
         for (std::size_t k = 0; k < O::state_lists; ++k) {
-          auto const& list = t.scheduler().list(k == 0 ? tide::chunk::chunk_role::exp_avg : tide::chunk::chunk_role::exp_avg_sq);
+          auto const& list = t.scheduler().state_list(k);
           REQUIRE(list[c].payload() != nullptr);
           std::memset(list[c].payload(), 0, list[c].capacity());
         }
@@ -964,7 +964,7 @@ TEST_CASE("the NVMe tier with bf16 parameters: the fp32 masters go to file with 
     all.spill_folder = all_dir.path;
     {
       auto a = tide::train::make_trainer(spec16, all, clipped);
-      REQUIRE(a.scheduler().list(tide::chunk::chunk_role::exp_avg)[0].payload() == nullptr);  // chunk 0 on file
+      REQUIRE(a.scheduler().state_list(0)[0].payload() == nullptr);  // chunk 0 on file
       a.save(all_dir.path / "ckpt");
     }
     auto b = tide::train::make_trainer(spec16, all, clipped);
@@ -994,8 +994,8 @@ TEST_CASE("the NVMe tier with bf16 parameters: the fp32 masters go to file with 
     INFO("chunk " << c);
     bool const on_file = c >= n - k;
     CHECK((t.scheduler().list(tide::chunk::chunk_role::master)[c].payload() == nullptr) == on_file);
-    CHECK((t.scheduler().list(tide::chunk::chunk_role::exp_avg)[c].payload() == nullptr) == on_file);
-    CHECK((t.scheduler().list(tide::chunk::chunk_role::exp_avg_sq)[c].payload() == nullptr) == on_file);
+    CHECK((t.scheduler().state_list(0)[c].payload() == nullptr) == on_file);
+    CHECK((t.scheduler().state_list(1)[c].payload() == nullptr) == on_file);
   }
   auto const before = params();
   {

@@ -135,17 +135,16 @@ class chunk {
   bool pinned_ = false;
 };
 
-// exp_avg, exp_avg_sq: an optimizer's state lists 0 and 1; extra: a list a gradient sink declares
-// (an error-feedback residual).
-enum class chunk_role : std::uint8_t { param, grad, master, exp_avg, exp_avg_sq, extra };
+// state: one of an optimizer's state lists (as many as it keeps, named by it); extra: a list a
+// gradient sink declares (an error-feedback residual).
+enum class chunk_role : std::uint8_t { param, grad, master, state, extra };
 
 constexpr std::string_view to_string(chunk_role r) noexcept {
   switch (r) {
     case chunk_role::param: return "param";
     case chunk_role::grad: return "grad";
     case chunk_role::master: return "master";
-    case chunk_role::exp_avg: return "exp_avg";
-    case chunk_role::exp_avg_sq: return "exp_avg_sq";
+    case chunk_role::state: return "state";
     case chunk_role::extra: return "extra";
   }
   return "?";

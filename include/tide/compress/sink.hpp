@@ -365,7 +365,7 @@ struct compressed_data_parallel {
   comm_type* comm = nullptr;       // the ranks; outlives the trainer
   compressor_type compressor{};    // what the sink compresses with
   int threads = 1;                 // the sink's own threads (selection, products, accumulation)
-  int zero = 0;                    // ZeRO stage: 0, 1 (optimizer state sharded) or 2 (+ gradients)
+  int zero = 0;                    // ZeRO stage: 0, 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters)
 
   using sink_type = Sink;
   using source_type = offload::host_source;

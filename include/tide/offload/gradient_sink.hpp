@@ -55,6 +55,9 @@ struct extra_list {
   bool shared = false;
 };
 inline constexpr std::size_t max_extra_lists = 2;
+// Optimizer state lists the engine keeps per chunk at most (any optimizer's, named by it): the
+// NVMe tier's file holds them and the fp32 masters, 8 lists a chunk.
+inline constexpr std::size_t max_state_lists = 7;
 
 // The lists a sink declares (none if it has no `lists`).
 template <class S>

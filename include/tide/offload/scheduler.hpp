@@ -16,28 +16,28 @@
 //   for (...) { model.forward(ex, x, y); model.backward(ex); sched.step(); sched.last_step(); }
 //
 // Lists: param (T) and grad (T) chunks move; the fp32 master (bf16 / f16 parameters) and the
-// optimizer's state lists stay where the policy placed them (host, or the device). Trace ids:
-// param chunk c is c, grad chunk c is n + c (n chunks per list).
+// optimizer's state lists stay where the policy placed them (host, or the device). Trace ids: param
+// chunk c is c, grad chunk c is n + c (n chunks per list).
 //
 // One step, hook by hook (what moves where, for chunked<P>): offload/detail/engine_step.hpp and
 // docs/offload.md. The scheduler is a façade: it owns the engine (offload/detail/engine.hpp),
 // checks what its callers ask, and forwards.
 //
 // The first step is the warm-up: it keeps only the current moment's chunks on the device and
-// records the trace and the non-model bytes per moment (memory_tracer). A budget below the
-// policy's minimum is refused at the first moment, before any compute, with a tide::error
-// stating the minimum and its parts. Offloading changes no result: the same kernels run on the
-// same bytes, only the addresses differ (tests/offload/scheduler.cpp checks bit-identity).
+// records the trace and the non-model bytes per moment (memory_tracer). A budget below the policy's
+// minimum is refused at the first moment, before any compute, with a tide::error stating the
+// minimum and its parts. Offloading changes no result: the same kernels run on the same bytes, only
+// the addresses differ (tests/offload/scheduler.cpp checks bit-identity).
 //
-// Failures lose nothing: every move acquires before it detaches, and a chunk the optimizer (or
-// a sink with extra lists) changes keeps a host copy until the step completes (undo_on_error).
-// A step that throws is abandoned by abort_step() with parameters, optimizer state and step
-// number as before it (tests/offload/faults.cpp, tests/offload/slots.cpp; docs/offload.md).
+// Failures lose nothing: every move acquires before it detaches, and a chunk the optimizer (or a
+// sink with extra lists) changes keeps a host copy until the step completes (undo_on_error). A step
+// that throws is abandoned by abort_step() with parameters, optimizer state and step number as
+// before it (tests/offload/faults.cpp, tests/offload/slots.cpp; docs/offload.md).
 //
 // On a device backend (tide::sealed, the test device) every copy of a block is ordered after the
-// compute work issued before it by an event, zero fills and the optimizer's device steps run on
-// the compute stream, and the host reads device memory only through read_param (staged). Not
-// yet there: gradient sinks, the NVMe tier, gradient-slot reuse, checkpoint views of device memory.
+// compute work issued before it by an event, zero fills and the optimizer's device steps run on the
+// compute stream, and the host reads device memory only through read_param (staged). Not yet there:
+// gradient sinks, the NVMe tier, gradient-slot reuse, checkpoint views of device memory.
 
 #include <algorithm>
 #include <chrono>
@@ -72,7 +72,7 @@ class scheduler {
   static_assert(memory::MemoryOps<B>, "offload::scheduler<B, ...>: the engine runs on the backends that supply the "
                 "memory operations of tide/memory/ops.hpp (tide::host, tide::sealed); this one does not yet");
   static_assert(!B::is_device || requires(Optimizer const& o, exec<B> const& ex, optim::update_args const& a,
-                                          std::span<optim::update_tensor<T> const> ts) { o.update(ex, a, ts); },
+                                          std::span<optim::update_tensor<T, Optimizer::state_lists> const> ts) { o.update(ex, a, ts); },
                 "offload::scheduler on a device backend: the Optimizer's update must take exec<B> for the chunks "
                 "whose state lives on the device (template <Backend B, class T> void update(exec<B> const&, ...); "
                 "tide::optim::adamw, adam and sgd do)");
@@ -130,27 +130,23 @@ class scheduler {
     e_.drain();
     closed_ = true;
   }
-
   // ---- what it is ---------------------------------------------------------------------------
   [[nodiscard]] static std::string name() { return Policy::name(); }
   [[nodiscard]] chunk::chunk_layout const& layout() const noexcept { return e_.store_.layout_; }
   [[nodiscard]] parameter_list const& parameters() const noexcept { return e_.store_.params_; }
   [[nodiscard]] std::size_t chunk_bytes() const noexcept { return e_.store_.param_.chunk_bytes(); }
   [[nodiscard]] chunk::memory_tracer const& tracer() const noexcept { return e_.res_.plan_.tracer; }
-  // The chunk list of role r; exp_avg and exp_avg_sq are the optimizer's state lists 0 and 1.
+  // The chunk list of role r (param, grad, master); state_list(k) is the optimizer's list k.
   [[nodiscard]] chunk::chunk_list const& list(chunk::chunk_role r) const {
-    switch (r) {
-      case chunk::chunk_role::grad: return e_.store_.grad_;
-      case chunk::chunk_role::master: return e_.store_.master_;
-      case chunk::chunk_role::exp_avg:
-      case chunk::chunk_role::exp_avg_sq: {
-        std::size_t const k = r == chunk::chunk_role::exp_avg ? 0 : 1;
-        TIDE_REQUIRE(k < e_.state_lists, "offload::scheduler::list: ", Optimizer::name, " keeps ",
-                     e_.state_lists, " state list(s); ask for exp_avg (list 0) only when it keeps one");
-        return e_.store_.state_[k];
-      }
-      default: return e_.store_.param_;
-    }
+    TIDE_REQUIRE(r != chunk::chunk_role::state && r != chunk::chunk_role::extra, "offload::scheduler::list(",
+                 chunk::to_string(r), "): ask for the optimizer's list k with state_list(k), a sink's with extra_list(k)");
+    return r == chunk::chunk_role::grad ? e_.store_.grad_ : r == chunk::chunk_role::master ? e_.store_.master_
+                                                                                          : e_.store_.param_;
+  }
+  [[nodiscard]] chunk::chunk_list const& state_list(std::size_t k) const {
+    TIDE_REQUIRE(k < e_.state_lists, "offload::scheduler::state_list(", k, "): ", Optimizer::name, " keeps ",
+                 e_.state_lists, " state lists");
+    return e_.store_.state_[k];
   }
   [[nodiscard]] offload_stats const& last_step() const noexcept { return e_.res_.last_; }
   // Device bytes per moment of the last completed step (the memory tide).
@@ -174,7 +170,6 @@ class scheduler {
   // True once the first moment placed the model data (and checked the budget).
   [[nodiscard]] bool placed() const noexcept { return e_.placed_; }
   [[nodiscard]] bool evaluating() const noexcept { return e_.evaluating_; }
-
   // ---- the budget -----------------------------------------------------------------------------
   // The least device budget this scheduler can train with when `non_model` bytes of activations
   // and workspaces are live, and what it is made of (text for errors and reports).
@@ -192,7 +187,6 @@ class scheduler {
                bytes_of{e_.res_.plan_.ctx.budget}, " is below this scheduler's minimum ", bytes_of{need.bytes}, " = ",
                need.why, "; raise device_budget to at least ", bytes_of{need.bytes}, need.advice);
   }
-
   // ---- model data -----------------------------------------------------------------------------
   // Valid between the pre_* and post_* hooks of a block that uses parameter i (and outside a
   // step, on the host, for initialisation and inspection; with parameter chunks in the NVMe
@@ -245,24 +239,13 @@ class scheduler {
   // The bytes of parameter i in the list of `role` (param: T; master and the optimizer's state
   // lists: fp32), host-readable wherever the chunk is (on a device backend staged through one
   // host block, written back when the span ends), after finishing pending work. For checkpoints:
-  // valid until the next tensor_bytes or tensor_view, read, hook or step. exp_avg / exp_avg_sq
-  // name the optimizer's state lists 0 and 1 (state_bytes(k, i) says it for any optimizer).
+  // valid until the next tensor_bytes or tensor_view, read, hook or step. State list k:
+  // state_bytes(k, i).
   // With the NVMe tier (host_budget), one chunk's lists from the file are on the host at a time:
   // asking for another such chunk's state or parameters writes the first back to file, and its
   // spans end then.
   [[nodiscard]] std::span<std::byte> tensor_bytes(chunk::chunk_role role, std::uint32_t i) {
-    check_tensor(role, i, "tensor_bytes");
-    if (role != chunk::chunk_role::param) e_.materialize(e_.store_.layout_.chunk_of[i]);  // from the spill file
-    if (role == chunk::chunk_role::master) {
-      e_.init_master();  // a caller reading it sees the current master; one writing it replaces it
-      e_.master_written_ = true;
-    }
-    if (role == chunk::chunk_role::param) {
-      e_.require_held(i, "tensor_bytes");
-      e_.materialize_param(e_.store_.layout_.chunk_of[i]);  // from the NVMe tier's file
-      e_.store_.drop_shadow(e_.store_.layout_.chunk_of[i]);  // the caller may write
-    }
-    return e_.host_side(list(role), i, tensor_size(role, i), true);
+    return list_bytes(role, no_list, i);
   }
   // The same bytes, to read (a checkpoint's save): valid until the next tensor_view, state_view,
   // tensor_bytes, hook or step. The state of a chunk in the NVMe tier is read from the file into
@@ -270,20 +253,7 @@ class scheduler {
   // once (when the caller asks in chunk order, as train::trainer does) and holds one chunk's
   // state beyond host_budget, however many are in the file. Nothing goes back to file.
   [[nodiscard]] std::span<std::byte const> tensor_view(chunk::chunk_role role, std::uint32_t i) {
-    check_tensor(role, i, "tensor_view");
-    std::size_t const bytes = tensor_size(role, i);
-    if (role == chunk::chunk_role::param) {
-      e_.require_held(i, "tensor_view");
-      if (std::byte const* on_file = e_.param_file_view(e_.store_.layout_.chunk_of[i]))
-        return {on_file + e_.store_.layout_.offset_of[i] * sizeof(T), bytes};
-      return e_.host_side(e_.store_.param_, i, bytes, false);
-    }
-    if (role == chunk::chunk_role::master) e_.init_master();  // the masters start as the parameters
-    std::size_t const k = role == chunk::chunk_role::master ? core::state_lists
-                          : role == chunk::chunk_role::exp_avg ? 0 : 1;
-    if (std::byte const* lists = e_.spilled_view(e_.store_.layout_.chunk_of[i], k))
-      return {lists + e_.store_.layout_.offset_of[i] * sizeof(float), bytes};
-    return e_.host_side(list(role), i, bytes, false);
+    return list_view(role, no_list, i);
   }
   // Frees the host block the views read state from the NVMe tier into (a save ended; the next
   // step or load frees it too).
@@ -292,9 +262,7 @@ class scheduler {
     e_.drop_view();
   }
   [[nodiscard]] std::span<std::byte const> state_view(std::size_t k, std::uint32_t i) {
-    TIDE_REQUIRE(k < Optimizer::state_lists, "offload::scheduler::state_view(", k, ", ", i, "): ", Optimizer::name,
-                 " keeps ", Optimizer::state_lists, " state lists (k < ", Optimizer::state_lists, ")");
-    return tensor_view(k == 0 ? chunk::chunk_role::exp_avg : chunk::chunk_role::exp_avg_sq, i);
+    return list_view(chunk::chunk_role::state, k, i);
   }
   // Under ZeRO (a sharding gradient sink): whether this rank keeps parameter i's master and
   // optimizer state, i.e. owns the chunk it lies in. Always true without sharding.
@@ -326,10 +294,9 @@ class scheduler {
   }
   // The bytes of parameter i in the optimizer's state list k (Optimizer::state_name(k)).
   [[nodiscard]] std::span<std::byte> state_bytes(std::size_t k, std::uint32_t i) {
-    TIDE_REQUIRE(k < Optimizer::state_lists, "offload::scheduler::state_bytes(", k, ", ", i, "): ", Optimizer::name,
-                 " keeps ", Optimizer::state_lists, " state lists (k < ", Optimizer::state_lists, ")");
-    return tensor_bytes(k == 0 ? chunk::chunk_role::exp_avg : chunk::chunk_role::exp_avg_sq, i);
+    return list_bytes(chunk::chunk_role::state, k, i);
   }
+
   // The bytes of parameter i in the sink's extra list k (extra_lists_of<Sink>()[k]: its name and
   // dtype), wherever the chunk is, between steps. For checkpoints.
   [[nodiscard]] std::span<std::byte> extra_bytes(std::size_t k, std::uint32_t i) {
@@ -396,7 +363,6 @@ class scheduler {
     e_.drain();
     e_.store_.trace_ = r;
   }
-
   // ---- the model's offloaded activations (offload::hooks carries them) -------------------------
   // Host room from the host pool (under host_budget: what the model data kept on the host leaves
   // of it, host_reserve), and each block's copies on a copy stream of their own, beside the chunk
@@ -409,7 +375,6 @@ class scheduler {
   }
   void drain_activations() noexcept { e_.drain_activations(); }  // a failed copy: the step reports it
   [[nodiscard]] std::size_t activation_host_bytes() const noexcept { return e_.activation_host_bytes(); }
-
   // ---- hooks ----------------------------------------------------------------------------------
   void pre_forward(int block) { e_.enter(block, chunk::phase::forward); }
   void post_forward(int block) { e_.post_forward(block); }
@@ -474,23 +439,58 @@ class scheduler {
   void abort_step() noexcept { e_.abort_step(); }
 
  private:
-  // What tensor_bytes and tensor_view check first (after finishing pending work).
-  void check_tensor(chunk::chunk_role role, std::uint32_t i, char const* what) {
+  [[nodiscard]] chunk::chunk_list const& list_of(chunk::chunk_role role, std::size_t k) const {
+    return role == chunk::chunk_role::state ? e_.store_.state_[k] : list(role);
+  }
+  [[nodiscard]] std::span<std::byte> list_bytes(chunk::chunk_role role, std::size_t k, std::uint32_t i) {
+    check_tensor(role, i, "tensor_bytes", k);
+    if (role != chunk::chunk_role::param) e_.materialize(e_.store_.layout_.chunk_of[i]);  // from the spill file
+    if (role == chunk::chunk_role::master) {
+      e_.init_master();  // a caller reading it sees the current master; one writing it replaces it
+      e_.master_written_ = true;
+    }
+    if (role == chunk::chunk_role::param) {
+      e_.require_held(i, "tensor_bytes");
+      e_.materialize_param(e_.store_.layout_.chunk_of[i]);  // from the NVMe tier's file
+      e_.store_.drop_shadow(e_.store_.layout_.chunk_of[i]);  // the caller may write
+    }
+    return e_.host_side(list_of(role, k), i, tensor_size(role, i), true);
+  }
+  [[nodiscard]] std::span<std::byte const> list_view(chunk::chunk_role role, std::size_t list, std::uint32_t i) {
+    check_tensor(role, i, "tensor_view", list);
+    std::size_t const bytes = tensor_size(role, i);
+    if (role == chunk::chunk_role::param) {
+      e_.require_held(i, "tensor_view");
+      if (std::byte const* on_file = e_.param_file_view(e_.store_.layout_.chunk_of[i]))
+        return {on_file + e_.store_.layout_.offset_of[i] * sizeof(T), bytes};
+      return e_.host_side(e_.store_.param_, i, bytes, false);
+    }
+    if (role == chunk::chunk_role::master) e_.init_master();  // the masters start as the parameters
+    std::size_t const k = role == chunk::chunk_role::master ? core::state_lists : list;
+    if (std::byte const* lists = e_.spilled_view(e_.store_.layout_.chunk_of[i], k))
+      return {lists + e_.store_.layout_.offset_of[i] * sizeof(float), bytes};
+    return e_.host_side(list_of(role, list), i, bytes, false);
+  }
+  static constexpr std::size_t no_list = ~std::size_t{0};  // not a state list
+  // What tensor_bytes and tensor_view check first (after finishing pending work); k: the state
+  // list, for role state.
+  void check_tensor(chunk::chunk_role role, std::uint32_t i, char const* what, std::size_t k) {
+    TIDE_REQUIRE(role != chunk::chunk_role::state || k < Optimizer::state_lists, "offload::scheduler::", what, ": ",
+                 Optimizer::name, " keeps ", Optimizer::state_lists, " state lists; ask for list k < ",
+                 Optimizer::state_lists, " with state_bytes(k, i) or state_view(k, i)");
     e_.res_.check_index(i, what);
     TIDE_REQUIRE(!e_.step_open_, "offload::scheduler::", what, " inside a step; read tensors between steps");
     e_.drain();
-    TIDE_REQUIRE(role != chunk::chunk_role::grad && (role != chunk::chunk_role::master || has_master) &&
-                     (role != chunk::chunk_role::exp_avg || Optimizer::state_lists >= 1) &&
-                     (role != chunk::chunk_role::exp_avg_sq || Optimizer::state_lists >= 2),
+    TIDE_REQUIRE(role != chunk::chunk_role::grad && role != chunk::chunk_role::extra &&
+                     (role != chunk::chunk_role::master || has_master),
                  "offload::scheduler::", what, ": the ", chunk::to_string(role), " list is not kept between steps "
-                 "by this scheduler (", Optimizer::name, " keeps ", Optimizer::state_lists, " state lists; T = float "
-                 "has no master); ask for param, master with bf16/f16 parameters, or state_bytes(k, i)");
+                 "by this scheduler (T = float has no master); ask for param, master with bf16/f16 parameters, "
+                 "state_bytes(k, i) or extra_bytes(k, i)");
     TIDE_REQUIRE(role == chunk::chunk_role::param || keeps_state(i), "offload::scheduler::", what, ": parameter \"",
                  e_.store_.params_[i].name(), "\" lies in chunk ", e_.store_.layout_.chunk_of[i], ", whose ",
                  chunk::to_string(role), " rank ", e_.store_.shard_.owner(e_.store_.layout_.chunk_of[i]), " of ",
                  e_.store_.shard_.ranks, " keeps (ZeRO); read it there, or ask keeps_state(i) first");
   }
-
 
   core e_;  // the engine: every part, and the step
   std::vector<kernels::grad_tensor<T>> grads_out_;  // what gradients() returns

@@ -46,12 +46,12 @@ struct adamw {
   [[nodiscard]] bool needs_all_gradients() const noexcept { return clip_norm > 0.f || scaling.enabled; }
 
   template <Backend B, class T>
-  void update(exec<B> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const {
+  void update(exec<B> const& ex, update_args const& a, std::span<update_tensor<T, state_lists> const> tensors) const {
     kernels::adamw_hparams hp = hparams(a.lr);
     if (!a.decay) hp.weight_decay = 0.f;
     detail::in_batches<kernels::adamw_tensor<T, T>>(
         tensors,
-        [](update_tensor<T> const& x) {
+        [](update_tensor<T, state_lists> const& x) {
           return kernels::adamw_tensor<T, T>{x.master, x.grad, x.state[0], x.state[1], x.working, x.n, x.prev_master,
                                              x.prev_state[0], x.prev_state[1], x.prev_working, x.src_master,
                                              x.src_state[0], x.src_state[1]};

@@ -5,18 +5,21 @@
 //
 //   struct my_optimizer {                                  // tide::optim::adamw, adam and sgd are three
 //     static constexpr std::string_view name = "mine";
-//     static constexpr std::size_t state_lists = 1;      // fp32 values per parameter it keeps (0..2)
+//     static constexpr std::size_t state_lists = 1;      // fp32 values per parameter it keeps (any number)
 //     static constexpr std::string_view state_name(std::size_t k) { return "buf"; }  // checkpoint sections
 //     float lr = 1e-3f;                                  // the base learning rate (the trainer's schedule scales it)
 //     template <Backend B, class T>
-//     void update(exec<B> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const;
+//     void update(exec<B> const& ex, update_args const& a,
+//                 std::span<update_tensor<T, state_lists> const> tensors) const;
 //     static constexpr bool keeps_prev = true;  // optional: update writes the prev_* arrays (below)
 //     static constexpr bool out_of_place = true;  // optional: update reads the src_* arrays (below)
 //   };
 //   static_assert(tide::optim::check_optimizer<my_optimizer>());   // names a missing member
 //
 // The engine owns the state: state_lists fp32 chunk lists, zero-initialised, placed and moved with
-// the parameters, saved in checkpoints as "<state_name(k)>/<parameter>". One update call covers
+// the parameters, saved in checkpoints as "<state_name(k)>/<parameter>". Their number and names
+// are the optimizer's (the offload engine keeps up to offload::max_state_lists: its NVMe tier's
+// file holds them and the masters). One update call covers
 // one chunk (or, with decay_matrices_only, the chunk's matrices and then the rest, `a.decay`
 // telling which): each update_tensor is a run of elements with its fp32 master, gradient, state
 // and the optional bf16/f16 working copy to round the new value into. Padding between tensors is
@@ -43,15 +46,12 @@
 
 namespace tide::optim {
 
-// fp32 state lists an optimizer may keep per parameter (Adam's m and v).
-inline constexpr std::size_t max_state_lists = 2;
-
-// One run of elements to update in place.
-template <class T>
+// One run of elements to update in place, for an optimizer of N state lists.
+template <class T, std::size_t N>
 struct update_tensor {
   float* master = nullptr;   // (n) fp32 values updated in place (the parameter itself when T = float)
   T const* grad = nullptr;   // (n) the accumulated gradient, times grad_scale
-  std::array<float*, max_state_lists> state{};  // (n) each; the first state_lists are set
+  std::array<float*, N> state{};  // (n) each: the optimizer's state lists, in its order
   // (n) bf16 / f16: the parameter, written with the rounded new master; else null. May be the
   // same array as grad (the offload engine's gradient-slot reuse): an update must read each
   // element's gradient before it writes that element's working copy.
@@ -63,15 +63,19 @@ struct update_tensor {
   // each non-null array, changed by the step or not (a restore copies the whole array back); an
   // update that keeps them throws, if at all, before it writes anything.
   float* prev_master = nullptr;
-  std::array<float*, max_state_lists> prev_state{};
+  std::array<float*, N> prev_state{};
   T* prev_working = nullptr;
   // Optional (null: in place; only for an optimizer whose `out_of_place` is true): where the
   // update reads the master and the state from. The new values then go to master and state, every
   // element of each, and these stay as they were: the engine's undo journal keeps the old blocks
   // and swaps the new ones in once the step succeeded, so nothing is copied.
   float const* src_master = nullptr;
-  std::array<float const*, max_state_lists> src_state{};
+  std::array<float const*, N> src_state{};
 };
+
+// The run type an optimizer O takes.
+template <class O, class T>
+using update_tensor_of = update_tensor<T, O::state_lists>;
 
 // Whether O's update writes the prev_* arrays of its update_tensors (adamw, adam and sgd do):
 // `static constexpr bool keeps_prev = true`. Optional; without it the engine copies first.
@@ -99,14 +103,13 @@ struct update_args {
 };
 
 template <class O>
-concept Optimizer = requires(O const& o, exec<host> const& ex, update_args const& a,
-                             std::span<update_tensor<float> const> tensors) {
+concept Optimizer = requires(O const& o, exec<host> const& ex, update_args const& a) {
   { O::name } -> std::convertible_to<std::string_view>;
   { O::state_lists } -> std::convertible_to<std::size_t>;
   { O::state_name(std::size_t{0}) } -> std::convertible_to<std::string_view>;
   { o.lr } -> std::convertible_to<float>;
-  o.update(ex, a, tensors);
-} && (O::state_lists <= max_state_lists);
+  o.update(ex, a, std::span<update_tensor<float, O::state_lists> const>{});
+};
 
 // `static_assert(check_optimizer<O>())`: the first missing member fails with a sentence.
 template <class O>
@@ -115,27 +118,26 @@ consteval bool check_optimizer() {
                 "Optimizer: O needs a static `name` convertible to std::string_view (for reports)");
   static_assert(requires { { O::state_lists } -> std::convertible_to<std::size_t>; },
                 "Optimizer: O needs `static constexpr std::size_t state_lists`, the fp32 values it keeps per "
-                "parameter (0 to 2: SGD with momentum 1, Adam 2)");
-  if constexpr (requires { { O::state_lists } -> std::convertible_to<std::size_t>; })
-    static_assert(O::state_lists <= max_state_lists, "Optimizer: state_lists must be at most 2 (fp32 lists per "
-                                                     "parameter the engine keeps for it)");
+                "parameter (SGD with momentum 1, Adam 2, AMSGrad 3)");
   static_assert(requires { { O::state_name(std::size_t{0}) } -> std::convertible_to<std::string_view>; },
                 "Optimizer: O needs `static constexpr std::string_view state_name(std::size_t k)`, the checkpoint "
                 "name of state list k (\"m\", \"v\", \"momentum\")");
   static_assert(requires(O const& o) { { o.lr } -> std::convertible_to<float>; },
                 "Optimizer: O needs a member `float lr`, the base learning rate");
-  static_assert(requires(O const& o, exec<host> const& ex, update_args const& a,
-                         std::span<update_tensor<float> const> ts) { o.update(ex, a, ts); },
-                "Optimizer: O needs `template <class T> void update(exec<host> const&, update_args const&, "
-                "std::span<update_tensor<T> const>) const`, the in-place update of a chunk's runs of elements");
+  if constexpr (requires { { O::state_lists } -> std::convertible_to<std::size_t>; })
+    static_assert(requires(O const& o, exec<host> const& ex, update_args const& a,
+                           std::span<update_tensor<float, O::state_lists> const> ts) { o.update(ex, a, ts); },
+                  "Optimizer: O needs `template <class T> void update(exec<host> const&, update_args const&, "
+                  "std::span<update_tensor<T, state_lists> const>) const`, the in-place update of a chunk's runs of "
+                  "elements");
   return Optimizer<O>;
 }
 
 namespace detail {
 // Calls kernel(records) for the tensors converted to Record, at most 32 at a time from a stack
 // array (an update allocates nothing). Elementwise optimizers give the same bits for any grouping.
-template <class Record, class T, class Convert, class Kernel>
-void in_batches(std::span<update_tensor<T> const> tensors, Convert&& convert, Kernel&& kernel) {
+template <class Record, class T, std::size_t N, class Convert, class Kernel>
+void in_batches(std::span<update_tensor<T, N> const> tensors, Convert&& convert, Kernel&& kernel) {
   constexpr std::size_t batch = 32;
   std::array<Record, batch> records{};
   for (std::size_t at = 0; at < tensors.size(); at += batch) {

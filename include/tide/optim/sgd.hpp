@@ -37,11 +37,11 @@ struct sgd {
   loss_scaling scaling{};
 
   template <Backend B, class T>
-  void update(exec<B> const& ex, update_args const& a, std::span<update_tensor<T> const> tensors) const {
+  void update(exec<B> const& ex, update_args const& a, std::span<update_tensor<T, state_lists> const> tensors) const {
     kernels::sgd_hparams const hp{a.lr, momentum, dampening, a.decay ? weight_decay : 0.f, nesterov};
     detail::in_batches<kernels::sgd_tensor<T, T>>(
         tensors,
-        [](update_tensor<T> const& x) {
+        [](update_tensor<T, state_lists> const& x) {
           return kernels::sgd_tensor<T, T>{x.master, x.grad, x.state[0], x.working, x.n, x.prev_master,
                                            x.prev_state[0], x.prev_working, x.src_master, x.src_state[0]};
         },

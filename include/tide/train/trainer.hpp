@@ -328,20 +328,19 @@ class trainer {
   // The sections of this trainer: all tensors, or under ZeRO those of this rank's chunks. The
   // model data is deferred: the commit reads each tensor when it writes it (tensor_source), so
   // optimizer state in the NVMe tier comes from the file one chunk at a time, never all at once.
-  // A deferred section's id: 4 i + what (0: parameter, 1 + k: state list k, 3: master).
+  static constexpr std::size_t ids_per_tensor = 2 + Optimizer::state_lists;
+  // A deferred section's id: ids_per_tensor i + what (0: parameter, 1 + k: state list k, then master).
   void add_sections(checkpoint_writer& w);
   // The caller's sections: with add or add_value, as the deferred ones are the trainer's.
   template <class Extra>
   void add_extra(checkpoint_writer& w, Extra& extra);
   // The bytes of add_sections' deferred sections, read at the commit.
   [[nodiscard]] auto tensor_source() {
-    static_assert(Optimizer::state_lists <= 2, "trainer: a deferred section's id 4 i + what has room for 2 state "
-                  "lists");
     return [this](std::size_t id) -> std::span<std::byte const> {
-      auto const i = static_cast<std::uint32_t>(id / 4);
-      std::size_t const what = id % 4;
+      auto const i = static_cast<std::uint32_t>(id / ids_per_tensor);
+      std::size_t const what = id % ids_per_tensor;
       if (what == 0) return scheduler_.tensor_view(chunk::chunk_role::param, i);
-      if (what == 3) return scheduler_.tensor_view(chunk::chunk_role::master, i);
+      if (what == ids_per_tensor - 1) return scheduler_.tensor_view(chunk::chunk_role::master, i);
       return scheduler_.state_view(what - 1, i);
     };
   }

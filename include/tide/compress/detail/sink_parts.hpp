@@ -1,15 +1,18 @@
 #pragma once
 // What the compressing gradient sinks of compress/sink.hpp share: chunk_jobs (each chunk's work
 // as one job on the sink's own worker, in the order backward hands the chunks over), zero_part
-// (ZeRO stages 1 and 2) and sink_front (the GradientSink members both sinks have).
+// (the ZeRO stages) and sink_front (the GradientSink members both sinks have).
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "tide/comm/data_parallel.hpp"
@@ -93,27 +96,41 @@ class chunk_jobs {
   memory::stream<host> work_;  // last: destroyed (drained) before the jobs
 };
 
-// What both compressing sinks share: the chunk's work queued on the sink's worker, and ZeRO
-// stages 1 and 2. Under ZeRO each rank keeps the optimizer state of its own chunks (chunk c on
-// rank c % W) and steps them; the engine frees another rank's gradients once their sum is done,
-// and share_parameters all-gathers the new parameters after the step. The compression does not
-// change: a rank's residual (or PowerSGD error) is its own, of its own gradients, so every rank
-// keeps it for every chunk; the sums reach every rank, as without ZeRO.
+// What both compressing sinks share: the chunk's work queued on the sink's worker, and the ZeRO
+// stages. Under ZeRO each rank keeps the optimizer state of its own chunks (chunk c on rank
+// c % W) and steps them; the engine frees another rank's gradients once their sum is done, and
+// share_parameters all-gathers the new parameters after the step (ZeRO-1 and 2). ZeRO-3 keeps a
+// rank's own parameter chunks only: the engine gathers another rank's around the blocks that use
+// it, each broadcast from its owner on a communicator split off for parameters (as
+// comm::data_parallel does), while the sink's worker sums gradients on the other. The compression
+// does not change: a rank's residual (or PowerSGD error) is its own, of its own gradients, so
+// every rank keeps it for every chunk; the sums reach every rank, as without ZeRO.
 template <class C>
 struct zero_part {
+  int stage = 0;
   offload::chunk_shard shard{};        // {0, 1}: everything here
   std::vector<std::byte> staging{};    // share_parameters' all-gather
-  std::uint64_t bytes_gathered = 0;    // this rank's parameter bytes given in share_parameters
+  std::uint64_t bytes_gathered = 0;    // this rank's parameter bytes given in share_parameters or gathers
+  // ZeRO-3 on more than one rank: the parameters' communicator, and its last gather.
+  std::conditional_t<comm::Communicator<C>, std::optional<C>, std::monostate> params{};
+  typename comm::request_of<C>::type last_gather{};
 
-  zero_part(C* comm, int zero, std::string_view policy) {
-    TIDE_REQUIRE(zero >= 0 && zero <= 2, policy, ": zero = ", zero, "; compressed data parallelism shards the "
-                 "optimizer state (zero = 1) and the gradients (zero = 2), not the parameters: pass 0, 1 or 2");
+  zero_part(C* comm, int zero, std::string_view policy) : stage(zero) {
+    TIDE_REQUIRE(zero >= 0 && zero <= 3, policy, ": zero = ", zero, "; compressed data parallelism shards the "
+                 "optimizer state (zero = 1), the gradients (zero = 2) and the parameters (zero = 3): pass 0 to 3");
     if constexpr (!requires(C& c, std::span<float const> in, std::span<float> out) {
                     c.all_gather(in, out);
                     c.broadcast(out, 0);
                   })
       TIDE_REQUIRE(zero == 0, policy, ": zero = ", zero, " needs a communicator with all_gather and broadcast "
                    "(tide::comm::mpi or self), not ", C::name, ": pass zero = 0");
+    if constexpr (comm::Communicator<C>) {
+      // Every rank makes its sink at the same point (the trainer's constructor): a collective.
+      if (zero == 3 && comm != nullptr && comm->size() > 1) params.emplace(comm->split(0, comm->rank()));
+    } else {
+      TIDE_REQUIRE(zero < 3, policy, ": zero = 3 needs a full Communicator (split, broadcast_async, wait: "
+                   "tide::comm::mpi or self), not ", C::name, ": pass zero = 2 or less");
+    }
     if (zero > 0 && comm != nullptr) shard = {comm->rank(), comm->size()};
   }
 };
@@ -140,11 +157,36 @@ class sink_front {
     t.bytes_gathered = st.zero.bytes_gathered;
     return t;
   }
+  // ZeRO-3 (offload::ParameterShardingSink): chunk `chunk` from its owner, in hook order on every
+  // rank, on the parameters' communicator; wait_gathered: every gather started has landed.
+  [[nodiscard]] bool shards_parameters() const noexcept { return self().st_->zero.stage == 3; }
+  template <class T>
+  void gather_async(std::uint32_t chunk, std::span<T> bytes) {
+    auto& z = self().st_->zero;
+    if constexpr (comm::Communicator<typename Sink::comm_type>) {
+      if (!z.params) return;  // one rank: it owns every chunk
+      int const root = z.shard.owner(chunk);
+      z.last_gather = z.params->broadcast_async(bytes, root);
+      if (root == z.shard.rank) {
+        std::lock_guard lock(self().st_->m);
+        z.bytes_gathered += bytes.size_bytes();
+      }
+    }
+  }
+  void wait_gathered() {
+    auto& z = self().st_->zero;
+    if constexpr (comm::Communicator<typename Sink::comm_type>) {
+      if (!z.params) return;
+      // The parameters' communicator runs its operations in call order: the last one done, all are.
+      z.params->wait(std::exchange(z.last_gather, {}));
+    }
+  }
   // After the step's updates (the engine drained the sink first): the chunks other ranks stepped.
+  // ZeRO-3 gathers at use instead.
   template <class T>
   void share_parameters(std::span<std::span<T> const> chunks) {
     auto& st = *self().st_;
-    if (st.zero.shard.ranks == 1) return;
+    if (st.zero.shard.ranks == 1 || st.zero.stage == 3) return;
     if constexpr (requires(std::span<T> x, std::span<T const> y) {
                     st.comm->all_gather(y, x);
                     st.comm->broadcast(x, 0);

@@ -74,8 +74,7 @@ class chunk_store {
     TIDE_REQUIRE(shard.ranks >= 1 && shard.rank >= 0 && shard.rank < shard.ranks, "offload::scheduler: the sink's "
                  "shard is rank ", shard.rank, " of ", shard.ranks, "; needs 0 <= rank < ranks");
     for (std::size_t k = 0; k < state_lists; ++k)
-      state_.emplace_back(k == 0 ? chunk::chunk_role::exp_avg : chunk::chunk_role::exp_avg_sq, dtype::f32, layout_,
-                          params_);
+      state_.emplace_back(chunk::chunk_role::state, dtype::f32, layout_, params_);
     for (extra_list const& e : extras) extra_.emplace_back(chunk::chunk_role::extra, e.type, layout_, params_);
     n_ = static_cast<std::uint32_t>(layout_.chunks());
     ids_ = 2 * n_;
@@ -383,7 +382,7 @@ class chunk_store {
   // another rank keeps the state of chunks this one does not own). All or nothing: every device
   // block is acquired before any list lets go of its host block.
   void move_state_to_device(std::uint32_t c) {
-    std::array<chunk::chunk*, 1 + optim::max_state_lists + max_extra_lists> lists{};
+    std::array<chunk::chunk*, 1 + max_state_lists + max_extra_lists> lists{};
     std::size_t k = 0;
     auto add = [&](chunk::chunk& ch) {
       if (ch.payload() != nullptr) lists[k++] = &ch;

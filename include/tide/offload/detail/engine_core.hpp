@@ -70,8 +70,10 @@ class engine_core {
   static constexpr std::size_t extra_count = extra_lists_of<S>().size();
   // fp32-sized lists per chunk that live with the optimizer state (the minimum counts them so).
   static constexpr std::size_t fp32_lists = state_lists + (store::has_master ? 1 : 0) + extra_count;
-  // Lists a chunk may keep in the NVMe tier: the optimizer's moments, then the fp32 master.
-  static_assert(optim::max_state_lists + 1 <= file_tier<B>::max_lists);
+  // Lists a chunk may keep in the NVMe tier: the optimizer's state, then the fp32 master.
+  static_assert(state_lists <= max_state_lists, "offload::scheduler: the optimizer keeps more state lists than "
+                "offload::max_state_lists, which the NVMe tier's file holds beside the masters");
+  static_assert(max_state_lists + 1 <= file_tier<B>::max_lists);
 
   engine_core(exec<B> const& ex, memory::device_arena<B>& arena, parameter_list params, block_uses uses,
               P const& policy, scheduler_options const& options, O const& optimizer, S const& sink,
@@ -83,7 +85,7 @@ class engine_core {
         sinks_(sink, store_.n_, store_.cur_),
         source_(source),
         options_(options),
-        undo_(store_.host_, store_.layout_.chunks(), state_lists),
+        undo_(store_.host_, store_.layout_.chunks()),
         extra_undo_(store_.host_, extra_count > 0 ? store_.layout_.chunks() : 0),
         runner_(optimizer, options.decay_matrices_only, store_.layout_, store_.params_.all(), undo_, store_.host_,
                 store_.grad_, store_.cur_, fp32_lists,
@@ -324,8 +326,8 @@ class engine_core {
   void share_parameters();
 
   // Chunk c's lists as the optimizer sees them (fp32 parameters: the parameter chunk is the master).
-  [[nodiscard]] update_targets<T> targets_of(std::uint32_t c);
-  [[nodiscard]] optim::update_tensor<T> update_of(std::uint32_t c);
+  [[nodiscard]] update_targets<T, O::state_lists> targets_of(std::uint32_t c);
+  [[nodiscard]] optim::update_tensor<T, O::state_lists> update_of(std::uint32_t c);
   [[nodiscard]] index_t step_elements(std::uint32_t c) const {
     // Up to the end of the chunk's last tensor (the rest of the chunk is never touched).
     std::uint32_t const last = store_.layout_.first_param[c + 1] - 1;
@@ -396,14 +398,14 @@ class engine_core {
   void forget_spill_failures() noexcept { runner_.abort(); }
   // Chunk c's journal record, its blocks acquired (swap: blocks for the update to write into;
   // else the copies' blocks, counted in undo_copy_bytes).
-  undo_record* begin_undo(std::uint32_t c, index_t n, bool swap = false) {
+  undo_record<O::state_lists>* begin_undo(std::uint32_t c, index_t n, bool swap = false) {
     if (!options_.undo_on_error) return nullptr;
-    update_targets<T> x = targets_of(c);
+    update_targets<T, O::state_lists> x = targets_of(c);
     if (swap) return undo_.begin_swap(c, static_cast<std::size_t>(n), x, store_.param_.chunk_bytes(),
                                       store_.master_.chunk_bytes());
     if (options_.reuse_grad_slots) x.param = nullptr;  // the slot holds gradients: rounded back from the master
     if (params_spilled(c)) x.param = nullptr;          // on file: its current slot keeps them
-    undo_record* const r = undo_.begin(c, static_cast<std::size_t>(n), x);
+    undo_record<O::state_lists>* const r = undo_.begin(c, static_cast<std::size_t>(n), x);
     store_.cur_.undo_copy_bytes += undo_.bytes_of(*r);
     return r;
   }
@@ -454,7 +456,7 @@ class engine_core {
   [[no_unique_address]] std::conditional_t<B::is_device, staged_view<B>, empty_part> views_;
   Src source_;
   scheduler_options options_;
-  undo_journal<B, T> undo_;
+  undo_journal<B, T, O::state_lists> undo_;
   extra_journal<B> extra_undo_;  // the extra lists of the chunks handed to the sink in this step
   update_runner<B, T, O> runner_;  // the optimizer lane and the gradient ring
   float lr_;

@@ -194,14 +194,14 @@ void engine_core<B, T, P, O, S, Src>::abort_step() noexcept {
   this->sinks_.abandon();  // a sink that can start afresh does; no other rank's gradients are kept
   if (this->broken_.empty()) {
     try {
-      for (detail::undo_record const& r : this->undo_.records()) {
+      for (detail::undo_record<O::state_lists> const& r : this->undo_.records()) {
         store_.drop_shadow(r.c);  // the host copy of a device-resident chunk may hold the update
         this->undo_.restore(r, this->targets_of(r.c), store_.ex_);
       }
       // reuse_grad_slots: the journal keeps no parameters; every chunk stepped or holding
       // gradients gets round(master) back, after the masters were restored.
       if (this->options_.reuse_grad_slots)
-        for (detail::undo_record const& r : this->undo_.records()) this->round_masters_back(r.c);
+        for (detail::undo_record<O::state_lists> const& r : this->undo_.records()) this->round_masters_back(r.c);
       this->return_grad_slots(false);
       memory::synchronize(store_.ex_);  // a device: the restores landed before the host reads on
     } catch (std::exception const& e) {

@@ -85,8 +85,8 @@ engine_core<B, T, P, O, S, Src>::optimizer_moment(int block, std::vector<std::ui
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
-update_targets<T> engine_core<B, T, P, O, S, Src>::targets_of(std::uint32_t c) {
-  update_targets<T> x;
+update_targets<T, O::state_lists> engine_core<B, T, P, O, S, Src>::targets_of(std::uint32_t c) {
+  update_targets<T, O::state_lists> x;
   x.param = reinterpret_cast<T*>(store_.param_[c].payload());
   if constexpr (store::has_master) x.master = reinterpret_cast<float*>(store_.master_[c].payload());
   for (std::size_t k = 0; k < state_lists; ++k) x.state[k] = reinterpret_cast<float*>(store_.state_[k][c].payload());
@@ -94,9 +94,9 @@ update_targets<T> engine_core<B, T, P, O, S, Src>::targets_of(std::uint32_t c) {
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
-optim::update_tensor<T> engine_core<B, T, P, O, S, Src>::update_of(std::uint32_t c) {
-  update_targets<T> const x = targets_of(c);
-  optim::update_tensor<T> u;
+optim::update_tensor<T, O::state_lists> engine_core<B, T, P, O, S, Src>::update_of(std::uint32_t c) {
+  update_targets<T, O::state_lists> const x = targets_of(c);
+  optim::update_tensor<T, O::state_lists> u;
   u.master = store::has_master ? x.master : reinterpret_cast<float*>(x.param);
   u.grad = reinterpret_cast<T const*>(grad_chunk(c).payload());  // reuse_grad_slots: u.grad == u.working
   u.state = x.state;
@@ -107,7 +107,7 @@ optim::update_tensor<T> engine_core<B, T, P, O, S, Src>::update_of(std::uint32_t
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::swap_in_update(std::uint32_t c) {
-  undo_record* const u = runner_.job_of(c).undo;
+  undo_record<O::state_lists>* const u = runner_.job_of(c).undo;
   if (u == nullptr) return;
   store_.cur_.undo_swapped_bytes += undo_.swap_in(*u, [&](std::size_t k) -> chunk::chunk& {
     if (k == 0) return store_.param_[c];
@@ -161,7 +161,7 @@ void engine_core<B, T, P, O, S, Src>::share_parameters() {
     shared.clear();
     for (std::uint32_t c = 0; c < store_.n_; ++c) {
       if (!store_.shard_.owns(c)) {
-        if (undo_record* u = begin_undo(c, step_elements(c))) undo_.save(*u, targets_of(c), store_.ex_);
+        if (undo_record<O::state_lists>* u = begin_undo(c, step_elements(c))) undo_.save(*u, targets_of(c), store_.ex_);
         store_.drop_shadow(c);  // its device copy changes: the host one would be stale
       }
       chunk::chunk& p = store_.param_[c];
@@ -205,7 +205,7 @@ void engine_core<B, T, P, O, S, Src>::optimizer_step(std::uint32_t c, bool apply
       res_.make_resident(ids_pair_, res_.current_);
     }
     auto const t0 = std::chrono::steady_clock::now();
-    undo_record* const u = apply ? begin_undo(c, n) : nullptr;
+    undo_record<O::state_lists>* const u = apply ? begin_undo(c, n) : nullptr;
     if (apply) store_.drop_shadow(c);  // the device copy changes: the host one is stale
     double const start = store_.tracing() ? trace_recorder::now_us() : 0;
     if (apply) runner_.journalled_update(store_.ex_, c, update_of(c), targets_of(c), u, args);
@@ -226,7 +226,7 @@ void engine_core<B, T, P, O, S, Src>::optimizer_step(std::uint32_t c, bool apply
       apply && options_.overlap_optimizer && store_.on_device(store_.n_ + c)
           ? runner_.take_ring_block(c, [this] { return sinks_.outstanding(); })
           : nullptr;
-  undo_record* undo = nullptr;
+  undo_record<O::state_lists>* undo = nullptr;
   try {
     undo = apply ? begin_undo(c, n, swaps_undo(c)) : nullptr;  // acquired before anything moves
     if (store_.on_device(c)) store_.set_stale(c, store_.copy_out(c), chunk::tier::device);

@@ -31,7 +31,7 @@ namespace tide::offload::detail {
 
 class state_spill {
  public:
-  static constexpr std::size_t max_lists = 4;
+  static constexpr std::size_t max_lists = 8;  // offload::max_state_lists and the masters
 
   // The state of `chunks` (ascending) of `n` chunks goes to a file under `folder`: `lists` state
   // lists of `list_bytes` each per chunk.

@@ -37,31 +37,36 @@
 namespace tide::offload::detail {
 
 // Where one chunk's updated values live: the parameter chunk (T), the master (fp32; T = float:
-// the parameter chunk itself) and the optimizer's lists.
-template <class T>
+// the parameter chunk itself) and the optimizer's N lists.
+template <class T, std::size_t N>
 struct update_targets {
   T* param = nullptr;
   float* master = nullptr;  // null when T = float
-  std::array<float*, optim::max_state_lists> state{};
+  std::array<float*, N> state{};
 };
 
+template <std::size_t N>
 struct undo_record {
   std::uint32_t c = 0;
   std::size_t elements = 0;
-  std::array<std::byte*, 2 + optim::max_state_lists> copy{};  // param, master, state...
+  std::array<std::byte*, 2 + N> copy{};  // param, master, state...
   bool saved = false;  // the copies hold the values before the step (restore puts them back)
   // Swap: the copies are blocks of the chunks' own sizes, for the update's new values; `ran` is
   // set by whoever ran the update, swap_in (this thread, after it) exchanges them with the chunks.
   bool swap = false;
   bool ran = false;
-  std::array<std::size_t, 2 + optim::max_state_lists> block{};  // each copy's size
+  std::array<std::size_t, 2 + N> block{};  // each copy's size
 };
 
-template <Backend B, Element T>
+// N: the optimizer's state lists.
+template <Backend B, Element T, std::size_t N>
 class undo_journal {
  public:
-  undo_journal(memory::pinned_pool<B>& host, std::size_t chunks, std::size_t state_lists)
-      : host_(&host), state_lists_(state_lists) {
+  using record = undo_record<N>;
+  using targets = update_targets<T, N>;
+  using tensor = optim::update_tensor<T, N>;
+
+  undo_journal(memory::pinned_pool<B>& host, std::size_t chunks) : host_(&host) {
     records_.reserve(chunks);  // one record per chunk and step: a step never reallocates
   }
   undo_journal(undo_journal const&) = delete;
@@ -70,15 +75,15 @@ class undo_journal {
 
   // Host blocks for chunk c's copies, acquired before its update: one per list the chunk has in
   // `x` (under ZeRO a chunk another rank steps has no master and no state here).
-  undo_record* begin(std::uint32_t c, std::size_t elements, update_targets<T> const& x) {
+  record* begin(std::uint32_t c, std::size_t elements, targets const& x) {
     return add({c, elements}, x, [&](std::size_t k) { return bytes(k, elements); });
   }
   // Swap: blocks of the chunks' sizes (`param_bytes` for the parameters, `fp32_bytes` for the
   // master and each state list), for the update to write into; the chunks keep theirs until
   // swap_in.
-  undo_record* begin_swap(std::uint32_t c, std::size_t elements, update_targets<T> const& x, std::size_t param_bytes,
+  record* begin_swap(std::uint32_t c, std::size_t elements, targets const& x, std::size_t param_bytes,
                           std::size_t fp32_bytes) {
-    undo_record r{c, elements};
+    record r{c, elements};
     r.swap = true;
     return add(r, x, [&](std::size_t k) {
       std::size_t const size = k == 0 ? param_bytes : fp32_bytes;
@@ -89,9 +94,9 @@ class undo_journal {
   // Points u at r's blocks (swap), reading from the chunks', and gives each block the chunk's
   // bytes past the update's elements (never touched: they travel with the block). Runs where the
   // update runs, on the host. False when an array u updates is not one r keeps.
-  [[nodiscard]] bool redirect(undo_record const& r, update_targets<T> const& x, optim::update_tensor<T>& u) const {
+  [[nodiscard]] bool redirect(record const& r, targets const& x, tensor& u) const {
     if (r.elements != static_cast<std::size_t>(u.n)) return false;
-    optim::update_tensor<T> with = u;
+    tensor with = u;
     for (std::size_t k = 0; k < slots(); ++k) {
       if (r.copy[k] == nullptr) continue;
       void const* const a = address(x, k);
@@ -103,8 +108,8 @@ class undo_journal {
         with.working = reinterpret_cast<T*>(r.copy[k]);  // written from the master, never read
       } else {
         std::size_t j = 0;
-        while (j < optim::max_state_lists && !(fp32 && u.state[j] != nullptr && a == u.state[j])) ++j;
-        if (j == optim::max_state_lists) return false;
+        while (j < N && !(fp32 && u.state[j] != nullptr && a == u.state[j])) ++j;
+        if (j == N) return false;
         with.src_state[j] = u.state[j];
         with.state[j] = reinterpret_cast<float*>(r.copy[k]);
       }
@@ -117,13 +122,13 @@ class undo_journal {
     u = with;
     return true;
   }
-  static void mark_ran(undo_record& r) noexcept { r.ran = true; }
+  static void mark_ran(record& r) noexcept { r.ran = true; }
   // Once a swap record's update ran (and this thread synchronized with whoever ran it): the
   // chunks take the blocks with the new values, the journal keeps theirs, which restore() puts
   // back. `chunk(k)` is chunk::chunk& of list k (param, master, state...), on the host. Returns
   // the bytes swapped (0: nothing to swap).
   template <class ChunkOf>
-  std::size_t swap_in(undo_record& r, ChunkOf&& chunk_of) noexcept {
+  std::size_t swap_in(record& r, ChunkOf&& chunk_of) noexcept {
     if (!r.swap || !r.ran || r.saved) return 0;
     std::size_t swapped = 0;
     for (std::size_t k = 0; k < slots(); ++k) {
@@ -143,9 +148,9 @@ class undo_journal {
   // writes them in its own pass: each list the journal keeps must be one of the arrays u updates
   // (master, working copy, a state list). False when one is not: then save() before the update.
   // Either way the caller marks r saved (mark_saved) once the update returned.
-  [[nodiscard]] bool attach(undo_record const& r, update_targets<T> const& x, optim::update_tensor<T>& u) const noexcept {
+  [[nodiscard]] bool attach(record const& r, targets const& x, tensor& u) const noexcept {
     if (r.elements != static_cast<std::size_t>(u.n)) return false;
-    optim::update_tensor<T> with = u;
+    tensor with = u;
     for (std::size_t k = 0; k < slots(); ++k) {
       if (r.copy[k] == nullptr) continue;
       void const* const a = address(x, k);
@@ -159,20 +164,20 @@ class undo_journal {
         continue;
       }
       std::size_t j = 0;
-      while (j < optim::max_state_lists && !(fp32 && u.state[j] != nullptr && a == u.state[j])) ++j;
-      if (j == optim::max_state_lists) return false;
+      while (j < N && !(fp32 && u.state[j] != nullptr && a == u.state[j])) ++j;
+      if (j == N) return false;
       with.prev_state[j] = reinterpret_cast<float*>(r.copy[k]);
     }
     u = with;
     return true;
   }
-  static void mark_saved(undo_record& r) noexcept { r.saved = true; }
+  static void mark_saved(record& r) noexcept { r.saved = true; }
 
   // Copies the values before the update into r's host blocks, after the work `ex` ran so far
   // (the tier's exec: exec<host> for a host step, the engine's for a device one). Throws only
   // for a device whose stream failed.
   template <Backend E>
-  void save(undo_record& r, update_targets<T> const& x, exec<E> const& ex) const {
+  void save(record& r, targets const& x, exec<E> const& ex) const {
     for (std::size_t k = 0; k < slots(); ++k)
       if (r.copy[k] != nullptr) memory::read_to_host(ex, r.copy[k], address(x, k), bytes(k, r.elements));
     r.saved = true;
@@ -180,40 +185,40 @@ class undo_journal {
   // Puts the values back wherever the chunks are now, in ex's order (a device: the caller
   // synchronizes before the host reads them).
   template <Backend E>
-  void restore(undo_record const& r, update_targets<T> const& x, exec<E> const& ex) const {
+  void restore(record const& r, targets const& x, exec<E> const& ex) const {
     if (!r.saved) return;  // the update never ran
     for (std::size_t k = 0; k < slots(); ++k)
       if (r.copy[k] != nullptr)
         memory::write_from_host(ex, const_cast<void*>(address(x, k)), r.copy[k], bytes(k, r.elements));
   }
-  [[nodiscard]] std::span<undo_record const> records() const noexcept { return records_; }
+  [[nodiscard]] std::span<record const> records() const noexcept { return records_; }
   // The bytes r keeps (a copy record: what its copies write).
-  [[nodiscard]] std::size_t bytes_of(undo_record const& r) const noexcept {
+  [[nodiscard]] std::size_t bytes_of(record const& r) const noexcept {
     std::size_t total = 0;
     for (std::size_t k = 0; k < slots(); ++k)
       if (r.copy[k] != nullptr) total += r.block[k];
     return total;
   }
   void discard() noexcept {
-    for (undo_record& r : records_) release(r);
+    for (record& r : records_) release(r);
     records_.clear();
   }
 
  private:
   static constexpr bool has_master = !std::is_same_v<T, float>;
-  [[nodiscard]] std::size_t slots() const noexcept { return 2 + state_lists_; }
+  [[nodiscard]] static constexpr std::size_t slots() noexcept { return 2 + N; }
   [[nodiscard]] static bool used(std::size_t k) noexcept { return k != 1 || has_master; }
   [[nodiscard]] static std::size_t bytes(std::size_t k, std::size_t elements) noexcept {
     return elements * (k == 0 ? sizeof(T) : sizeof(float));
   }
-  [[nodiscard]] static void const* address(update_targets<T> const& x, std::size_t k) noexcept {
+  [[nodiscard]] static void const* address(targets const& x, std::size_t k) noexcept {
     if (k == 0) return x.param;
     if (k == 1) return x.master;
     return x.state[k - 2];
   }
   // r with a block for each list the chunk has in x, of size(k) bytes, kept in the journal.
   template <class Size>
-  undo_record* add(undo_record r, update_targets<T> const& x, Size&& size) {
+  record* add(record r, targets const& x, Size&& size) {
     try {
       for (std::size_t k = 0; k < slots(); ++k)
         if (used(k) && address(x, k) != nullptr) {
@@ -228,14 +233,13 @@ class undo_journal {
     records_.push_back(r);
     return &records_.back();
   }
-  void release(undo_record& r) noexcept {
+  void release(record& r) noexcept {
     for (std::size_t k = 0; k < r.copy.size(); ++k)
       if (r.copy[k] != nullptr) host_->deallocate(std::exchange(r.copy[k], nullptr), r.block[k], 256);
   }
 
   memory::pinned_pool<B>* host_;
-  std::size_t state_lists_;
-  std::vector<undo_record> records_;
+  std::vector<record> records_;
 };
 
 // Host copies of the extra lists (a sink's residual) of the chunks handed to the sink in a step,

@@ -42,16 +42,20 @@ template <Backend B, Element T, class O>
 class update_runner {
  public:
   static constexpr std::size_t state_lists = O::state_lists;
+  using journal_type = undo_journal<B, T, state_lists>;
+  using tensor_type = optim::update_tensor<T, state_lists>;
+  using targets_type = update_targets<T, state_lists>;
+  using record_type = undo_record<state_lists>;
 
   // One host step of chunk c on the lane.
   struct job {
     update_runner* runner = nullptr;
     std::uint32_t c = 0;
-    optim::update_tensor<T> whole{};
-    update_targets<T> targets{};
+    tensor_type whole{};
+    targets_type targets{};
     optim::update_args args{};
     trace_recorder* recorder = nullptr;
-    undo_record* undo = nullptr;  // where the state before the update goes (undo_on_error)
+    record_type* undo = nullptr;  // where the state before the update goes (undo_on_error)
     // NVMe tier: where its lists are read from and written to (io.state: none, when not on file).
     // io.failure is read by the engine after the lane drained.
     typename file_tier<B>::job io{};
@@ -73,7 +77,7 @@ class update_runner {
   // `fp32_lists`: the fp32 lists an update reads and writes besides the parameters and gradients
   // (for the traced bytes); `ring_blocks`: host_steps_in_flight, at most the chunks.
   update_runner(O const& optimizer, bool decay_matrices_only, chunk::chunk_layout const& layout,
-                std::span<parameter const> params, undo_journal<B, T>& journal, memory::pinned_pool<B>& host,
+                std::span<parameter const> params, journal_type& journal, memory::pinned_pool<B>& host,
                 chunk::chunk_list& grads, offload_stats& stats, std::size_t fp32_lists, std::size_t ring_blocks)
       : optimizer_(optimizer),
         decay_matrices_only_(decay_matrices_only),
@@ -120,9 +124,9 @@ class update_runner {
   // matrices and one without decay over the rest, listed in c's own reserved vectors (no two
   // steps of one chunk run at once).
   template <Backend E>
-  void run_update(exec<E> const& ex, std::uint32_t c, optim::update_tensor<T> const& whole, optim::update_args a) {
+  void run_update(exec<E> const& ex, std::uint32_t c, tensor_type const& whole, optim::update_args a) {
     if (!decay_matrices_only_) {
-      optimizer_.update(ex, a, std::span<optim::update_tensor<T> const>(&whole, 1));
+      optimizer_.update(ex, a, std::span<tensor_type const>(&whole, 1));
       return;
     }
     auto& decayed = decayed_[c];
@@ -131,14 +135,14 @@ class update_runner {
     plain.clear();
     for (std::uint32_t i = layout_->first_param[c]; i < layout_->first_param[c + 1]; ++i) {
       std::size_t const at = layout_->offset_of[i];
-      optim::update_tensor<T> r{whole.master + at, whole.grad + at, {}, whole.working ? whole.working + at : nullptr,
+      tensor_type r{whole.master + at, whole.grad + at, {}, whole.working ? whole.working + at : nullptr,
                                 params_[i].numel()};
       for (std::size_t k = 0; k < state_lists; ++k) r.state[k] = whole.state[k] + at;
       (params_[i].shape.rank >= 2 ? decayed : plain).push_back(r);
     }
-    if (!decayed.empty()) optimizer_.update(ex, a, std::span<optim::update_tensor<T> const>(decayed));
+    if (!decayed.empty()) optimizer_.update(ex, a, std::span<tensor_type const>(decayed));
     a.decay = false;
-    if (!plain.empty()) optimizer_.update(ex, a, std::span<optim::update_tensor<T> const>(plain));
+    if (!plain.empty()) optimizer_.update(ex, a, std::span<tensor_type const>(plain));
   }
   // The update of chunk c with its undo copies (undo: null when none are kept). An optimizer that
   // keeps prev values writes them in its own pass (one read of the old values) when the update is
@@ -150,13 +154,13 @@ class update_runner {
   // out-of-place optimizer, one call over the chunk) points the update at the journal's blocks,
   // and is marked ran for the engine to swap them in.
   template <Backend E>
-  void journalled_update(exec<E> const& ex, std::uint32_t c, optim::update_tensor<T> u,
-                         update_targets<T> const& targets, undo_record* undo, optim::update_args const& a) {
+  void journalled_update(exec<E> const& ex, std::uint32_t c, tensor_type u,
+                         targets_type const& targets, record_type* undo, optim::update_args const& a) {
     if (undo != nullptr && undo->swap) {
       TIDE_CHECK(swaps() && journal_->redirect(*undo, targets, u), internal, "offload: the undo journal swaps the "
                  "blocks of chunk ", c, ", whose update cannot write to them");
       run_update(ex, c, u, a);
-      undo_journal<B, T>::mark_ran(*undo);
+      journal_type::mark_ran(*undo);
       return;
     }
     bool const fold = optim::keeps_prev_v<O> && !decay_matrices_only_;
@@ -165,7 +169,7 @@ class update_runner {
       undo = nullptr;  // saved already
     }
     run_update(ex, c, u, a);
-    if (undo != nullptr) undo_journal<B, T>::mark_saved(*undo);
+    if (undo != nullptr) journal_type::mark_saved(*undo);
   }
 
   // ---- the lane -------------------------------------------------------------------------------
@@ -286,7 +290,7 @@ class update_runner {
   bool decay_matrices_only_;
   chunk::chunk_layout const* layout_;
   std::span<parameter const> params_;
-  undo_journal<B, T>* journal_;
+  journal_type* journal_;
   memory::pinned_pool<B>* host_;
   chunk::chunk_list* grads_;
   offload_stats* stats_;
@@ -299,7 +303,7 @@ class update_runner {
   std::vector<memory::event<B>> busy_;  // by chunk: its queued step ran
   std::vector<bool> pending_;           // by chunk: queued and not yet waited for
   std::vector<job> jobs_;
-  std::vector<std::vector<optim::update_tensor<T>>> decayed_, plain_;  // by chunk (decay_matrices_only)
+  std::vector<std::vector<tensor_type>> decayed_, plain_;  // by chunk (decay_matrices_only)
   std::vector<std::pair<std::uint32_t, std::byte*>> deferred_frees_;   // pool blocks of queued steps
   std::vector<std::byte*> ring_, ring_free_;                        // the ring: all, free
   std::vector<std::pair<std::uint32_t, std::byte*>> ring_used_;    // in use by (chunk, block), in queue order

@@ -30,13 +30,14 @@ void trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::add_sections(c
     for (std::size_t k = 0; k < extra_lists.size(); ++k)
       w.add(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, j));
     if (!writes(j)) continue;  // ZeRO: the rank that owns its chunk writes it; a pipeline: one copy
-    std::size_t const id = 4 * std::size_t{j};
+    std::size_t const id = ids_per_tensor * std::size_t{j};
     w.add_deferred(section("p/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::param, j), id);
     for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
-      w.add_deferred(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, j),
+      w.add_deferred(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::state, j),
                      id + 1 + k);
     if constexpr (scheduler_type::has_master)
-      w.add_deferred(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, j), id + 3);
+      w.add_deferred(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, j),
+                     id + ids_per_tensor - 1);
   }
 }
 
@@ -240,7 +241,7 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::check_files(std::sp
     }
     if (!scheduler_.keeps_state(j)) continue;
     for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
-      expect(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::exp_avg, j));
+      expect(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::state, j));
     if constexpr (scheduler_type::has_master)
       expect(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, j));
   }
