@@ -299,6 +299,25 @@ TEST_CASE("an optimizer of three state lists offloads, checkpoints a section per
     }
   }
   CHECK_THROWS_WITH_AS((void)a.scheduler().state_view(3, 0), doctest::Contains("keeps 3 state lists"), tide::error);
+
+  // The NVMe tier: a host budget for the parameters and the three lists of half the chunks; the
+  // other chunks' lists live in a file, and training goes on to the same bits.
+  std::size_t const n = a.scheduler().layout().chunks(), block = tide::round_up(a.scheduler().chunk_bytes(), 256);
+  auto spilling = policy;
+  spilling.host_budget = n * block + (n / 2) * amsgrad::state_lists * block;
+  tide::test::scratch_dir spill("amsgrad_spill");
+  spilling.spill_folder = spill.path;
+  auto c = tide::train::make_trainer(spec, spilling, o);
+  run(c, 0, 6);
+  for (std::size_t k = 0; k < amsgrad::state_lists; ++k)
+    CHECK(c.scheduler().state_list(k)[static_cast<std::uint32_t>(n - 1)].payload() == nullptr);  // on file
+  for (std::uint32_t i = 0; i < a.model().parameters().size(); ++i) {
+    CHECK_MESSAGE(same_bits(a.scheduler().read_param(i), c.scheduler().read_param(i)), "parameter ", i);
+    auto const x = a.scheduler().state_view(2, i);
+    std::vector<std::byte> const sa(x.begin(), x.end());
+    auto const y = c.scheduler().state_view(2, i);
+    CHECK_MESSAGE(std::equal(sa.begin(), sa.end(), y.begin(), y.end()), "vmax of parameter ", i);
+  }
 }
 
 // ---- the gradient sink --------------------------------------------------------------------------
