@@ -113,9 +113,6 @@ class trainer {
   static constexpr bool staged = requires { Pipeline::one_stage_per_rank; };
   using scheduler_type = offload::scheduler<backend, element_type, Offload, Optimizer, typename Comm::sink_type,
                                             typename Comm::source_type>;
-  static_assert(!staged || offload::extra_lists_of<typename Comm::sink_type>().empty(),
-                "make_trainer: a compressing gradient sink inside a pipeline (pipeline::on_ranks) is not supported "
-                "yet; use dense data parallelism (comm::data_parallel) or none");
   using hooks_type = offload::hooks<scheduler_type>;
   static_assert(check_model_spec<Spec, hooks_type>());  // one message per missing member (train/model.hpp)
   using model_type = spec_model_t<Spec, hooks_type>;

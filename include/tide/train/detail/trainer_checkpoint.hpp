@@ -166,7 +166,7 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::read_extras(std::sp
   for (std::size_t k = 0; k < extra_lists.size(); ++k) {
     std::string const x = extra_section(k, list[i].name());
     auto const out = scheduler_.extra_bytes(k, j);
-    if (n == w || extra_lists[k].shared) {
+    if (staged || n == w || extra_lists[k].shared) {  // a pipeline's: the same shape (check_files)
       files[extra_file].read(x, out);
       continue;
     }
@@ -232,6 +232,14 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::check_files(std::sp
     auto expect = [&](std::string const& name, std::size_t want) { expect_in(files[from[i]], name, want); };
     expect(p, scheduler_.tensor_size(chunk::chunk_role::param, j));
     for (std::size_t k = 0; k < extra_lists.size(); ++k) {  // every shard has them (read_extras may sum them)
+      if constexpr (staged) {  // each rank's own, by stage: from its own shard of a set of this shape
+        TIDE_CHECK(files.size() == static_cast<std::size_t>(set_ranks()), usage, "checkpoint ", where,
+                   ": the gradient sink's list \"", extra_lists[k].name, "\" is each rank's own, and a pipelined "
+                   "set of ", files.size(), " shards loads it on as many ranks (stages x replicas), not ", set_ranks());
+        expect_in(files[static_cast<std::size_t>(set_rank())], extra_section(k, list[i].name()),
+                  scheduler_.extra_size(k, j));
+        continue;
+      }
       TIDE_CHECK(extra_lists[k].type == dtype::f32 || extra_lists[k].shared ||
                      files.size() == static_cast<std::size_t>(comm_.world_size()),
                  usage, "checkpoint ", where, ": the gradient sink's list \"", extra_lists[k].name, "\" was saved on ",
