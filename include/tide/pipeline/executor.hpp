@@ -51,197 +51,12 @@
 #include "tide/core/parallel.hpp"
 #include "tide/pipeline/model.hpp"
 #include "tide/pipeline/partition.hpp"
+#include "tide/pipeline/run_stats.hpp"
 #include "tide/pipeline/schedule.hpp"
 #include "tide/pipeline/simulate.hpp"
+#include "tide/pipeline/slots.hpp"
 
 namespace tide::pipeline {
-
-// The model's blocks cut into the schedule's pieces: piece q runs blocks first[q] .. last[q],
-// consecutive pieces consecutive blocks.
-struct cut {
-  std::vector<int> first, last;
-  [[nodiscard]] int pieces() const noexcept { return static_cast<int>(first.size()); }
-};
-
-// Blocks first_block .. last_block into `pieces` runs, as even as can be (the first ones one longer).
-inline cut uniform_cut(int first_block, int last_block, int pieces) {
-  int const blocks = last_block - first_block + 1;
-  TIDE_REQUIRE(pieces >= 1 && blocks >= pieces, "pipeline::uniform_cut: ", blocks, " blocks (", first_block, " .. ",
-               last_block, ") into ", pieces, " pieces; a piece needs at least one block: pass fewer stages or chunks");
-  cut c;
-  for (int q = 0, at = first_block; q < pieces; ++q) {
-    int const n = blocks / pieces + (q < blocks % pieces ? 1 : 0);
-    c.first.push_back(at);
-    c.last.push_back(at + n - 1);
-    at += n;
-  }
-  return c;
-}
-// The model's blocks into the schedule's p v pieces.
-template <class Model>
-cut uniform_cut(Model const& model, schedule const& s) {
-  return uniform_cut(model.first_block(), model.last_block(), s.stages * s.chunks);
-}
-
-// The stage that runs piece q.
-[[nodiscard]] constexpr int stage_of(schedule const& s, int q) noexcept {
-  for (int st = 0; st < s.stages; ++st)
-    for (int c = 0; c < s.chunks; ++c)
-      if (s.piece(st, c) == q) return st;
-  return -1;
-}
-
-// The fewest slots (micro-batch mod n) with which stage st never holds two micro-batches in one
-// slot: a micro-batch holds its slot from its first forward on the stage to its last backward
-// there. Of stage 0 for a model shared by every stage (micro-batch k's first and last action in
-// the whole pipeline are there: piece 0).
-// split: W's run apart from their B's (a model whose backward splits), so a slot is held until
-// the micro-batch's last W or BW on the stage; else until its last B or BW.
-inline int slots_needed(schedule const& s, int st, bool split = false) {
-  auto const& list = s.per_stage.at(static_cast<std::size_t>(st));
-  auto const m = static_cast<std::size_t>(s.micro);
-  std::vector<int> opened(m, 0), closed(m, 0);
-  int const per_micro = s.chunks;  // pieces of this stage a micro-batch goes through
-  for (int n = 1; n <= s.micro; ++n) {
-    std::fill(opened.begin(), opened.end(), 0);
-    std::fill(closed.begin(), closed.end(), 0);
-    std::vector<int> holder(static_cast<std::size_t>(n), -1);
-    bool ok = true;
-    for (action const& a : list) {
-      auto const k = static_cast<std::size_t>(a.micro);
-      auto const slot = static_cast<std::size_t>(a.micro % n);
-      if (a.kind == op::F && opened[k]++ == 0) {
-        if (holder[slot] != -1) {
-          ok = false;
-          break;
-        }
-        holder[slot] = a.micro;
-      } else if ((a.kind == op::BW || a.kind == (split ? op::W : op::B)) && ++closed[k] == per_micro) {
-        holder[slot] = -1;
-      }
-    }
-    if (ok) return n;
-  }
-  return s.micro;
-}
-
-namespace detail {
-// The makespan at unit costs (F, B, W 1 a stage, BW 2, as simulate takes them) when, besides the schedule's
-// dependencies, micro-batch k's first forward waits until micro-batch k − n has closed on every
-// piece (its W, or its BW); −1 if some stage then never reaches the end of its list. A greedy run
-// finds any deadlock: every stage waits only on its dependencies, so a deadlock in some order is
-// a cycle of list order and dependencies, which stops the greedy run too.
-inline double slot_wait_makespan(schedule const& s, int n) {
-  int const Q = s.stages * s.chunks, m = s.micro;
-  auto const at = [m](int q, int k) { return static_cast<std::size_t>(q) * static_cast<std::size_t>(m) +
-                                             static_cast<std::size_t>(k); };
-  std::vector<double> fwd(static_cast<std::size_t>(Q * m), -1), bwd(fwd.size(), -1);  // end times; −1: not yet
-  std::vector<int> closed(static_cast<std::size_t>(m), 0);
-  std::vector<double> closed_at(static_cast<std::size_t>(m), 0), clock(static_cast<std::size_t>(s.stages), 0);
-  std::vector<std::size_t> next(static_cast<std::size_t>(s.stages), 0);
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int st = 0; st < s.stages; ++st) {
-      auto const& list = s.per_stage[static_cast<std::size_t>(st)];
-      double& now = clock[static_cast<std::size_t>(st)];
-      for (std::size_t& i = next[static_cast<std::size_t>(st)]; i < list.size(); ++i, progress = true) {
-        action const a = list[i];
-        int const q = s.piece(st, a.chunk), k = a.micro;
-        auto const uk = static_cast<std::size_t>(k);
-        double ready = 0;  // when its inputs are there; −1: not yet
-        if (a.kind == op::F)
-          ready = q > 0 ? fwd[at(q - 1, k)]
-                        : k < n ? 0 : closed[static_cast<std::size_t>(k - n)] == Q ? closed_at[uk - static_cast<std::size_t>(n)] : -1;
-        else if (a.kind != op::W)  // a W follows its B, earlier in the list
-          ready = q + 1 < Q ? bwd[at(q + 1, k)] : fwd[at(q, k)];
-        if (ready < 0) break;
-        now = std::max(now, ready) + (a.kind == op::BW ? 2.0 : 1.0) / s.chunks;  // a chunk is 1/v of a stage
-        if (a.kind == op::F) fwd[at(q, k)] = now;
-        if (a.kind == op::B || a.kind == op::BW) bwd[at(q, k)] = now;
-        if (a.kind == op::W || a.kind == op::BW) ++closed[uk], closed_at[uk] = std::max(closed_at[uk], now);
-      }
-    }
-  }
-  for (int st = 0; st < s.stages; ++st)
-    if (next[static_cast<std::size_t>(st)] != s.per_stage[static_cast<std::size_t>(st)].size()) return -1;
-  return *std::max_element(clock.begin(), clock.end());
-}
-}  // namespace detail
-
-// The slots of a model that every stage shares (thread_executor) when W's run apart from B's: a
-// micro-batch's first forward waits until the one n before it has closed everywhere, so no
-// stage's W still reads a slot that a new forward writes. n is the fewest with which those waits
-// cost the schedule nothing at unit costs (the makespan of n = m, where nothing waits).
-inline int shared_slots(schedule const& s) {
-  double const free = detail::slot_wait_makespan(s, s.micro);
-  for (int n = 1; n < s.micro; ++n)
-    if (detail::slot_wait_makespan(s, n) == free) return n;
-  return s.micro;
-}
-
-// One action as it ran, in seconds from the start of the run.
-struct ran_action {
-  action a{};
-  int piece = 0;
-  double start = 0, end = 0;
-};
-
-struct stage_times {
-  double busy = 0;       // seconds in forward and backward (not waiting)
-  double forward = 0;    // of which forward
-  double weight = 0;     // of which weight passes (W run apart)
-  int forwards = 0, backwards = 0, weights = 0;  // backwards: B and BW
-  std::vector<ran_action> timeline;  // in the order it ran them
-};
-
-// What one run measured.
-struct run_stats {
-  double seconds = 0;          // wall time of the step's forward and backward
-  double bubble_fraction = 0;  // 1 − Σ busy / (p · seconds)
-  // 1 − Σ busy / Σ span, a stage's span from the start of its first action that computed to the
-  // end of its last: the idle time inside the stages' own spans, the bubble zero-bubble
-  // schedules remove (ZB-H2's is 0 at equal costs), without the stagger between stages' starts
-  // and ends that bubble_fraction also counts.
-  double span_bubble_fraction = 0;
-  std::vector<stage_times> stages;
-  // Per-action costs as the simulator takes them (a whole stage's per micro-batch: one chunk's
-  // mean times v), from the measured means over every stage; W is 0 when it ran inside B.
-  [[nodiscard]] costs measured_costs(int chunks) const {
-    double f = 0, b = 0, w = 0;
-    int nf = 0, nb = 0, nw = 0;
-    for (stage_times const& st : stages) {
-      f += st.forward;
-      b += st.busy - st.forward - st.weight;
-      w += st.weight;
-      nf += st.forwards;
-      nb += st.backwards;
-      nw += st.weights;
-    }
-    auto const mean = [chunks](double t, int n) { return n > 0 ? t / n * chunks : 0; };
-    return {.f = mean(f, nf), .b = mean(b, nb), .w = mean(w, nw), .comm = 0};
-  }
-  // Per piece (0 .. pieces − 1): its mean F, B (or BW) and W time, for simulate(s, per_piece).
-  [[nodiscard]] std::vector<costs> piece_costs(int pieces) const {
-    std::vector<costs> out(static_cast<std::size_t>(pieces), costs{.f = 0, .b = 0, .w = 0, .comm = 0});
-    std::vector<int> nf(out.size(), 0), nb(out.size(), 0), nw(out.size(), 0);
-    for (stage_times const& st : stages)
-      for (ran_action const& r : st.timeline) {
-        auto const q = static_cast<std::size_t>(r.piece);
-        if (q >= out.size()) continue;
-        double const t = r.end - r.start;
-        if (r.a.kind == op::F) out[q].f += t, ++nf[q];
-        else if (r.a.kind == op::W) out[q].w += t, ++nw[q];
-        else out[q].b += t, ++nb[q];
-      }
-    for (std::size_t q = 0; q < out.size(); ++q) {
-      if (nf[q] > 0) out[q].f /= nf[q];
-      if (nb[q] > 0) out[q].b /= nb[q];
-      if (nw[q] > 0) out[q].w /= nw[q];
-    }
-    return out;
-  }
-};
-
 
 namespace detail {
 
@@ -369,37 +184,12 @@ inline void finish_stats(run_stats& r, clock::time_point t0) {
   r.span_bubble_fraction = spans > 0 ? std::max(0.0, 1.0 - busy / spans) : 0;
 }
 
-// One flag per (piece, micro-batch) and direction: 0 not yet, 1 done, 2 the run failed.
-class done_flags {
- public:
-  struct stopped {};  // thrown into a waiting stage when another stage failed
-  void reset(std::size_t n) {
-    if (flags_.size() != n) flags_ = std::vector<std::atomic<int>>(n);
-    for (auto& f : flags_) f.store(0, std::memory_order_relaxed);
-  }
-  void set(std::size_t i) {
-    flags_[i].store(1, std::memory_order_release);
-    flags_[i].notify_all();
-  }
-  void wait(std::size_t i) {
-    int v = 0;
-    while ((v = flags_[i].load(std::memory_order_acquire)) == 0) flags_[i].wait(0, std::memory_order_acquire);
-    if (v == 2) throw stopped{};
-  }
-  void fail_all() {
-    for (auto& f : flags_) {
-      int expected = 0;
-      if (f.compare_exchange_strong(expected, 2, std::memory_order_acq_rel)) f.notify_all();
-    }
-  }
-
- private:
-  std::vector<std::atomic<int>> flags_;
-};
-
-// A counter per micro-batch that stages wait on reaching a count; < 0 when the run failed.
+// A counter per item that stages wait on reaching a count (a piece's forward or backward of a
+// micro-batch done: 1; a micro-batch closed on every piece: the pieces); < 0 once the run failed,
+// which wakes every waiter with `stopped`.
 class counters {
  public:
+  struct stopped {};  // thrown into a waiting stage when another stage failed
   void reset(std::size_t n) {
     if (counts_.size() != n) counts_ = std::vector<std::atomic<int>>(n);
     for (auto& c : counts_) c.store(0, std::memory_order_relaxed);
@@ -408,11 +198,11 @@ class counters {
     counts_[i].fetch_add(1, std::memory_order_acq_rel);
     counts_[i].notify_all();
   }
-  void wait(std::size_t i, int count) {
+  void wait(std::size_t i, int count = 1) {
     int v = 0;
     while ((v = counts_[i].load(std::memory_order_acquire)) >= 0 && v < count)
       counts_[i].wait(v, std::memory_order_acquire);
-    if (v < 0) throw done_flags::stopped{};
+    if (v < 0) throw stopped{};
   }
   void fail_all() {
     for (auto& c : counts_) {
@@ -502,10 +292,10 @@ class thread_executor {
       else if (ex.split_ && k >= ex.shared_slots_) ex.closed_.wait(static_cast<std::size_t>(k - ex.shared_slots_), Q);
     }
     void closed(int, int k) { ex.closed_.add(static_cast<std::size_t>(k)); }
-    void after_forward(int q, int k, int) { ex.forward_done_.set(at(q, k)); }
+    void after_forward(int q, int k, int) { ex.forward_done_.add(at(q, k)); }
     // The last piece goes back after its own forward (same stage, earlier in its list).
     void before_backward(int q, int k, int) { if (q < Q - 1) ex.backward_done_.wait(at(q + 1, k)); }
-    void after_backward(int q, int k, int) { ex.backward_done_.set(at(q, k)); }
+    void after_backward(int q, int k, int) { ex.backward_done_.add(at(q, k)); }
   };
 
   template <class Model, class Batch>
@@ -515,7 +305,7 @@ class thread_executor {
     try {
       detail::run_stage(st, schedule_, cut_, model, ex, micro, scale, slots(split_), split_, l, t0,
                         stats_.stages[static_cast<std::size_t>(st)], losses_.data());
-    } catch (detail::done_flags::stopped const&) {
+    } catch (detail::counters::stopped const&) {
       // another stage failed first; its error is the run's
     } catch (...) {
       {
@@ -533,7 +323,7 @@ class thread_executor {
   int slots_, shared_slots_ = 1;
   bool split_ = false;  // of the current run
   std::vector<std::unique_ptr<thread_pool>> pools_;
-  detail::done_flags forward_done_, backward_done_;
+  detail::counters forward_done_, backward_done_;
   detail::counters closed_;  // per micro-batch: the pieces that closed it (W or BW), with W apart
   std::vector<double> losses_;
   run_stats stats_;
