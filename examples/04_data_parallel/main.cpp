@@ -11,10 +11,11 @@
 // (compress::powersgd_data_parallel). Both take --zero 0, 1 or 2.
 //
 // With --pipeline P the model is cut into P stages, one per rank (pipeline::on_ranks), each step
-// runs --micro M micro-batches of B rows through them in --schedule order (one_f_one_b or gpipe),
-// and the ranks beyond P are data-parallel replicas of the pipeline (ZeRO-0, or --zero 1: each
-// stage's optimizer state sharded over its replicas). Each rank keeps its stage's parameters
-// only, offloaded by chunked<belady> as before.
+// runs --micro M micro-batches of B rows through them in --schedule order (one_f_one_b, gpipe, or
+// with two pieces of the model per stage interleaved, zb_v or dualpipe_v),
+// and the ranks beyond P are data-parallel replicas of the pipeline (ZeRO-0, or --zero 1, 2, 3:
+// each stage's optimizer state, gradients and parameters sharded over its replicas). Each rank
+// keeps its stage's parameters only, offloaded by chunked<belady> as before.
 //
 // With --host-budget SIZE --spill-folder D (any ZeRO stage, or a pipeline) each rank keeps at
 // most SIZE of model data on the host between steps; the optimizer state of its chunks past that
@@ -133,12 +134,12 @@ constexpr char const* usage_text =
     "  --offload-activations  move every block's saved activations to host memory between forward\n"
     "                     and backward\n"
     "  --bucket-kib K     gradient bucket size [256]\n"
-    "  --zero 0|1|2|3     ZeRO stage [2; a pipeline: 0, and takes 0 or 1]\n"
+    "  --zero 0|1|2|3     ZeRO stage [2; a pipeline: 0]\n"
     "  --density D        send the largest fraction D of each chunk's residual (error feedback)\n"
     "  --powersgd R       send each matrix as a rank-R product\n"
     "  --pipeline P       P pipeline stages, one per rank (./tide demo --pipeline P [--ranks N])\n"
     "  --micro M          micro-batches per step of a pipeline [4]\n"
-    "  --schedule S       one_f_one_b or gpipe [one_f_one_b]\n"
+    "  --schedule S       one_f_one_b, gpipe, interleaved, zb_v or dualpipe_v [one_f_one_b]\n"
     "  --check-falls X    fail unless the loss fell by X\n"
     "  --check-steady X   fail if any step's loss is more than X above the step before it\n"
     "  --checkpoint-dir D each run writes its checkpoint and loss picture to a new D/run-NNN [tide-run]\n"
@@ -213,14 +214,13 @@ options parse(int argc, char** argv) {
   TIDE_REQUIRE(!o.checkpoint_dir.empty(), "--checkpoint-dir is empty: name a folder");
   TIDE_REQUIRE((o.host_budget == 0) == o.spill_folder.empty(), "--host-budget and --spill-folder go together: the "
                "optimizer state past the host budget needs a folder, and a folder needs a budget to spill past");
-  TIDE_REQUIRE(o.schedule == "one_f_one_b" || o.schedule == "gpipe", "--schedule must be one_f_one_b or gpipe");
+  TIDE_REQUIRE(o.schedule == "one_f_one_b" || o.schedule == "gpipe" || o.schedule == "interleaved" ||
+                   o.schedule == "zb_v" || o.schedule == "dualpipe_v",
+               "--schedule must be one_f_one_b, gpipe, interleaved, zb_v or dualpipe_v");
   TIDE_REQUIRE(o.pipeline == 0 || !o.offload_activations, "--offload-activations runs with one micro-batch in "
                "flight, and a pipeline stage holds several: drop it, or use --recompute");
   TIDE_REQUIRE(o.pipeline == 0 || (o.density == 0 && o.powersgd == 0),
                "--pipeline runs with dense data parallelism: drop --density / --powersgd");
-  TIDE_REQUIRE(o.pipeline == 0 || !o.zero_given || o.zero <= 1,
-               "--pipeline runs its replicas with ZeRO-0 or 1 (each stage's optimizer state over its replicas), not ",
-               "ZeRO-", o.zero, ": pass --zero 0 or 1");
   TIDE_REQUIRE(o.pipeline > 0 || (o.schedule == "one_f_one_b" && o.micro == 4),
                "--schedule and --micro are a pipeline's: pass --pipeline P too");
   TIDE_REQUIRE(o.seq >= 2 && o.seq <= 256, "--seq must be 2 to 256");
@@ -550,7 +550,8 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
   auto const corpus = tide::train::byte_corpus::from_path(tide::train::fortunes_path());
   tide::train::window_loader loader{corpus, tide::train::split::train, opt.batch, opt.seq, 1, {g.replica, replicas}};
   tide::nn::gpt_config const config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = opt.seq};
-  int const slots = pp::slots_needed(pp::generate(K, opt.pipeline, opt.micro), 0);
+  int const slots = pp::slots_needed(pp::generate(K, opt.pipeline, opt.micro, K == pp::kind::interleaved ? 2 : 1),
+                                     g.stage);
   auto const model = model_options(opt, config, slots, true);
   auto const off = offload_for(opt, config, model, world.rank());
   auto trainer = tide::train::make_trainer(tide::nn::gpt_spec<tide::host>{.config = config, .options = model}, off,
@@ -595,31 +596,36 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
   }
   run.draw(trainer.scheduler());
   // Each stage's replicas hold the same parameters, and both ends the same wte, bit for bit.
+  trainer.scheduler().gather_parameters();  // ZeRO-3: every chunk of the stage here
+  auto const all = tide::nn::gpt_parameters(config, tide::dtype::f32);  // the whole model's, in order
+  std::vector<std::int64_t> crcs(all.size(), -1);  // each parameter's CRC-32C, from the stages that hold it
   std::vector<float> p;
   auto const& list = trainer.scheduler().parameters();
   for (std::uint32_t i = 0; i < list.size(); ++i) {
     auto const v = trainer.scheduler().read_param(i);
     p.insert(p.end(), v.begin(), v.end());
+    demo::digest one;
+    one.add(v);
+    crcs[static_cast<std::size_t>(&all.find(list[i].name()) - all.all().data())] = one.crc;
   }
   bool const replicas_same = same_on(g.data, p);
-  bool const ends = g.stage == 0 || g.stage == opt.pipeline - 1;
+  // wte at both ends: the first and the last stage hold it unless a V placement puts both ends
+  // on the first stage.
+  pp::schedule const plan = trainer.pipeline().plan();
+  bool const tied_across = pp::stage_of(plan, 0) != pp::stage_of(plan, plan.stages * plan.chunks - 1);
   bool tied_same = true;
-  if (ends) {
-    auto const wte = static_cast<std::uint32_t>(&list.find("wte") - list.all().data());
-    tied_same = same_on(g.tied, trainer.scheduler().read_param(wte));
-  }
+  if (tied_across && (g.stage == 0 || g.stage == opt.pipeline - 1))
+    tied_same = same_on(g.tied, trainer.scheduler().read_param(
+                                    static_cast<std::uint32_t>(&list.find("wte") - list.all().data())));
   bool const ok = tide::comm::all_ranks(world, replicas_same && tied_same);
-  // The digest of the whole model: each stage's CRC-32C of its parameters, in stage order.
-  std::vector<std::int64_t> crcs(static_cast<std::size_t>(opt.pipeline), 0);
-  demo::digest mine;
-  mine.add(p);
-  crcs[static_cast<std::size_t>(g.stage)] = mine.crc;
-  g.pipeline.all_reduce(std::span<std::int64_t>(crcs), tide::comm::reduce_op::sum);
+  // The digest of the whole model, whatever the cut: the CRC-32C of each parameter's CRC-32C, in
+  // the model's order (wte's, equal at both ends, once).
+  g.pipeline.all_reduce(std::span<std::int64_t>(crcs), tide::comm::reduce_op::max);
   if (rank == 0) {
     demo::digest d;
     for (std::int64_t c : crcs) d.crc = tide::train::crc32c(std::as_bytes(std::span(&c, 1)), d.crc);
-    std::printf("parameters after step %lld: crc32c %08x (of the %d stages' own)\n",
-                static_cast<long long>(trainer.steps()), d.crc, opt.pipeline);
+    std::printf("parameters after step %lld: crc32c %08x (of each parameter's, in the model's order)\n",
+                static_cast<long long>(trainer.steps()), d.crc);
   }
   if (asked != 0) return run.stopped(asked, trainer.steps(), checkpoint);
   if (trained == 0) {
@@ -635,8 +641,14 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
 int run(options const& opt, tide::comm::mpi& world) {
   namespace cx = tide::compress;
   if (opt.pipeline > 0)
-    return opt.schedule == "gpipe" ? train_pipeline<tide::pipeline::kind::gpipe>(opt, world)
-                                   : train_pipeline<tide::pipeline::kind::one_f_one_b>(opt, world);
+  {
+    using tide::pipeline::kind;
+    if (opt.schedule == "gpipe") return train_pipeline<kind::gpipe>(opt, world);
+    if (opt.schedule == "interleaved") return train_pipeline<kind::interleaved>(opt, world);
+    if (opt.schedule == "zb_v") return train_pipeline<kind::zb_v>(opt, world);
+    if (opt.schedule == "dualpipe_v") return train_pipeline<kind::dualpipe_v>(opt, world);
+    return train_pipeline<kind::one_f_one_b>(opt, world);
+  }
   if (opt.density > 0)
     return train(opt, world,
                  cx::sparse_data_parallel<tide::comm::mpi>{

@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 #include <optional>
+#include <memory>
 #include <vector>
 
 #include "tide/core/bytes.hpp"
@@ -580,6 +581,80 @@ TEST_CASE("hooks out of order are errors: backward must run the blocks in revers
   CHECK_THROWS_AS(sched.pre_forward(config.layers + 1), tide::error);  // not a block of uses()
   sched.abort_step();
   CHECK(!sched.in_step());
+}
+
+TEST_CASE("a stage of several pieces: backward visits each run of blocks apart, each in reverse") {
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  tide::thread_pool pool{1};
+  tide::exec<host> ex{pool};
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  auto uses = tide::nn::gpt_block_uses(config);
+  int const f = uses.first_block, l = uses.last_block();
+  REQUIRE(l - f >= 3);
+  auto make = [&](std::vector<std::pair<int, int>> runs, int micro_steps) {
+    auto u = uses;
+    u.runs = std::move(runs);
+    return std::make_unique<sched_t<decltype(cfg)>>(ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), u,
+                                                    cfg, tide::offload::scheduler_options{.micro_steps = micro_steps},
+                                                    adamw);
+  };
+  auto forward = [](auto& s, int from, int to) {
+    for (int b = from; b <= to; ++b) s.pre_forward(b), s.post_forward(b);
+  };
+  auto backward = [](auto& s, int from, int to) {
+    for (int b = to; b >= from; --b) s.pre_backward(b), s.post_backward(b);
+  };
+  std::vector<std::pair<int, int>> const two = {{f, f + 1}, {f + 2, l}};
+  {  // Two micro-batches as an interleaved stage runs them: the upper run's passes, then the lower's.
+    auto s = make(two, 2);
+    for (int step = 0; step < 2; ++step) {
+      forward(*s, f, l);
+      forward(*s, f, l);
+      backward(*s, f + 2, l);
+      s->pre_backward(f + 1);  // the lower run may start before the upper one's second pass
+      s->post_backward(f + 1);
+      s->pre_backward(f);
+      s->post_backward(f);
+      CHECK_THROWS_AS(s->step(), tide::error);  // the step's passes are not all done
+      backward(*s, f + 2, l);
+      backward(*s, f, f + 1);
+      s->step();
+    }
+    CHECK(s->optimizer_steps() == 2);
+  }
+  {  // Within a run, backward still goes in reverse.
+    auto s = make(two, 1);
+    forward(*s, f, l);
+    try {
+      s->pre_backward(f + 2);  // the upper run's first block before its last
+      FAIL("a run's backward started in its middle");
+    } catch (tide::error const& e) {
+      CHECK(std::string(e.message()).find("in reverse") != std::string::npos);
+    }
+    s->abort_step();
+  }
+  {  // A lower run that finishes the step's last pass before the runs above: its chunks' gradients
+     // could still grow, so it is refused, saying what.
+    auto s = make(two, 1);
+    forward(*s, f, l);
+    s->pre_backward(f + 1);
+    try {
+      s->post_backward(f + 1);
+      FAIL("a lower run completed before the run above it");
+    } catch (tide::error const& e) {
+      CHECK(std::string(e.message()).find("a run above it") != std::string::npos);
+    }
+    s->abort_step();
+    CHECK(!s->in_step());
+  }
+  {  // The blocks between runs are another stage's: never entered.
+    auto s = make({{f, f}, {f + 2, l}}, 1);
+    CHECK_THROWS_AS(s->pre_forward(f + 1), tide::error);
+    s->abort_step();
+  }
+  // Runs out of order or overlapping are refused at construction.
+  CHECK_THROWS_AS(make({{f + 2, l}, {f, f + 1}}, 1), tide::error);
+  CHECK_THROWS_AS(make({{f, f + 2}, {f + 2, l}}, 1), tide::error);
 }
 
 TEST_CASE("close() reports a failure in flight; destruction frees every block all the same") {

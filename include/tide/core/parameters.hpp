@@ -151,6 +151,10 @@ class parameter_list {
 struct block_uses {
   int first_block = 0;
   std::vector<std::vector<std::uint32_t>> params;
+  // The runs of blocks that backward visits apart, as {first, last}, ascending (a pipeline stage
+  // of several pieces; the blocks between runs are other stages', never visited). Empty: one run,
+  // first_block .. last_block().
+  std::vector<std::pair<int, int>> runs{};
   [[nodiscard]] int last_block() const noexcept { return first_block + static_cast<int>(params.size()) - 1; }
   [[nodiscard]] std::span<std::uint32_t const> of(int block) const {
     TIDE_REQUIRE(block >= first_block && block <= last_block(), "block_uses::of(", block, "): blocks are ",

@@ -378,8 +378,8 @@ class scheduler {
   // ---- hooks ----------------------------------------------------------------------------------
   void pre_forward(int block) { e_.enter(block, chunk::phase::forward); }
   void post_forward(int block) { e_.post_forward(block); }
-  // Backward visits the blocks last .. first, each once per pass: a chunk goes to the sink and
-  // the optimizer after the pass that completes its gradients (micro-steps: after the last pass).
+  // Backward visits the blocks last .. first, each once per pass (uses().runs: each run apart): a
+  // chunk goes to the sink and the optimizer after the pass that completes its gradients.
   void pre_backward(int block) { e_.pre_backward(block); }
   void post_backward(int block) { e_.post_backward(block); }
 

@@ -27,25 +27,34 @@
 // The tied embedding. wte is read by the embedding (first stage) and the head (last stage), so
 // both keep a copy and step it. The head's share of its gradient travels to the first stage per
 // micro-batch (the executor), so the first stage holds the whole gradient and the last one zero.
-// After backward (and the data-parallel sum) the trainer sums wte's gradient over the two (exact:
-// x + 0) and both copies take the same step: they stay equal bit for bit (Megatron's embedding
-// group does the same). So a stage's optimizer runs after backward, not beside it (the last stage
-// could not step wte before the first stage's last backward). The gradient norm counts wte once,
-// on the first stage, and sums over the stages.
+// After backward (and the data-parallel sum) the trainer sums wte's gradient over the ends
+// (exact: x + 0, below) and both copies take the same step: they stay equal bit for bit. So a
+// stage's optimizer runs after backward, not beside it (the last stage could not step wte before
+// the first stage's last backward). The gradient norm counts wte once, on the first stage, and
+// sums over the stages.
 //
 // Checkpoints. A pipelined trainer saves a checkpoint set (train/checkpoint_set.hpp) of one shard
 // per rank, numbered stage + stages x replica: the first replica of each stage writes its
-// stage's parameters, masters and optimizer state (under ZeRO-1 each replica its own chunks';
+// stage's parameters, masters and optimizer state (under ZeRO each replica its own chunks';
 // the tied embedding once, from the first stage), every rank its extra sections; the whole job
 // agrees before the manifest is written.
 // Sections are named by parameter, so the set loads at another shape: any stage count, any
 // number of replicas, or no pipeline at all, each rank taking its own stage's tensors by name.
 //
-// What it does not do yet: schedules of one piece per stage only (gpipe, one_f_one_b, zb_h1,
-// zb_h2; interleaved, zb_v and dualpipe_v need a scheduler that serves two block ranges); ZeRO-1
-// over the replicas, not ZeRO-2 or 3 (the tied embedding's gradient is summed after the
-// replicas' sum, which ZeRO-2 leaves on each chunk's owner only); no compressing gradient sink;
-// pipeline stages on threads of one process run through thread_executor, outside make_trainer.
+// Several pieces per stage (interleaved, zb_v, dualpipe_v): the stage's scheduler serves all of
+// its pieces' blocks, each piece a run of blocks that backward visits apart (block_uses::runs;
+// the blocks between them are other stages', never visited), and a block's gradients are complete
+// when its run finished the step's last pass. Under a V placement the first stage runs both the
+// embedding and the head, so wte is not shared between stages at all.
+//
+// ZeRO over the replicas: each stage shards its own chunks over its replicas (ZeRO-1, 2, 3). After
+// the replicas' sum one rank of the first stage holds wte's gradient (the one that writes it to a
+// checkpoint), every other rank of the `tied` group adds zeros, and every rank that steps wte
+// takes the sum: one reduction, so both ends step the same bits under any ZeRO stage.
+//
+// What it does not do yet: W apart from B (the offload hooks serve one backward per block, so
+// the zero-bubble schedules run W inside B in the trainer); pipeline stages on threads of one
+// process run through thread_executor, outside make_trainer.
 
 #include <algorithm>
 #include <cstddef>
@@ -73,8 +82,9 @@ namespace tide::pipeline {
 
 // The communicators of `stages`-stage pipelines replicated over the world: rank r is stage
 // r % stages of replica r / stages. pipeline: the replica's stages; data: the same stage of every
-// replica (the data-parallel group); tied: the replica's first and last stage (one rank alone
-// when stages == 1, or for the middle stages). Collective over `world`.
+// replica (the data-parallel group); tied: the first and the last stage of every replica, the
+// ranks that keep the tied embedding (one rank alone for the middle stages, or when
+// stages == 1). Collective over `world`.
 template <comm::Communicator C>
 struct rank_groups {
   C pipeline, data, tied;
@@ -85,21 +95,21 @@ rank_groups<C> make_groups(C& world, int stages) {
   int const n = world.size(), r = world.rank();
   TIDE_REQUIRE(stages >= 1 && n % stages == 0, "pipeline::make_groups: ", n, " ranks into pipelines of ", stages,
                " stages; the ranks must be a multiple of the stages");
-  int const stage = r % stages, replica = r / stages, replicas = n / stages;
+  int const stage = r % stages, replica = r / stages;
   bool const ends = stage == 0 || stage == stages - 1;
   C pipe = world.split(replica, stage);
   C data = world.split(stage, replica);
-  C tied = world.split(ends ? replica : replicas + r, stage);
+  C tied = world.split(ends ? 0 : 1 + r, replica * 2 + (stage == 0 ? 0 : 1));
   return {std::move(pipe), std::move(data), std::move(tied), stage, replica};
 }
 
 // ---- a stage's share of the model ---------------------------------------------------------------
 
-// The parameters blocks first .. last read, as the offload scheduler of that stage sees them.
+// The parameters a stage's pieces read, as the offload scheduler of that stage sees them.
 struct stage_part {
   static constexpr std::uint32_t elsewhere = offload::no_index;  // what the model's hooks take for "not here"
   parameter_list params{parameter_list::default_alignment};  // this stage's, in the model's order
-  block_uses uses;                     // blocks first .. last, indices into params
+  block_uses uses;                     // the stage's blocks, indices into params; several pieces: their runs
   std::vector<std::uint32_t> index;    // the model's parameter i: its index in params, or elsewhere
   std::vector<std::uint32_t> shared;   // indices into params also read by another stage (wte)
   std::vector<bool> counted;           // by index into params: this stage counts it in the norm (its
@@ -107,81 +117,106 @@ struct stage_part {
   std::size_t largest_elsewhere = 0;   // elements of the largest parameter of other stages
 };
 
-// Stage `stage` of cut `c` (one piece per stage). A parameter read by two stages must be read by
-// the first and the last only (the tied embedding): its gradient is summed over those two.
-inline stage_part part_of(parameter_list const& all, block_uses const& uses, cut const& c, int stage) {
-  TIDE_REQUIRE(stage >= 0 && stage < c.pieces(), "pipeline::part_of: stage ", stage, " of ", c.pieces());
-  auto const us = static_cast<std::size_t>(stage);
-  int const first = c.first[us], last = c.last[us];
-  TIDE_REQUIRE(first >= uses.first_block && first <= last && last <= uses.last_block(), "pipeline::part_of: blocks ",
-               first, " .. ", last, " of a model of blocks ", uses.first_block, " .. ", uses.last_block());
-  auto stage_of_block = [&](int b) {
+// Stage `stage` of schedule `s` over cut `c` (its pieces s.piece(stage, 0 .. chunks − 1)). A
+// parameter read by two stages must be read by the stages of the first and the last piece only
+// (the tied embedding): its gradient is summed over those two. Under a V placement both are
+// stage 0, which then holds the embedding and the head, and nothing is shared.
+inline stage_part part_of(parameter_list const& all, block_uses const& uses, cut const& c, schedule const& s,
+                          int stage) {
+  TIDE_REQUIRE(c.pieces() == s.stages * s.chunks, "pipeline::part_of: the cut has ", c.pieces(), " pieces, the "
+               "schedule ", s.name, " ", s.stages * s.chunks, "; cut the model with uniform_cut(model, schedule)");
+  TIDE_REQUIRE(stage >= 0 && stage < s.stages, "pipeline::part_of: stage ", stage, " of ", s.stages);
+  TIDE_REQUIRE(c.first.front() >= uses.first_block && c.last.back() <= uses.last_block(), "pipeline::part_of: blocks ",
+               c.first.front(), " .. ", c.last.back(), " of a model of blocks ", uses.first_block, " .. ",
+               uses.last_block());
+  auto piece_of_block = [&](int b) {
     for (int q = 0; q < c.pieces(); ++q)
       if (b >= c.first[static_cast<std::size_t>(q)] && b <= c.last[static_cast<std::size_t>(q)]) return q;
     return -1;
   };
-  int const ends = c.pieces() - 1;
+  auto stage_of_block = [&](int b) { return stage_of(s, piece_of_block(b)); };
+  int const embed = stage_of(s, 0), head = stage_of(s, c.pieces() - 1);
+  // This stage's pieces in model order: the runs of blocks its backward visits apart.
+  std::vector<std::pair<int, int>> runs;
+  for (int q = 0; q < c.pieces(); ++q)
+    if (stage_of(s, q) == stage) runs.emplace_back(c.first[static_cast<std::size_t>(q)], c.last[static_cast<std::size_t>(q)]);
+  auto here_block = [&](int b) { return stage_of_block(b) == stage; };
+  // Of each parameter: its lowest and highest reading block, and whether a block here reads it.
   std::vector<int> lowest(all.size(), std::numeric_limits<int>::max()), highest(all.size(), std::numeric_limits<int>::min());
-  std::vector<bool> here(all.size(), false);
+  std::vector<bool> here(all.size(), false), elsewhere_read(all.size(), false);
   for (int b = uses.first_block; b <= uses.last_block(); ++b)
     for (std::uint32_t i : uses.of(b)) {
       lowest[i] = std::min(lowest[i], b);
       highest[i] = std::max(highest[i], b);
-      if (b >= first && b <= last) here[i] = true;
+      if (here_block(b)) here[i] = true;
+      else elsewhere_read[i] = true;
     }
   for (std::uint32_t i = 0; i < all.size(); ++i) {
     if (lowest[i] > highest[i]) continue;  // read by no block
-    int const a = stage_of_block(lowest[i]), z = stage_of_block(highest[i]);
-    bool ok = a == z || (a == 0 && z == ends);
-    for (int b = uses.first_block; b <= uses.last_block() && ok && a != z; ++b)
+    bool ok = true;
+    int a = -1, z = -1;  // two stages that read it
+    for (int b = uses.first_block; b <= uses.last_block(); ++b)
       for (std::uint32_t j : uses.of(b))
-        if (j == i && stage_of_block(b) != 0 && stage_of_block(b) != ends) ok = false;
+        if (j == i) {
+          int const st = stage_of_block(b);
+          if (a == -1) a = st;
+          else if (st != a) z = st;
+          if (st != a && !((st == embed || st == head) && (a == embed || a == head))) ok = false;
+        }
     TIDE_REQUIRE(ok, "pipeline::part_of: parameter \"", all[i].name(), "\" is read by blocks ", lowest[i], " .. ",
-                 highest[i], " of stages ", a, " .. ", z, "; a parameter shared between stages must be read by the "
-                 "first and the last stage only (a tied embedding): tide sums its gradient over those two");
+                 highest[i], " of stages ", a, " and ", z, "; a parameter shared between stages must be read by the "
+                 "stages of the first and the last piece only (a tied embedding): tide sums its gradient over those two");
   }
-  stage_part s;
-  s.params = parameter_list(all.alignment());
-  s.index.assign(all.size(), stage_part::elsewhere);
+  stage_part p;
+  p.params = parameter_list(all.alignment());
+  p.index.assign(all.size(), stage_part::elsewhere);
   for (std::uint32_t i = 0; i < all.size(); ++i) {
-    parameter const& p = all[i];
+    parameter const& x = all[i];
     if (!here[i]) {
-      s.largest_elsewhere = std::max(s.largest_elsewhere, static_cast<std::size_t>(p.numel()));
+      p.largest_elsewhere = std::max(p.largest_elsewhere, static_cast<std::size_t>(x.numel()));
       continue;
     }
-    auto const j = static_cast<std::uint32_t>(s.params.size());
-    s.params.add(p.name(), p.layer, p.shape, p.type);
-    s.index[i] = j;
-    s.counted.push_back(lowest[i] >= first);
-    if (lowest[i] < first || highest[i] > last) s.shared.push_back(j);
+    auto const j = static_cast<std::uint32_t>(p.params.size());
+    p.params.add(x.name(), x.layer, x.shape, x.type);
+    p.index[i] = j;
+    p.counted.push_back(here_block(lowest[i]));
+    if (elsewhere_read[i]) p.shared.push_back(j);
   }
-  s.uses.first_block = first;
+  int const first = runs.front().first, last = runs.back().second;
+  p.uses.first_block = first;
   for (int b = first; b <= last; ++b) {
-    s.uses.params.emplace_back();
-    for (std::uint32_t i : uses.of(b)) s.uses.params.back().push_back(s.index[i]);
+    p.uses.params.emplace_back();
+    if (here_block(b))
+      for (std::uint32_t i : uses.of(b)) p.uses.params.back().push_back(p.index[i]);
   }
-  return s;
+  if (runs.size() > 1) p.uses.runs = std::move(runs);
+  return p;
+}
+// One piece per stage: stage `stage` of cut `c`.
+inline stage_part part_of(parameter_list const& all, block_uses const& uses, cut const& c, int stage) {
+  schedule s{.name = "one piece per stage", .stages = c.pieces(), .micro = 1, .chunks = 1,
+             .place = placement::looped, .per_stage = {}};
+  return part_of(all, uses, c, s, stage);
 }
 
 // ---- the make_trainer policy ------------------------------------------------------------------
 
 // One stage per rank of `group` (group->rank() is the stage), the schedule K over `micro`
-// micro-batches (the optimizer's micro_steps). `tied`: the communicator of this pipeline's first
-// and last stage (make_groups), needed when stages > 1.
+// micro-batches (the optimizer's micro_steps); interleaved places `chunks` pieces on each stage,
+// zb_v and dualpipe_v two in a V (the first stage then holds the embedding and the head). `tied`:
+// the communicator of this pipeline's first and last stage (make_groups), needed when stages > 1.
 template <kind K, comm::Communicator C>
 struct on_ranks {
-  static_assert(K == kind::gpipe || K == kind::one_f_one_b || K == kind::zb_h1 || K == kind::zb_h2,
-                "pipeline::on_ranks: make_trainer's pipeline runs one piece of the model per stage: pass kind::gpipe, "
-                "one_f_one_b, zb_h1 or zb_h2 (interleaved and zb_v run on thread_executor or rank_executor)");
   static constexpr std::string_view name = to_string(K);
   static constexpr bool one_stage_per_rank = true;
   int stages = 1;
   int micro = 1;
   C* group = nullptr;
   C* tied = nullptr;
+  int chunks = 2;  // interleaved: pieces per stage (the others: as their schedule places them)
   std::shared_ptr<rank_executor<C>> executor{};  // made at the first step (collective)
 
-  [[nodiscard]] schedule plan() const { return generate(K, stages, micro, 1); }
+  [[nodiscard]] schedule plan() const { return generate(K, stages, micro, K == kind::interleaved ? chunks : 1); }
   [[nodiscard]] int stage() const { return group->rank(); }
   // Checks the policy against the optimizer's micro-steps; the model's cut into the stages.
   [[nodiscard]] cut cut_for(int first_block, int last_block, int micro_steps) const {
@@ -191,11 +226,10 @@ struct on_ranks {
     TIDE_REQUIRE(micro == micro_steps, "pipeline::on_ranks: micro = ", micro, " but the optimizer's micro_steps = ",
                  micro_steps, "; the pipeline's micro-batches are the step's micro-steps: make them equal");
     bool const end = stage() == 0 || stage() == stages - 1;
-    TIDE_REQUIRE(stages == 1 || (tied != nullptr && tied->size() == (end ? 2 : 1)), "pipeline::on_ranks: pass "
-                 ".tied = &groups.tied (make_groups): on the first and the last stage the two ranks that both keep "
-                 "wte, on the others this rank alone");
-    (void)plan();  // refuses an impossible (p, m)
-    return uniform_cut(first_block, last_block, stages);
+    TIDE_REQUIRE(stages == 1 || (tied != nullptr && (end ? tied->size() >= 2 && tied->size() % 2 == 0 : tied->size() == 1)),
+                 "pipeline::on_ranks: pass .tied = &groups.tied (make_groups): on the first and the last stage the "
+                 "ranks of every replica that keep wte, on the others this rank alone");
+    return uniform_cut(first_block, last_block, stages * plan().chunks);  // plan() refuses an impossible (p, m)
   }
   template <Backend B, class Model, class Batch>
   double run(exec<B> const& ex, Model& model, std::span<Batch const> micro_batches, float scale) {
@@ -208,8 +242,10 @@ struct on_ranks {
   [[nodiscard]] std::int64_t of_stage0(std::int64_t value) const { return comm::of_rank0(*group, value); }
   // The last step's measurement of this rank's stage (null before the first).
   [[nodiscard]] run_stats const* last() const noexcept { return executor ? &executor->last() : nullptr; }
-  // The sum of a shared parameter's gradient over the first and last stage (tied: both call it,
-  // for the same parameters in the same order; a middle stage has none), after backward.
+  // The sum of a shared parameter's gradient over the first and last stage of every replica
+  // (tied: each calls it, for the same parameters in the same order; a middle stage has none),
+  // after backward and the replicas' sum. make_trainer passes the gradient from one rank and
+  // zeros from the others, so the sum is that gradient, exactly, on every rank.
   template <class T>
   void sum_shared(std::span<T> gradient) {
     if (stages > 1 && tied != nullptr && tied->size() > 1) tied->all_reduce(gradient, comm::reduce_op::sum);

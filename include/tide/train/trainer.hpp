@@ -408,15 +408,10 @@ class trainer {
   // A pipeline of one stage per rank: this stage's parameters (pipeline::part_of); empty otherwise.
   static pipeline::stage_part stage_of(Spec const& spec, Pipeline const& pipe, Comm const& comm, Optimizer const& opt) {
     if constexpr (staged) {
-      // ZeRO-2 leaves a gradient on its chunk's owner only, and owners differ between the first
-      // and the last stage, whose tied embedding's gradient is summed after the replicas' sum.
-      if constexpr (requires { comm.zero; })
-        TIDE_REQUIRE(comm.zero <= 1, "make_trainer: ZeRO-", comm.zero, " inside a pipeline of ", Pipeline::name,
-                     " is not supported yet; pass zero = 0 or 1 (each stage shards its own parameters' optimizer "
-                     "state over its replicas)");
+      (void)comm;
       block_uses const uses = spec.uses();
       return pipeline::part_of(spec.parameters(), uses, pipe.cut_for(uses.first_block, uses.last_block(), opt.micro_steps),
-                               pipe.stage());
+                               pipe.plan(), pipe.stage());
     } else {
       (void)spec, (void)pipe, (void)comm, (void)opt;
       return {};

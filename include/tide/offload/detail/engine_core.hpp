@@ -33,6 +33,7 @@
 #include "tide/core/parallel.hpp"
 #include "tide/kernels/cast/host.hpp"
 #include "tide/offload/chunk_source.hpp"
+#include "tide/offload/detail/backward_order.hpp"
 #include "tide/offload/detail/chunk_store.hpp"
 #include "tide/offload/detail/residency.hpp"
 #include "tide/offload/detail/shard_map.hpp"
@@ -115,7 +116,7 @@ class engine_core {
     store_.keep_host_copies_ = options_.keep_host_copies;
     block_free_.resize(n);
     os_on_device_.assign(n, false);
-    next_backward_ = store_.uses_.last_block();
+    backward_ = backward_order(store_.uses_);
     // Everything the steady state appends to is sized here: a step allocates nothing on the heap.
     res_.plan_.ctx.state_lists = fp32_lists;
     if constexpr (LayoutAwareSink<S>) sinks_.sink().bind_layout(store_.layout_, store_.params_.all());
@@ -474,11 +475,10 @@ class engine_core {
   shard_map shards_;             // ZeRO-3: the chunks held now, the gathers in flight
 
   std::int64_t t_ = 1;  // the optimizer step number of the step in progress
-  std::size_t backward_passes_ = 0;
   bool step_open_ = false;
   bool evaluating_ = false;
   bool placed_ = false;
-  int next_backward_ = 0;               // the block backward must visit next
+  backward_order backward_;       // the block backward must visit next, each run's passes in this step
   bool aborted_ = false;          // a failed step may have left the policy's placement incomplete
   bool master_written_ = false;   // bf16 / f16: the masters hold the parameters
   std::string broken_;            // a failure on a worker: every later step reports it

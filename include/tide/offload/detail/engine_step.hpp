@@ -36,8 +36,9 @@ namespace tide::offload::detail {
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
   if (store_.tracing()) block_t0_ = trace_recorder::now_us();
-  TIDE_CHECK(block >= store_.uses_.first_block && block <= store_.uses_.last_block(), usage, "offload ", P::name(),
-             ": block ", block, " is not one of uses() (", store_.uses_.first_block, "..", store_.uses_.last_block(), ")");
+  TIDE_CHECK(block >= store_.uses_.first_block && block <= store_.uses_.last_block() && this->backward_.in_a_run(block),
+             usage, "offload ", P::name(), ": block ", block, " is not one of uses() (", store_.uses_.first_block, "..",
+             store_.uses_.last_block(), this->backward_.one_run() ? "" : ", in one of its runs", ")");
   TIDE_CHECK(!res_.access_.in_block(), usage, "offload ", P::name(), ": block ", block, " entered while block ",
              res_.access_.block(), " is still open; call post_forward / post_backward of each block before the next");
   if (this->evaluating_) {
@@ -97,12 +98,7 @@ void engine_core<B, T, P, O, S, Src>::post_forward(int block) {
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::pre_backward(int block) {
-  if (!this->evaluating_) {
-    TIDE_CHECK(block == this->next_backward_, usage, "offload ", P::name(), ": pre_backward(", block, ") but block ",
-               this->next_backward_, " is next: backward must visit the blocks of uses() in reverse, ",
-               store_.uses_.last_block(), " down to ", store_.uses_.first_block, ", each once per pass");
-    if (block == store_.uses_.last_block()) ++this->backward_passes_;  // a pass begins
-  }
+  if (!this->evaluating_) this->backward_.enter([] { return P::name(); }, block);
   enter(block, chunk::phase::backward);
 }
 
@@ -116,9 +112,10 @@ void engine_core<B, T, P, O, S, Src>::post_backward(int block) {
     store_.grad_.transition(i, chunk::tensor_state::hold_after_bwd);
   }
   res_.access_.leave(store_.uses_.of(block));
-  this->next_backward_ = block == store_.uses_.first_block ? store_.uses_.last_block() : block - 1;
+  bool const complete = this->backward_.leave([] { return P::name(); }, block,
+                                              static_cast<std::size_t>(this->options_.micro_steps));
   sample_non_model();
-  if (this->backward_passes_ % this->options_.micro_steps != 0) return;  // gradients accumulate
+  if (!complete) return;  // gradients accumulate
   this->take_grad_slots(block);  // reuse_grad_slots: the completed gradients move into their parameters' slots
   this->prefetch_spilled(block);  // deferred updates: the first spilled chunks' state reads start now
   sample_non_model();
@@ -134,10 +131,9 @@ void engine_core<B, T, P, O, S, Src>::hand_over_gradients() {
   TIDE_REQUIRE(this->options_.defer_sink, "offload::scheduler::hand_over_gradients needs options.defer_sink "
                                           "(without it backward hands each chunk over as it completes)");
   auto const m = static_cast<std::size_t>(this->options_.micro_steps);
-  TIDE_REQUIRE(this->step_open_ && this->backward_passes_ > 0 && this->backward_passes_ % m == 0 &&
-                   this->next_backward_ == store_.uses_.last_block() && !handed_over_,
+  TIDE_REQUIRE(this->step_open_ && this->backward_.at_rest(m) && !handed_over_,
                "offload::scheduler::hand_over_gradients: call it once per step, after the last of ", m,
-               " backward passes (", this->backward_passes_ % m, " ran)");
+               " backward passes (", this->backward_.passes() % m, " ran)");
   handed_over_ = true;
   for (int b = store_.uses_.last_block(); b >= store_.uses_.first_block; --b) this->hand_to_sink(b);
 }
@@ -147,11 +143,10 @@ void engine_core<B, T, P, O, S, Src>::finish(bool apply) {
   this->require_intact();
   TIDE_REQUIRE(this->step_open_, "offload::scheduler::step() without a forward since the last step");
   auto const m = static_cast<std::size_t>(this->options_.micro_steps);
-  TIDE_REQUIRE(this->backward_passes_ % m == 0 && this->backward_passes_ > 0 &&
-                   this->next_backward_ == store_.uses_.last_block(),
-               "offload::scheduler::step(): ", this->backward_passes_ % m, " of ", m,
+  TIDE_REQUIRE(this->backward_.at_rest(m), "offload::scheduler::step(): ", this->backward_.passes() % m, " of ", m,
                " micro-step backward passes ran",
-               this->next_backward_ != store_.uses_.last_block() ? " (one stopped before its first block)" : "",
+               this->backward_.passes() % m == 0 && this->backward_.passes() > 0 ? " (one stopped before its first block)"
+                                                                                 : "",
                "; step after the last one");
   TIDE_REQUIRE(!this->options_.defer_sink || handed_over_, "offload::scheduler::step(): with options.defer_sink, "
                "call hand_over_gradients() after the last backward pass first");
@@ -174,7 +169,7 @@ void engine_core<B, T, P, O, S, Src>::finish(bool apply) {
   res_.plan_.ctx.recording = false;
   if (warm_up && res_.plan_.tracer.warm()) res_.after_warm_up();
   if (apply) ++this->t_;
-  this->backward_passes_ = 0;
+  this->backward_.reset();
   this->step_open_ = false;
   store_.cur_.optimizer_ms += this->runner_.take_ms();
   res_.finish_stats(warm_up, this->t_ - 1);
@@ -222,8 +217,7 @@ void engine_core<B, T, P, O, S, Src>::abort_step() noexcept {
   this->undo_.discard();
   this->extra_undo_.discard();
   res_.abort();
-  this->backward_passes_ = 0;
-  this->next_backward_ = store_.uses_.last_block();
+  this->backward_.reset();
   this->step_open_ = false;
   handed_over_ = false;
   store_.cur_ = {};

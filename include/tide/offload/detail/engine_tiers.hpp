@@ -178,14 +178,17 @@ void engine_core<B, T, P, O, S, Src>::gather_for(int block, chunk::phase ph) {
 template <Backend B, Element T, class P, class O, class S, class Src>
 std::optional<std::pair<int, chunk::phase>>
 engine_core<B, T, P, O, S, Src>::next_moment(int block, chunk::phase ph) const {
-  int const first = store_.uses_.first_block, last = store_.uses_.last_block();
+  // Within a run of blocks the next moment is the next block; after a run's end, with several
+  // runs (a pipeline stage's pieces), the schedule decides, and no guess is made.
+  auto const [first, last] = backward_.run_of(block);
+  bool const one = backward_.one_run();
   if (ph == chunk::phase::forward) {
     if (block < last) return std::pair{block + 1, ph};
-    if (evaluating_) return std::nullopt;
+    if (evaluating_ || !one) return std::nullopt;
     return std::pair{last, chunk::phase::backward};
   }
   if (block > first) return std::pair{block - 1, ph};
-  if (!evaluating_ && backward_passes_ % static_cast<std::size_t>(options_.micro_steps) != 0)
+  if (one && !evaluating_ && backward_.more_passes(block, static_cast<std::size_t>(options_.micro_steps)))
     return std::pair{first, chunk::phase::forward};  // another micro-step's pass follows
   return std::nullopt;
 }

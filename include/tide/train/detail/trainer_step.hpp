@@ -47,12 +47,19 @@ template <class Spec, class Offload, class Optimizer, class Comm, class Compress
 double trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::gradient_norm() {
   auto const g = scheduler_.gradients();
   if constexpr (staged) {
-    // Each parameter once (wte on the first stage, not the last), summed over the stages.
+    // Each parameter once (wte on the first stage, not the last), summed over the stages; under
+    // ZeRO-2 and 3 each replica's own chunks, summed over the replicas too.
+    bool sharded_grads = false;
+    if constexpr (requires { comm_.zero; } && RankAgreement<Comm>)
+      sharded_grads = comm_.zero >= 2 && comm_.world_size() > 1;
     owned_grads_.clear();
     for (std::uint32_t i = 0; i < g.size(); ++i)
-      if (stage_.counted[i]) owned_grads_.push_back(g[i]);
+      if (stage_.counted[i] && (!sharded_grads || scheduler_.keeps_state(i))) owned_grads_.push_back(g[i]);
     double const local = norm_of(owned_grads_);
-    return std::sqrt(pipeline_.sum_over_stages(local * local));
+    double sq = local * local;
+    if constexpr (RankAgreement<Comm>)
+      if (sharded_grads) sq = comm_.sum_over_ranks(sq);
+    return std::sqrt(pipeline_.sum_over_stages(sq));
   }
   if constexpr (requires { comm_.zero; } && RankAgreement<Comm>) {
     if (comm_.zero >= 2 && comm_.world_size() > 1) {
@@ -85,16 +92,19 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::run_pipeline(std::s
     TIDE_CHECK(everywhere, usage, "make_trainer: a pipeline stage of another data-parallel replica failed in "
                                   "this step (its error says why); the step is dropped on every rank");
     scheduler_.hand_over_gradients();
+    // The tied embedding: after the replicas' sum, one rank of the first stage holds its whole
+    // gradient for this replica set (the rank that writes it to a checkpoint: under ZeRO the owner
+    // of its chunk, else the first replica), every other end rank adds zeros, and every rank that
+    // steps it (keeps its state) takes the sum: one reduction, so both ends step the same bits
+    // under any ZeRO stage and any number of replicas.
     for (std::uint32_t j : stage_.shared) {
-      std::span<element_type> const g = scheduler_.gradient_of(j);
-      if constexpr (backend::is_device) {  // summed on the host, as the sinks sum
-        shared_.resize(g.size());
-        memory::read_to_host(ex_, shared_.data(), g.data(), g.size_bytes());
-        pipeline_.sum_shared(std::span<element_type>(shared_));
-        memory::write_from_host(ex_, g.data(), shared_.data(), g.size_bytes());
-      } else {
-        pipeline_.sum_shared(g);
-      }
+      bool const gives = writes(j), takes = scheduler_.keeps_state(j);
+      std::size_t const n = scheduler_.parameters()[j].numel();
+      shared_.assign(n, element_type{});
+      std::span<element_type> const g = gives || takes ? scheduler_.gradient_of(j) : std::span<element_type>{};
+      if (gives) memory::read_to_host(ex_, shared_.data(), g.data(), g.size_bytes());
+      pipeline_.sum_shared(std::span<element_type>(shared_));
+      if (takes) memory::write_from_host(ex_, g.data(), shared_.data(), g.size_bytes());
     }
     return loss;
   } else {
