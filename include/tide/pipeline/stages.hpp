@@ -218,17 +218,21 @@ struct on_ranks {
 
   [[nodiscard]] schedule plan() const { return generate(K, stages, micro, K == kind::interleaved ? chunks : 1); }
   [[nodiscard]] int stage() const { return group->rank(); }
-  // Checks the policy against the optimizer's micro-steps; the model's cut into the stages.
-  [[nodiscard]] cut cut_for(int first_block, int last_block, int micro_steps) const {
+  // Checks the policy against the optimizer's micro-steps and the data-parallel replicas; the
+  // model's cut into the pieces.
+  [[nodiscard]] cut cut_for(int first_block, int last_block, int micro_steps, int replicas = 1) const {
     TIDE_REQUIRE(group != nullptr, "pipeline::on_ranks: no group; pass .group = &groups.pipeline (make_groups)");
     TIDE_REQUIRE(group->size() == stages, "pipeline::on_ranks: stages = ", stages, " but the group has ",
                  group->size(), " ranks; one rank per stage");
     TIDE_REQUIRE(micro == micro_steps, "pipeline::on_ranks: micro = ", micro, " but the optimizer's micro_steps = ",
                  micro_steps, "; the pipeline's micro-batches are the step's micro-steps: make them equal");
     bool const end = stage() == 0 || stage() == stages - 1;
-    TIDE_REQUIRE(stages == 1 || (tied != nullptr && (end ? tied->size() >= 2 && tied->size() % 2 == 0 : tied->size() == 1)),
-                 "pipeline::on_ranks: pass .tied = &groups.tied (make_groups): on the first and the last stage the "
-                 "ranks of every replica that keep wte, on the others this rank alone");
+    TIDE_REQUIRE(stages == 1 || (tied != nullptr && tied->size() == (end ? 2 * replicas : 1)),
+                 "pipeline::on_ranks: .tied has ", tied != nullptr ? tied->size() : 0, " ranks; pass .tied = "
+                 "&groups.tied from make_groups over the ranks of one data-parallel job: on the first and the last "
+                 "stage the ", 2 * replicas, " ranks of its ", replicas, " replicas that keep wte, on the others this "
+                 "rank alone (pipelines that train apart, without data parallelism: make_groups over each one's "
+                 "own ranks)");
     return uniform_cut(first_block, last_block, stages * plan().chunks);  // plan() refuses an impossible (p, m)
   }
   template <Backend B, class Model, class Batch>

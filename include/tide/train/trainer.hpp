@@ -55,6 +55,7 @@
 #include "tide/pipeline/stages.hpp"
 #include "tide/train/checkpoint.hpp"
 #include "tide/train/checkpoint_set.hpp"
+#include "tide/train/composes.hpp"
 #include "tide/train/detail/norm_scratch.hpp"
 #include "tide/train/detail/offload_options.hpp"
 #include "tide/train/model.hpp"
@@ -124,6 +125,7 @@ class trainer {
                 "make_trainer: a compression policy's own residual lists are not kept by make_trainer; keep "
                 "per-chunk residuals as a gradient sink's extra lists (offload/gradient_sink.hpp) and pass a "
                 "compression policy with residual_lists = 0, or tide::train::no_compress{}");
+  static_assert(Composes<Spec, Offload, Optimizer, Comm, Compress, Pipeline>);  // the same checks, as one concept
 
   trainer(Spec const& spec, Offload const& off, Optimizer const& opt, Comm const& comm = {},
           Compress const& compress = {}, Pipeline const& pipeline = {}, int threads = thread_pool::default_threads())
@@ -408,10 +410,9 @@ class trainer {
   // A pipeline of one stage per rank: this stage's parameters (pipeline::part_of); empty otherwise.
   static pipeline::stage_part stage_of(Spec const& spec, Pipeline const& pipe, Comm const& comm, Optimizer const& opt) {
     if constexpr (staged) {
-      (void)comm;
       block_uses const uses = spec.uses();
-      return pipeline::part_of(spec.parameters(), uses, pipe.cut_for(uses.first_block, uses.last_block(), opt.micro_steps),
-                               pipe.plan(), pipe.stage());
+      pipeline::cut const c = pipe.cut_for(uses.first_block, uses.last_block(), opt.micro_steps, comm.world_size());
+      return pipeline::part_of(spec.parameters(), uses, c, pipe.plan(), pipe.stage());
     } else {
       (void)spec, (void)pipe, (void)comm, (void)opt;
       return {};
