@@ -237,6 +237,19 @@ TEST_CASE("reduce lands at the root; hierarchical all-reduce (reduce, leaders, b
     std::vector<tide::bf16> m(64, tide::bf16(static_cast<float>(r)));
     h.all_reduce(std::span<tide::bf16>(m), reduce_op::max);
     for (auto x : m) CHECK(static_cast<float>(x) == static_cast<float>(w - 1));
+    // reduce through the hierarchy lands on each root, a node's first rank or not.
+    for (int root = 0; root < w; ++root) {
+      std::vector<std::int64_t> x(5, r + 1);
+      h.reduce(std::span<std::int64_t>(x), root, reduce_op::sum);
+      if (r == root)
+        for (auto y : x) CHECK(y == w * (w + 1) / 2);
+    }
+    std::vector<std::int32_t> mine{r, 2 * r}, all(static_cast<std::size_t>(2 * w));
+    h.all_gather(std::span<std::int32_t const>(mine), std::span<std::int32_t>(all));
+    for (int k = 0; k < w; ++k) CHECK((all[static_cast<std::size_t>(2 * k)] == k && all[static_cast<std::size_t>(2 * k + 1)] == 2 * k));
+    std::vector<float> from(3, static_cast<float>(r));
+    h.broadcast(std::span<float>(from), w - 1);
+    CHECK(from == std::vector<float>(3, static_cast<float>(w - 1)));
   }
   CHECK_THROWS_AS((tide::comm::hierarchical<tide::comm::mpi>{c, w + 1}), tide::error);
 }

@@ -37,6 +37,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "tide/comm/communicator.hpp"
@@ -95,6 +96,71 @@ struct request_of<C> {
   using type = typename C::request;
 };
 
+// ZeRO-3's gathers of parameter chunks, for the gradient sinks that shard parameters (this file's
+// and compress/sink.hpp's): chunk c is broadcast from its owner on a communicator split off for
+// parameters, so a gather never queues behind the gradient sums on the other one. Every rank
+// calls gather_async in hook order; wait() waits for the last one started, which is enough
+// because a communicator completes its operations in call order. Default-constructed, or on one
+// rank, it gathers nothing (the rank owns every chunk).
+// The communicator the gathers run on: C itself, or the flat() one of a C that only reduces
+// hierarchically (comm::hierarchical).
+template <class C>
+struct parameter_comm {
+  using type = C;
+};
+template <class C>
+  requires(!Communicator<C> && requires(C& c) { c.flat(); } &&
+           Communicator<std::remove_cvref_t<decltype(std::declval<C&>().flat())>>)
+struct parameter_comm<C> {
+  using type = std::remove_cvref_t<decltype(std::declval<C&>().flat())>;
+};
+template <class C>
+using parameter_comm_t = typename parameter_comm<C>::type;
+
+template <class C>
+class parameter_gatherer {
+  using P = parameter_comm_t<C>;
+
+ public:
+  parameter_gatherer() = default;
+  // Collective over `comm` on more than one rank: every rank makes it at the same point (its
+  // sink, in the trainer's constructor). Needs a full Communicator; `policy` names the sink.
+  parameter_gatherer(C* comm, offload::chunk_shard shard, std::string_view policy) : shard_(shard) {
+    if constexpr (Communicator<C>) {
+      if (comm != nullptr && comm->size() > 1) params_.emplace(comm->split(0, comm->rank()));
+    } else if constexpr (Communicator<P>) {
+      if (comm != nullptr && comm->size() > 1) params_.emplace(comm->flat().split(0, comm->rank()));
+    } else {
+      TIDE_FAIL(usage, policy, ": zero = 3 needs a full Communicator (split, broadcast_async, wait: tide::comm::mpi "
+                "or self); ", C::name, " is not one: pass zero = 2 or less");
+    }
+  }
+  // Starts gathering `chunk` into `bytes`. Returns the bytes this rank gave: the chunk's, when it
+  // owns it.
+  template <class T>
+  std::size_t gather_async(std::uint32_t chunk, std::span<T> bytes) {
+    if constexpr (Communicator<P>) {
+      if (!params_) return 0;
+      int const root = shard_.owner(chunk);
+      last_ = params_->broadcast_async(bytes, root);
+      return root == shard_.rank ? bytes.size_bytes() : 0;
+    } else {
+      return 0;
+    }
+  }
+  // Every gather started has landed (throws what one threw).
+  void wait() {
+    if constexpr (Communicator<P>) {
+      if (params_) params_->wait(std::exchange(last_, typename P::request{}));
+    }
+  }
+
+ private:
+  std::conditional_t<Communicator<P>, std::optional<P>, std::monostate> params_{};
+  typename request_of<P>::type last_{};
+  offload::chunk_shard shard_{};
+};
+
 template <Reducer C>
 class bucket_sink {
  public:
@@ -129,24 +195,12 @@ class bucket_sink {
   [[nodiscard]] bool shards_parameters() const noexcept { return st_->zero == 3; }
   template <class T>
   void gather_async(std::uint32_t chunk, std::span<T> bytes) {
-    if constexpr (requires(C& c) { c.broadcast_async(bytes, 0); }) {
-      if (!st_->params) return;  // one rank: it owns every chunk
-      int const root = st_->shard.owner(chunk);
-      st_->last_gather = st_->params->broadcast_async(bytes, root);
-      if (root == st_->shard.rank) {
-        std::lock_guard lock(st_->m);
-        st_->totals.bytes_gathered += bytes.size_bytes();
-      }
+    if (std::size_t const given = st_->params.gather_async(chunk, bytes); given != 0) {
+      std::lock_guard lock(st_->m);
+      st_->totals.bytes_gathered += given;
     }
   }
-  void wait_gathered() {
-    if constexpr (requires(C& c, typename C::request& r) { c.wait(r); }) {
-      if (!st_->params) return;
-      // The parameter communicator runs its operations in call order: the last one done, all are.
-      auto const r = std::exchange(st_->last_gather, typename C::request{});
-      st_->params->wait(r);
-    }
-  }
+  void wait_gathered() { st_->params.wait(); }
 
   // ZeRO, after the step's updates: each group of `size` consecutive chunks is all-gathered, every
   // rank giving the chunk it stepped; a last group of fewer chunks is broadcast from each owner.
@@ -230,13 +284,7 @@ class bucket_sink {
       TIDE_REQUIRE(stage >= 0 && stage <= 3, "data_parallel: zero = ", stage, "; tide shards optimizer state "
                    "(zero = 1), gradients (zero = 2) and parameters (zero = 3) over chunk groups: pass 0 to 3");
       if (stage > 0 && c != nullptr) shard = {c->rank(), c->size()};
-      if constexpr (Communicator<C>) {
-        // Every rank makes its sink at the same point (the trainer's constructor): a collective.
-        if (stage == 3 && c != nullptr && c->size() > 1) params.emplace(c->split(0, c->rank()));
-      } else {
-        TIDE_REQUIRE(stage < 3, "data_parallel: zero = 3 needs a full Communicator (split, broadcast_async, wait: "
-                     "tide::comm::mpi or self); ", C::name, " is not one: pass zero = 2 or less");
-      }
+      if (stage == 3 && c != nullptr) params = parameter_gatherer<C>(c, shard, "data_parallel");
       for (auto& f : flushes) f.st = this;
       for (auto& h : holds) h.st = this;
     }
@@ -339,9 +387,7 @@ class bucket_sink {
         TIDE_FAIL(usage, "data_parallel: zero = 2 needs a communicator with reduce (tide::comm::mpi or self), not ",
                   C::name);
     }
-    // ZeRO-3: parameter chunks, broadcast from their owners in hook order (see gather_async).
-    std::optional<C> params;
-    typename request_of<C>::type last_gather{};
+    parameter_gatherer<C> params;  // ZeRO-3: parameter chunks from their owners, in hook order
 
     // On the calling thread, after the step drained the sink (the staging buffer is free).
     template <class T>
@@ -404,9 +450,10 @@ struct data_parallel {
       TIDE_REQUIRE(zero == 0, "data_parallel: zero = ", zero, " needs a communicator with all_gather and reduce "
                    "(tide::comm::mpi or self); ", C::name, " only all-reduces: pass zero = 0");
     }
-    if constexpr (!Communicator<C>) {
+    if constexpr (!Communicator<parameter_comm_t<C>>) {
       TIDE_REQUIRE(zero < 3, "data_parallel: zero = 3 needs a full Communicator (split, broadcast_async, wait: "
-                   "tide::comm::mpi or self); ", C::name, " is not one: pass zero = 2 or less");
+                   "tide::comm::mpi or self, or one whose flat() is one, as comm::hierarchical); ", C::name,
+                   " is not one: pass zero = 2 or less");
     }
     return sink_type{comm, bucket_bytes, zero};
   }

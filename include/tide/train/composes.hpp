@@ -27,14 +27,34 @@ template <class Spec, class Offload, class Optimizer, class Comm>
 using composed_model_t = spec_model_t<Spec, composed_hooks_t<Spec, Offload, Optimizer, Comm>>;
 }  // namespace detail
 
+// A pipeline of one stage per rank, checked part by part: the first part missing is the message.
+template <class P, class T>
+consteval bool check_staged_pipeline() {
+  if constexpr (one_stage_per_rank_v<P>) {
+    static_assert(StagedPlacement<P>,
+                  "make_trainer: a pipeline policy with one_stage_per_rank needs stage(), plan() (a pipeline::schedule) "
+                  "and cut_for(first_block, last_block, micro_steps, replicas) (a pipeline::cut) "
+                  "(tide::train::StagedPlacement; pipeline::on_ranks has them)");
+    static_assert(StagedAgreement<P>,
+                  "make_trainer: a pipeline policy with one_stage_per_rank needs all_stages(bool), of_stage0(int64) "
+                  "and sum_over_stages(double) (tide::train::StagedAgreement; pipeline::on_ranks has them)");
+    static_assert(StagedSharedSum<P, T>,
+                  "make_trainer: a pipeline policy with one_stage_per_rank needs sum_shared(std::span<T>) for the "
+                  "model's element type T (tide::train::StagedSharedSum; pipeline::on_ranks has it)");
+  }
+  return true;
+}
+
 // The slots one by one, then what ties them: the compression policy keeps no lists of its own
-// (a compressing gradient sink keeps them), the spec builds a model with the trainer's hooks, and
-// the pipeline policy runs that model.
+// (a compressing gradient sink keeps them), a pipeline of a stage per rank has what the trainer
+// asks of one, the spec builds a model with the trainer's hooks, and the pipeline policy runs
+// that model.
 template <class Spec, class Offload, class Optimizer, class Comm = no_comm, class Compress = no_compress,
           class Pipeline = no_pipeline>
 concept Composes =
     OffloadPolicy<Offload> && OptimizerPolicy<Optimizer> && CommPolicy<Comm> && CompressionPolicy<Compress> &&
     PipelinePolicy<Pipeline> && (Compress::residual_lists == 0) &&
+    (!one_stage_per_rank_v<Pipeline> || StagedPipelinePolicy<Pipeline, spec_element_t<Spec>>) &&
     ModelSpec<Spec, detail::composed_hooks_t<Spec, Offload, Optimizer, Comm>> &&
     PipelinePolicyFor<Pipeline, detail::composed_model_t<Spec, Offload, Optimizer, Comm>,
                       model_batch_t<detail::composed_model_t<Spec, Offload, Optimizer, Comm>>, spec_backend_t<Spec>>;

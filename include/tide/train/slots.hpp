@@ -39,6 +39,9 @@
 #include "tide/offload/scheduler_policy.hpp"
 #include "tide/optim/optimizer.hpp"
 #include "tide/optim/training.hpp"
+#include "tide/pipeline/run_stats.hpp"
+#include "tide/pipeline/schedule.hpp"
+#include "tide/pipeline/slots.hpp"
 
 namespace tide::train {
 
@@ -77,6 +80,13 @@ concept RankAgreement = requires(C const& c, bool ok, std::int64_t v, double x) 
   { c.sum_over_ranks(x) } -> std::convertible_to<double>;
 };
 
+// Optional: a comm policy that shards over its ranks says which ZeRO stage (0: none, 1: optimizer
+// state, 2: and gradients, 3: and parameters); without `zero` the trainer takes 0.
+template <class C>
+concept ShardingPolicy = requires(C const& c) {
+  { c.zero } -> std::convertible_to<int>;
+};
+
 template <class C>
 concept CompressionPolicy = requires {
   { C::name } -> std::convertible_to<std::string_view>;
@@ -97,6 +107,42 @@ template <class P>
 concept PipelinePolicy = requires {
   { P::name } -> std::convertible_to<std::string_view>;
   { P::stages } -> std::convertible_to<int>;
+};
+
+// A pipeline of one stage per rank (pipeline::on_ranks): its `one_stage_per_rank` says so, and
+// the rank's trainer then holds its stage's parameters only. What make_trainer asks of it, in
+// three parts (one message each when missing):
+// where the stage is: stage(), the schedule (plan()), the model's cut into its pieces for the
+// blocks, the optimizer's micro-steps and the data-parallel replicas (cut_for);
+template <class P>
+concept StagedPlacement = requires(P const& p, int i) {
+  { P::one_stage_per_rank } -> std::convertible_to<bool>;
+  { p.stage() } -> std::convertible_to<int>;
+  { p.plan() } -> std::same_as<pipeline::schedule>;
+  { p.cut_for(i, i, i, i) } -> std::same_as<pipeline::cut>;
+};
+// the agreement of the stages: whether `ok` holds on every stage, stage 0's value on every stage,
+// the sum over the stages;
+template <class P>
+concept StagedAgreement = requires(P const& p, bool ok, std::int64_t v, double x) {
+  { p.all_stages(ok) } -> std::convertible_to<bool>;
+  { p.of_stage0(v) } -> std::convertible_to<std::int64_t>;
+  { p.sum_over_stages(x) } -> std::convertible_to<double>;
+};
+// and the sum of a shared parameter's gradient over the stages that hold it (the tied embedding).
+template <class P, class T>
+concept StagedSharedSum = requires(P& p, std::span<T> gradient) { p.sum_shared(gradient); };
+template <class P, class T>
+concept StagedPipelinePolicy = PipelinePolicy<P> && StagedPlacement<P> && StagedAgreement<P> && StagedSharedSum<P, T>;
+// Whether P declares itself a pipeline of one stage per rank.
+template <class P>
+inline constexpr bool one_stage_per_rank_v = requires { P::one_stage_per_rank; };
+
+// Optional: the last step's measurements (pipeline::run_stats; null before the first), whose
+// bubble_fraction the trainer reports; without last() a step's bubble_fraction stays -1.
+template <class P>
+concept MeasuredPipeline = requires(P const& p) {
+  { p.last() } -> std::convertible_to<pipeline::run_stats const*>;
 };
 
 // ---- the single-process, single-stage policies ---------------------------------------------------

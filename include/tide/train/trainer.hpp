@@ -111,7 +111,8 @@ class trainer {
   using element_type = spec_element_t<Spec>;
   using comm_type = Comm;
   // A pipeline of one stage per rank: this rank's trainer holds its stage's parameters only.
-  static constexpr bool staged = requires { Pipeline::one_stage_per_rank; };
+  static constexpr bool staged = one_stage_per_rank_v<Pipeline>;
+  static_assert(check_staged_pipeline<Pipeline, spec_element_t<Spec>>());  // one message per missing part
   using scheduler_type = offload::scheduler<backend, element_type, Offload, Optimizer, typename Comm::sink_type,
                                             typename Comm::source_type>;
   using hooks_type = offload::hooks<scheduler_type>;
@@ -272,8 +273,7 @@ class trainer {
   // and one rank (rank 0) saves the file.
   [[nodiscard]] bool sharded() const {
     if constexpr (staged) return true;  // every stage holds its own parameters
-    if constexpr (requires { comm_.zero; })
-      if (comm_.zero > 0) return true;
+    if (zero_stage() > 0) return true;
     if constexpr (!extra_lists.empty() && RankAgreement<Comm>) return comm_.world_size() > 1;
     return false;
   }
@@ -318,8 +318,7 @@ class trainer {
   [[nodiscard]] bool writes(std::uint32_t j) const {
     if (!scheduler_.keeps_state(j)) return false;
     if constexpr (staged) {
-      bool sharded_state = false;  // ZeRO-1: each replica keeps its own chunks' state
-      if constexpr (requires { comm_.zero; }) sharded_state = comm_.zero > 0;
+      bool const sharded_state = zero_stage() > 0;  // ZeRO: each replica keeps its own chunks' state
       return stage_.counted[j] && (sharded_state || comm_.rank() == 0);
     }
     return true;
@@ -438,6 +437,11 @@ class trainer {
     TIDE_REQUIRE(o.clip_norm >= 0.f && std::isfinite(o.clip_norm), "optimizer clip_norm = ", o.clip_norm,
                  "; pass 0 (no clipping) or a positive norm");
     return o;
+  }
+  // The ZeRO stage of the comm policy (tide::train::ShardingPolicy), 0 without one.
+  [[nodiscard]] int zero_stage() const noexcept {
+    if constexpr (ShardingPolicy<Comm>) return comm_.zero;
+    else return 0;
   }
   static Comm const& checked(Comm const& c) {
     if constexpr (!RankAgreement<Comm>)

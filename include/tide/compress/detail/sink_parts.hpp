@@ -7,12 +7,11 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "tide/comm/data_parallel.hpp"
@@ -101,8 +100,8 @@ class chunk_jobs {
 // c % W) and steps them; the engine frees another rank's gradients once their sum is done, and
 // share_parameters all-gathers the new parameters after the step (ZeRO-1 and 2). ZeRO-3 keeps a
 // rank's own parameter chunks only: the engine gathers another rank's around the blocks that use
-// it, each broadcast from its owner on a communicator split off for parameters (as
-// comm::data_parallel does), while the sink's worker sums gradients on the other. The compression
+// it (comm::parameter_gatherer: each broadcast from its owner on a communicator split off for
+// parameters), while the sink's worker sums gradients on the other. The compression
 // does not change: a rank's residual (or PowerSGD error) is its own, of its own gradients, so
 // every rank keeps it for every chunk; the sums reach every rank, as without ZeRO.
 template <class C>
@@ -111,9 +110,7 @@ struct zero_part {
   offload::chunk_shard shard{};        // {0, 1}: everything here
   std::vector<std::byte> staging{};    // share_parameters' all-gather
   std::uint64_t bytes_gathered = 0;    // this rank's parameter bytes given in share_parameters or gathers
-  // ZeRO-3 on more than one rank: the parameters' communicator, and its last gather.
-  std::conditional_t<comm::Communicator<C>, std::optional<C>, std::monostate> params{};
-  typename comm::request_of<C>::type last_gather{};
+  comm::parameter_gatherer<C> params{};  // ZeRO-3: parameter chunks from their owners, in hook order
 
   zero_part(C* comm, int zero, std::string_view policy) : stage(zero) {
     TIDE_REQUIRE(zero >= 0 && zero <= 3, policy, ": zero = ", zero, "; compressed data parallelism shards the "
@@ -124,14 +121,8 @@ struct zero_part {
                   })
       TIDE_REQUIRE(zero == 0, policy, ": zero = ", zero, " needs a communicator with all_gather and broadcast "
                    "(tide::comm::mpi or self), not ", C::name, ": pass zero = 0");
-    if constexpr (comm::Communicator<C>) {
-      // Every rank makes its sink at the same point (the trainer's constructor): a collective.
-      if (zero == 3 && comm != nullptr && comm->size() > 1) params.emplace(comm->split(0, comm->rank()));
-    } else {
-      TIDE_REQUIRE(zero < 3, policy, ": zero = 3 needs a full Communicator (split, broadcast_async, wait: "
-                   "tide::comm::mpi or self), not ", C::name, ": pass zero = 2 or less");
-    }
     if (zero > 0 && comm != nullptr) shard = {comm->rank(), comm->size()};
+    if (zero == 3 && comm != nullptr) params = comm::parameter_gatherer<C>(comm, shard, policy);
   }
 };
 
@@ -163,24 +154,12 @@ class sink_front {
   template <class T>
   void gather_async(std::uint32_t chunk, std::span<T> bytes) {
     auto& z = self().st_->zero;
-    if constexpr (comm::Communicator<typename Sink::comm_type>) {
-      if (!z.params) return;  // one rank: it owns every chunk
-      int const root = z.shard.owner(chunk);
-      z.last_gather = z.params->broadcast_async(bytes, root);
-      if (root == z.shard.rank) {
-        std::lock_guard lock(self().st_->m);
-        z.bytes_gathered += bytes.size_bytes();
-      }
+    if (std::size_t const given = z.params.gather_async(chunk, bytes); given != 0) {
+      std::lock_guard lock(self().st_->m);
+      z.bytes_gathered += given;
     }
   }
-  void wait_gathered() {
-    auto& z = self().st_->zero;
-    if constexpr (comm::Communicator<typename Sink::comm_type>) {
-      if (!z.params) return;
-      // The parameters' communicator runs its operations in call order: the last one done, all are.
-      z.params->wait(std::exchange(z.last_gather, {}));
-    }
-  }
+  void wait_gathered() { self().st_->zero.params.wait(); }
   // After the step's updates (the engine drained the sink first): the chunks other ranks stepped.
   // ZeRO-3 gathers at use instead.
   template <class T>

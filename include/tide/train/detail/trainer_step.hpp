@@ -49,9 +49,7 @@ double trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::gradient_nor
   if constexpr (staged) {
     // Each parameter once (wte on the first stage, not the last), summed over the stages; under
     // ZeRO-2 and 3 each replica's own chunks, summed over the replicas too.
-    bool sharded_grads = false;
-    if constexpr (requires { comm_.zero; } && RankAgreement<Comm>)
-      sharded_grads = comm_.zero >= 2 && comm_.world_size() > 1;
+    bool const sharded_grads = RankAgreement<Comm> && zero_stage() >= 2 && comm_.world_size() > 1;
     owned_grads_.clear();
     for (std::uint32_t i = 0; i < g.size(); ++i)
       if (stage_.counted[i] && (!sharded_grads || scheduler_.keeps_state(i))) owned_grads_.push_back(g[i]);
@@ -61,8 +59,8 @@ double trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::gradient_nor
       if (sharded_grads) sq = comm_.sum_over_ranks(sq);
     return std::sqrt(pipeline_.sum_over_stages(sq));
   }
-  if constexpr (requires { comm_.zero; } && RankAgreement<Comm>) {
-    if (comm_.zero >= 2 && comm_.world_size() > 1) {
+  if constexpr (RankAgreement<Comm>) {
+    if (zero_stage() >= 2 && comm_.world_size() > 1) {
       // ZeRO-2: a rank holds the summed gradients of its own chunks only; the norm is the root
       // of their squares summed over the ranks (a non-finite one poisons the sum on every rank).
       owned_grads_.clear();
@@ -129,7 +127,7 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::run_step(std::span<
   std::size_t const reduced_before = bytes_reduced();
   double const loss = run_pipeline(micro_batches, st.loss_scale);
   for (batch_type const& b : micro_batches) st.tokens += model_type::tokens_in(b);
-  if constexpr (requires { pipeline_.last()->bubble_fraction; })
+  if constexpr (MeasuredPipeline<Pipeline>)
     if (auto const* ran = pipeline_.last()) st.bubble_fraction = ran->bubble_fraction;
   st.loss = static_cast<float>(loss / static_cast<double>(m));
   if (needs_all_gradients(optimizer_)) {
