@@ -128,7 +128,8 @@ void check(row r, outcome const& got) {
     }
     double const ratio = std::sqrt(left / moved);
     if (tide::test::world().rank() == 0)
-      std::printf("composition row %d %d %d %d: loss within %.5f, distance %.4f\n", r.offload, r.comm, r.compression, r.pipeline, worst, ratio);
+      std::printf("composition row %d %d %d %d: loss within %.5f, distance %.4f\n", r.offload, r.comm,
+                  r.compression, r.pipeline, worst, ratio);
     CHECK(worst < 0.01);
     CHECK(ratio < 0.95);
   }

@@ -173,7 +173,8 @@ outcome train_rows(Trainer& t, setup& s) {
   }
   t.scheduler().gather_parameters();  // ZeRO-3: every chunk here
   auto const& list = t.scheduler().parameters();
-  for (std::uint32_t i = 0; i < list.size(); ++i) out.params.emplace_back(std::string(list[i].name()), t.scheduler().read_param(i));
+  for (std::uint32_t i = 0; i < list.size(); ++i)
+    out.params.emplace_back(std::string(list[i].name()), t.scheduler().read_param(i));
   return out;
 }
 

@@ -96,13 +96,7 @@ struct request_of<C> {
   using type = typename C::request;
 };
 
-// ZeRO-3's gathers of parameter chunks, for the gradient sinks that shard parameters (this file's
-// and compress/sink.hpp's): chunk c is broadcast from its owner on a communicator split off for
-// parameters, so a gather never queues behind the gradient sums on the other one. Every rank
-// calls gather_async in hook order; wait() waits for the last one started, which is enough
-// because a communicator completes its operations in call order. Default-constructed, or on one
-// rank, it gathers nothing (the rank owns every chunk).
-// The communicator the gathers run on: C itself, or the flat() one of a C that only reduces
+// The communicator ZeRO-3's gathers run on: C itself, or the flat() one of a C that only reduces
 // hierarchically (comm::hierarchical).
 template <class C>
 struct parameter_comm {
@@ -117,6 +111,12 @@ struct parameter_comm<C> {
 template <class C>
 using parameter_comm_t = typename parameter_comm<C>::type;
 
+// ZeRO-3's gathers of parameter chunks, for the gradient sinks that shard parameters (this file's
+// and compress/sink.hpp's): chunk c is broadcast from its owner on a communicator split off for
+// parameters, so a gather never queues behind the gradient sums on the other one. Every rank
+// calls gather_async in hook order; wait() waits for the last one started, which is enough
+// because a communicator completes its operations in call order. Default-constructed, or on one
+// rank, it gathers nothing (the rank owns every chunk).
 template <class C>
 class parameter_gatherer {
   using P = parameter_comm_t<C>;

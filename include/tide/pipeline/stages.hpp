@@ -139,7 +139,8 @@ inline stage_part part_of(parameter_list const& all, block_uses const& uses, cut
   // This stage's pieces in model order: the runs of blocks its backward visits apart.
   std::vector<std::pair<int, int>> runs;
   for (int q = 0; q < c.pieces(); ++q)
-    if (stage_of(s, q) == stage) runs.emplace_back(c.first[static_cast<std::size_t>(q)], c.last[static_cast<std::size_t>(q)]);
+    if (stage_of(s, q) == stage)
+      runs.emplace_back(c.first[static_cast<std::size_t>(q)], c.last[static_cast<std::size_t>(q)]);
   auto here_block = [&](int b) { return stage_of_block(b) == stage; };
   // Of each parameter: its lowest and highest reading block, and whether a block here reads it.
   std::vector<int> lowest(all.size(), std::numeric_limits<int>::max()), highest(all.size(), std::numeric_limits<int>::min());
@@ -192,19 +193,13 @@ inline stage_part part_of(parameter_list const& all, block_uses const& uses, cut
   if (runs.size() > 1) p.uses.runs = std::move(runs);
   return p;
 }
-// One piece per stage: stage `stage` of cut `c`.
-inline stage_part part_of(parameter_list const& all, block_uses const& uses, cut const& c, int stage) {
-  schedule s{.name = "one piece per stage", .stages = c.pieces(), .micro = 1, .chunks = 1,
-             .place = placement::looped, .per_stage = {}};
-  return part_of(all, uses, c, s, stage);
-}
 
 // ---- the make_trainer policy ------------------------------------------------------------------
 
 // One stage per rank of `group` (group->rank() is the stage), the schedule K over `micro`
 // micro-batches (the optimizer's micro_steps); interleaved places `chunks` pieces on each stage,
 // zb_v and dualpipe_v two in a V (the first stage then holds the embedding and the head). `tied`:
-// the communicator of this pipeline's first and last stage (make_groups), needed when stages > 1.
+// the first and last stage of every data-parallel replica (make_groups), needed when stages > 1.
 template <kind K, comm::Communicator C>
 struct on_ranks {
   static constexpr std::string_view name = to_string(K);

@@ -8,7 +8,7 @@
 // them. A block's gradients are complete when its run finishes the step's last pass; the chunks
 // whose lowest reader is that block (residency's completes_at) are complete only if every run
 // above has finished its last pass too, which every pipeline schedule gives (a micro-batch's
-// backward reaches a piece after the pieces above it) and which complete() checks.
+// backward reaches a piece after the pieces above it) and which leave() checks.
 
 #include <cstddef>
 #include <utility>
@@ -43,9 +43,9 @@ class backward_order {
   template <class Name>
   void enter(Name const& policy, int block) {
     run& r = of(policy, block);
-    TIDE_CHECK(block == r.next, usage, "offload ", policy(), ": pre_backward(", block, ") but block ", r.next, " is next: backward "
-               "must visit the blocks ", r.first, " .. ", r.last, " in reverse, each once per pass",
-               runs_.size() > 1 ? " (each run of uses().runs apart)" : "");
+    TIDE_CHECK(block == r.next, usage, "offload ", policy(), ": pre_backward(", block, ") but block ", r.next,
+               " is next: backward must visit the blocks ", r.first, " .. ", r.last, " in reverse, each once per "
+               "pass", runs_.size() > 1 ? " (each run of uses().runs apart)" : "");
     if (block == r.last) ++r.passes;  // a pass begins
   }
   // After backward left `block`. Returns whether its gradients are complete: its run finished a
@@ -56,8 +56,9 @@ class backward_order {
     r.next = block == r.first ? r.last : block - 1;
     if (r.passes % micro_steps != 0) return false;
     for (run const& above : runs_)
-      TIDE_CHECK(above.first <= r.first || (above.passes == r.passes && above.next == above.last), usage, "offload ", policy(),
-                 ": block ", block, " finished its last backward pass of the step while blocks ", above.first, " .. ",
+      TIDE_CHECK(above.first <= r.first || (above.passes == r.passes && above.next == above.last), usage,
+                 "offload ", policy(), ": block ", block,
+                 " finished its last backward pass of the step while blocks ", above.first, " .. ",
                  above.last, " (a run above it) had not; backward must reach a run after every run above it");
     return true;
   }
@@ -107,7 +108,8 @@ class backward_order {
   run& of(Name const& policy, int block) {
     for (run& r : runs_)
       if (block >= r.first && block <= r.last) return r;
-    TIDE_FAIL(usage, "offload ", policy(), ": block ", block, " is in none of uses().runs; backward visits only the blocks of a run");
+    TIDE_FAIL(usage, "offload ", policy(), ": block ", block,
+              " is in none of uses().runs; backward visits only the blocks of a run");
   }
   std::vector<run> runs_;
 };
