@@ -6,9 +6,9 @@
 // gradients are reduced to that rank; the new parameters are all-gathered after the step. With
 // --zero 3 a rank also keeps its own chunks' parameters only and receives the others' from their
 // owners around the blocks that use them. With --density D the gradients are compressed instead:
-// each rank sends the largest fraction D of every chunk's residual (compress::sparse_data_parallel,
-// error feedback); with --powersgd R each matrix is sent as a rank-R product
-// (compress::powersgd_data_parallel). Both take --zero 0, 1 or 2.
+// each rank sends the largest fraction D of every chunk's residual (compress::error_feedback in
+// make_trainer's compression slot, over the same comm::data_parallel); with --powersgd R each
+// matrix is sent as a rank-R product (compress::powersgd). Both take --zero 0 to 3.
 //
 // With --pipeline P the model is cut into P stages, one per rank (pipeline::on_ranks), each step
 // runs --micro M micro-batches of B rows through them in --schedule order (one_f_one_b, gpipe, or
@@ -231,8 +231,6 @@ options parse(int argc, char** argv) {
   TIDE_REQUIRE(o.zero >= 0 && o.zero <= 3, "--zero must be 0, 1, 2 or 3");
   TIDE_REQUIRE(o.density <= 1, "--density must be in (0, 1]");
   TIDE_REQUIRE(o.density == 0 || o.powersgd == 0, "--density and --powersgd are two compressions: pass one");
-  TIDE_REQUIRE((o.density == 0 && o.powersgd == 0) || o.zero <= 2,
-               "compressed data parallelism shards optimizer state and gradients, not parameters: --zero 0, 1 or 2");
   return o;
 }
 
@@ -473,8 +471,8 @@ struct session {
   }
 };
 
-template <class Comm>
-int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::string const& how) {
+template <class Compress>
+int train(options const& opt, tide::comm::mpi& world, Compress const& compress, std::string const& how) {
   // Under ZeRO, or with a compressor's residuals on several ranks, every rank writes its shard of
   // a checkpoint set (a folder); otherwise rank 0 writes one file. Either is RUN/checkpoint.
   fs::path const checkpoint_name = "checkpoint";
@@ -489,7 +487,7 @@ int train(options const& opt, tide::comm::mpi& world, Comm const& comm, std::str
       tide::nn::gpt_spec<tide::host>{.config = config, .options = model}, off,
       tide::optim::adamw{.lr = opt.lr, .clip_norm = opt.clip, .decay_matrices_only = true,
                          .schedule = {.warmup_steps = opt.warmup, .total_steps = opt.steps}},
-      comm);
+      tide::comm::data_parallel{.comm = &world, .bucket_bytes = opt.bucket_kib << 10, .zero = opt.zero}, compress);
   fs::path const checkpoint = run.dir / checkpoint_name;
   if (run.resumed) run.load(trainer, loader, checkpoint);
   if (rank == 0) {
@@ -651,18 +649,12 @@ int run(options const& opt, tide::comm::mpi& world) {
   }
   if (opt.density > 0)
     return train(opt, world,
-                 cx::sparse_data_parallel<tide::comm::mpi>{
-                     .comm = &world, .compressor = {.density = static_cast<float>(opt.density), .warmup_steps = 10},
-                     .zero = opt.zero},
+                 cx::error_feedback<>{.compressor = {.density = static_cast<float>(opt.density), .warmup_steps = 10}},
                  tide::detail::concat("gradients sent sparse at density ", opt.density));
   if (opt.powersgd > 0)
-    return train(opt, world,
-                 cx::powersgd_data_parallel<tide::comm::mpi>{
-                     .comm = &world, .compressor = {.rank = opt.powersgd}, .zero = opt.zero},
+    return train(opt, world, cx::powersgd{.compressor = {.rank = opt.powersgd}},
                  tide::detail::concat("matrices sent by PowerSGD at rank ", opt.powersgd));
-  return train(opt, world,
-               tide::comm::data_parallel{.comm = &world, .bucket_bytes = opt.bucket_kib << 10, .zero = opt.zero},
-               tide::detail::concat("buckets of ", opt.bucket_kib, " KiB"));
+  return train(opt, world, tide::train::no_compress{}, tide::detail::concat("buckets of ", opt.bucket_kib, " KiB"));
 }
 
 }  // namespace

@@ -30,8 +30,8 @@ namespace tide::test::matrix {
 // A refused combination fails here; the template arguments in the compiler's "required from" name it.
 template <int O, int C, int X, int P>
 struct composes_check {
-  static_assert(tide::train::Composes<spec_t, offload_t<O>, tide::optim::adamw, comm_t<C, X>,
-                                      tide::train::no_compress, pipeline_t<P>>,
+  static_assert(tide::train::Composes<spec_t, offload_t<O>, tide::optim::adamw, comm_t<C>, compression_t<X>,
+                                      pipeline_t<P>>,
                 "composition matrix: make_trainer refuses offload O, comm C, compression X, pipeline P "
                 "(the template arguments above; indices into composition.hpp's *_names)");
   static constexpr bool value = true;
@@ -42,13 +42,13 @@ constexpr bool all_compose(std::index_sequence<I...>) {
                          static_cast<int>(I % 5)>::value && ...);
 }
 static_assert(all_compose(std::make_index_sequence<225>{}));
-// The concept can say no: a slot of the wrong kind, a compression policy with lists of its own.
-struct keeps_lists {
-  static constexpr std::string_view name = "keeps lists";
-  static constexpr std::size_t residual_lists = 1;
+// The concept can say no: a slot of the wrong kind, a compression policy that adapts nothing.
+struct adapts_nothing {
+  static constexpr std::string_view name = "adapts nothing";
 };
 static_assert(!tide::train::Composes<spec_t, int, tide::optim::adamw>);
-static_assert(!tide::train::Composes<spec_t, tide::offload::resident, tide::optim::adamw, tide::train::no_comm, keeps_lists>);
+static_assert(!tide::train::Composes<spec_t, tide::offload::resident, tide::optim::adamw, tide::train::no_comm,
+                                     adapts_nothing>);
 static_assert(!tide::train::Composes<spec_t, tide::offload::resident, tide::optim::adamw, tide::train::no_comm,
                                      tide::train::no_compress, int>);
 

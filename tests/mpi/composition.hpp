@@ -6,10 +6,10 @@
 //   compression  none, top-k with error feedback, PowerSGD
 //   pipeline     none, 1F1B, interleaved, ZB-H1, DualPipeV
 //
-// Compression travels in the comm slot today: top-k is compress::sparse_data_parallel and PowerSGD
-// compress::powersgd_data_parallel, over the replicas (their .zero the comm choice), or over
-// comm::self when the comm choice is none (one rank compressing its own gradient with error
-// feedback). All 225 are checked at compile time with train::Composes (composition.cpp); the
+// Compression is its own slot over the comm choice: top-k is compress::error_feedback and PowerSGD
+// compress::powersgd, over the replicas' comm::data_parallel (its .zero the ZeRO stage), or over
+// one process when the comm choice is none (each rank compressing its own gradient with error
+// feedback, over a comm::self the slot makes). All 225 are checked at compile time with train::Composes (composition.cpp); the
 // rows below run on 4 MPI ranks, two replicas of a pipeline of two stages (rank r: stage r % 2,
 // replica r / 2; without a pipeline both stages' ranks train the whole model alike). Every pair of
 // choices from two slots appears in at least one row (a pairwise covering array; checked at
@@ -56,13 +56,13 @@ template <int O>
 using offload_t = std::tuple_element_t<static_cast<std::size_t>(O),
                                        std::tuple<tide::offload::resident, tide::offload::chunked<tide::offload::belady>,
                                                   tide::offload::layer_window<2>>>;
-// Comm choice C (0: none) with compression X (0: none, 1: top-k, 2: PowerSGD).
-template <int C, int X>
-using comm_t = std::conditional_t<
-    X == 0, std::conditional_t<C == 0, tide::train::no_comm, tide::comm::data_parallel<mpi>>,
-    std::conditional_t<X == 1,
-                       tide::compress::sparse_data_parallel<std::conditional_t<C == 0, tide::comm::self, mpi>>,
-                       tide::compress::powersgd_data_parallel<std::conditional_t<C == 0, tide::comm::self, mpi>>>>;
+// Comm choice C (0: none; 1 .. 4: ZeRO-(C - 1)) and compression X (0: none, 1: top-k, 2: PowerSGD).
+template <int C>
+using comm_t = std::conditional_t<C == 0, tide::train::no_comm, tide::comm::data_parallel<mpi>>;
+template <int X>
+using compression_t = std::tuple_element_t<
+    static_cast<std::size_t>(X),
+    std::tuple<tide::train::no_compress, tide::compress::error_feedback<>, tide::compress::powersgd>>;
 inline constexpr std::array<pp::kind, 4> kinds{pp::kind::one_f_one_b, pp::kind::interleaved, pp::kind::zb_h1,
                                                pp::kind::dualpipe_v};
 template <int P>
@@ -120,7 +120,6 @@ struct setup {
   pp::rank_groups<mpi> g;
   mpi replica;  // this replica's ranks
   pp::rank_groups<mpi> alone;
-  tide::comm::self one;
   std::vector<pipeline_micro_batches> batches;
   tide::optim::adamw opt{.lr = 1e-2f, .clip_norm = 1e6f, .micro_steps = micro};
   setup()
@@ -144,17 +143,16 @@ offload_t<O> offload_of() {
   else if constexpr (O == 1) return {.device_budget = std::size_t{4} << 20, .chunk_bytes = std::size_t{16} << 10};
   else return {.device_budget = std::size_t{8} << 20};
 }
-template <int C, int X>
-comm_t<C, X> comm_of(setup& s) {
-  if constexpr (X == 0 && C == 0) return {};
-  else if constexpr (X == 0) return {.comm = &s.g.data, .zero = C - 1};
-  else if constexpr (X == 1) {
-    if constexpr (C == 0) return {.comm = &s.one, .compressor = {.density = 0.1f}};
-    else return {.comm = &s.g.data, .compressor = {.density = 0.1f}, .zero = C - 1};
-  } else {
-    if constexpr (C == 0) return {.comm = &s.one, .compressor = {.rank = 2}};
-    else return {.comm = &s.g.data, .compressor = {.rank = 2}, .zero = C - 1};
-  }
+template <int C>
+comm_t<C> comm_of(setup& s) {
+  if constexpr (C == 0) return {};
+  else return {.comm = &s.g.data, .zero = C - 1};
+}
+template <int X>
+compression_t<X> compression_of() {
+  if constexpr (X == 0) return {};
+  else if constexpr (X == 1) return {.compressor = {.density = 0.1f}};
+  else return {.compressor = {.rank = 2}};
 }
 template <int P>
 pipeline_t<P> pipeline_of(setup& s, bool data_parallel) {
@@ -184,7 +182,7 @@ outcome run(setup& s) {
   auto spec = spec_t{.config = pipeline_gpt, .options = {.seed = 5, .in_flight = 1, .separate_tied_grad = true}};
   auto const pipe = pipeline_of<P>(s, C > 0);
   if constexpr (P > 0) spec.options.in_flight = pp::slots_needed(pipe.plan(), s.g.stage);
-  auto t = tide::train::make_trainer(spec, offload_of<O>(), s.opt, comm_of<C, X>(s), tide::train::no_compress{}, pipe);
+  auto t = tide::train::make_trainer(spec, offload_of<O>(), s.opt, comm_of<C>(s), compression_of<X>(), pipe);
   return train_rows(t, s);
 }
 

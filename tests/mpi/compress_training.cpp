@@ -87,6 +87,29 @@ Policy compressed(tide::comm::mpi& world, int zero = 0) {
   return p;
 }
 
+// make_trainer's compression slot over comm::data_parallel gives the compressing comm policy
+// itself: the same ranks, ZeRO stage, compressor and threads, so the same bits.
+TEST_CASE_TEMPLATE("the compression slot over data parallelism trains the bits of the compressing comm policy",
+                   Policy, sparse_dp, powersgd_dp) {
+  auto& world = tide::test::world();
+  int const w = world.size(), r = world.rank();
+  auto const whole = compressed<Policy>(world, 1);
+  auto const slot = [&] {
+    if constexpr (std::is_same_v<Policy, sparse_dp>) return cx::error_feedback<>{.compressor = whole.compressor};
+    else return cx::powersgd{.compressor = whole.compressor};
+  }();
+  auto a = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(), whole);
+  auto b = tide::train::make_trainer(spec, tide::test::tiny_tight(), adamw(),
+                                     tide::comm::data_parallel{.comm = &world, .zero = 1}, slot);
+  static_assert(std::is_same_v<typename decltype(b)::comm_type, Policy>);
+  CHECK(b.comm().zero == 1);
+  CHECK(b.comm().comm == &world);
+  train(a, 0, 3, w, r);
+  train(b, 0, 3, w, r);
+  CHECK(tide::test::max_difference(tide::test::flat_params(b), tide::test::flat_params(a)) == 0.f);
+  CHECK(b.scheduler().sink().stats().wire_bytes == a.scheduler().sink().stats().wire_bytes);
+}
+
 TEST_CASE_TEMPLATE("compressed training learns, the ranks agree, and a per-rank checkpoint set resumes bit-identically",
                    Policy, sparse_dp, powersgd_dp) {
   auto& world = tide::test::world();

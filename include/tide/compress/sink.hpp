@@ -1,12 +1,16 @@
 #pragma once
 // Compressed data parallelism in training: gradient sinks that compress each completed chunk and
-// sum it over the ranks, and make_trainer's policies for them.
+// sum it over the ranks, and make_trainer's policies for them. Compression is make_trainer's 5th
+// slot, over the comm policy's ranks and ZeRO stage:
 //
 //   tide::comm::mpi world{session};
 //   auto trainer = tide::train::make_trainer(spec, offload, tide::optim::adamw{...},
-//       tide::compress::sparse_data_parallel<tide::comm::mpi>{
-//           .comm = &world, .compressor = {.density = 0.01f, .warmup_steps = 50}, .zero = 2});
-//   // or tide::compress::powersgd_data_parallel<tide::comm::mpi>{.comm = &world, .compressor = {.rank = 4}}
+//       tide::comm::data_parallel<tide::comm::mpi>{.comm = &world, .zero = 2},
+//       tide::compress::error_feedback<>{.compressor = {.density = 0.01f, .warmup_steps = 50}});
+//   // or tide::compress::powersgd{.compressor = {.rank = 4}}
+//
+// The slot gives the comm policy the trainer runs (error_feedback: sparse_data_parallel,
+// powersgd: powersgd_data_parallel), which can also be passed as the comm policy itself.
 //
 // sparse_sink, per chunk, when backward completes it (offload/gradient_sink.hpp):
 //   1. the chunk's residual (and DGC momentum) take the gradients and a selector chooses what to
@@ -50,6 +54,7 @@
 
 #include "tide/comm/communicator.hpp"
 #include "tide/comm/data_parallel.hpp"
+#include "tide/comm/self.hpp"
 #include "tide/chunk/layout.hpp"
 #include "tide/compress/detail/sink_parts.hpp"
 #include "tide/compress/powersgd.hpp"
@@ -366,6 +371,8 @@ struct compressed_data_parallel {
   compressor_type compressor{};    // what the sink compresses with
   int threads = 1;                 // the sink's own threads (selection, products, accumulation)
   int zero = 0;                    // ZeRO stage: 0, 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters)
+  // Set by a compression policy over one process (train::no_comm): the comm::self .comm points to.
+  std::shared_ptr<comm_type> owned_comm{};
 
   using sink_type = Sink;
   using source_type = offload::host_source;
@@ -398,5 +405,61 @@ using sparse_data_parallel = compressed_data_parallel<sparse_sink<C, Sel, Moment
 // PowerSGD: compressor = powersgd_options{.rank = r, ...}.
 template <class C>
 using powersgd_data_parallel = compressed_data_parallel<powersgd_sink<C>>;
+
+// ---- make_trainer's compression slot ----------------------------------------------------------
+namespace detail {
+// Compression X over comm policy P: X's compressor and threads, P's ranks and ZeRO stage
+// (comm::data_parallel's bucket_bytes does not apply: a compressing sink sends chunk by chunk).
+// Over one process (a comm policy without a gradient sink, train::no_comm) the compressor runs
+// over a comm::self of its own: each step compresses with error feedback, nothing is sent.
+template <class X, class P>
+auto compressing(X const& x, P const& p) {
+  static_assert(!requires(P const& q) { q.compressor; }, "compression slot: the comm policy compresses already (a "
+                "compress::sparse_data_parallel or powersgd_data_parallel); pass comm::data_parallel<C> as the comm "
+                "policy with the compression here, or the compressing policy with train::no_compress{}");
+  if constexpr (requires(P const& q) { q.comm; q.zero; }) {
+    using C = std::remove_pointer_t<decltype(p.comm)>;
+    using policy = compressed_data_parallel<typename X::template sink_for<C>>;
+    return policy{.comm = p.comm, .compressor = x.compressor, .threads = x.threads, .zero = p.zero};
+  } else {
+    static_assert(std::is_same_v<typename P::sink_type, offload::no_sink>,
+                  "compression slot: the comm policy must be comm::data_parallel<C> (its .comm and .zero) or "
+                  "train::no_comm (one process)");
+    using policy = compressed_data_parallel<typename X::template sink_for<comm::self>>;
+    auto one = std::make_shared<comm::self>();
+    policy out{.comm = one.get(), .compressor = x.compressor, .threads = x.threads, .zero = 0};
+    out.owned_comm = std::move(one);
+    return out;
+  }
+}
+}  // namespace detail
+
+// Sparse error feedback (sparse_sink): each chunk's residual takes the gradients, the selector
+// chooses what to send. Momentum = true keeps DGC's momentum list (compressor.momentum > 0).
+template <Selector Sel = sampled_threshold, bool Momentum = false>
+struct error_feedback {
+  static constexpr std::string_view name = "error_feedback";
+  residual_compressor<Sel> compressor{};
+  int threads = 1;  // the sink's own threads
+  template <class C>
+  using sink_for = sparse_sink<C, Sel, Momentum>;
+  template <class P>
+  [[nodiscard]] auto over(P const& comm) const {
+    return detail::compressing(*this, comm);
+  }
+};
+
+// PowerSGD per matrix (powersgd_sink): compressor = powersgd_options{.rank = r, ...}.
+struct powersgd {
+  static constexpr std::string_view name = "powersgd";
+  powersgd_options compressor{};
+  int threads = 1;  // the sink's own threads
+  template <class C>
+  using sink_for = powersgd_sink<C>;
+  template <class P>
+  [[nodiscard]] auto over(P const& comm) const {
+    return detail::compressing(*this, comm);
+  }
+};
 
 }  // namespace tide::compress

@@ -45,18 +45,19 @@ consteval bool check_staged_pipeline() {
   return true;
 }
 
-// The slots one by one, then what ties them: the compression policy keeps no lists of its own
-// (a compressing gradient sink keeps them), a pipeline of a stage per rank has what the trainer
-// asks of one, the spec builds a model with the trainer's hooks, and the pipeline policy runs
-// that model.
+// The slots one by one, then what ties them: the compression policy adapts the comm policy (the
+// hooks are those of the comm policy it gives), a pipeline of a stage per rank has what the
+// trainer asks of one, the spec builds a model with the trainer's hooks, and the pipeline policy
+// runs that model.
 template <class Spec, class Offload, class Optimizer, class Comm = no_comm, class Compress = no_compress,
           class Pipeline = no_pipeline>
 concept Composes =
-    OffloadPolicy<Offload> && OptimizerPolicy<Optimizer> && CommPolicy<Comm> && CompressionPolicy<Compress> &&
-    PipelinePolicy<Pipeline> && (Compress::residual_lists == 0) &&
+    OffloadPolicy<Offload> && OptimizerPolicy<Optimizer> && CommPolicy<Comm> &&
+    CompressionPolicy<Compress, Comm> && PipelinePolicy<Pipeline> &&
     (!one_stage_per_rank_v<Pipeline> || StagedPipelinePolicy<Pipeline, spec_element_t<Spec>>) &&
-    ModelSpec<Spec, detail::composed_hooks_t<Spec, Offload, Optimizer, Comm>> &&
-    PipelinePolicyFor<Pipeline, detail::composed_model_t<Spec, Offload, Optimizer, Comm>,
-                      model_batch_t<detail::composed_model_t<Spec, Offload, Optimizer, Comm>>, spec_backend_t<Spec>>;
+    ModelSpec<Spec, detail::composed_hooks_t<Spec, Offload, Optimizer, compressed_comm_t<Comm, Compress>>> &&
+    PipelinePolicyFor<Pipeline, detail::composed_model_t<Spec, Offload, Optimizer, compressed_comm_t<Comm, Compress>>,
+                      model_batch_t<detail::composed_model_t<Spec, Offload, Optimizer, compressed_comm_t<Comm, Compress>>>,
+                      spec_backend_t<Spec>>;
 
 }  // namespace tide::train

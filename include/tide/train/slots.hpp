@@ -16,9 +16,10 @@
 //                      that fills a fetched parameter chunk (offload/chunk_source.hpp); on more
 //                      than one process also RankAgreement; no_comm: one process, no sink,
 //                      chunks copied from the host
-//   CompressionPolicy  the slot for gradient compression (stored; only no_compress exists: a
-//                      compressor is a gradient sink with extra lists, given by the comm policy,
-//                      as compress::sparse_data_parallel does)
+//   CompressionPolicy  an adapter over the comm policy's reducer: over(comm) gives the comm policy
+//                      the trainer runs (compress::error_feedback and compress::powersgd give a
+//                      compressing sink over the comm's ranks and ZeRO stage; no_compress gives
+//                      the comm policy itself)
 //   PipelinePolicy     owns the step loop: runs forward and backward over the micro-batches of one
 //                      step; no_pipeline is the plain loop, micro-batch after micro-batch
 //
@@ -31,6 +32,8 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include "tide/core/backend.hpp"
 #include "tide/core/exec.hpp"
@@ -80,6 +83,23 @@ concept RankAgreement = requires(C const& c, bool ok, std::int64_t v, double x) 
   { c.sum_over_ranks(x) } -> std::convertible_to<double>;
 };
 
+// Optional: a gradient sink that counts what it summed over the ranks, read for a step's
+// bytes_reduced: stats().bytes (the gradient bytes it summed, comm::data_parallel's sink), or else
+// stats().wire_bytes (the bytes it sent, a compressing sink's); without either a step reports 0.
+template <class S>
+concept CountingSink = requires(S const& s) {
+  { s.stats().bytes } -> std::convertible_to<std::uint64_t>;
+} || requires(S const& s) {
+  { s.stats().wire_bytes } -> std::convertible_to<std::uint64_t>;
+};
+// What a CountingSink counted so far (0 for another sink).
+template <class S>
+[[nodiscard]] std::uint64_t bytes_counted(S const& sink) {
+  if constexpr (requires { sink.stats().bytes; }) return sink.stats().bytes;
+  else if constexpr (CountingSink<S>) return sink.stats().wire_bytes;
+  else return 0;
+}
+
 // Optional: a comm policy that shards over its ranks says which ZeRO stage (0: none, 1: optimizer
 // state, 2: and gradients, 3: and parameters); without `zero` the trainer takes 0.
 template <class C>
@@ -87,12 +107,17 @@ concept ShardingPolicy = requires(C const& c) {
   { c.zero } -> std::convertible_to<int>;
 };
 
-template <class C>
-concept CompressionPolicy = requires {
-  { C::name } -> std::convertible_to<std::string_view>;
-  // fp32 lists per chunk it keeps between steps (an error-feedback residual): 0 for none.
-  { C::residual_lists } -> std::convertible_to<std::size_t>;
+// X compresses what the comm policy Comm reduces: x.over(comm) is the comm policy the trainer
+// runs. A compressor keeps its per-chunk state (an error-feedback residual) as that policy's
+// sink's extra lists (offload/gradient_sink.hpp), so the engine moves, undoes and checkpoints it.
+template <class X, class Comm>
+concept CompressionPolicy = requires(X const& x, Comm const& comm) {
+  { X::name } -> std::convertible_to<std::string_view>;
+  { x.over(comm) } -> CommPolicy;
 };
+// The comm policy a trainer runs: Comm under compression X.
+template <class Comm, class X>
+using compressed_comm_t = std::remove_cvref_t<decltype(std::declval<X const&>().over(std::declval<Comm const&>()))>;
 
 // P runs the forward and backward passes of one step over `micro` for Model, returning the sum of
 // the micro-batches' losses.
@@ -158,7 +183,10 @@ struct no_comm {
 
 struct no_compress {
   static constexpr std::string_view name = "none";
-  static constexpr std::size_t residual_lists = 0;
+  template <class Comm>
+  [[nodiscard]] constexpr Comm over(Comm const& comm) const {
+    return comm;
+  }
 };
 
 // Forward then backward, micro-batch after micro-batch: gradients accumulate in the model's
@@ -177,6 +205,6 @@ struct no_pipeline {
   }
 };
 
-static_assert(CommPolicy<no_comm> && CompressionPolicy<no_compress> && PipelinePolicy<no_pipeline>);
+static_assert(CommPolicy<no_comm> && CompressionPolicy<no_compress, no_comm> && PipelinePolicy<no_pipeline>);
 
 }  // namespace tide::train

@@ -22,6 +22,7 @@
 // else the update runs with grad_scale = clip / (loss scale * micro-steps); otherwise each chunk
 // is stepped as soon as its gradients are complete, beside the rest of backward.
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <concepts>
@@ -99,9 +100,10 @@ class trainer {
   static_assert(CommPolicy<Comm>, "make_trainer: the 4th argument must be a communication policy "
                                   "(tide::train::CommPolicy: name, rank(), world_size(), sink() giving a "
                                   "GradientSink, source() giving a ChunkSource); pass tide::train::no_comm{} or nothing for one process");
-  static_assert(CompressionPolicy<Compress>, "make_trainer: the 5th argument must be a compression policy "
-                                             "(tide::train::CompressionPolicy: name and residual_lists); pass "
-                                             "tide::train::no_compress{} or nothing");
+  static_assert(CompressionPolicy<Compress, Comm>,
+                "make_trainer: the 5th argument must be a compression policy (tide::train::CompressionPolicy: name "
+                "and over(comm) giving a comm policy): tide::compress::error_feedback<>, tide::compress::powersgd, "
+                "or tide::train::no_compress{} (or nothing) for none");
   static_assert(PipelinePolicy<Pipeline>, "make_trainer: the 6th argument must be a pipeline policy "
                                           "(tide::train::PipelinePolicy: name, stages and run(ex, model, "
                                           "micro_batches, loss_scale)); pass tide::train::no_pipeline{} or nothing");
@@ -109,12 +111,13 @@ class trainer {
  public:
   using backend = spec_backend_t<Spec>;
   using element_type = spec_element_t<Spec>;
-  using comm_type = Comm;
+  // The comm policy that runs: the 4th argument under the 5th's compression (no_compress: itself).
+  using comm_type = compressed_comm_t<Comm, Compress>;
   // A pipeline of one stage per rank: this rank's trainer holds its stage's parameters only.
   static constexpr bool staged = one_stage_per_rank_v<Pipeline>;
   static_assert(check_staged_pipeline<Pipeline, spec_element_t<Spec>>());  // one message per missing part
-  using scheduler_type = offload::scheduler<backend, element_type, Offload, Optimizer, typename Comm::sink_type,
-                                            typename Comm::source_type>;
+  using scheduler_type = offload::scheduler<backend, element_type, Offload, Optimizer, typename comm_type::sink_type,
+                                            typename comm_type::source_type>;
   using hooks_type = offload::hooks<scheduler_type>;
   static_assert(check_model_spec<Spec, hooks_type>());  // one message per missing member (train/model.hpp)
   using model_type = spec_model_t<Spec, hooks_type>;
@@ -122,28 +125,24 @@ class trainer {
   static_assert(PipelinePolicyFor<Pipeline, model_type, batch_type, backend>,
                 "make_trainer: the pipeline policy needs `double run(exec<B> const&, Model&, std::span<batch_type "
                 "const>, float loss_scale)` for this model (tide::train::no_pipeline has it)");
-  static_assert(Compress::residual_lists == 0,
-                "make_trainer: a compression policy's own residual lists are not kept by make_trainer; keep "
-                "per-chunk residuals as a gradient sink's extra lists (offload/gradient_sink.hpp) and pass a "
-                "compression policy with residual_lists = 0, or tide::train::no_compress{}");
   static_assert(Composes<Spec, Offload, Optimizer, Comm, Compress, Pipeline>);  // the same checks, as one concept
 
   trainer(Spec const& spec, Offload const& off, Optimizer const& opt, Comm const& comm = {},
           Compress const& compress = {}, Pipeline const& pipeline = {}, int threads = thread_pool::default_threads())
       : optimizer_(checked(opt)),
-        comm_(checked(comm)),
+        comm_(checked(compress.over(comm))),
         compress_(compress),
         pipeline_(pipeline),
         pool_(threads),
         ex_(make_exec()),
         arena_({.budget = budget_of(spec, off)}),
-        stage_(stage_of(spec, pipeline, comm, opt)),
+        stage_(stage_of(spec, pipeline, comm_, opt)),
         elsewhere_(std::max<std::size_t>(stage_.largest_elsewhere, 1)),
         // A stage sums wte before stepping, and hands its gradients to the sink once every stage
         // and replica ran backward.
         scheduler_(ex_, arena_, staged ? stage_.params : spec.parameters(), staged ? stage_.uses : spec.uses(), off,
                    detail::scheduler_options_of(off, opt, staged || needs_all_gradients(opt), staged), opt,
-                   comm.sink(), comm.source()),
+                   comm_.sink(), comm_.source()),
         model_(spec.build(arena_, staged ? hooks_type{&scheduler_, stage_.index.data(), elsewhere_.data()}
                                          : hooks_type{&scheduler_})),
         scaler_(opt.scaling) {}
@@ -167,16 +166,8 @@ class trainer {
   step_stats step(batch_type const& b) { return step(std::span<batch_type const>(&b, 1)); }
 
  private:
-  // Bytes the gradient sink summed so far, when it counts them (comm::data_parallel's does); a
-  // compressing sink's: the bytes it sent.
-  std::size_t bytes_reduced() {
-    if constexpr (requires { scheduler_.sink().stats().bytes; })
-      return static_cast<std::size_t>(scheduler_.sink().stats().bytes);
-    else if constexpr (requires { scheduler_.sink().stats().wire_bytes; })
-      return static_cast<std::size_t>(scheduler_.sink().stats().wire_bytes);
-    else
-      return 0;
-  }
+  // Bytes the gradient sink summed so far (tide::train::CountingSink; 0 for a sink that does not count).
+  std::size_t bytes_reduced() { return static_cast<std::size_t>(bytes_counted(scheduler_.sink())); }
   // The global gradient norm (the norm of the mean gradient times loss_scale m W); norm_of one
   // list, with the trainer's scratch.
   double gradient_norm();
@@ -219,7 +210,7 @@ class trainer {
         }
       }
     } const views{scheduler_};
-    if constexpr (staged || RankAgreement<Comm>) {
+    if constexpr (staged || RankAgreement<comm_type>) {
       if (sharded()) {
         save_set(path, extra);
         return;
@@ -274,14 +265,14 @@ class trainer {
   [[nodiscard]] bool sharded() const {
     if constexpr (staged) return true;  // every stage holds its own parameters
     if (zero_stage() > 0) return true;
-    if constexpr (!extra_lists.empty() && RankAgreement<Comm>) return comm_.world_size() > 1;
+    if constexpr (!extra_lists.empty() && RankAgreement<comm_type>) return comm_.world_size() > 1;
     return false;
   }
 
  private:
   // Whether `ok` holds on every rank of the data-parallel group.
   [[nodiscard]] bool agree(bool ok) const {
-    if constexpr (RankAgreement<Comm>) return comm_.all_ranks(ok);
+    if constexpr (RankAgreement<comm_type>) return comm_.all_ranks(ok);
     else return ok;
   }
   // Whether `ok` holds on every rank of the job: the replicas, then (a pipeline) every stage.
@@ -292,7 +283,7 @@ class trainer {
   }
   // A value every rank of the job takes from the first (a checkpoint set's name).
   [[nodiscard]] std::int64_t of_first_rank(std::int64_t v) const {
-    if constexpr (RankAgreement<Comm>) v = comm_.of_rank0(v);
+    if constexpr (RankAgreement<comm_type>) v = comm_.of_rank0(v);
     if constexpr (staged) v = pipeline_.of_stage0(v);
     return v;
   }
@@ -356,12 +347,16 @@ class trainer {
   void load_from(std::span<checkpoint_reader const> files, std::string const& where, std::exception_ptr failure,
                  Extra& extra, std::size_t extra_file);
 
-  // Tensor i of the sink's lists, which are every rank's own, of every chunk. From this rank's
-  // shard when the set has one per rank now (and for a list that is the same on every rank, from
-  // shard r mod n). On another rank count a rank's own list (a residual, what it has not sent
-  // yet) is re-sharded so that the sum over the ranks stays what it was: rank r takes the sum of
-  // shards r, r + W, r + 2W, ..., in that order, or zeros when there is none.
-  void read_extras(std::span<checkpoint_reader const> files, std::uint32_t i, std::uint32_t j, std::size_t extra_file);
+  // Tensor i of the sink's lists, which are every rank's own. A resume at the shape that saved
+  // them reads this rank's shard. At another shape (ranks, stages, or both) a rank's own list (a
+  // residual, what it has not sent yet) is re-sharded so that its sum over the ranks that hold
+  // the tensor stays what it was; a list the same on every rank comes from its first holder.
+  void read_extras(std::span<checkpoint_reader const> files, std::uint32_t i, std::uint32_t j, std::size_t extra_file,
+                   bool same_shape);
+  // The shape that saves: {pipeline stages, data-parallel replicas}; and whether `files` were
+  // saved at this one (a checkpoint older than its "trainer.ranks" section: as many shards).
+  [[nodiscard]] std::array<std::int32_t, 2> run_shape() const;
+  [[nodiscard]] bool saved_at_this_shape(std::span<checkpoint_reader const> files) const;
 
   void check_files(std::span<checkpoint_reader const> files, std::string const& where, std::vector<std::size_t>& from);
 
@@ -373,7 +368,7 @@ class trainer {
   [[nodiscard]] exec<backend> const& executor() const noexcept { return ex_; }
   [[nodiscard]] Optimizer const& optimizer() const noexcept { return optimizer_; }
   [[nodiscard]] Offload const& offload() const noexcept { return scheduler_.policy(); }
-  [[nodiscard]] Comm const& comm() const noexcept { return comm_; }
+  [[nodiscard]] comm_type const& comm() const noexcept { return comm_; }
   [[nodiscard]] Compress const& compression() const noexcept { return compress_; }
   [[nodiscard]] Pipeline& pipeline() noexcept { return pipeline_; }
   [[nodiscard]] optim::loss_scaler const& scaler() const noexcept { return scaler_; }
@@ -400,14 +395,15 @@ class trainer {
     return section(prefix.append("/"), name);
   }
   // The lists the gradient sink keeps (an error-feedback residual): "<name>/<tensor>" sections.
-  static constexpr std::span<offload::extra_list const> extra_lists = offload::extra_lists_of<typename Comm::sink_type>();
+  static constexpr std::span<offload::extra_list const> extra_lists = offload::extra_lists_of<typename comm_type::sink_type>();
   static std::string extra_section(std::size_t k, std::string_view name) {
     std::string prefix(extra_lists[k].name);
     return section(prefix.append("/"), name);
   }
   static bool needs_all_gradients(Optimizer const& o) noexcept { return o.clip_norm > 0.f || o.scaling.enabled; }
   // A pipeline of one stage per rank: this stage's parameters (pipeline::part_of); empty otherwise.
-  static pipeline::stage_part stage_of(Spec const& spec, Pipeline const& pipe, Comm const& comm, Optimizer const& opt) {
+  static pipeline::stage_part stage_of(Spec const& spec, Pipeline const& pipe, comm_type const& comm,
+                                       Optimizer const& opt) {
     if constexpr (staged) {
       block_uses const uses = spec.uses();
       pipeline::cut const c = pipe.cut_for(uses.first_block, uses.last_block(), opt.micro_steps, comm.world_size());
@@ -440,12 +436,12 @@ class trainer {
   }
   // The ZeRO stage of the comm policy (tide::train::ShardingPolicy), 0 without one.
   [[nodiscard]] int zero_stage() const noexcept {
-    if constexpr (ShardingPolicy<Comm>) return comm_.zero;
+    if constexpr (ShardingPolicy<comm_type>) return comm_.zero;
     else return 0;
   }
-  static Comm const& checked(Comm const& c) {
-    if constexpr (!RankAgreement<Comm>)
-      TIDE_REQUIRE(c.world_size() <= 1, "make_trainer: the comm policy ", Comm::name, " runs on ", c.world_size(),
+  static comm_type const& checked(comm_type const& c) {
+    if constexpr (!RankAgreement<comm_type>)
+      TIDE_REQUIRE(c.world_size() <= 1, "make_trainer: the comm policy ", comm_type::name, " runs on ", c.world_size(),
                    " ranks but has no all_ranks(bool), of_rank0(int64) and sum_over_ranks(double) "
                    "(tide::train::RankAgreement): without them a failure on one rank is invisible to the others; add them");
     return c;
@@ -459,7 +455,7 @@ class trainer {
   }
 
   Optimizer optimizer_;
-  Comm comm_;
+  comm_type comm_;
   Compress compress_;
   Pipeline pipeline_;
   thread_pool pool_;

@@ -4,6 +4,7 @@
 // the caller's extra sections), a checkpoint set of one file per rank (ZeRO, per-rank residuals,
 // pipeline stages), and the load: the checks it makes before it changes anything, then the reads.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -22,6 +23,7 @@ void trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::add_sections(c
   w.add("model.shape", std::as_bytes(std::span(shape_)));
   state const st{step_, scheduler_.optimizer_steps(), scaler_.scale(), scaler_.good_steps(), scaler_.skipped()};
   w.add_value("trainer.state", st);
+  w.add_value("trainer.ranks", run_shape());  // which shape wrote the sink's lists (read_extras)
   auto const& list = model_.parameters();
   for (std::uint32_t i = 0; i < list.size(); ++i) {
     std::uint32_t const j = local(i);
@@ -135,6 +137,7 @@ void trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::load_from(std:
   TIDE_CHECK(everyone, usage, "checkpoint ", where, ": another rank could not load it (its error says why); "
              "nothing was loaded");
   auto const st = files[0].read_value<state>("trainer.state");
+  bool const same_shape = saved_at_this_shape(files);
   for (std::uint32_t i = 0; i < list.size(); ++i) {
     std::uint32_t const j = local(i);
     if (j == offload::no_index) continue;  // another pipeline stage's
@@ -142,7 +145,7 @@ void trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::load_from(std:
     // ZeRO-3: a chunk this rank does not hold now is gathered from its owner when next used.
     if (scheduler_.holds_parameter(j))
       r.read(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, j));
-    read_extras(files, i, j, extra_file);
+    read_extras(files, i, j, extra_file, same_shape);
     if (!scheduler_.keeps_state(j)) continue;  // ZeRO: the rank that owns its chunk keeps it
     for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
       r.read(state_section(k, list[i].name()), scheduler_.state_bytes(k, j));
@@ -159,27 +162,55 @@ template <class Spec, class Offload, class Optimizer, class Comm, class Compress
 void
 trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::read_extras(std::span<checkpoint_reader const> files,
                                                                          std::uint32_t i, std::uint32_t j,
-                                                                         std::size_t extra_file) {
-  auto const n = static_cast<int>(files.size());
-  int const w = comm_.world_size(), r = comm_.rank();
+                                                                         std::size_t extra_file, bool same_shape) {
   auto const& list = model_.parameters();
   for (std::size_t k = 0; k < extra_lists.size(); ++k) {
     std::string const x = extra_section(k, list[i].name());
     auto const out = scheduler_.extra_bytes(k, j);
-    if (staged || n == w || extra_lists[k].shared) {  // a pipeline's: the same shape (check_files)
+    // The shards that hold the list of this tensor, in shard order.
+    std::vector<std::size_t> holders;
+    for (std::size_t f = 0; f < files.size(); ++f)
+      if (files[f].contains(x)) holders.push_back(f);
+    if (same_shape && files[extra_file].contains(x)) {  // a resume: this rank's own
       files[extra_file].read(x, out);
+      continue;
+    }
+    if (extra_lists[k].shared) {  // the same on every rank that holds it: the first holder's
+      files[holders.front()].read(x, out);
       continue;
     }
     TIDE_ASSERT(extra_lists[k].type == dtype::f32);  // check_files refused the others
     std::fill(out.begin(), out.end(), std::byte{0});
+    // Re-sharded so that the sum over the ranks that hold the tensor stays what it was: the
+    // takers are every rank (no pipeline) or the replicas of the stage that counts the tensor (a
+    // pipeline: a shared tensor's other end takes zeros, or its residual would be sent twice);
+    // taker h of H sums the holders h, h + H, h + 2H, ...
+    if constexpr (staged)
+      if (!stage_.counted[j]) continue;
+    auto const takers = static_cast<std::size_t>(comm_.world_size()), h = static_cast<std::size_t>(comm_.rank());
     reshard_.resize(out.size());
     auto* const acc = reinterpret_cast<float*>(out.data());
     auto const* const add = reinterpret_cast<float const*>(reshard_.data());
-    for (int shard = r; shard < n; shard += w) {
-      files[static_cast<std::size_t>(shard)].read(x, std::span<std::byte>(reshard_));
+    for (std::size_t q = h; q < holders.size(); q += takers) {
+      files[holders[q]].read(x, std::span<std::byte>(reshard_));
       for (std::size_t e = 0; e < out.size() / sizeof(float); ++e) acc[e] += add[e];
     }
   }
+}
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+std::array<std::int32_t, 2> trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::run_shape() const {
+  if constexpr (staged) return {pipeline_.stages, comm_.world_size()};
+  else return {1, comm_.world_size()};
+}
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+bool trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::saved_at_this_shape(
+    std::span<checkpoint_reader const> files) const {
+  using shape = std::array<std::int32_t, 2>;
+  if (files[0].contains("trainer.ranks") && files[0].size_of("trainer.ranks") == sizeof(shape))
+    return files[0].read_value<shape>("trainer.ranks") == run_shape();
+  return files.size() == static_cast<std::size_t>(set_ranks());
 }
 
 template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
@@ -188,6 +219,7 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::check_files(std::sp
                                                                          std::string const& where,
                                                                          std::vector<std::size_t>& from) {
   std::string const shape = shape_text();
+  bool const same_shape = saved_at_this_shape(files);
   state first{};
   for (std::size_t f = 0; f < files.size(); ++f) {
     checkpoint_reader const& r = files[f];
@@ -231,21 +263,21 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::check_files(std::sp
     };
     auto expect = [&](std::string const& name, std::size_t want) { expect_in(files[from[i]], name, want); };
     expect(p, scheduler_.tensor_size(chunk::chunk_role::param, j));
-    for (std::size_t k = 0; k < extra_lists.size(); ++k) {  // every shard has them (read_extras may sum them)
-      if constexpr (staged) {  // each rank's own, by stage: from its own shard of a set of this shape
-        TIDE_CHECK(files.size() == static_cast<std::size_t>(set_ranks()), usage, "checkpoint ", where,
-                   ": the gradient sink's list \"", extra_lists[k].name, "\" is each rank's own, and a pipelined "
-                   "set of ", files.size(), " shards loads it on as many ranks (stages x replicas), not ", set_ranks());
-        expect_in(files[static_cast<std::size_t>(set_rank())], extra_section(k, list[i].name()),
-                  scheduler_.extra_size(k, j));
-        continue;
-      }
-      TIDE_CHECK(extra_lists[k].type == dtype::f32 || extra_lists[k].shared ||
-                     files.size() == static_cast<std::size_t>(comm_.world_size()),
-                 usage, "checkpoint ", where, ": the gradient sink's list \"", extra_lists[k].name, "\" was saved on ",
-                 files.size(), " ranks; loading it on ", comm_.world_size(), " sums shards, which tide does for f32 "
-                 "lists only: load it on ", files.size(), " ranks");
-      for (checkpoint_reader const& f : files) expect_in(f, extra_section(k, list[i].name()), scheduler_.extra_size(k, j));
+    // The sink's lists: every shard that holds one has this tensor's size; a resume reads its own
+    // shard's, another shape sums the holders' (f32 lists only: read_extras).
+    for (std::size_t k = 0; k < extra_lists.size(); ++k) {
+      std::string const x = extra_section(k, list[i].name());
+      bool any = false;
+      for (checkpoint_reader const& f : files)
+        if (f.contains(x)) {
+          expect_in(f, x, scheduler_.extra_size(k, j));
+          any = true;
+        }
+      if (!any) expect_in(files[0], x, scheduler_.extra_size(k, j));  // says which section is missing
+      TIDE_CHECK(same_shape || extra_lists[k].type == dtype::f32 || extra_lists[k].shared, usage, "checkpoint ",
+                 where, ": the gradient sink's list \"", extra_lists[k].name, "\" was saved at another shape (",
+                 files.size(), " shards); loading it here sums shards, which tide does for f32 lists only: load it "
+                 "on the shape that saved it");
     }
     if (!scheduler_.keeps_state(j)) continue;
     for (std::size_t k = 0; k < Optimizer::state_lists; ++k)

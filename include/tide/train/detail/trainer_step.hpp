@@ -49,17 +49,17 @@ double trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::gradient_nor
   if constexpr (staged) {
     // Each parameter once (wte on the first stage, not the last), summed over the stages; under
     // ZeRO-2 and 3 each replica's own chunks, summed over the replicas too.
-    bool const sharded_grads = RankAgreement<Comm> && zero_stage() >= 2 && comm_.world_size() > 1;
+    bool const sharded_grads = RankAgreement<comm_type> && zero_stage() >= 2 && comm_.world_size() > 1;
     owned_grads_.clear();
     for (std::uint32_t i = 0; i < g.size(); ++i)
       if (stage_.counted[i] && (!sharded_grads || scheduler_.keeps_state(i))) owned_grads_.push_back(g[i]);
     double const local = norm_of(owned_grads_);
     double sq = local * local;
-    if constexpr (RankAgreement<Comm>)
+    if constexpr (RankAgreement<comm_type>)
       if (sharded_grads) sq = comm_.sum_over_ranks(sq);
     return std::sqrt(pipeline_.sum_over_stages(sq));
   }
-  if constexpr (RankAgreement<Comm>) {
+  if constexpr (RankAgreement<comm_type>) {
     if (zero_stage() >= 2 && comm_.world_size() > 1) {
       // ZeRO-2: a rank holds the summed gradients of its own chunks only; the norm is the root
       // of their squares summed over the ranks (a non-finite one poisons the sum on every rank).
