@@ -600,9 +600,9 @@ int train_gpt(int argc, char** argv) {
           ? activation_plan(config, model_options(opt, config), opt.batch, opt.seq).host_bytes : 0;
   auto const chunked = [&]<class Policy>(Policy) {
     return off::chunked<Policy>{.chunk_bytes = chunk,
-                                .host_budget = opt.host_budget == 0 ? 0 : opt.host_budget + reserve,
-                                .spill_folder = opt.spill_folder,
-                                .host_reserve = reserve};
+                                .memory = {.host_budget = opt.host_budget == 0 ? 0 : opt.host_budget + reserve,
+                                           .spill_folder = opt.spill_folder,
+                                           .host_reserve = reserve}};
   };
   if (opt.scheduler == "chunked") return run(opt, place, chunked(off::belady{}), config, model_data);
   if (opt.scheduler == "chunked-lru") return run(opt, place, chunked(off::lru{}), config, model_data);

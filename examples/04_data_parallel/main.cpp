@@ -265,14 +265,14 @@ tide::offload::chunked<tide::offload::belady> offload_for(options const& opt, ti
   }
   std::size_t const activations = tide::round_up(plan.footprint, 256);
   std::size_t const reserve = opt.host_budget != 0 && opt.offload_activations ? plan.host_bytes : 0;
-  tide::offload::chunked<tide::offload::belady> off{.chunk_bytes = 256_KiB,
-                                                    .host_budget = opt.host_budget == 0 ? 0 : opt.host_budget + reserve,
-                                                    .host_reserve = reserve};
+  tide::offload::chunked<tide::offload::belady> off{
+      .chunk_bytes = 256_KiB,
+      .memory = {.host_budget = opt.host_budget == 0 ? 0 : opt.host_budget + reserve, .host_reserve = reserve}};
   if (opt.host_budget > 0) {  // one folder a rank: each rank's file holds its own chunks' state
-    off.spill_folder = fs::path(opt.spill_folder) / ("rank-" + std::to_string(rank));
+    off.memory.spill_folder = fs::path(opt.spill_folder) / ("rank-" + std::to_string(rank));
     std::error_code ec;
-    fs::create_directories(off.spill_folder, ec);
-    TIDE_CHECK(!ec, io, "--spill-folder ", off.spill_folder.string(), ": cannot create it: ", ec.message());
+    fs::create_directories(off.memory.spill_folder, ec);
+    TIDE_CHECK(!ec, io, "--spill-folder ", off.memory.spill_folder.string(), ": cannot create it: ", ec.message());
   }
   tide::offload::scheduler<tide::host, float, decltype(off)> const probe{
       ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config), off};

@@ -195,14 +195,14 @@ TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: activat
 TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: bf16 with gradient-slot reuse") {
   // The gradients hold the parameter slots when the failure comes: the step puts the parameters
   // back from the masters, and the checkpoint after it is the bytes of the one before.
-  off::chunked<off::belady> cfg{.chunk_bytes = chunk_bytes / 2, .reuse_grad_slots = true};
+  off::chunked<off::belady> cfg{.chunk_bytes = chunk_bytes / 2, .memory = {.reuse_grad_slots = true}};
   cfg.device_budget = tight<tide::bf16>(cfg);
   check_faults<decltype(cfg), tide::bf16>(cfg, "chunked<belady>, bf16, reuse_grad_slots");
-  cfg.keep_host_copies = false;  // every eviction of a parameter chunk is a copy
+  cfg.memory.keep_host_copies = false;  // every eviction of a parameter chunk is a copy
   check_faults<decltype(cfg), tide::bf16>(cfg, "chunked<belady>, bf16, reuse_grad_slots, no host copies");
   // static_partition pins the parameters again after each step's updates: a failure there comes
   // after the slots hold parameters again, and the step is still undone.
-  off::static_partition part{.chunk_bytes = chunk_bytes / 2, .reuse_grad_slots = true};
+  off::static_partition part{.chunk_bytes = chunk_bytes / 2, .memory = {.reuse_grad_slots = true}};
   part.device_budget = tight<tide::bf16>(part);
   check_faults<decltype(part), tide::bf16>(part, "static_partition, bf16, reuse_grad_slots");
 }
@@ -219,8 +219,8 @@ TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: bf16 wi
   off::scheduler<host, tide::bf16, off::chunked<off::belady>> probe{ex, arena, spec<tide::bf16>.parameters(),
                                                                     spec<tide::bf16>.uses(), cfg};
   std::size_t const n = probe.layout().chunks(), chunk = probe.chunk_bytes();
-  cfg.host_budget = n * tide::round_up(chunk, 256) + (n / 2) * 3 * tide::round_up(2 * chunk, 256);
-  cfg.spill_folder = folder.path;
+  cfg.memory.host_budget = n * tide::round_up(chunk, 256) + (n / 2) * 3 * tide::round_up(2 * chunk, 256);
+  cfg.memory.spill_folder = folder.path;
   check_faults<decltype(cfg), tide::bf16>(cfg, "chunked<belady>, bf16, masters on file");
   auto t = tide::train::make_trainer(spec<tide::bf16>, cfg, overlapped);
   (void)t.step(view_of<decltype(t)>(data_of(0)));
@@ -241,8 +241,8 @@ TEST_CASE("a failed allocation or copy anywhere in a step loses nothing: paramet
   tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
   off::scheduler<host, float, off::chunked<off::belady>> probe{ex, arena, spec<>.parameters(), spec<>.uses(), cfg};
   std::size_t const n = probe.layout().chunks();
-  cfg.host_budget = (n / 2) * tide::round_up(probe.chunk_bytes(), 256) + 256;
-  cfg.spill_folder = folder.path;
+  cfg.memory.host_budget = (n / 2) * tide::round_up(probe.chunk_bytes(), 256) + 256;
+  cfg.memory.spill_folder = folder.path;
   check_faults(cfg, "chunked<belady>, parameters on file");
   auto t = tide::train::make_trainer(spec<>, cfg, overlapped);
   (void)t.step(view_of<decltype(t)>(data_of(0)));
@@ -321,7 +321,7 @@ TEST_CASE("a host capacity too small for the model data is a budget error at con
   std::size_t const peak = free.scheduler().host_pool_stats().peak_bytes_held;
   REQUIRE(peak > kept);  // a step takes more: undo copies, the gradients of the host steps
 
-  cfg.host_capacity = kept / 2;
+  cfg.memory.host_capacity = kept / 2;
   try {
     (void)tide::train::make_trainer(spec<>, cfg, overlapped);
     FAIL("a host capacity of half the model data did not throw");
@@ -329,7 +329,7 @@ TEST_CASE("a host capacity too small for the model data is a budget error at con
     CHECK(e.category() == tide::errc::budget);
     CHECK(has_text(e.message(), "host_capacity"));
   }
-  cfg.host_capacity = kept + (peak - kept) / 2;
+  cfg.memory.host_capacity = kept + (peak - kept) / 2;
   auto short_of = tide::train::make_trainer(spec<>, cfg, overlapped);
   short_of.save(dir.path / "before");
   try {
@@ -341,7 +341,7 @@ TEST_CASE("a host capacity too small for the model data is a budget error at con
   CHECK(short_of.steps() == 0);
   short_of.save(dir.path / "after");
   CHECK(file_text(dir.path / "after") == file_text(dir.path / "before"));
-  cfg.host_capacity = peak;  // what the step took: it trains, to the bits of no limit
+  cfg.memory.host_capacity = peak;  // what the step took: it trains, to the bits of no limit
   auto enough = tide::train::make_trainer(spec<>, cfg, overlapped);
   (void)enough.step(view_of<decltype(enough)>(data_of(0)));
   auto const want = params_of(free), got = params_of(enough);

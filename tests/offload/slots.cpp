@@ -304,9 +304,9 @@ TEST_CASE("an optimizer of three state lists offloads, checkpoints a section per
   // other chunks' lists live in a file, and training goes on to the same bits.
   std::size_t const n = a.scheduler().layout().chunks(), block = tide::round_up(a.scheduler().chunk_bytes(), 256);
   auto spilling = policy;
-  spilling.host_budget = n * block + (n / 2) * amsgrad::state_lists * block;
+  spilling.memory.host_budget = n * block + (n / 2) * amsgrad::state_lists * block;
   tide::test::scratch_dir spill("amsgrad_spill");
-  spilling.spill_folder = spill.path;
+  spilling.memory.spill_folder = spill.path;
   auto c = tide::train::make_trainer(spec, spilling, o);
   run(c, 0, 6);
   for (std::size_t k = 0; k < amsgrad::state_lists; ++k)

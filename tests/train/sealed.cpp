@@ -177,8 +177,8 @@ TEST_CASE("make_trainer on sealed: the NVMe tier, with state and with parameters
     auto run = [&]<tide::Backend B>(B) {
       tide::test::scratch_dir const folder{"sealed_nvme"};
       auto cfg = policy;
-      cfg.host_budget = host_budget;
-      cfg.spill_folder = folder.path;
+      cfg.memory.host_budget = host_budget;
+      cfg.memory.spill_folder = folder.path;
       auto t = tide::train::make_trainer(spec_on<B>(), cfg, opt);
       feeder<decltype(t)> feed;
       std::vector<float> losses;
@@ -232,7 +232,7 @@ TEST_CASE("make_trainer on sealed: bf16 parameters with fp32 masters keep the ho
   each(policy, "chunked<belady> with room");
   policy.device_budget = tide::test::scheduler_minimum<decltype(policy), tide::bf16>(config, policy, batch, seq) + 4_KiB;
   each(policy, "chunked<belady> at its minimum: state on the host");
-  policy.reuse_grad_slots = true;  // the gradients take their parameters' slots; the masters round them back
+  policy.memory.reuse_grad_slots = true;  // the gradients take their parameters' slots; the masters round them back
   policy.device_budget = 64_MiB;
   each(policy, "chunked<belady> with room, gradient-slot reuse");
   policy.device_budget = tide::test::scheduler_minimum<decltype(policy), tide::bf16>(config, policy, batch, seq) + 4_KiB;

@@ -186,8 +186,8 @@ TEST_CASE("offloaded activations go through the scheduler: its copy engine, host
   tide::test::scratch_dir const dir("spill_activations");
   std::size_t const n = t.scheduler().layout().chunks(), block = tide::round_up(t.scheduler().chunk_bytes(), 256);
   off::chunked<off::belady> bounded = low;
-  bounded.host_budget = n * block + n * 2 * block;  // parameters, m and v: nothing goes to file
-  bounded.spill_folder = dir.path;
+  bounded.memory.host_budget = n * block + n * 2 * block;  // parameters, m and v: nothing goes to file
+  bounded.memory.spill_folder = dir.path;
   {
     auto u = tide::train::make_trainer(lean, bounded, clipped);
     auto const before = params_of(u);
@@ -206,7 +206,7 @@ TEST_CASE("offloaded activations go through the scheduler: its copy engine, host
   }
   // host_reserve keeps room for them: the NVMe tier takes as many more chunks' state to file as
   // that needs, and the run is the same bits.
-  bounded.host_reserve = host_bytes;
+  bounded.memory.host_reserve = host_bytes;
   auto v = tide::train::make_trainer(lean, bounded, clipped);
   for (int s = 0; s < 6; ++s) (void)v.step(view_of<decltype(v)>(data_of(s)));
   CHECK(same(params_of(v), resident));
@@ -215,9 +215,9 @@ TEST_CASE("offloaded activations go through the scheduler: its copy engine, host
   CHECK(v.scheduler().activation_host_bytes() == host_bytes);
   // A reserve of the whole budget leaves nothing for the model data, and a reserve without a
   // budget reserves nothing: both refused at construction.
-  bounded.host_reserve = bounded.host_budget;
+  bounded.memory.host_reserve = bounded.memory.host_budget;
   CHECK_THROWS_AS(tide::train::make_trainer(lean, bounded, clipped), tide::error);
-  bounded.host_budget = 0;
+  bounded.memory.host_budget = 0;
   CHECK_THROWS_AS(tide::train::make_trainer(lean, bounded, clipped), tide::error);
 }
 
@@ -290,8 +290,8 @@ off::chunked<off::belady> spilling(std::filesystem::path const& folder, std::siz
   off::scheduler<host, float, off::chunked<off::belady>> probe{ex, arena, spec.parameters(), spec.uses(), tight_belady};
   std::size_t const n = probe.layout().chunks(), block = tide::round_up(probe.chunk_bytes(), 256);
   off::chunked<off::belady> o = tight_belady;
-  o.host_budget = n * block + (n / 2) * 2 * block;  // parameters, and Adam's m and v of n / 2 chunks
-  o.spill_folder = folder;
+  o.memory.host_budget = n * block + (n / 2) * 2 * block;  // parameters, and Adam's m and v of n / 2 chunks
+  o.memory.spill_folder = folder;
   if (spilled_chunks != nullptr) *spilled_chunks = n - n / 2;
   return o;
 }
@@ -529,8 +529,8 @@ TEST_CASE("the NVMe tier: host budgets that cannot work are refused, saying what
   // it a budget this small puts the parameters on file too: see the test below.)
   tide::nn::gpt_spec<host, tide::bf16> const spec16{.config = config, .options = {.seed = 3}};
   auto small = o;
-  small.host_budget = 1024;
-  small.reuse_grad_slots = true;
+  small.memory.host_budget = 1024;
+  small.memory.reuse_grad_slots = true;
   try {
     auto t = tide::train::make_trainer(spec16, small, clipped);
     FAIL("a host budget below the parameters that stay on the host was taken");
@@ -540,13 +540,23 @@ TEST_CASE("the NVMe tier: host budgets that cannot work are refused, saying what
     CHECK(std::string(e.what()).find("reuse_grad_slots") != std::string::npos);
   }
   auto no_folder = o;
-  no_folder.spill_folder.clear();
+  no_folder.memory.spill_folder.clear();
   auto const [c2, m2] = refusal(no_folder);
   CHECK(c2 == tide::errc::usage);
   CHECK(m2.find("spill_folder") != std::string::npos);
   auto missing = o;
-  missing.spill_folder = dir.path / "not_there";
+  missing.memory.spill_folder = dir.path / "not_there";
   CHECK(refusal(missing).first == tide::errc::io);
+  // The NVMe tier is chunked's: another policy given its knobs is refused, naming them.
+  auto const tier_refused = [&](auto policy) {
+    policy.memory.host_budget = o.memory.host_budget;
+    policy.memory.spill_folder = dir.path;
+    CHECK_THROWS_WITH_AS(tide::train::make_trainer(spec, policy, clipped),
+                         doctest::Contains("has no NVMe tier; memory.host_budget"), tide::error);
+  };
+  tier_refused(off::layer_window<2>{.device_budget = 64_MiB});
+  tier_refused(off::static_partition{.device_budget = 64_MiB});
+  tier_refused(off::resident{});
 }
 
 TEST_CASE("loss scaling by a power of two changes no bits") {
@@ -761,8 +771,8 @@ TEST_CASE("bf16 parameters with fp32 masters: offloaded equals resident, bit for
     tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
     off::scheduler<host, tide::bf16, off::chunked<off::belady>> probe{ex, arena, spec16.parameters(), spec16.uses(),
                                                                       chunked};
-    spilled.host_budget = half_state_spilled(probe.layout().chunks(), probe.chunk_bytes(), false);
-    spilled.spill_folder = dir.path;
+    spilled.memory.host_budget = half_state_spilled(probe.layout().chunks(), probe.chunk_bytes(), false);
+    spilled.memory.spill_folder = dir.path;
   }
   auto t = tide::train::make_trainer(spec16, spilled, clipped);
   std::vector<float> ls;
@@ -821,7 +831,7 @@ void resumes_exactly(tide::nn::gpt_spec<host, T> const& model, Offload const& wi
     INFO("resumed with the tier: " << on_resume);
     tide::test::scratch_dir const other("resume_elsewhere");
     auto into = with;
-    into.spill_folder = other.path;
+    into.memory.spill_folder = other.path;
     auto b = tide::train::make_trainer(model, on_resume ? into : without, clipped);
     b.load(ckpt);
     for (int s = at; s < 6; ++s) {
@@ -846,9 +856,9 @@ TEST_CASE("gradient-slot reuse: bf16 gradients take their parameters' slots, the
   off::chunked<off::belady> plain{.chunk_bytes = 10_KiB};
   plain.device_budget = tide::test::scheduler_minimum<decltype(plain), tide::bf16>(deeper, plain, batch, seq) + 16_KiB;
   auto reuse = plain;
-  reuse.reuse_grad_slots = true;
+  reuse.memory.reuse_grad_slots = true;
   auto lean = reuse;  // and no host copies of device-resident parameter chunks
-  lean.keep_host_copies = false;
+  lean.memory.keep_host_copies = false;
   tide::thread_pool pool{1};
   tide::exec<host> ex{pool};
   tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
@@ -877,8 +887,8 @@ TEST_CASE("gradient-slot reuse: bf16 gradients take their parameters' slots, the
   // The masters stay on the host (a skipped step rounds the parameters back from them).
   tide::test::scratch_dir const dir("reuse_spill");
   auto spilled = reuse;
-  spilled.host_budget = half_state_spilled(n, chunk, true);
-  spilled.spill_folder = dir.path;
+  spilled.memory.host_budget = half_state_spilled(n, chunk, true);
+  spilled.memory.spill_folder = dir.path;
   auto const with_file = run_bf16(spilled, clipped, 4, deeper);
   CHECK(same_bits(run_bf16(plain, clipped, 4, deeper), with_file));
   std::size_t const block = tide::round_up(tide::round_up(2 * chunk, 256), 4096);  // an fp32 list's file block
@@ -892,7 +902,7 @@ TEST_CASE("gradient-slot reuse: bf16 gradients take their parameters' slots, the
   }
   tide::test::scratch_dir const other("reuse_spill_resume");
   auto into = spilled;
-  into.spill_folder = other.path;
+  into.memory.spill_folder = other.path;
   auto b = tide::train::make_trainer(spec16, into, clipped);
   b.load(dir.path / "ckpt");
   for (int s = 2; s < 4; ++s) {
@@ -911,11 +921,11 @@ TEST_CASE("make_trainer passes host_steps_in_flight: -1 is refused, naming it; r
   for (int q : {1, 0}) {
     INFO("host_steps_in_flight = " << q);
     auto other = four;
-    other.host_steps_in_flight = q;
+    other.memory.host_steps_in_flight = q;
     CHECK(same_bits(a, run_bf16(other, overlapped, 4, deeper)));
   }
   auto bad = four;
-  bad.host_steps_in_flight = -1;
+  bad.memory.host_steps_in_flight = -1;
   CHECK_THROWS_WITH_AS(run_bf16(bad, overlapped, 1, deeper), doctest::Contains("host_steps_in_flight = -1"),
                        tide::error);
 }
@@ -933,8 +943,8 @@ TEST_CASE("the NVMe tier with bf16 parameters: the fp32 masters go to file with 
   std::size_t const list = tide::round_up(2 * chunk, 256), block = tide::round_up(list, 4096), k = n - n / 2;
   tide::test::scratch_dir const dir("spill_masters");
   auto spilled = plain;
-  spilled.host_budget = half_state_spilled(n, chunk, false);
-  spilled.spill_folder = dir.path;
+  spilled.memory.host_budget = half_state_spilled(n, chunk, false);
+  spilled.memory.spill_folder = dir.path;
 
   // Bit-identical to resident; each step reads and writes three lists of each spilled chunk; the
   // host keeps less by the spilled chunks' masters, m and v, less the two staging blocks. (That
@@ -960,8 +970,8 @@ TEST_CASE("the NVMe tier with bf16 parameters: the fp32 masters go to file with 
   {
     tide::test::scratch_dir const all_dir("spill_masters_all");
     auto all = spilled;
-    all.host_budget = n * tide::round_up(chunk, 256) + 256;  // the bf16 chunks, and nothing more
-    all.spill_folder = all_dir.path;
+    all.memory.host_budget = n * tide::round_up(chunk, 256) + 256;  // the bf16 chunks, and nothing more
+    all.memory.spill_folder = all_dir.path;
     {
       auto a = tide::train::make_trainer(spec16, all, clipped);
       REQUIRE(a.scheduler().state_list(0)[0].payload() == nullptr);  // chunk 0 on file
@@ -1047,8 +1057,8 @@ TEST_CASE("the NVMe tier: past the whole optimizer state, parameter chunks go to
   REQUIRE(n >= 4);
   tide::test::scratch_dir const dir("spill_params");
   auto o = tight_belady;
-  o.spill_folder = dir.path;
-  o.host_budget = (n / 2) * block + 256;  // half the parameter chunks: every chunk's state and the rest go to file
+  o.memory.spill_folder = dir.path;
+  o.memory.host_budget = (n / 2) * block + 256;  // half the parameter chunks: every chunk's state and the rest go to file
   std::size_t const on_file = n - n / 2;
   std::vector<float> losses;
   auto const resident = train(off::resident{}, clipped, 6, &losses);
@@ -1081,8 +1091,8 @@ TEST_CASE("the NVMe tier: past the whole optimizer state, parameter chunks go to
   // the blocks of fetches once in flight, and the undo copies of the chunks stepped.)
   tide::test::scratch_dir const state_dir("spill_params_state_only");
   auto state_only = tight_belady;
-  state_only.spill_folder = state_dir.path;
-  state_only.host_budget = n * block + 256;  // the parameters: every chunk's state goes to file
+  state_only.memory.spill_folder = state_dir.path;
+  state_only.memory.host_budget = n * block + 256;  // the parameters: every chunk's state goes to file
   {
     auto u = tide::train::make_trainer(spec, state_only, clipped);
     for (int s = 0; s < 6; ++s) (void)u.step(view_of<decltype(u)>(data_of(s)));
@@ -1101,8 +1111,8 @@ TEST_CASE("the NVMe tier: past the whole optimizer state, parameter chunks go to
   {
     tide::test::scratch_dir const all_dir("spill_params_all");
     auto all = o;
-    all.spill_folder = all_dir.path;
-    all.host_budget = 4096;
+    all.memory.spill_folder = all_dir.path;
+    all.memory.host_budget = 4096;
     auto a = tide::train::make_trainer(spec, all, clipped);
     auto const& pool_stats = a.scheduler().host_pool_stats();
     INFO("built: host bytes at their peak " << pool_stats.peak_bytes_requested << ", " << n << " chunks of " << block);
@@ -1122,7 +1132,7 @@ TEST_CASE("the NVMe tier: past the whole optimizer state, parameter chunks go to
   // tide::error(io), changes no parameter, and the run goes on to the same bits.
   tide::test::scratch_dir const fail_dir("spill_params_fail");
   auto failing = o;
-  failing.spill_folder = fail_dir.path;
+  failing.memory.spill_folder = fail_dir.path;
   auto f = tide::train::make_trainer(spec, failing, clipped);
   for (int s = 0; s < 2; ++s) (void)f.step(view_of<decltype(f)>(data_of(s)));
   auto const before = params_of(f);
@@ -1154,8 +1164,8 @@ TEST_CASE("the NVMe tier: past the whole optimizer state, parameter chunks go to
   plain.device_budget = tide::test::scheduler_minimum<decltype(plain), tide::bf16>(deeper, plain, batch, seq) + 16_KiB;
   tide::test::scratch_dir const d16("spill_params_bf16");
   auto p16 = plain;
-  p16.spill_folder = d16.path;
-  p16.host_budget = 4096;
+  p16.memory.spill_folder = d16.path;
+  p16.memory.host_budget = 4096;
   auto const r16 = run_bf16(off::resident{}, clipped, 6, deeper);
   CHECK(same_bits(r16, run_bf16(p16, clipped, 6, deeper)));
   // Read right after the first step, whose placement read the parameters on file to make the
@@ -1165,7 +1175,7 @@ TEST_CASE("the NVMe tier: past the whole optimizer state, parameter chunks go to
     off::scheduler<host, tide::bf16, off::chunked<off::belady>> probe16{ex, arena, spec16.parameters(), spec16.uses(),
                                                                         plain};
     auto last_only = p16;
-    last_only.host_budget = (probe16.layout().chunks() - 1) * tide::round_up(probe16.chunk_bytes(), 256) + 256;
+    last_only.memory.host_budget = (probe16.layout().chunks() - 1) * tide::round_up(probe16.chunk_bytes(), 256) + 256;
     auto const one = run_bf16(off::resident{}, clipped, 1, deeper);
     CHECK(same_bits(one, run_bf16(last_only, clipped, 1, deeper)));
     CHECK(same_bits(one, run_bf16(p16, clipped, 1, deeper)));
@@ -1175,7 +1185,7 @@ TEST_CASE("the NVMe tier: past the whole optimizer state, parameter chunks go to
 
 TEST_CASE("gradient-slot reuse is refused where it cannot be exact, saying why") {
   auto reuse = tight_belady;
-  reuse.reuse_grad_slots = true;
+  reuse.memory.reuse_grad_slots = true;
   auto refused = [](auto&& make, char const* says) {
     try {
       make();
@@ -1189,7 +1199,7 @@ TEST_CASE("gradient-slot reuse is refused where it cannot be exact, saying why")
   refused([&] { (void)tide::train::make_trainer(spec, reuse, clipped); }, "needs bf16 or f16 parameters");
   tide::nn::gpt_spec<host, tide::bf16> const spec16{.config = config, .options = {.seed = 3}};
   auto reuse16 = tight<off::chunked<off::belady>, tide::bf16>({.chunk_bytes = 10_KiB});
-  reuse16.reuse_grad_slots = true;
+  reuse16.memory.reuse_grad_slots = true;
   auto accumulating = clipped;
   accumulating.micro_steps = 2;
   refused([&] { (void)tide::train::make_trainer(spec16, reuse16, accumulating); }, "micro_steps = 2");
@@ -1212,7 +1222,7 @@ TEST_CASE("f16 with loss scaling: overflowing steps are skipped, the scale halve
     auto opt = clipped;
     opt.scaling = {.enabled = true, .initial = 16777216.f, .growth_interval = 1000};  // 2^24 overflows f16 (65504)
     auto offload = tight<off::chunked<off::belady>, tide::f16>({.chunk_bytes = 10_KiB});
-    offload.reuse_grad_slots = reuse;
+    offload.memory.reuse_grad_slots = reuse;
     auto t = tide::train::make_trainer(spec16, offload, opt);
     auto params = [&] {
       std::vector<std::vector<tide::f16>> out;

@@ -12,6 +12,24 @@
 
 namespace tide::offload {
 
+// The host-side memory knobs every scheduler policy carries as `.memory`, which make_trainer
+// passes to its scheduler: the fields of scheduler_options below of the same names say what each
+// does. One struct, so a misspelled knob is a compile error, not a knob silently ignored.
+//
+//   tide::offload::chunked<tide::offload::belady>{.device_budget = 2_GiB,
+//       .memory = {.host_budget = 48_GiB, .spill_folder = "/mnt/nvme/tide"}}
+struct memory_options {
+  bool reuse_grad_slots = false;  // bf16 / f16: gradients take their parameters' slots (14 B/param)
+  bool keep_host_copies = true;   // a fetched parameter chunk keeps its host block
+  int host_steps_in_flight = 4;   // the gradient ring of the host steps (0: none)
+  std::size_t host_capacity = 0;  // the most host memory the engine may hold (0: no limit)
+  // The NVMe tier (chunked only: its policy says nvme_tier): model data kept on the host between
+  // steps (0: no limit), the folder for what goes past it, and the room kept for activations.
+  std::size_t host_budget = 0;
+  std::filesystem::path spill_folder{};
+  std::size_t host_reserve = 0;
+};
+
 struct scheduler_options {
   float grad_scale = 1.f;        // multiplies every gradient in the step (clipping, loss-scale unscaling)
   int micro_steps = 1;           // backward passes per optimizer step (gradient accumulation)

@@ -32,6 +32,7 @@
 #include "tide/chunk/memory_tracer.hpp"
 #include "tide/core/parameters.hpp"
 #include "tide/offload/policy.hpp"
+#include "tide/offload/scheduler_options.hpp"
 
 namespace tide::offload {
 
@@ -89,6 +90,20 @@ concept SchedulerPolicy =
       p.after_warm_up(e, ctx);
       p.after_step(e);
     };
+
+// Optional: the host-side knobs make_trainer passes to its scheduler, as `.memory` (every policy
+// of offload/schedulers.hpp has it; without it, the defaults); and `nvme_tier` (true: the policy
+// places state so that the NVMe tier's knobs apply: chunked; without it, false, and make_trainer
+// refuses memory.host_budget, spill_folder and host_reserve).
+template <class P>
+concept MemoryKnobs = requires(P const& p) {
+  { p.memory } -> std::convertible_to<memory_options>;
+};
+template <class P>
+inline constexpr bool nvme_tier_v = [] {
+  if constexpr (requires { { P::nvme_tier } -> std::convertible_to<bool>; }) return bool{P::nvme_tier};
+  else return false;
+}();
 
 // `static_assert(check_scheduler_policy<P>())`: the first missing member fails with a sentence.
 template <class P>

@@ -29,6 +29,7 @@
 #include "tide/core/error.hpp"
 #include "tide/core/parameters.hpp"
 #include "tide/offload/policy.hpp"
+#include "tide/offload/scheduler_options.hpp"
 #include "tide/offload/scheduler_policy.hpp"
 
 namespace tide::offload {
@@ -59,8 +60,7 @@ struct resident {
   std::size_t device_budget = 0;
   std::size_t chunk_bytes = 0;  // 0: one chunk size from the search (only the layout; nothing moves)
   belady policy{};              // never asked: nothing is evicted
-  bool reuse_grad_slots = false;  // scheduler_options::reuse_grad_slots (through make_trainer)
-  bool keep_host_copies = true;   // scheduler_options::keep_host_copies (through make_trainer)
+  memory_options memory{};      // host-side knobs, passed on by make_trainer (offload/scheduler_options.hpp)
   static constexpr bool moves_data = false;
 
   static std::string name() { return "resident"; }
@@ -105,26 +105,13 @@ struct chunked {
   int prefetch_moments = 0;     // how many moments ahead chunks are fetched; 0: as far as the budget allows
   int max_in_flight_copies = 4; // prefetch copies outstanding at once
   Policy policy{};
-  // The NVMe tier (make_trainer passes them to scheduler_options): host bytes for the model data
-  // kept between steps (0: no limit); past them, the optimizer state of the last chunks (with
-  // bf16 / f16 their fp32 masters too, unless reuse_grad_slots) lives in a file under spill_folder,
-  // and past every chunk's state the last parameter chunks too.
-  std::size_t host_budget = 0;
-  std::filesystem::path spill_folder{};
-  // Of host_budget, the room kept for the model's offloaded activations (scheduler_options::host_reserve).
-  std::size_t host_reserve = 0;
-  // Gradient-slot reuse (make_trainer passes it to scheduler_options::reuse_grad_slots): bf16 /
-  // f16 gradients take their parameters' slots once complete, 14 bytes per parameter, not 16.
-  bool reuse_grad_slots = false;
-  // scheduler_options::keep_host_copies: false frees a fetched parameter chunk's host block
-  // (less host memory, a copy back per eviction).
-  bool keep_host_copies = true;
-  // scheduler_options::host_steps_in_flight: the gradient ring's blocks, host steps queued beside
-  // backward before the next one waits (0: no ring, every gradient keeps its block until step()).
-  int host_steps_in_flight = 4;
-  // scheduler_options::host_capacity: the most host memory the engine may hold (0: no limit).
-  std::size_t host_capacity = 0;
+  // Host-side knobs, passed on by make_trainer (offload/scheduler_options.hpp), the NVMe tier
+  // among them: past memory.host_budget of model data kept between steps, the optimizer state of
+  // the last chunks (with bf16 / f16 their fp32 masters too, unless reuse_grad_slots) lives in a
+  // file under memory.spill_folder, and past every chunk's state the last parameter chunks too.
+  memory_options memory{};
   static constexpr bool moves_data = true;
+  static constexpr bool nvme_tier = true;
 
   static std::string name() { return tide::detail::concat("chunked<", Policy::name, ">"); }
   [[nodiscard]] chunk::chunk_layout layout(parameter_list const& params, block_uses const&, std::size_t budget,
@@ -174,10 +161,7 @@ struct layer_window {
   int max_in_flight_copies = 4;
   belady policy{};  // a layer outside the window: the one used furthest ahead leaves
   int chosen = 0;   // the window in use: set at the first moment, chosen again after the warm-up (W = 0)
-  bool reuse_grad_slots = false;  // scheduler_options::reuse_grad_slots (through make_trainer)
-  bool keep_host_copies = true;   // scheduler_options::keep_host_copies (through make_trainer)
-  int host_steps_in_flight = 4;   // scheduler_options::host_steps_in_flight (through make_trainer)
-  std::size_t host_capacity = 0;  // scheduler_options::host_capacity (through make_trainer)
+  memory_options memory{};  // host-side knobs, passed on by make_trainer (offload/scheduler_options.hpp)
   static constexpr bool moves_data = true;
 
   static std::string name() {
@@ -234,10 +218,7 @@ struct static_partition {
   std::size_t chunk_bytes = 0;  // 0: searched as for chunked
   std::size_t reserved = 0;
   belady policy{};              // gradient chunks over the budget: the one used furthest ahead leaves
-  bool reuse_grad_slots = false;  // scheduler_options::reuse_grad_slots (through make_trainer)
-  bool keep_host_copies = true;   // scheduler_options::keep_host_copies (through make_trainer)
-  int host_steps_in_flight = 4;   // scheduler_options::host_steps_in_flight (through make_trainer)
-  std::size_t host_capacity = 0;  // scheduler_options::host_capacity (through make_trainer)
+  memory_options memory{};      // host-side knobs, passed on by make_trainer (offload/scheduler_options.hpp)
   static constexpr bool moves_data = true;
 
   static std::string name() { return "static_partition"; }
