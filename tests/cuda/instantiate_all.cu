@@ -15,6 +15,9 @@
 #include <tide/nn/gpt.hpp>
 #include <tide/offload/scheduler.hpp>
 #include <tide/offload/simulate.hpp>
+#include <tide/optim/adam.hpp>
+#include <tide/optim/sgd.hpp>
+#include <tide/train/trainer.hpp>
 
 namespace {
 
@@ -169,7 +172,7 @@ void memory_of() {
   (void)cache.allocate(256);
 }
 
-// ---- chunk/ and offload/: host logic through nvcc (the scheduler itself runs on tide::host only) ----
+// ---- chunk/ and offload/: host logic through nvcc ------------------------------------------------
 void offload_of(tide::exec<tide::host> const& hx) {
   tide::memory::device_arena<tide::host> arena{{.budget = 1 << 20}};
   tide::nn::gpt_config const cfg{.layers = 1, .heads = 1, .channels = 8, .vocab = 8, .max_seq = 4};
@@ -179,6 +182,45 @@ void offload_of(tide::exec<tide::host> const& hx) {
   tide::chunk::access_trace const trace(2);
   (void)tide::offload::simulate(trace, 2, tide::offload::lru{});
   (void)tide::offload::simulate(trace, 2, tide::offload::fifo{});
+}
+
+// ---- the engine, nn::gpt and make_trainer on tide::cuda: compiled, never run on a GPU ----------
+// The scheduler under every policy with the model's hooks (forward, backward, the step, the
+// gathers), f32 and bf16; then make_trainer with each optimizer's device update, clipping (the
+// norm on the device), checkpoints.
+template <class Policy, class T>
+void engine_on_cuda(cuda_exec const& ex, tide::memory::device_arena<tide::cuda>& arena) {
+  namespace off = tide::offload;
+  tide::nn::gpt_config const cfg{.layers = 1, .heads = 1, .channels = 8, .vocab = 8, .max_seq = 4};
+  using sched = off::scheduler<tide::cuda, T, Policy>;
+  sched s{ex, arena, tide::nn::gpt_parameters(cfg, tide::dtype_of<T>), tide::nn::gpt_block_uses(cfg), Policy{}};
+  tide::nn::gpt<tide::cuda, T, off::hooks<sched>> m{cfg, arena, {}, off::hooks<sched>{&s}};
+  typename decltype(m)::batch_type const b{};
+  (void)m.forward(ex, b);
+  m.backward(ex);
+  s.step();
+  s.gather_parameters();
+  (void)s.read_param(0);
+}
+template <class T, class Policy, class Optimizer>
+void trainer_on_cuda(Policy const& policy, Optimizer const& opt) {
+  auto t = tide::train::make_trainer(tide::nn::gpt_spec<tide::cuda, T>{}, policy, opt);
+  typename decltype(t)::batch_type const b{};
+  (void)t.step(b);
+  t.save("never");
+  t.load("never");
+}
+void engine_and_trainer_of(cuda_exec const& ex) {
+  namespace off = tide::offload;
+  tide::memory::device_arena<tide::cuda> arena{{}};
+  engine_on_cuda<off::resident, float>(ex, arena);
+  engine_on_cuda<off::chunked<off::belady>, float>(ex, arena);
+  engine_on_cuda<off::chunked<off::belady>, bf16>(ex, arena);
+  engine_on_cuda<off::layer_window<2>, float>(ex, arena);
+  engine_on_cuda<off::static_partition, bf16>(ex, arena);
+  trainer_on_cuda<float>(off::chunked<off::belady>{}, tide::optim::adamw{.clip_norm = 1.f});
+  trainer_on_cuda<bf16>(off::resident{}, tide::optim::sgd{});
+  trainer_on_cuda<bf16>(off::layer_window<2>{}, tide::optim::adam{});
 }
 
 #if defined(TIDE_HAS_NCCL) && defined(TIDE_HAS_MPI)
@@ -261,6 +303,7 @@ int main(int argc, char**) {
   activations_of<bf16>(ex);
   memory_of();
   offload_of(hx);
+  engine_and_trainer_of(ex);
   compress_of(ex);
 #if defined(TIDE_HAS_NCCL) && defined(TIDE_HAS_MPI)
   tide::comm::mpi_session session;

@@ -25,6 +25,7 @@
 #include "tide/core/backend.hpp"
 #include "tide/core/error.hpp"
 #include "tide/core/exec.hpp"
+#include "tide/core/parallel.hpp"
 #include "tide/core/sealed.hpp"
 #include "tide/memory/stream.hpp"
 
@@ -108,6 +109,21 @@ inline void write_from_host(exec<sealed> const& ex, void* dst, void const* src, 
   ex.stream.launch_owned([a = unseal(dst), staged] { std::memcpy(a, staged->data(), staged->size()); });
 }
 
+// What a device backend's exec<B> is made from, owned together: the compute stream (tide::sealed),
+// and on tide::cuda a cuBLAS handle on that stream too (memory/ops.cuh). make_trainer keeps one.
+template <Backend B>
+struct compute_context {
+  stream<B> s{};
+  [[nodiscard]] exec<B> exec_with(thread_pool& pool) { return {pool, s}; }
+  void synchronize() { s.synchronize(); }
+};
+
+#if defined(__CUDACC__)
+}  // namespace tide::memory
+#include "tide/memory/ops.cuh"  // tide::cuda's, declared before the concept and the engine's calls
+namespace tide::memory {
+#endif
+
 // The backends that supply every operation above: the offload engine runs on these.
 template <class B>
 concept MemoryOps = Backend<B> && requires(exec<B> const& ex, event<B>& e, void* p, void const* q) {
@@ -121,5 +137,8 @@ concept MemoryOps = Backend<B> && requires(exec<B> const& ex, event<B>& e, void*
   copy_to_device(B{}, p, q, std::size_t{0});
 };
 static_assert(MemoryOps<host> && MemoryOps<sealed>);
+#if defined(__CUDACC__)
+static_assert(MemoryOps<cuda>);
+#endif
 
 }  // namespace tide::memory

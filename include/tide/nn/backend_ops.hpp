@@ -4,9 +4,8 @@
 // per-row losses, check token ids. Overloads for tide::host and tide::sealed (the host ones,
 // enqueued on the sealed compute stream over the aliases, as the kernels are: kernels/sealed.hpp;
 // ordered_sum waits for its result; token ids in device memory are not checked on the host, the
-// embedding kernel checks them on the device). CUDA counterparts taking exec<cuda>
-// (cudaMemsetAsync, a copy back of the losses) are not written yet; with them the model calls
-// the same names on every backend.
+// embedding kernel checks them on the device). The CUDA ones are in nn/backend_ops.cuh, included
+// at the end of this file under nvcc: the model calls the same names on every backend.
 
 #include <cstddef>
 #include <cstdint>
@@ -49,14 +48,17 @@ void add_in_place(exec<host> const& ex, tensor_view<T> x, tensor_view<T const> y
 
 // dst[:, dst_col : dst_col + w] = src[:, src_col : src_col + w] for (N, *) views with the same
 // rows: one wte piece's columns of the logits, out (forward) or in (backward).
+inline void check_columns(index_t dst_rows, index_t D, index_t dst_col, index_t src_rows, index_t S, index_t src_col,
+                          index_t w) {
+  TIDE_REQUIRE(dst_rows == src_rows && w >= 0 && dst_col >= 0 && src_col >= 0 && dst_col + w <= D && src_col + w <= S,
+               "copy_columns: columns [", src_col, ", ", src_col + w, ") of (", src_rows, ", ", S, ") to [", dst_col,
+               ", ", dst_col + w, ") of (", dst_rows, ", ", D, ") do not fit");
+}
 template <class T>
 void copy_columns(exec<host> const& ex, tensor_view<T> dst, index_t dst_col, tensor_view<T const> src, index_t src_col,
                   index_t w) {
   index_t const D = dst.extent(1), S = src.extent(1);
-  TIDE_REQUIRE(dst.extent(0) == src.extent(0) && w >= 0 && dst_col >= 0 && src_col >= 0 && dst_col + w <= D &&
-                   src_col + w <= S,
-               "copy_columns: columns [", src_col, ", ", src_col + w, ") of (", src.extent(0), ", ", S, ") to [",
-               dst_col, ", ", dst_col + w, ") of (", dst.extent(0), ", ", D, ") do not fit");
+  check_columns(dst.extent(0), D, dst_col, src.extent(0), S, src_col, w);
   if (dst.extent(0) == 0 || w == 0) return;
   T* p = dst.data() + dst_col;
   T const* q = src.data() + src_col;
@@ -118,3 +120,7 @@ inline double ordered_sum(exec<sealed> const& ex, tensor_view<float const, seale
 }
 
 }  // namespace tide::nn::detail
+
+#if defined(__CUDACC__)
+#include "tide/nn/backend_ops.cuh"
+#endif

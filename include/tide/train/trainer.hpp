@@ -425,7 +425,7 @@ class trainer {
   }
 
   exec<backend> make_exec() {
-    if constexpr (backend::is_device) return {pool_, compute_};
+    if constexpr (backend::is_device) return compute_.exec_with(pool_);
     else return {pool_};
   }
   static Optimizer const& checked(Optimizer const& o) {
@@ -461,7 +461,7 @@ class trainer {
   thread_pool pool_;
   struct no_stream {};
   // A device backend's compute stream: the model's kernels, in order (the host's is the caller).
-  [[no_unique_address]] std::conditional_t<backend::is_device, memory::stream<backend>, no_stream> compute_;
+  [[no_unique_address]] std::conditional_t<backend::is_device, memory::compute_context<backend>, no_stream> compute_;
   exec<backend> ex_;
   memory::device_arena<backend> arena_;
   pipeline::stage_part stage_;         // a pipeline stage's parameters (empty without one)

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 #include "tide/core/cuda.cuh"
@@ -58,6 +59,15 @@ void adam(exec<tide::cuda> const& ex, adam_hparams const& hp, std::int64_t t, te
           float grad_scale = 1.f, float const* device_scale = nullptr) {
   detail::launch_step_list<detail::adam_step>(detail::adam_list_kernel<std::remove_const_t<Record>>, ex.stream,
                                               records, adam_coefficients_for(hp, t, grad_scale), device_scale);
+}
+
+// The same over a host array of records whose tensors live on the device (the offload engine's
+// batches): the records go to the device first (detail::with_device_records).
+template <class Record>
+  requires detail::is_adamw_tensor<std::remove_const_t<Record>>
+void adam(exec<tide::cuda> const& ex, adam_hparams const& hp, std::int64_t t, std::span<Record const> records,
+          float grad_scale = 1.f) {
+  detail::with_device_records(ex, records, [&](auto device) { adam(ex, hp, t, device, grad_scale); });
 }
 
 // One Adam step over one flat chunk in device memory, enqueued on ex.stream.

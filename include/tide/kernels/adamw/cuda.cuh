@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 #include "tide/core/cuda.cuh"
@@ -64,6 +65,15 @@ void adamw(exec<tide::cuda> const& ex, adamw_hparams const& hp, std::int64_t t, 
            float grad_scale = 1.f, float const* device_scale = nullptr) {
   detail::launch_step_list<detail::adamw_step>(detail::adamw_list_kernel<std::remove_const_t<Record>>, ex.stream,
                                                records, adamw_coefficients_for(hp, t, grad_scale), device_scale);
+}
+
+// The same over a host array of records whose tensors live on the device (the offload engine's
+// batches): the records go to the device first (detail::with_device_records).
+template <class Record>
+  requires detail::is_adamw_tensor<std::remove_const_t<Record>>
+void adamw(exec<tide::cuda> const& ex, adamw_hparams const& hp, std::int64_t t, std::span<Record const> records,
+           float grad_scale = 1.f) {
+  detail::with_device_records(ex, records, [&](auto device) { adamw(ex, hp, t, device, grad_scale); });
 }
 
 // One AdamW step over one flat chunk in device memory, enqueued on ex.stream.

@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 #include "tide/core/cuda.cuh"
@@ -243,6 +244,24 @@ void launch_step_flat(Kernel kernel, cudaStream_t stream, Record const& record, 
   kernel<<<step_blocks(step_items<Step>(record)), elementwise_cuda_tuning::block, 0, stream>>>(record, c,
                                                                                                device_scale);
   TIDE_CUDA_CHECK(cudaGetLastError());
+}
+
+// A host array of records (the offload engine's batches of chunks, optim/optimizer.hpp), copied
+// to a device array of their own on ex.stream (stream-ordered: cudaMallocAsync, freed behind the
+// launch) for one list launch. The host array may go once this returns: a copy from pageable
+// memory has read it by then.
+template <class Record, class Launch>
+void with_device_records(exec<tide::cuda> const& ex, std::span<Record const> host, Launch&& launch) {
+  if (host.empty()) return;
+  void* d = nullptr;
+  TIDE_CUDA_CHECK(cudaMallocAsync(&d, host.size_bytes(), ex.stream));
+  struct release {
+    void* p;
+    cudaStream_t s;
+    ~release() { (void)cudaFreeAsync(p, s); }
+  } const guard{d, ex.stream};
+  TIDE_CUDA_CHECK(cudaMemcpyAsync(d, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, ex.stream));
+  launch(tensor_view<Record const, tide::cuda>(static_cast<Record const*>(d), {static_cast<index_t>(host.size())}));
 }
 
 TIDE_ABI_NAMESPACE_END

@@ -22,13 +22,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ranges>
+#include <span>
 #include <type_traits>
 
 #include "tide/core/cuda.cuh"
 #include "tide/core/dtype.hpp"
 #include "tide/core/exec.cuh"
 #include "tide/core/tensor_view.hpp"
+#include "tide/kernels/detail/elementwise_step.cuh"
 #include "tide/kernels/grad_norm/host.hpp"
+#include "tide/kernels/scratch.hpp"
 #include "tide/kernels/grad_norm/math.hpp"
 
 namespace tide::kernels {
@@ -187,6 +191,30 @@ void global_grad_norm(exec<tide::cuda> const& ex, tensor_view<Grad, tide::cuda> 
       grads.data(), grads.size(), scratch->partial);
   TIDE_CUDA_CHECK(cudaGetLastError());
   detail::grad_norm_finish(ex, scratch, blocks, max_norm);
+}
+
+// The host backend's form, which make_trainer calls: a host list of records whose gradients live
+// on the device, and scratch of global_grad_norm_scratch_bytes in device memory (it holds the
+// grad_norm_scratch). The records go to the device first (detail::with_device_records); returns
+// the norm on the host, so it waits for the stream.
+template <std::ranges::contiguous_range List>
+  requires GradientRecord<std::ranges::range_value_t<List>>
+std::size_t global_grad_norm_scratch_bytes(exec<tide::cuda> const&, List const&) {
+  return sizeof(grad_norm_scratch);
+}
+template <std::ranges::contiguous_range List>
+  requires GradientRecord<std::ranges::range_value_t<List>>
+double global_grad_norm(exec<tide::cuda> const& ex, List const& grads, scratch<tide::cuda> ws) {
+  auto const* records = detail::checked_grad_records(grads);
+  detail::check_scratch("global_grad_norm", "global_grad_norm_scratch_bytes", ws, sizeof(grad_norm_scratch));
+  auto* const s = reinterpret_cast<grad_norm_scratch*>(ws.data);
+  using record = std::ranges::range_value_t<List>;
+  detail::with_device_records(ex, std::span<record const>(records, static_cast<std::size_t>(std::ranges::size(grads))),
+                              [&](auto device) { global_grad_norm(ex, device, s); });
+  double norm = 0;
+  TIDE_CUDA_CHECK(cudaMemcpyAsync(&norm, &s->norm, sizeof norm, cudaMemcpyDeviceToHost, ex.stream));
+  TIDE_CUDA_CHECK(cudaStreamSynchronize(ex.stream));
+  return norm;
 }
 
 TIDE_ABI_NAMESPACE_END

@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 #include "tide/core/cuda.cuh"
@@ -63,6 +64,15 @@ void sgd(exec<tide::cuda> const& ex, sgd_hparams const& hp, std::int64_t t, tens
          float grad_scale = 1.f, float const* device_scale = nullptr) {
   detail::launch_step_list<detail::sgd_step>(detail::sgd_list_kernel<std::remove_const_t<Record>>, ex.stream, records,
                                              sgd_coefficients_for(hp, t, grad_scale), device_scale);
+}
+
+// The same over a host array of records whose tensors live on the device (the offload engine's
+// batches): the records go to the device first (detail::with_device_records).
+template <class Record>
+  requires detail::is_sgd_tensor<std::remove_const_t<Record>>
+void sgd(exec<tide::cuda> const& ex, sgd_hparams const& hp, std::int64_t t, std::span<Record const> records,
+         float grad_scale = 1.f) {
+  detail::with_device_records(ex, records, [&](auto device) { sgd(ex, hp, t, device, grad_scale); });
 }
 
 // One SGD step over one flat chunk in device memory, enqueued on ex.stream (buf may be a

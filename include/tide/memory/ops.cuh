@@ -1,0 +1,85 @@
+#pragma once
+// The memory operations of tide/memory/ops.hpp on tide::cuda: the compute timeline of exec<cuda>
+// is ex.stream. Fills and copies are enqueued on it (cudaMemsetAsync, cudaMemcpyAsync with
+// cudaMemcpyDefault, so either side may be pinned, pageable or device memory), record() and
+// wait() are cudaEventRecord and cudaStreamWaitEvent, and read_to_host() waits for the stream.
+// Compiled by nvcc (cuda/instantiate_all), never run yet: no GPU has run tide (docs/cuda.md).
+// memory/ops.hpp includes this file under nvcc before its MemoryOps concept, so that the engine's
+// calls (tide::memory::fill_zeros(ex, ...), looked up where the engine is defined) see these.
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "tide/core/backend.hpp"
+#include "tide/core/error.hpp"
+#include "tide/core/parallel.hpp"
+#include "tide/core/cuda.cuh"
+#include "tide/core/exec.cuh"
+#include "tide/memory/stream.cuh"
+
+namespace tide::memory {
+
+inline void fill_zeros(exec<cuda> const& ex, void* p, std::size_t bytes) {
+  if (bytes != 0) TIDE_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, ex.stream));
+}
+
+inline void copy_in_order(exec<cuda> const& ex, void* dst, void const* src, std::size_t bytes) {
+  if (bytes != 0) TIDE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ex.stream));
+}
+
+inline void record(exec<cuda> const& ex, event<cuda>& e) { TIDE_CUDA_CHECK(cudaEventRecord(e.native(), ex.stream)); }
+
+inline void wait(exec<cuda> const& ex, event<cuda> const& e) {
+  TIDE_CUDA_CHECK(cudaStreamWaitEvent(ex.stream, e.native(), 0));
+}
+
+inline void synchronize(exec<cuda> const& ex) { TIDE_CUDA_CHECK(cudaStreamSynchronize(ex.stream)); }
+
+inline void read_to_host(exec<cuda> const& ex, void* dst, void const* src, std::size_t bytes) {
+  if (bytes != 0) TIDE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ex.stream));
+  TIDE_CUDA_CHECK(cudaStreamSynchronize(ex.stream));
+}
+
+// From pageable memory cudaMemcpyAsync returns once the source is staged, so the caller's block
+// is free at once; from pinned memory the copy is asynchronous, so it is waited for here.
+inline void write_from_host(exec<cuda> const& ex, void* dst, void const* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  TIDE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ex.stream));
+  cudaPointerAttributes a{};
+  TIDE_CUDA_CHECK(cudaPointerGetAttributes(&a, src));
+  if (a.type == cudaMemoryTypeHost) TIDE_CUDA_CHECK(cudaStreamSynchronize(ex.stream));
+}
+
+inline void copy_to_device(cuda, void* dst, void const* src, std::size_t bytes) {
+  if (bytes != 0) TIDE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+template <Backend B>
+struct compute_context;  // memory/ops.hpp
+// The compute stream and a cuBLAS handle bound to it: exec<cuda> is both.
+template <>
+struct compute_context<cuda> {
+  stream<cuda> s{};
+  cublasHandle_t blas = nullptr;
+  compute_context() {
+    cublasStatus_t st = cublasCreate(&blas);
+    TIDE_CHECK(st == CUBLAS_STATUS_SUCCESS, cuda, "cublasCreate returned ", static_cast<int>(st),
+               " (cublasStatus_t); is a CUDA device present and not out of memory?");
+    st = cublasSetStream(blas, s.native());
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      (void)cublasDestroy(blas);
+      TIDE_CHECK(false, cuda, "cublasSetStream returned ", static_cast<int>(st), " (cublasStatus_t)");
+    }
+  }
+  compute_context(compute_context const&) = delete;
+  compute_context& operator=(compute_context const&) = delete;
+  ~compute_context() {
+    if (blas != nullptr) (void)cublasDestroy(blas);
+  }
+  [[nodiscard]] exec<cuda> exec_with(thread_pool&) { return {s.native(), blas}; }
+  void synchronize() { s.synchronize(); }
+};
+
+}  // namespace tide::memory
