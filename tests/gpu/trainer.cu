@@ -1,0 +1,119 @@
+// make_trainer on tide::cuda against tide::host: the same tiny GPT (initialised on the host and
+// copied), the same batches, 5 steps of AdamW with clipping (the gradient norm on the device).
+// Then chunked<belady> on CUDA under the resident run's device peak less a third of the model
+// data, so that chunks move. Exit 77 (ctest: skipped) without a device or a driver (skip.cuh).
+//
+// Tolerances, derived (no GPU has run this yet; the first run that does records what it saw in
+// docs/cuda.md):
+//   - step 1, host against CUDA, within 1e-4 relative: the same parameters; only the forward's
+//     fp32 sums are reordered (cuBLAS's GEMM order, FMA contraction, the device reductions).
+//     Each output is a sum of at most C = 64 or V = 128 products, whose reordering moves it by
+//     a few ulp (1e-7 relative); through 2 blocks and the loss's mean that stays far below 1e-4.
+//   - steps 2 to 5, within 1e-2 relative: AdamW divides by sqrt(v) + eps, so a gradient element
+//     of noise size can move its weight by up to lr = 1e-3 in either direction on the two
+//     backends; a loss near 4.8 that falls by about 0.05 a step moves by well under 1 % when a
+//     fraction of the update flips.
+//   - step 1, CUDA resident against CUDA chunked: bit for bit. The same kernels read the same
+//     bytes: offload only moves them.
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include <tide/cuda.cuh>
+#include <tide/nn/gpt.hpp>
+#include <tide/train/trainer.hpp>
+
+#include "skip.cuh"
+
+namespace {
+
+namespace off = tide::offload;
+constexpr tide::index_t batch = 4, seq = 32;
+constexpr int steps = 5;
+tide::nn::gpt_config const config{.layers = 2, .heads = 2, .channels = 64, .vocab = 128, .max_seq = seq};
+tide::optim::adamw const opt{.lr = 1e-3f, .clip_norm = 1.f};
+
+int failures = 0;
+void expect(bool ok, char const* what, int step, double got, double want) {
+  if (!ok) {
+    ++failures;
+    std::printf("FAILED: %s at step %d: %.9g against %.9g\n", what, step, got, want);
+  }
+}
+
+// (B, T) tokens and their next tokens for step s: a fixed pattern the model can learn.
+std::vector<std::int32_t> tokens_of(int s, int shift) {
+  std::vector<std::int32_t> out(static_cast<std::size_t>(batch * seq));
+  for (std::size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<std::int32_t>((i * 7 + static_cast<std::size_t>(s) * 13 + static_cast<std::size_t>(shift)) %
+                                       static_cast<std::size_t>(config.vocab));
+  return out;
+}
+
+struct run {
+  std::vector<float> losses;
+  std::size_t peak = 0;  // the device arena's peak over the steps
+};
+
+template <class B, class Policy>
+run train(Policy const& policy) {
+  auto t = tide::train::make_trainer(tide::nn::gpt_spec<B>{.config = config, .options = {.seed = 7}}, policy, opt);
+  run out;
+  std::int32_t* device = nullptr;  // tokens, then targets
+  std::size_t const n = static_cast<std::size_t>(batch * seq);
+  if constexpr (B::is_device) TIDE_CUDA_CHECK(cudaMalloc(&device, 2 * n * sizeof(std::int32_t)));
+  for (int s = 0; s < steps; ++s) {
+    auto const in = tokens_of(s, 0), tg = tokens_of(s, 7);
+    std::int32_t const* pin = in.data();
+    std::int32_t const* ptg = tg.data();
+    if constexpr (B::is_device) {
+      TIDE_CUDA_CHECK(cudaMemcpy(device, in.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+      TIDE_CUDA_CHECK(cudaMemcpy(device + n, tg.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+      pin = device;
+      ptg = device + n;
+    }
+    using view = tide::tensor_view<std::int32_t const, B>;
+    auto const st = t.step({view(pin, {batch, seq}), view(ptg, {batch, seq})});
+    out.losses.push_back(st.loss);
+    out.peak = st.device_bytes > out.peak ? st.device_bytes : out.peak;
+  }
+  if constexpr (B::is_device) TIDE_CUDA_CHECK(cudaFree(device));
+  return out;
+}
+
+void compare(run const& got, run const& want, char const* what) {
+  for (int s = 0; s < steps; ++s) {
+    double const g = got.losses[static_cast<std::size_t>(s)], w = want.losses[static_cast<std::size_t>(s)];
+    double const bound = s == 0 ? 1e-4 : 1e-2;
+    expect(std::isfinite(g) && std::abs(g - w) <= bound * std::abs(w), what, s + 1, g, w);
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (int const code = tide::test::gpu_or_skip(); code != 0) return code;
+  run const host = train<tide::host>(off::resident{});
+  run const resident = train<tide::cuda>(off::resident{});
+  compare(resident, host, "CUDA resident against the host");
+  // Model data: f32 parameters, gradients, AdamW's m and v.
+  std::size_t const model = 4 * tide::nn::gpt_parameters(config, tide::dtype::f32).bytes();
+  run const chunked = train<tide::cuda>(
+      off::chunked<off::belady>{.device_budget = resident.peak - model / 3, .chunk_bytes = std::size_t{16} << 10});
+  compare(chunked, host, "CUDA chunked<belady> against the host");
+  expect(chunked.losses[0] == resident.losses[0], "CUDA chunked<belady> against CUDA resident, bit for bit", 1,
+         chunked.losses[0], resident.losses[0]);
+  for (int s = 0; s < steps; ++s)
+    std::printf("step %d: host %.7f, CUDA resident %.7f, CUDA chunked %.7f\n", s + 1,
+                static_cast<double>(host.losses[static_cast<std::size_t>(s)]),
+                static_cast<double>(resident.losses[static_cast<std::size_t>(s)]),
+                static_cast<double>(chunked.losses[static_cast<std::size_t>(s)]));
+  std::printf("device peak: resident %zu bytes, chunked %zu bytes (model data %zu)\n", resident.peak, chunked.peak,
+              model);
+  if (failures == 0) std::printf("ok\n");
+  return failures == 0 ? 0 : 1;
+}
