@@ -2,8 +2,8 @@
 // Everything in tide that needs nvcc. Every .cuh under include/tide is listed here: the test
 // cuda/umbrella fails when one is missing, and tests/cuda/instantiate_all.cu compiles this file.
 
-#if defined(TIDE_HAS_NCCL) && defined(TIDE_HAS_MPI)
-#include "tide/comm/nccl.cuh"  // needs tide::nccl and tide::mpi
+#if defined(TIDE_HAS_NCCL)
+#include "tide/comm/nccl.cuh"  // needs tide::nccl
 #endif
 #include "tide/compress/select.cuh"
 #include "tide/core/cuda.cuh"

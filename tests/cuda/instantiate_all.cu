@@ -11,6 +11,10 @@
 #include <cstdint>
 #include <span>
 
+#include <tide/comm/self.hpp>
+#if defined(TIDE_HAS_MPI)
+#include <tide/comm/mpi.hpp>
+#endif
 #include <tide/cuda.cuh>
 #include <tide/nn/gpt.hpp>
 #include <tide/offload/scheduler.hpp>
@@ -223,7 +227,7 @@ void engine_and_trainer_of(cuda_exec const& ex) {
   trainer_on_cuda<bf16>(off::layer_window<2>{}, tide::optim::adam{});
 }
 
-#if defined(TIDE_HAS_NCCL) && defined(TIDE_HAS_MPI)
+#if defined(TIDE_HAS_NCCL)
 // ---- comm/nccl: every operation, blocking and asynchronous, for every element type -------------
 template <class T>
 void nccl_ops(tide::comm::nccl& c) {
@@ -241,8 +245,10 @@ void nccl_ops(tide::comm::nccl& c) {
   c.wait(c.all_reduce_async(d, tide::comm::reduce_op::sum));
   (void)c.test(c.broadcast_async(d, 0));
 }
-void nccl_of(tide::comm::mpi& world) {
-  tide::comm::nccl c{world, 0};
+// Bootstrapped from any Communicator: comm::self (one process), comm::mpi (many).
+template <class Boot>
+void nccl_of(Boot& bootstrap) {
+  tide::comm::nccl c{bootstrap, 0};
   nccl_ops<float>(c);
   nccl_ops<double>(c);
   nccl_ops<std::int32_t>(c);
@@ -305,6 +311,10 @@ int main(int argc, char**) {
   offload_of(hx);
   engine_and_trainer_of(ex);
   compress_of(ex);
+#if defined(TIDE_HAS_NCCL)
+  tide::comm::self one;
+  nccl_of(one);
+#endif
 #if defined(TIDE_HAS_NCCL) && defined(TIDE_HAS_MPI)
   tide::comm::mpi_session session;
   tide::comm::mpi world{session};

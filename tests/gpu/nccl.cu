@@ -1,7 +1,10 @@
-// comm::nccl on 2 ranks with a device each (mpiexec -n 2; ranks share a device when there is one):
-// every operation against values each rank computes itself (small integers: every sum is exact),
-// asynchronous ones through their requests, bf16 sums, a split, and the errors that are checked
-// before anything is enqueued. Exit 77 (ctest: skipped) on every rank without a usable device.
+// comm::nccl, launched on 2 ranks (mpiexec -n 2): first each rank alone, a communicator
+// bootstrapped from comm::self (what a machine with one GPU runs); then both ranks over MPI with
+// a GPU each, or, with fewer GPUs than ranks, the refusal that names the shared GPU on every rank
+// (NCCL itself would stop with "Duplicate GPU detected"). Every operation against values each
+// rank computes itself (small integers: every sum is exact), asynchronous ones through their
+// requests, bf16 sums, a split, and the errors that are checked before anything is enqueued.
+// Exit 77 (ctest: skipped) on every rank without a usable device.
 
 #include <cstdint>
 #include <cstdio>
@@ -10,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include <tide/comm/mpi.hpp>
 #include <tide/comm/nccl.cuh>
+#include <tide/comm/self.hpp>
 
 #include "skip.cuh"
 
@@ -41,15 +46,9 @@ struct device_buffer {
   std::span<T const> cspan() const { return {p, n}; }
 };
 
-}  // namespace
 
-int main(int argc, char** argv) {
-  tide::comm::mpi_session session{&argc, &argv};
-  tide::comm::mpi world{session};
-  if (int const code = tide::test::gpu_or_skip(world.rank() == 0); code != 0) return code;
-  int devices = 0;
-  TIDE_CUDA_CHECK(cudaGetDeviceCount(&devices));
-  tide::comm::nccl c{world, world.rank() % devices, {.deadline = std::chrono::seconds(60)}};
+// Every operation of c, checked on each of its ranks.
+void exercise(tide::comm::nccl& c) {
   int const r = c.rank(), w = c.size();
   std::size_t const n = 1000;
 
@@ -114,22 +113,24 @@ int main(int argc, char** argv) {
   }
   {  // broadcast, reduce, a send/recv ring, barrier
     device_buffer<double> b(n);
-    b.put(std::vector<double>(n, r == 1 ? 3.5 : 0.0));
+    b.put(std::vector<double>(n, r == 1 % w ? 3.5 : 0.0));
     c.broadcast(b.span(), 1 % w);
     expect(b.get()[n - 1] == 3.5, "broadcast", r);
     b.put(std::vector<double>(n, 1.0));
     c.reduce(b.span(), 0, tide::comm::reduce_op::sum);
     if (r == 0) expect(b.get()[0] == static_cast<double>(w), "reduce to root 0", r);
-    device_buffer<std::int64_t> s(n), q(n);
-    s.put(std::vector<std::int64_t>(n, r));
-    if (r % 2 == 0) {
-      c.send(s.cspan(), (r + 1) % w, 0);
-      c.recv(q.span(), (r + w - 1) % w, 0);
-    } else {
-      c.recv(q.span(), (r + w - 1) % w, 0);
-      c.send(s.cspan(), (r + 1) % w, 0);
+    if (w > 1) {  // a rank's send to itself outside a group would wait forever
+      device_buffer<std::int64_t> s(n), q(n);
+      s.put(std::vector<std::int64_t>(n, r));
+      if (r % 2 == 0) {
+        c.send(s.cspan(), (r + 1) % w, 0);
+        c.recv(q.span(), (r + w - 1) % w, 0);
+      } else {
+        c.recv(q.span(), (r + w - 1) % w, 0);
+        c.send(s.cspan(), (r + 1) % w, 0);
+      }
+      expect(q.get()[0] == (r + w - 1) % w, "send/recv ring", r);
     }
-    expect(q.get()[0] == (r + w - 1) % w, "send/recv ring", r);
     c.barrier();
   }
   {  // split into one communicator per rank parity
@@ -146,6 +147,38 @@ int main(int argc, char** argv) {
     expect(std::string(e.what()).find("by call order") != std::string::npos, "the tag error names the reason", r);
   }
   c.barrier();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tide::comm::mpi_session session{&argc, &argv};
+  tide::comm::mpi world{session};
+  if (int const code = tide::test::gpu_or_skip(world.rank() == 0); code != 0) return code;
+  int devices = 0;
+  TIDE_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  int const r = world.rank(), device = r % devices;
+  tide::comm::comm_options const options{.deadline = std::chrono::seconds(60)};
+  {  // each rank alone
+    tide::comm::self one;
+    tide::comm::nccl alone{one, device, options};
+    exercise(alone);
+  }
+  if (devices >= world.size()) {
+    tide::comm::nccl c{world, device, options};
+    exercise(c);
+  } else {
+    try {
+      tide::comm::nccl c{world, device, options};
+      expect(false, "ranks sharing a GPU are refused", r);
+    } catch (tide::error const& e) {
+      std::string const what = e.what();
+      expect(e.category() == tide::errc::usage && what.find("chose the same GPU") != std::string::npos &&
+                 what.find("one rank per GPU") != std::string::npos,
+             "the refusal names the shared GPU and what to do", r);
+    }
+  }
+  world.barrier();
   std::printf("rank %d: %s\n", r, failures == 0 ? "all passed" : "FAILED");
   return failures == 0 ? 0 : 1;
 }

@@ -1,10 +1,15 @@
 #pragma once
 // comm::nccl: a Communicator over NCCL, for GPU ranks: device memory, every operation enqueued on
-// a CUDA stream of the communicator's own (its lane). Needs tide::nccl and a comm::mpi to
-// bootstrap: rank 0's ncclUniqueId is broadcast over it.
+// a CUDA stream of the communicator's own (its lane). Needs tide::nccl and any Communicator to
+// bootstrap: rank 0's ncclUniqueId is broadcast over it (comm::mpi for many processes,
+// comm::self for one). NCCL runs one rank per GPU: ranks of the bootstrap communicator that chose
+// the same GPU are refused before NCCL starts, naming them (NCCL itself would stop with
+// "Duplicate GPU detected"), on every rank alike.
 //
 //   tide::comm::mpi world{session};
 //   tide::comm::nccl gpus{world, world.rank() % devices};        // one device per rank
+//   tide::comm::self one;
+//   tide::comm::nccl alone{one, 0};                               // one process, one GPU
 //   gpus.all_reduce(std::span<float>(device_grads, n), tide::comm::reduce_op::sum);
 //   auto r = gpus.all_reduce_async(std::span<float>(device_grads, n), tide::comm::reduce_op::sum);
 //   gpus.lane().wait(backward_done);                             // or order it after an event
@@ -48,10 +53,10 @@
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "tide/comm/communicator.hpp"
 #include "tide/comm/detail/lane.hpp"
-#include "tide/comm/mpi.hpp"
 #include "tide/core/cuda.cuh"
 #include "tide/core/error.hpp"
 #include "tide/memory/stream.cuh"
@@ -84,7 +89,9 @@ class nccl {
 
   // Every rank of `bootstrap` calls this with its own device; the ranks of the new communicator
   // are those of bootstrap.
-  nccl(mpi& bootstrap, int device, comm_options options = {}) : st_(std::make_unique<state>(options, device)) {
+  template <Communicator Boot>
+  nccl(Boot& bootstrap, int device, comm_options options = {}) : st_(std::make_unique<state>(options, device)) {
+    one_rank_per_gpu(bootstrap, device);
     ncclUniqueId id{};
     if (bootstrap.rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     bootstrap.broadcast(std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(&id), sizeof(id)), 0);
@@ -100,6 +107,28 @@ class nccl {
   }
   nccl(nccl&&) noexcept = default;
   nccl& operator=(nccl&&) noexcept = default;
+
+  // Every rank's GPU, by UUID, gathered over the bootstrap communicator: two ranks on one GPU
+  // throw tide::error(usage) on every rank, before any NCCL call.
+  template <Communicator Boot>
+  static void one_rank_per_gpu(Boot& bootstrap, int device) {
+    cudaDeviceProp prop{};
+    TIDE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    constexpr std::size_t id_bytes = sizeof(prop.uuid.bytes);
+    std::array<std::uint8_t, id_bytes> mine{};
+    std::memcpy(mine.data(), prop.uuid.bytes, id_bytes);
+    std::vector<std::uint8_t> all(id_bytes * static_cast<std::size_t>(bootstrap.size()));
+    bootstrap.all_gather(std::span<std::uint8_t const>(mine), std::span<std::uint8_t>(all));
+    int devices = 0;
+    TIDE_CUDA_CHECK(cudaGetDeviceCount(&devices));
+    for (int a = 0; a < bootstrap.size(); ++a)
+      for (int b = a + 1; b < bootstrap.size(); ++b)
+        TIDE_CHECK(std::memcmp(&all[static_cast<std::size_t>(a) * id_bytes], &all[static_cast<std::size_t>(b) * id_bytes],
+                               id_bytes) != 0,
+                   usage, "comm::nccl: ranks ", a, " and ", b, " of the bootstrap communicator chose the same GPU; NCCL "
+                   "runs one rank per GPU: launch at most as many ranks on a node as it has GPUs (this one has ",
+                   devices, "), or give each process a communicator of its own (bootstrap from comm::self)");
+  }
 
   [[nodiscard]] int rank() const noexcept { return st_->rank; }
   [[nodiscard]] int size() const noexcept { return st_->size; }
