@@ -55,6 +55,7 @@ run train(shape const& s, Policy const& policy) {
   std::int32_t* device = nullptr;
   TIDE_CUDA_CHECK(cudaMalloc(&device, host.size() * sizeof(std::int32_t)));
   TIDE_CUDA_CHECK(cudaMemcpy(device, host.data(), host.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+  TIDE_CUDA_CHECK(cudaDeviceSynchronize());  // landed before the trainer's stream reads them
   using view = tide::tensor_view<std::int32_t const, tide::cuda>;
   typename decltype(t)::batch_type const b{view(device, {s.batch, s.seq}), view(device + n, {s.batch, s.seq})};
   run out;

@@ -14,7 +14,8 @@
 //     backends; a loss near 4.8 that falls by about 0.05 a step moves by well under 1 % when a
 //     fraction of the update flips.
 //   - step 1, CUDA resident against CUDA chunked: bit for bit. The same kernels read the same
-//     bytes: offload only moves them.
+//     bytes: offload only moves them. (cuBLAS picks its algorithm by shape and alignment: if
+//     this fails, compare the tensors' alignments in both layouts before suspecting offload.)
 
 #include <cuda_runtime.h>
 
@@ -73,6 +74,7 @@ run train(Policy const& policy) {
     if constexpr (B::is_device) {
       TIDE_CUDA_CHECK(cudaMemcpy(device, in.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
       TIDE_CUDA_CHECK(cudaMemcpy(device + n, tg.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+      TIDE_CUDA_CHECK(cudaDeviceSynchronize());  // landed before the trainer's stream reads them
       pin = device;
       ptg = device + n;
     }

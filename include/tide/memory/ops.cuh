@@ -43,17 +43,22 @@ inline void read_to_host(exec<cuda> const& ex, void* dst, void const* src, std::
 }
 
 // From pageable memory cudaMemcpyAsync returns once the source is staged, so the caller's block
-// is free at once; from pinned memory the copy is asynchronous, so it is waited for here.
+// is free at once; from pinned or managed memory the copy is asynchronous, so it is waited for.
 inline void write_from_host(exec<cuda> const& ex, void* dst, void const* src, std::size_t bytes) {
   if (bytes == 0) return;
   TIDE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ex.stream));
   cudaPointerAttributes a{};
   TIDE_CUDA_CHECK(cudaPointerGetAttributes(&a, src));
-  if (a.type == cudaMemoryTypeHost) TIDE_CUDA_CHECK(cudaStreamSynchronize(ex.stream));
+  if (a.type != cudaMemoryTypeUnregistered && a.type != cudaMemoryTypeDevice)
+    TIDE_CUDA_CHECK(cudaStreamSynchronize(ex.stream));
 }
 
+// cudaMemcpy from pageable memory may return before the data lands, on the legacy stream, which
+// a non-blocking compute stream does not wait for: the device is synchronised before returning.
 inline void copy_to_device(cuda, void* dst, void const* src, std::size_t bytes) {
-  if (bytes != 0) TIDE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  if (bytes == 0) return;
+  TIDE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  TIDE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 template <Backend B>

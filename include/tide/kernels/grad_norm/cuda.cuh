@@ -207,6 +207,7 @@ template <std::ranges::contiguous_range List>
 double global_grad_norm(exec<tide::cuda> const& ex, List const& grads, scratch<tide::cuda> ws) {
   auto const* records = detail::checked_grad_records(grads);
   detail::check_scratch("global_grad_norm", "global_grad_norm_scratch_bytes", ws, sizeof(grad_norm_scratch));
+  if (std::ranges::empty(grads)) return 0.0;  // no kernel runs: the scratch holds nothing of this call
   auto* const s = reinterpret_cast<grad_norm_scratch*>(ws.data);
   using record = std::ranges::range_value_t<List>;
   detail::with_device_records(ex, std::span<record const>(records, static_cast<std::size_t>(std::ranges::size(grads))),

@@ -171,7 +171,7 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::read_extras(std::sp
     std::vector<std::size_t> holders;
     for (std::size_t f = 0; f < files.size(); ++f)
       if (files[f].contains(x)) holders.push_back(f);
-    if (same_shape && files[extra_file].contains(x)) {  // a resume: this rank's own
+    if (same_shape) {  // a resume: this rank's own (check_files made sure its shard has it)
       files[extra_file].read(x, out);
       continue;
     }
@@ -267,6 +267,11 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::check_files(std::sp
     // shard's, another shape sums the holders' (f32 lists only: read_extras).
     for (std::size_t k = 0; k < extra_lists.size(); ++k) {
       std::string const x = extra_section(k, list[i].name());
+      // A set without its shape (older than "trainer.ranks") counts as this shape by its number
+      // of shards; if this rank's shard then lacks the list, the shape differed: refused.
+      TIDE_CHECK(!same_shape || files[static_cast<std::size_t>(set_rank()) % files.size()].contains(x), usage,
+                 "checkpoint ", where, ": this rank's shard has no \"", x, "\"; the set was saved at another shape "
+                 "(stages x replicas) than this job's and does not say which: load it at the shape that saved it");
       bool any = false;
       for (checkpoint_reader const& f : files)
         if (f.contains(x)) {
