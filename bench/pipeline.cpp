@@ -47,6 +47,10 @@
 //   zb_h1_bubble_vs_1f1b_ranks, zb_h2_bubble_vs_1f1b_ranks  the same on 2 MPI ranks, a stage and
 //                                    a model per rank (pipeline::rank_executor), busy and span
 //                                    summed over the ranks; when the build has MPI.
+//   zb_h1_bubble_vs_1f1b_trainer, zb_h2_bubble_vs_1f1b_trainer  the same again through
+//                                    make_trainer (pipeline::on_ranks, AdamW, the offload
+//                                    engine's hooks around every block: resident), on the
+//                                    uniform cut; the optimizer step is outside the measured span.
 //
 // partitioner_vs_uniform: a GPT whose head is several blocks' worth (vocab 8192, C 128, L 6),
 // each block's forward and backward measured alone (measure_blocks), cut into 2 stages by
@@ -65,7 +69,10 @@
 #if defined(TIDE_MPIEXEC)
 #include "mpi_launch.hpp"
 #include "tide/comm/mpi.hpp"
+#include "tide/optim/adamw.hpp"
 #include "tide/pipeline/ranks.hpp"
+#include "tide/pipeline/stages.hpp"
+#include "tide/train/trainer.hpp"
 #endif
 #include "tide/nn/gpt.hpp"
 #include "tide/pipeline/executor.hpp"
@@ -265,6 +272,36 @@ void executor_figures() {
 }
 
 #if defined(TIDE_MPIEXEC)
+// One rank's measured steps: its busy time, its span, its wall time and its pieces' mean costs
+// (the other pieces 0), summed over the ranks by over().
+struct rank_tally {
+  measured r;
+  double busy = 0, span = 0, seconds = 0;
+  int reps;
+  rank_tally(int pieces, int n) : reps(n) {
+    r.pieces.assign(static_cast<std::size_t>(pieces), pp::costs{.f = 0, .b = 0, .w = 0, .comm = 0});
+  }
+  void add(pp::run_stats const& st) {
+    busy += st.stages[0].busy;
+    span += st.stages[0].busy / std::max(1e-12, 1 - st.span_bubble_fraction);
+    seconds += st.seconds;
+    auto const pc = st.piece_costs(static_cast<int>(r.pieces.size()));
+    for (std::size_t q = 0; q < pc.size(); ++q)
+      r.pieces[q].f += pc[q].f / reps, r.pieces[q].b += pc[q].b / reps, r.pieces[q].w += pc[q].w / reps;
+  }
+  measured over(tide::comm::mpi& world) {
+    for (pp::costs& c : r.pieces)
+      c = {.f = tide::comm::sum_over_ranks(world, c.f), .b = tide::comm::sum_over_ranks(world, c.b),
+           .w = tide::comm::sum_over_ranks(world, c.w), .comm = 0};
+    double const all_busy = tide::comm::sum_over_ranks(world, busy), all_span = tide::comm::sum_over_ranks(world, span);
+    double const wall = tide::comm::sum_over_ranks(world, seconds) / world.size();  // the ranks' mean wall time
+    r.seconds = wall / reps;
+    r.span_bubble = 1 - all_busy / all_span;
+    r.bubble = 1 - all_busy / (world.size() * wall);
+    return r;
+  }
+};
+
 // The same on MPI ranks, a stage per rank (pipeline::rank_executor), every rank its own model:
 // a rank's bubble from its own timeline, summed over the ranks (busy and span).
 measured on_ranks(tide::comm::mpi& world, pp::kind k, bool split, tokens const& data, int reps, pp::cut const& cut) {
@@ -275,30 +312,36 @@ measured on_ranks(tide::comm::mpi& world, pp::kind k, bool split, tokens const& 
   pp::rank_executor run{world, s, cut};
   host_gpt model(executor_gpt, arena,
                  {.seed = 1, .in_flight = run.slots(split), .separate_tied_grad = true, .split_backward = split});
-  measured r;
-  r.pieces.assign(static_cast<std::size_t>(s.stages * s.chunks), pp::costs{.f = 0, .b = 0, .w = 0, .comm = 0});
-  double busy = 0, span = 0, seconds = 0;
+  rank_tally tally(s.stages * s.chunks, reps);
   for (int i = -2; i < reps; ++i) {
     model.zero_grad(ex);
     tide::bench::keep(run.run(model, ex, std::span<batch const>(data.micro), 1.f / executor_micro));
-    if (i < 0) continue;
-    auto const& st = run.last();
-    busy += st.stages[0].busy;
-    span += st.stages[0].busy / std::max(1e-12, 1 - st.span_bubble_fraction);
-    seconds += st.seconds;
-    auto const pc = st.piece_costs(static_cast<int>(r.pieces.size()));  // this rank's pieces; the others 0
-    for (std::size_t q = 0; q < pc.size(); ++q)
-      r.pieces[q].f += pc[q].f / reps, r.pieces[q].b += pc[q].b / reps, r.pieces[q].w += pc[q].w / reps;
+    if (i >= 0) tally.add(run.last());
   }
-  for (pp::costs& c : r.pieces)
-    c = {.f = tide::comm::sum_over_ranks(world, c.f), .b = tide::comm::sum_over_ranks(world, c.b),
-         .w = tide::comm::sum_over_ranks(world, c.w), .comm = 0};
-  double const all_busy = tide::comm::sum_over_ranks(world, busy), all_span = tide::comm::sum_over_ranks(world, span);
-  double const wall = tide::comm::sum_over_ranks(world, seconds) / world.size();  // the ranks' mean wall time
-  r.seconds = wall / reps;
-  r.span_bubble = 1 - all_busy / all_span;
-  r.bubble = 1 - all_busy / (world.size() * wall);
-  return r;
+  return tally.over(world);
+}
+
+// Schedule K through make_trainer on the world's ranks, a stage per rank, resident: the mean span
+// bubble over `reps` steps after 2 warm-ups, busy and span summed over the ranks.
+template <pp::kind K>
+measured in_trainer(tide::comm::mpi& world, bool split, tokens const& data, int reps) {
+  auto g = pp::make_groups(world, world.size());
+  pp::on_ranks<K, tide::comm::mpi> const pipe{.stages = world.size(), .micro = executor_micro, .group = &g.pipeline,
+                                              .tied = &g.tied};
+  tide::nn::gpt_spec<tide::host> spec{.config = executor_gpt,
+                                      .options = {.seed = 1, .in_flight = pp::slots_needed(pipe.plan(), g.stage, split),
+                                                  .separate_tied_grad = true, .split_backward = split}};
+  auto t = tide::train::make_trainer(spec, tide::offload::resident{},
+                                     tide::optim::adamw{.lr = 1e-3f, .micro_steps = executor_micro},
+                                     tide::train::no_comm{}, tide::train::no_compress{}, pipe);
+  std::vector<typename decltype(t)::batch_type> batches;
+  for (batch const& b : data.micro) batches.push_back({b.tokens, b.targets});
+  rank_tally tally(world.size(), reps);
+  for (int i = -2; i < reps; ++i) {
+    tide::bench::keep(t.step(batches).loss);
+    if (i >= 0) tally.add(*t.pipeline().last());
+  }
+  return tally.over(world);
 }
 
 void rank_figures(tide::comm::mpi& world) {
@@ -315,9 +358,17 @@ void rank_figures(tide::comm::mpi& world) {
   measured const h1_whole = on_ranks(world, pp::kind::zb_h1, false, data, reps, cut);
   measured const h2 = on_ranks(world, pp::kind::zb_h2, true, data, reps, cut);
   measured const h2_whole = on_ranks(world, pp::kind::zb_h2, false, data, reps, cut);
+  measured const t_ofob = in_trainer<pp::kind::one_f_one_b>(world, false, data, reps);
+  measured const t_h1 = in_trainer<pp::kind::zb_h1>(world, true, data, reps);
+  measured const t_h1_whole = in_trainer<pp::kind::zb_h1>(world, false, data, reps);
+  measured const t_h2 = in_trainer<pp::kind::zb_h2>(world, true, data, reps);
+  measured const t_h2_whole = in_trainer<pp::kind::zb_h2>(world, false, data, reps);
   if (world.rank() != 0) return;
   zero_bubble_figure(pp::kind::zb_h1, 0.6, h1, h1_whole, ofob, "_ranks", cut);
   zero_bubble_figure(pp::kind::zb_h2, 0.3, h2, h2_whole, ofob, "_ranks", cut);
+  pp::cut const uniform = pp::uniform_cut(-1, executor_gpt.layers, 2);
+  zero_bubble_figure(pp::kind::zb_h1, 0.6, t_h1, t_h1_whole, t_ofob, "_trainer", uniform);
+  zero_bubble_figure(pp::kind::zb_h2, 0.3, t_h2, t_h2_whole, t_ofob, "_trainer", uniform);
 }
 #endif
 

@@ -181,7 +181,14 @@ template <int O, int C, int X, int P>
 outcome run(setup& s) {
   auto spec = spec_t{.config = pipeline_gpt, .options = {.seed = 5, .in_flight = 1, .separate_tied_grad = true}};
   auto const pipe = pipeline_of<P>(s, C > 0);
-  if constexpr (P > 0) spec.options.in_flight = pp::slots_needed(pipe.plan(), s.g.stage);
+  if constexpr (P > 0) {  // the zero-bubble schedules run W apart from B: the model's backward splits
+    pp::schedule const plan = pipe.plan();
+    bool const split = std::ranges::any_of(plan.per_stage, [](auto const& list) {
+      return std::ranges::any_of(list, [](pp::action a) { return a.kind == pp::op::W; });
+    });
+    spec.options.split_backward = split;
+    spec.options.in_flight = pp::slots_needed(plan, s.g.stage, split);
+  }
   auto t = tide::train::make_trainer(spec, offload_of<O>(), s.opt, comm_of<C>(s), compression_of<X>(), pipe);
   return train_rows(t, s);
 }

@@ -316,10 +316,12 @@ struct two_stages_of {
 
 using two_stages = two_stages_of<pp::kind::one_f_one_b>;
 
+// split: the model's backward in two passes, the zero-bubble schedules' W's apart from their B's.
 template <pp::kind K = pp::kind::one_f_one_b, class Offload>
-void pipelined_trainer_matches(Offload const& off, char const* what, int zero = 0) {
+void pipelined_trainer_matches(Offload const& off, char const* what, int zero = 0, bool split = false) {
   CAPTURE(what);
   CAPTURE(zero);
+  CAPTURE(split);
   CAPTURE(pp::to_string(K));
   int const steps = 3;
   two_stages_of<K> const setup(steps, 100, zero);
@@ -336,7 +338,8 @@ void pipelined_trainer_matches(Offload const& off, char const* what, int zero = 
   // The slots this schedule holds on this stage.
   pp::schedule const plan = setup.policy.plan();
   auto spec = staged_spec;
-  spec.options.in_flight = pp::slots_needed(plan, g.stage);
+  spec.options.in_flight = pp::slots_needed(plan, g.stage, split);
+  spec.options.split_backward = split;
   auto pipe = tide::train::make_trainer(spec, off, opt, dp, tide::train::no_compress{}, setup.policy);
   data bad = batches[0];  // a copy views its own vectors
   if (g.replica == 0) bad.targets[1][0] = -1;  // one replica's head stage refuses it, mid-step
@@ -356,6 +359,7 @@ void pipelined_trainer_matches(Offload const& off, char const* what, int zero = 
   }
   REQUIRE(pipe.pipeline().last() != nullptr);
   CHECK(pipe.pipeline().last()->bubble_fraction < 1);
+  CHECK((pipe.pipeline().last()->stages[0].weights > 0) == split);  // the weight passes ran apart
   auto const got = params_of(pipe);
   // This stage's parameters only: under 1F1B the first stage has wte, wpe and h0 .. h2, the last
   // wte, h3 .. h5, lnf; in a V the first stage has both ends, wte once.
@@ -405,6 +409,19 @@ TEST_CASE("mpi pipeline: make_trainer with several pieces per stage (interleaved
   pipelined_trainer_matches<pp::kind::interleaved>(tide::offload::layer_window<2>{.device_budget = std::size_t{8} << 20},
                                                    "layer_window");
   pipelined_trainer_matches<pp::kind::dualpipe_v>(tide::offload::resident{}, "resident");
+}
+
+TEST_CASE("mpi pipeline: make_trainer with the backward split (W apart from B: ZB-H1, ZB-H2, ZB-V, DualPipeV) "
+          "equals data parallelism without it, bit for bit") {
+  if (tide::test::world().size() % 2 != 0) return;
+  tide::offload::chunked<tide::offload::belady> tight{.chunk_bytes = std::size_t{16} << 10};
+  tight.device_budget = std::size_t{4} << 20;
+  pipelined_trainer_matches<pp::kind::zb_h1>(tight, "chunked", 0, true);
+  pipelined_trainer_matches<pp::kind::zb_h2>(tide::offload::layer_window<2>{.device_budget = std::size_t{8} << 20},
+                                             "layer_window", 1, true);
+  pipelined_trainer_matches<pp::kind::zb_v>(tight, "chunked", 2, true);
+  pipelined_trainer_matches<pp::kind::dualpipe_v>(tight, "chunked", 3, true);
+  pipelined_trainer_matches<pp::kind::zb_h1>(tide::offload::resident{}, "resident", 0, true);
 }
 
 TEST_CASE("mpi pipeline: make_trainer with 1F1B on ranks takes a compressing sink over the replicas") {

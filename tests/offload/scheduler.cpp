@@ -111,20 +111,26 @@ static_assert(!tide::nn::gpt<host, float, off::hooks<bare_scheduler>>::carried_b
 static_assert(tide::nn::ActivationCarrier<off::hooks<sched_t<off::resident>>, host>);
 static_assert(model_t<off::chunked<off::belady>>::carried_by_hooks);
 
+// split: the backward in two passes, every block's input pass then every block's weight pass.
 template <class Config>
 run_result train_offloaded(tide::thread_pool& pool, std::size_t budget, Config const& cfg = {},
-                           off::scheduler_options opts = {}) {
+                           off::scheduler_options opts = {}, bool split = false) {
   tide::exec<host> ex{pool};
   tide::memory::device_arena<host> arena{{.budget = budget}};
   sched_t<Config> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config),
                         cfg, opts, adamw};
-  model_t<Config> model{config, arena, {.seed = 7}, {&sched}};
+  model_t<Config> model{config, arena, {.seed = 7, .split_backward = split}, {&sched}};
   run_result r;
   for (int s = 0; s < steps; ++s) {
     auto const data = batch_of(s);
     tide::tensor_view<std::int32_t const, host> x(data.data(), {batch, seq}), y(data.data() + batch * seq, {batch, seq});
     r.losses.push_back(model.forward(ex, x, y));
-    model.backward(ex);
+    if (split) {
+      model.backward_input_blocks(ex, model.first_block(), model.last_block(), 0);
+      model.backward_weight_blocks(ex, model.first_block(), model.last_block(), 0);
+    } else {
+      model.backward(ex);
+    }
     sched.step();
     r.stats.push_back(sched.last_step());
   }
@@ -227,6 +233,43 @@ TEST_CASE("the host optimizer without overlap gives the same bits") {
   off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
   auto const got = train_offloaded(pool, minimum_of(cfg) + 4_KiB, cfg, {.overlap_optimizer = false});
   require_identical(got, reference(), "chunked<belady>, optimizer on the calling thread");
+}
+
+TEST_CASE("a split backward through the hooks: input passes read parameters only, weight passes are the "
+          "backward; the same bits at every budget") {
+  tide::thread_pool pool{2};
+  tide::exec<host> ex{pool};
+  off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
+  tide::memory::device_arena<host> probe{{.budget = 64_MiB}};
+  sched_t<decltype(cfg)> const sizing{ex, probe, tide::nn::gpt_parameters(config, tide::dtype::f32),
+                                      tide::nn::gpt_block_uses(config), cfg};
+  // The split keeps each block's weight-pass inputs until W: more activation memory.
+  std::size_t const minimum = sizing.minimum_device_bytes(
+      tide::test::activation_bytes(config, batch, seq, {.split_backward = true}));
+  auto const tight = train_offloaded(pool, minimum + 4_KiB, cfg, {}, true);
+  require_identical(tight, reference(), "chunked<belady>, split, at the minimum");
+  CHECK(tight.stats.back().evictions > 0);
+  require_identical(train_offloaded<off::resident>(pool, 64_MiB, {.chunk_bytes = chunk_bytes}, {}, true), reference(),
+                    "resident, split");
+  require_identical(train_offloaded(pool, 64_MiB, off::layer_window<2>{}, {}, true), reference(),
+                    "layer_window<2>, split");
+
+  // The input pass is not a backward moment: a gradient asked for there is refused, naming it.
+  tide::memory::device_arena<host> arena{{.budget = 64_MiB}};
+  sched_t<decltype(cfg)> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32),
+                               tide::nn::gpt_block_uses(config), cfg, {}, adamw};
+  for (int b = -1; b <= config.layers; ++b) sched.pre_forward(b), sched.post_forward(b);
+  auto const lnf_b = static_cast<std::uint32_t>(tide::nn::gpt_parameters(config, tide::dtype::f32).size() - 1);
+  sched.pre_backward_input(config.layers);
+  CHECK(sched.param_data(lnf_b) != nullptr);
+  try {
+    (void)sched.grad_data(lnf_b);
+    FAIL("a gradient in an input pass");
+  } catch (tide::error const& e) {
+    CHECK(std::string(e.message()).find("backward input pass") != std::string::npos);
+  }
+  sched.abort_step();
+  CHECK(!sched.in_step());
 }
 
 TEST_CASE("undo_on_error: host steps keep the values before them by swapping blocks, device steps copy them") {

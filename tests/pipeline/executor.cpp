@@ -266,14 +266,18 @@ TEST_CASE("executor: bad arguments are refused with what to pass") {
 }
 
 namespace {
-// nn::gpt with a fault: the n-th call to backward_blocks over a range starting at `fail_first`
-// throws (as a kernel or a budget might).
+// nn::gpt with a fault: the n-th call to backward_blocks (or, split, backward_input_blocks) over a
+// range starting at `fail_first` throws (as a kernel or a budget might).
 struct faulty : host_gpt {
   using host_gpt::host_gpt;
   int fail_first = 0, fail_at = -1, calls = 0;
   void backward_blocks(tide::exec<tide::host> const& ex, int first, int last, int micro, float scale) {
     if (first == fail_first && calls++ == fail_at) throw std::runtime_error("injected fault");
     host_gpt::backward_blocks(ex, first, last, micro, scale);
+  }
+  void backward_input_blocks(tide::exec<tide::host> const& ex, int first, int last, int micro, float scale) {
+    if (first == fail_first && calls++ == fail_at) throw std::runtime_error("injected fault");
+    host_gpt::backward_input_blocks(ex, first, last, micro, scale);
   }
 };
 }  // namespace
@@ -284,14 +288,19 @@ TEST_CASE("executor: a stage that throws stops every stage; parameters stay; the
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   tide::memory::device_arena<tide::host> arena{{.budget = 64_MiB}};
-  for (auto const& s : {pp::one_f_one_b(4, 4), pp::zb_v(2, 4), pp::interleaved(2, 4, 2), pp::dualpipe_v(2, 4)}) {
+  // split: W's apart, so the failed run leaves weight passes owed; the executor drops them.
+  for (auto const& [s, split] : {std::pair{pp::one_f_one_b(4, 4), false}, std::pair{pp::zb_v(2, 4), false},
+                                 std::pair{pp::interleaved(2, 4, 2), false}, std::pair{pp::dualpipe_v(2, 4), false},
+                                 std::pair{pp::zb_v(2, 4), true}, std::pair{pp::zb_h1(2, 4), true}}) {
     CAPTURE(s.name);
+    CAPTURE(split);
     auto const c = pp::uniform_cut(-1, config.layers, s.stages * s.chunks);
     for (int piece : {0, s.stages * s.chunks - 1}) {
       for (int at : {0, 3}) {
         CAPTURE(piece);
         CAPTURE(at);
-        faulty m(config, arena, {.seed = 5, .in_flight = pp::slots_needed(s, 0)});
+        faulty m(config, arena,
+                 {.seed = 5, .in_flight = split ? pp::shared_slots(s) : pp::slots_needed(s, 0), .split_backward = split});
         auto const params = m.flat_params();
         std::vector<float> const before(params.data(), params.data() + params.size());
         m.zero_grad(ex);

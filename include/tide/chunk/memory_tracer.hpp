@@ -31,7 +31,19 @@
 
 namespace tide::chunk {
 
-enum class phase : std::uint8_t { forward, backward, optimizer };
+// input: the first of a split backward's two passes (a zero-bubble pipeline's B), which reads a
+// block's parameters and writes no gradient; the second pass (W) is the block's backward moment.
+enum class phase : std::uint8_t { forward, backward, optimizer, input };
+
+[[nodiscard]] constexpr char const* to_string(phase p) noexcept {
+  switch (p) {
+    case phase::forward: return "forward";
+    case phase::backward: return "backward";
+    case phase::optimizer: return "optimizer";
+    case phase::input: return "backward input pass";
+  }
+  return "?";
+}
 
 struct moment {
   int block = 0;

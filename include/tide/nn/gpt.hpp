@@ -88,9 +88,10 @@ class gpt {
               options.offload_activations, options.split_backward),
         slots_(static_cast<std::size_t>(options.in_flight)),
         stages_(config_.layers, options.in_flight) {
-    TIDE_REQUIRE(!external_storage || !options.split_backward, "gpt_options::split_backward with hooks that keep "
-                 "the parameters (an offload scheduler, which serves one backward per block): give the model its "
-                 "own storage (nn::no_hooks), or leave the backward whole");
+    TIDE_REQUIRE(!external_storage || SplitBackwardHooks<Hooks> || !options.split_backward,
+                 "gpt_options::split_backward with hooks that keep the parameters but have no pre_backward_input / "
+                 "post_backward_input (a split backward's input pass): add them (offload::hooks has them), give the "
+                 "model its own storage (nn::no_hooks), or leave the backward whole");
     if constexpr (!external_storage)
       params_ = detail::arena_block<B>(arena, params_list_.bytes(), options_.alignment);
     initialise(nullptr, options_.seed);
@@ -209,9 +210,9 @@ class gpt {
     run_backward("gpt::backward_blocks", ex, first, last, micro, loss_scale, pass::whole);
   }
   // backward_blocks in two passes (gpt_options::split_backward): the input pass (B) leaves
-  // boundary_grad(micro) as backward_blocks does, with the head's gradients; the weight pass (W),
-  // later but before the slot's next forward, adds the blocks' and the embedding's parameter
-  // gradients (bit for bit backward_blocks'), and may run beside B of the range below.
+  // boundary_grad(micro) and tied_grad(micro) as backward_blocks does; the weight pass (W), later but
+  // before the slot's next forward, adds the range's parameter gradients (bit for bit backward_blocks'),
+  // and may run beside B of the range below. A failed step's owed weight passes: drop_weight_passes().
   void backward_input_blocks(exec<B> const& ex, int first, int last, int micro, float loss_scale = 1.f) {
     check_split("gpt::backward_input_blocks", first, last, micro);
     run_backward("gpt::backward_input_blocks", ex, first, last, micro, loss_scale, pass::input);
@@ -221,6 +222,7 @@ class gpt {
     run_backward("gpt::backward_weight_blocks", ex, first, last, micro, 1.f, pass::weights);
   }
   [[nodiscard]] bool splits_backward() const noexcept { return options_.split_backward; }
+  void drop_weight_passes() noexcept { stages_.clear(); }  // their gradients go with the step
 
   // Plans and allocates the activations of every slot for (B, T), and the scratch of the kernels
   // ex runs, as a forward of a new (B, T) does: a pipeline stage calls it before receiving its
@@ -292,9 +294,8 @@ class gpt {
 
   // ---- the activation plan ----------------------------------------------------------------
   [[nodiscard]] activation_report activations() const noexcept { return report_; }
-  // The planner holding every activation's name, bytes and op range (one slot's), and the
-  // offsets of the current plan by tensor id, from the start of a slot (slot s starts at
-  // s * activations().slot_bytes).
+  // The planner holding every activation's name, bytes and op range (one slot's), and the offsets
+  // of the current plan by tensor id, from a slot's start (slot s at s * activations().slot_bytes).
   [[nodiscard]] memory::lifetime_planner const& activation_planner() const noexcept { return plan_.planner(); }
   [[nodiscard]] std::span<std::size_t const> activation_offsets() const noexcept { return plan_.offsets(); }
 

@@ -104,9 +104,8 @@ class gpt_activation_plan {
   enum class extent : std::uint8_t { btc, bt, bt3c, bt4c, bnht, btvp, vpc, btr, ws_forward, ws_backward, ws_head,
                                      ws_encoder };
 
-  // tied_buffer: the head's share of wte's gradient gets its own tensor (has_tied_buffer).
-  // recompute, offload: gpt_options::recompute and offload_activations (checked).
-  // split: the backward runs in two passes (gpt_options::split_backward).
+  // tied_buffer: the head's share of wte's gradient gets its own tensor (has_tied_buffer). recompute,
+  // offload, split: gpt_options::recompute, offload_activations (checked) and split_backward.
   gpt_activation_plan(gpt_config const& c, bool keep_logits, bool tied_buffer, std::size_t element_bytes,
                       std::size_t alignment, block_set const& recompute = {}, block_set const& offload = {},
                       bool split = false)
@@ -305,24 +304,26 @@ class gpt_activation_plan {
       k.scratch = add(name("dscratch"), extent::ws_backward, 1, op.recompute(l), op.bwd(l, 6));
     }
     int const last = op.encoder_bwd();
-    lnf = add("lnf", extent::btc, t, op.lnf(), op.head_bwd());
-    lnf_mean = add("lnf.mean", extent::bt, f, op.lnf(), op.lnf_bwd());
-    lnf_rstd = add("lnf.rstd", extent::bt, f, op.lnf(), op.lnf_bwd());
+    // Without the tied buffer a split head's weight pass also takes the logits' gradient and lnf.
+    auto const head_kept = [&](int last_read) { return has_tied_ ? last_read : kept(last_read); };
+    lnf = add("lnf", extent::btc, t, op.lnf(), head_kept(op.head_bwd()));
+    lnf_mean = add("lnf.mean", extent::bt, f, op.lnf(), kept(op.lnf_bwd()));
+    lnf_rstd = add("lnf.rstd", extent::bt, f, op.lnf(), kept(op.lnf_bwd()));
     if (keep_logits) {
       logits = add("logits", extent::btvp, t, op.head(), last);
-      dlogits = add("dlogits", extent::btvp, t, op.classifier(), op.head_bwd());
+      dlogits = add("dlogits", extent::btvp, t, op.classifier(), head_kept(op.head_bwd()));
     } else {
-      logits = dlogits = add("logits", extent::btvp, t, op.head(), op.head_bwd());
+      logits = dlogits = add("logits", extent::btvp, t, op.head(), head_kept(op.head_bwd()));
     }
     losses = add("losses", extent::bt, f, op.classifier(), last);
-    dlnf = add("dlnf", extent::btc, t, op.head_bwd(), op.lnf_bwd());
+    dlnf = add("dlnf", extent::btc, t, op.head_bwd(), kept(op.lnf_bwd()));
     dres = add("dresidual", extent::btc, t, op.lnf_bwd(), kept(last));
     // The head's share of wte's gradient, kept apart until the embedding's backward adds it
     // (the tied gradient: one order of additions for the whole model and for stages).
     if (has_tied_) tied = add("tied.dwte", extent::vpc, t, op.head_bwd(), kept(last));
     // One wte piece's logits (forward) or their gradient (backward), in turn.
-    if (config_.wte_pieces > 1) piece = add("logits.piece", extent::btr, t, op.head(), op.head_bwd());
-    head_scratch = add("head.scratch", extent::ws_head, 1, op.head(), op.lnf_bwd());
+    if (config_.wte_pieces > 1) piece = add("logits.piece", extent::btr, t, op.head(), head_kept(op.head_bwd()));
+    head_scratch = add("head.scratch", extent::ws_head, 1, op.head(), kept(op.lnf_bwd()));
     encoder_scratch = add("encoder.dscratch", extent::ws_encoder, 1, op.encoder_bwd(), kept(op.encoder_bwd()));
   }
 
@@ -492,8 +493,7 @@ class stage_slots {
     return states_[index(block, micro)].load(std::memory_order_relaxed);
   }
 
-  int layers_;
-  int in_flight_;
+  int layers_, in_flight_;
   std::vector<std::atomic<std::uint8_t>> states_;  // [slot][block + 1]
 };
 

@@ -398,32 +398,72 @@ void head_forward(exec<B> const& ex, tensor_view<T const, B> x, head_views<B, T>
   }
 }
 
+// The LM head's products with the logits' gradient, piece by piece of wte: dlnf += dlogits wte
+// (when wte is given) and dwte += dlogits^T lnf (when dwte is), one matmul_backward (or one of its
+// halves) per piece. wte in pieces: dlnf sums the pieces' products in piece order (so not the bits
+// of one GEMM over all of Vp), and a bf16 / f16 dlnf is rounded once per piece.
+template <Backend B, class T>
+void head_logit_products(exec<B> const& ex, head_views<B, T> const& h, kernels::row_table<T const> const* wte,
+                         kernels::row_table<T> const* dwte) {
+  using cview = tensor_view<T const, B>;
+  index_t const N = h.dlogits.extent(0) * h.dlogits.extent(1), Vp = h.dlogits.extent(2), C = h.dlnf.extent(2);
+  int const pieces = wte != nullptr ? wte->pieces : dwte->pieces;
+  for (int j = 0; j < pieces; ++j) {
+    index_t const rows = wte != nullptr ? wte->rows_of(j) : dwte->rows_of(j);
+    tensor_view<T, B> part(h.dlogits.data(), {N, Vp});
+    if (pieces > 1) {
+      part = tensor_view<T, B>(h.piece.data(), {N, rows});
+      copy_columns(ex, part, 0, cview(h.dlogits.data(), {N, Vp}), j * (wte != nullptr ? wte->piece_rows : dwte->piece_rows),
+                   rows);
+    }
+    tensor_view<T, B> const dlnf(h.dlnf.data(), {N, C});
+    cview const lnf(h.lnf.data(), {N, C});
+    if (wte != nullptr && dwte != nullptr)
+      kernels::matmul_backward(ex, dlnf, piece_view<B>(*dwte, j), tensor_view<T, B>{}, cview(part), lnf,
+                               piece_view<B>(*wte, j), h.ws);
+    else if (wte != nullptr)
+      kernels::matmul_backward_input(ex, dlnf, cview(part), piece_view<B>(*wte, j), h.ws);
+    else
+      kernels::matmul_backward_weight(ex, piece_view<B>(*dwte, j), tensor_view<T, B>{}, cview(part), lnf, h.ws);
+  }
+}
+
 // dres = d x_L (overwritten); dwte += the head's share of wte's gradient (into the tied buffer,
-// zeroed by the caller, or into wte's gradient itself); dlnf_w, dlnf_b +=. wte in pieces: dlnf
-// sums the pieces' products in piece order (so not the bits of one GEMM over all of Vp), and a
-// bf16 / f16 dlnf is rounded once per piece.
+// zeroed by the caller, or into wte's gradient itself); dlnf_w, dlnf_b +=.
 template <Backend B, class T>
 void head_backward(exec<B> const& ex, tensor_view<T, B> dres, tensor_view<T const, B> x, head_views<B, T> const& h,
                    tensor_view<T const, B> lnf_w, kernels::row_table<T const> const& wte,
                    kernels::row_table<T> const& dwte, tensor_view<T, B> dlnf_w, tensor_view<T, B> dlnf_b) {
-  using cview = tensor_view<T const, B>;
   zero_fill(ex, h.dlnf);
-  if (wte.pieces == 1) {
-    kernels::matmul_backward(ex, h.dlnf, piece_view<B>(dwte, 0), tensor_view<T, B>{}, cview(h.dlogits), cview(h.lnf),
-                             piece_view<B>(wte, 0), h.ws);
-  } else {
-    index_t const N = h.dlogits.extent(0) * h.dlogits.extent(1), Vp = h.dlogits.extent(2), C = wte.cols;
-    for (int j = 0; j < wte.pieces; ++j) {
-      tensor_view<T, B> const part(h.piece.data(), {N, wte.rows_of(j)});
-      copy_columns(ex, part, 0, cview(h.dlogits.data(), {N, Vp}), j * wte.piece_rows, part.extent(1));
-      kernels::matmul_backward(ex, tensor_view<T, B>(h.dlnf.data(), {N, C}), piece_view<B>(dwte, j),
-                               tensor_view<T, B>{}, cview(part), cview(h.lnf.data(), {N, C}), piece_view<B>(wte, j),
-                               h.ws);
-    }
-  }
+  head_logit_products(ex, h, &wte, &dwte);
   zero_fill(ex, dres);
-  kernels::layernorm_backward(ex, dres, dlnf_w, dlnf_b, cview(h.dlnf), x, lnf_w,
+  kernels::layernorm_backward(ex, dres, dlnf_w, dlnf_b, tensor_view<T const, B>(h.dlnf), x, lnf_w,
                               tensor_view<float const, B>(h.lnf_mean), tensor_view<float const, B>(h.lnf_rstd), h.ws);
+}
+
+// head_backward in two passes (gpt_options::split_backward), the same kernels' halves on the same
+// values: the same bits. The input pass writes dres, and the head's share of wte's gradient when
+// it goes to the tied buffer (`tied`: an activation, so the pass writes no parameter gradient);
+// the weight pass lnf's gradients, and the share into wte's gradient itself (`dwte`) without the
+// buffer. What the weight pass reads (dlnf, lnf's statistics; without the buffer the logits'
+// gradient and lnf) the plan keeps until it.
+template <Backend B, class T>
+void head_backward_input(exec<B> const& ex, tensor_view<T, B> dres, tensor_view<T const, B> x,
+                         head_views<B, T> const& h, tensor_view<T const, B> lnf_w,
+                         kernels::row_table<T const> const& wte, kernels::row_table<T> const* tied) {
+  zero_fill(ex, h.dlnf);
+  head_logit_products(ex, h, &wte, tied);
+  zero_fill(ex, dres);
+  kernels::layernorm_backward_input(ex, dres, tensor_view<T const, B>(h.dlnf), x, lnf_w,
+                                    tensor_view<float const, B>(h.lnf_mean), tensor_view<float const, B>(h.lnf_rstd));
+}
+template <Backend B, class T>
+void head_backward_weights(exec<B> const& ex, tensor_view<T const, B> x, head_views<B, T> const& h,
+                           kernels::row_table<T> const* dwte, tensor_view<T, B> dlnf_w, tensor_view<T, B> dlnf_b) {
+  if (dwte != nullptr) head_logit_products<B, T>(ex, h, nullptr, dwte);
+  kernels::layernorm_backward_weight(ex, dlnf_w, dlnf_b, tensor_view<T const, B>(h.dlnf), x,
+                                     tensor_view<float const, B>(h.lnf_mean), tensor_view<float const, B>(h.lnf_rstd),
+                                     h.ws);
 }
 
 }  // namespace tide::nn::detail

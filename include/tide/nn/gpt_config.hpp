@@ -164,6 +164,16 @@ concept GptHooks = requires(H& h, int block) {
   h.post_backward(block);
 };
 
+// Hooks that also serve a split backward (gpt_options::split_backward) when they keep the model
+// data: pre_/post_backward_input around a block's input pass (B: its parameters read, no gradient
+// written), pre_/post_backward around its weight pass (W: its gradients written). A model of its
+// own storage calls pre_/post_backward around both passes instead.
+template <class H>
+concept SplitBackwardHooks = GptHooks<H> && requires(H& h, int block) {
+  h.pre_backward_input(block);
+  h.post_backward_input(block);
+};
+
 struct no_hooks {
   constexpr void pre_forward(int) const noexcept {}
   constexpr void post_forward(int) const noexcept {}
@@ -260,8 +270,9 @@ struct gpt_options {
   // computes the gradients flowing to the blocks below, backward_weight_blocks (W) the blocks'
   // parameter gradients, as late as the schedule likes. Each block keeps what its W reads (its
   // output gradients and the activations its weight products take) until W: more activation
-  // memory per slot (docs/nn.md). B then W equals backward_blocks bit for bit. The model's own
-  // storage only (an offload scheduler's hooks serve one backward per block); no offload_activations.
+  // memory per slot (docs/nn.md). B then W equals backward_blocks bit for bit. Hooks that keep the
+  // model data must be SplitBackwardHooks (offload::hooks are: W is the block's backward moment
+  // there, B reads its parameters only); no offload_activations.
   bool split_backward = false;
 };
 

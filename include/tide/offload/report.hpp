@@ -49,24 +49,28 @@ struct block_names {
   std::string_view last;   // the highest
 };
 
-// "F0", "B3", "O0" for numbered blocks; "emb fwd", "head bwd", "emb opt" for named ones.
+// "F0", "I3", "B3", "O0" for numbered blocks; "emb fwd", "head bwd", "emb opt" for named ones.
 inline std::string moment_label(chunk::moment m, int first_block, int last_block, block_names const& names) {
   std::string_view const name = m.block == first_block ? names.first : m.block == last_block ? names.last : "";
   if (!name.empty())
     return tide::detail::concat(name, m.phase == chunk::phase::forward    ? " fwd"
                                       : m.phase == chunk::phase::backward ? " bwd"
+                                      : m.phase == chunk::phase::input    ? " bwd-in"
                                                                           : " opt");
-  char const p = m.phase == chunk::phase::forward ? 'F' : m.phase == chunk::phase::backward ? 'B' : 'O';
+  char const p = m.phase == chunk::phase::forward    ? 'F'
+                 : m.phase == chunk::phase::backward ? 'B'
+                 : m.phase == chunk::phase::input    ? 'I'
+                                                     : 'O';
   return tide::detail::concat(p, m.block);
 }
 
 // The axis caption's key: only the phases among the samples ("F: forward, B: backward, ").
 inline std::string phases_drawn(std::span<tide_sample const> samples) {
-  bool seen[3] = {false, false, false};
-  for (auto const& x : samples)
-    seen[x.at.phase == chunk::phase::forward ? 0 : x.at.phase == chunk::phase::backward ? 1 : 2] = true;
+  bool seen[4] = {false, false, false, false};  // by chunk::phase
+  for (auto const& x : samples) seen[static_cast<int>(x.at.phase)] = true;
   std::string out;
   if (seen[0]) out += "F: forward, ";
+  if (seen[3]) out += "I: backward's input pass, ";
   if (seen[1]) out += "B: backward, ";
   if (seen[2]) out += "O: optimizer, ";
   return out;

@@ -379,9 +379,12 @@ class scheduler {
   void pre_forward(int block) { e_.enter(block, chunk::phase::forward); }
   void post_forward(int block) { e_.post_forward(block); }
   // Backward visits the blocks last .. first, each once per pass (uses().runs: each run apart): a
-  // chunk goes to the sink and the optimizer after the pass that completes its gradients.
+  // chunk goes to the sink and the optimizer after the pass that completes its gradients. A split
+  // backward's input pass (B) reads the parameters only; its weight pass (W) is the backward.
   void pre_backward(int block) { e_.pre_backward(block); }
   void post_backward(int block) { e_.post_backward(block); }
+  void pre_backward_input(int block) { e_.pre_backward_input(block); }
+  void post_backward_input(int block) { e_.post_backward_input(block); }
 
   // The gradient of every parameter, in parameter order, wherever its chunk is (host-readable on
   // tide::host): for global_grad_norm and any_non_finite. Waits for copies and sinks in flight
@@ -405,9 +408,8 @@ class scheduler {
   void hand_over_gradients() { e_.hand_over_gradients(); }
 
   // Parameter i's gradient, writable wherever its chunk is (host-writable on tide::host), after
-  // finishing pending work: for a sum the engine does not make itself (a pipeline's tied
-  // embedding, pipeline/stages.hpp), between the last backward and step() with defer_optimizer.
-  // Valid until the next hook or step.
+  // pending work: for a sum the engine does not make itself (a pipeline's tied embedding), between
+  // the last backward and step() with defer_optimizer. Valid until the next hook or step.
   [[nodiscard]] std::span<T> gradient_of(std::uint32_t i) {
     e_.res_.check_index(i, "gradient_of");
     TIDE_REQUIRE(e_.options_.defer_optimizer, "offload::scheduler::gradient_of needs options.defer_optimizer "
@@ -421,21 +423,19 @@ class scheduler {
   // Ends an optimizer step: (deferred: runs the optimizer,) waits for it, ends the trace step,
   // publishes the stats.
   void step() { e_.finish(true); }
-  // Ends an optimizer step without updating anything (an overflowed loss scale): the gradients
-  // are dropped, parameters, optimizer state and the step number stay. The chunks still make the
-  // optimizer's moves, so the trace stays the same.
+  // Ends an optimizer step without updating anything (an overflowed loss scale): the gradients are
+  // dropped; parameters, optimizer state, step number and trace (the same moves) stay.
   void skip_step() {
     TIDE_REQUIRE(e_.options_.defer_optimizer, "offload::scheduler::skip_step needs options.defer_optimizer "
                                                  "(without it the optimizer already ran after each block's backward)");
     e_.finish(false);
   }
 
-  // Abandons a step that threw, wherever it threw (a hook, the model between hooks, step()):
-  // waits for the work in flight, puts back the parameters and optimizer state of every chunk
-  // the optimizer stepped in it, drops its gradients and its trace record. make_trainer's step()
-  // calls it; a caller driving the hooks by hand calls it from its catch block. Outside a step it
-  // does nothing. Never throws: a failure on a worker is kept and reported by every later step
-  // and by close(). An evaluation forward that threw inside a block is abandoned the same way.
+  // Abandons a step that threw, wherever it threw (a hook, the model between hooks, step()): waits
+  // for the work in flight, puts back the parameters and optimizer state of every chunk stepped in
+  // it, drops its gradients and its trace record. make_trainer's step() calls it; a caller driving
+  // the hooks calls it from its catch block; outside a step it does nothing. Never throws: a worker's
+  // failure is kept and reported by every later step and by close(). Evaluation: the same.
   void abort_step() noexcept { e_.abort_step(); }
 
  private:

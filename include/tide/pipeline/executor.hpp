@@ -76,6 +76,13 @@ bool runs_weights_apart(Model const& model, schedule const& s) {
   else return false;
 }
 
+// After a step that failed: the weight passes a split model still owes are dropped with it.
+template <class Model, Backend B>
+void drop_owed(Model& model, bool split) noexcept {
+  if constexpr (SplitBackwardModel<Model, B>)
+    if (split) model.drop_weight_passes();
+}
+
 // The executors' check of the model's type.
 template <class Model, Backend B>
 consteval void check_staged() {
@@ -274,7 +281,10 @@ class thread_executor {
       stage(0, model, micro, scale, t0);
     }  // joined
     detail::finish_stats(stats_, t0);
-    if (failure_) std::rethrow_exception(failure_);
+    if (failure_) {
+      detail::drop_owed<Model, host>(model, split_);
+      std::rethrow_exception(failure_);
+    }
     double sum = 0;
     for (double l : losses_) sum += l;
     return sum;

@@ -50,13 +50,15 @@ concept StagedModel = requires { typename M::batch_type; } && StagedHasBlocks<M>
 
 // A staged model whose backward also runs as an input pass (B: the gradient at the range's
 // input) and, later, a weight pass (W: the parameters' gradients), with splits_backward() saying
-// whether this model was built to (nn::gpt: gpt_options::split_backward).
+// whether this model was built to (nn::gpt: gpt_options::split_backward). After a step that failed
+// between a B and its W, the executor calls drop_weight_passes(): the slots take forwards again.
 template <class M, class B>
 concept SplitBackwardModel =
     StagedModel<M, B> && requires(M& m, M const& cm, exec<B> const& ex, int first, int last, int micro, float scale) {
       m.backward_input_blocks(ex, first, last, micro, scale);
       m.backward_weight_blocks(ex, first, last, micro);
       { cm.splits_backward() } -> std::convertible_to<bool>;
+      m.drop_weight_passes();
     };
 
 }  // namespace tide::pipeline

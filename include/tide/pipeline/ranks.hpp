@@ -153,6 +153,7 @@ class rank_executor {
     detail::finish_stats(stats_, t0);
     // Every stage ran its list (a failed one without computing): all agree, then all throw or none.
     bool const all_ran = comm::all_ranks(*group_, !failure);
+    if (failure || !all_ran) detail::drop_owed<Model, B>(model, split_);
     if (failure) std::rethrow_exception(failure);
     TIDE_CHECK(all_ran, usage, "pipeline::rank_executor: another stage failed in this step (its error says why); "
                                "this stage's results are discarded");

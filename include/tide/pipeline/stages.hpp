@@ -52,8 +52,11 @@
 // checkpoint), every other rank of the `tied` group adds zeros, and every rank that steps wte
 // takes the sum: one reduction, so both ends step the same bits under any ZeRO stage.
 //
-// What it does not do yet: W apart from B (the offload hooks serve one backward per block, so
-// the zero-bubble schedules run W inside B in the trainer); pipeline stages on threads of one
+// W apart from B: a model built with gpt_options::split_backward runs the zero-bubble schedules'
+// W's apart; the stage's offload engine serves an input pass as a moment that reads parameters
+// and a weight pass as the block's backward (offload/detail/engine_step.hpp).
+//
+// What it does not do yet: pipeline stages on threads of one
 // process run through thread_executor, outside make_trainer.
 
 #include <algorithm>

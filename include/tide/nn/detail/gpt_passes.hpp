@@ -135,7 +135,17 @@ gpt<B, T, Hooks>::run_backward(char const* op, exec<B> const& ex, int first, int
   offloading const guard{this};
   if (mover_) std::fill(mover_->fetching.begin(), mover_->fetching.end(), std::uint8_t{0});
   for (int b = last; b >= first; --b) {
-    hooks_.pre_backward(b);
+    // Hooks that serve a split backward see its input pass as pre_/post_backward_input (the
+    // block's parameters read) and its weight pass as the block's backward (its gradients
+    // written); the embedding's input pass, which computes nothing, opens no moment.
+    bool const input_moment = SplitBackwardHooks<Hooks> && p == pass::input;
+    if (input_moment && b == embedding_block) continue;
+    if constexpr (SplitBackwardHooks<Hooks>) {
+      if (input_moment) hooks_.pre_backward_input(b);
+      else hooks_.pre_backward(b);
+    } else {
+      hooks_.pre_backward(b);
+    }
     if (mover_) {  // what block b reads arrives; what block b-1 reads starts to
       fetch(ex, b - 1, micro);
       fetch(ex, b - 2, micro);
@@ -147,24 +157,41 @@ gpt<B, T, Hooks>::run_backward(char const* op, exec<B> const& ex, int first, int
     } else {
       backward_block(ex, b, micro, p);
     }
-    hooks_.post_backward(b);
+    if constexpr (SplitBackwardHooks<Hooks>) {
+      if (input_moment) hooks_.post_backward_input(b);
+      else hooks_.post_backward(b);
+    } else {
+      hooks_.post_backward(b);
+    }
   }
   if (mover_) mover_->finish(mover_->fetching, mover_->fetched);
 }
 
 // Block b's backward: whole (a model whose backward is one pass), or one of the split passes.
-// The head runs whole in the input pass (its share of wte's gradient must be there before the
-// embedding's); the embedding, which has no input gradient, in the weight pass.
+// The head's share of wte's gradient goes to the tied buffer in the input pass (it must be there
+// before the embedding's weight pass adds it), or straight into wte's gradient in the weight
+// pass; the embedding, which has no input gradient, runs in the weight pass.
 template <Backend B, Element T, class Hooks>
 void gpt<B, T, Hooks>::backward_block(exec<B> const& ex, int b, int micro, pass p) {
   auto const dres = act<T>(plan_.dres, micro, {batch_, seq_, index_t{config_.channels}});
   if (b == last_block()) {
-    if (p == pass::weights) return;
     auto const h = head_acts(micro);
+    auto const x = residual_in(b, micro, true);
+    if (p == pass::weights) {
+      auto const into = dwte();
+      return detail::head_backward_weights(ex, x, h, plan_.has_tied() ? nullptr : &into, dparam(lnf_w()),
+                                           dparam(lnf_b()));
+    }
     // The head's share of wte's gradient: its own buffer (overwritten), or wte's gradient (+=).
+    // The input pass asks for no gradient (its hooks may give none).
     if (plan_.has_tied()) detail::zero_fill(ex, h.tied);
-    detail::head_backward(ex, dres, residual_in(b, micro, true), h, cparam(lnf_w()), wte(),
-                          plan_.has_tied() ? cut_like_wte(h.tied) : dwte(), dparam(lnf_w()), dparam(lnf_b()));
+    if (p == pass::input) {
+      if (!plan_.has_tied()) return detail::head_backward_input<B, T>(ex, dres, x, h, cparam(lnf_w()), wte(), nullptr);
+      auto const tied = cut_like_wte(h.tied);
+      return detail::head_backward_input(ex, dres, x, h, cparam(lnf_w()), wte(), &tied);
+    }
+    detail::head_backward(ex, dres, x, h, cparam(lnf_w()), wte(), plan_.has_tied() ? cut_like_wte(h.tied) : dwte(),
+                          dparam(lnf_w()), dparam(lnf_b()));
   } else if (b >= 0) {
     auto const x = residual_in(b, micro, true);
     auto const a = block_acts(b, micro, true);

@@ -208,10 +208,12 @@ class engine_core {
   }
 
   // ---- the step: the scheduler's hooks (detail/engine_step.hpp) ------------------------------
-  // A block's moment (pre_forward: forward; pre_backward: backward): its chunks resident, the
-  // next moments' prefetched.
+  // A block's moment (pre_forward: forward; pre_backward: backward; pre_backward_input: a split
+  // backward's input pass): its chunks resident, the next moments' prefetched.
   void enter(int block, chunk::phase ph);
   void post_forward(int block);
+  void pre_backward_input(int block);
+  void post_backward_input(int block);
   void pre_backward(int block);
   void post_backward(int block);
   void hand_over_gradients();

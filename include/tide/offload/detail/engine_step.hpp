@@ -12,6 +12,9 @@
 //                    prefetched as far as the budget allows (belady: also by evicting a chunk
 //                    used later than the one fetched)
 //   post_forward(b)  tensors -> HOLD_AFTER_FWD
+//   pre_backward_input(b), post_backward_input(b)
+//                    a split backward's input pass (a zero-bubble pipeline's B): as forward,
+//                    the parameter chunks only; the weight pass that follows is b's backward
 //   pre_backward(b)  parameter and gradient chunks resident (a FREE gradient chunk is created
 //                    zero-filled: no copy), tensors -> COMPUTE
 //   post_backward(b) tensors -> HOLD_AFTER_BWD; every chunk whose last backward use was b
@@ -42,7 +45,7 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
   TIDE_CHECK(!res_.access_.in_block(), usage, "offload ", P::name(), ": block ", block, " entered while block ",
              res_.access_.block(), " is still open; call post_forward / post_backward of each block before the next");
   if (this->evaluating_) {
-    TIDE_REQUIRE(ph == chunk::phase::forward, "offload::scheduler: backward during evaluation; call "
+    TIDE_REQUIRE(ph == chunk::phase::forward, "offload::scheduler: a ", chunk::to_string(ph), " during evaluation; call "
                                               "end_evaluation() before training");
     this->require_intact();
     if (!this->placed_) this->first_placement();
@@ -94,6 +97,23 @@ void engine_core<B, T, P, O, S, Src>::post_forward(int block) {
     res_.forward_ms_ += detail::ms_since(block_start_);
     ++res_.forward_blocks_;
   }
+}
+
+// A split backward's input pass reads the block's parameters and writes no gradient; the weight
+// pass is the block's backward moment, and only it counts in the backward order.
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::pre_backward_input(int block) {
+  enter(block, chunk::phase::input);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::post_backward_input(int block) {
+  if (store_.tracing())
+    store_.trace_->complete(tide::detail::concat("backward input ", block), "compute", lane::compute, block_t0_,
+                           trace_recorder::now_us());
+  for (std::uint32_t i : store_.uses_.of(block)) store_.param_.transition(i, chunk::tensor_state::hold_after_fwd);
+  res_.access_.leave(store_.uses_.of(block));
+  sample_non_model();
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>

@@ -180,6 +180,8 @@ std::optional<std::pair<int, chunk::phase>>
 engine_core<B, T, P, O, S, Src>::next_moment(int block, chunk::phase ph) const {
   // Within a run of blocks the next moment is the next block; after a run's end, with several
   // runs (a pipeline stage's pieces), the schedule decides, and no guess is made.
+  // A split backward's passes interleave as the schedule orders them: no guess either.
+  if (ph == chunk::phase::input) return std::nullopt;
   auto const [first, last] = backward_.run_of(block);
   bool const one = backward_.one_run();
   if (ph == chunk::phase::forward) {

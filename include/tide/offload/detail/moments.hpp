@@ -67,10 +67,10 @@ class moment_map {
       }
   }
 
-  // The chunks block b's moment `ph` touches, sorted.
+  // The chunks block b's moment `ph` touches, sorted (a split backward's input pass: forward's).
   [[nodiscard]] std::vector<std::uint32_t> const& ids_of(int block, chunk::phase ph) const {
     auto const k = index(block);
-    return ph == chunk::phase::forward ? forward_[k] : backward_[k];
+    return ph == chunk::phase::backward ? backward_[k] : forward_[k];  // input: the parameters, as forward
   }
   // The parameter chunks whose gradients block b's backward completes, in chunk order.
   [[nodiscard]] std::span<std::uint32_t const> completes_at(int block) const { return completes_[index(block)]; }

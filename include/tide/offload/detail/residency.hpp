@@ -68,8 +68,7 @@ class residency {
       for (std::uint32_t j : st_.uses_.of(b))
         if (j == i) blocks.append(blocks.empty() ? "" : ", ").append(std::to_string(b));
     std::string const where =
-        access_.in_block() ? tide::detail::concat("in block ", access_.block(), "'s ",
-                                                  access_.phase() == chunk::phase::forward ? "forward" : "backward")
+        access_.in_block() ? tide::detail::concat("in block ", access_.block(), "'s ", chunk::to_string(access_.phase()))
                            : std::string("between blocks (outside every pre_*/post_* pair)");
     std::string const listed =
         blocks.empty() ? std::string("in no block")
