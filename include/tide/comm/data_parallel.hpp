@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "tide/comm/communicator.hpp"
+#include "tide/comm/sharding.hpp"
 #include "tide/core/error.hpp"
 #include "tide/memory/stream.hpp"
 #include "tide/offload/chunk_source.hpp"
@@ -57,108 +58,6 @@ struct bucket_stats {
                                     // reduced to their owner; each rank's contribution
   std::uint64_t packed_buckets = 0; // buckets of more than one chunk (packed into the staging buffer)
   std::uint64_t bytes_gathered = 0; // ZeRO: parameter bytes all-gathered after the steps (this rank's share)
-};
-
-// ZeRO after the step's updates: every rank gets the parameters of the chunks other ranks
-// stepped. Each group of W consecutive chunks is one all-gather, every rank giving the chunk it
-// stepped; a last group of fewer chunks is broadcast from each owner. `staging` holds a group
-// (grown on demand). Returns the bytes this rank gave. Every rank calls it, with the same chunks.
-template <class C, class T>
-std::size_t share_stepped_chunks(C& comm, offload::chunk_shard shard, std::span<std::span<T> const> chunks,
-                                 std::vector<std::byte>& staging) {
-  auto const w = static_cast<std::size_t>(shard.ranks);
-  auto const r = static_cast<std::size_t>(shard.rank);
-  std::size_t const n = chunks.size();
-  std::size_t const len = n == 0 ? 0 : chunks[0].size();
-  if (staging.size() < w * len * sizeof(T)) staging.resize(w * len * sizeof(T));
-  std::span<T> const all(reinterpret_cast<T*>(staging.data()), w * len);
-  std::size_t bytes = 0;
-  std::size_t g = 0;
-  for (; g + w <= n; g += w) {  // full groups: one all-gather each
-    comm.all_gather(std::span<T const>(chunks[g + r]), all);
-    for (std::size_t k = 0; k < w; ++k)
-      if (k != r) std::copy_n(all.data() + k * len, len, chunks[g + k].data());
-    bytes += len * sizeof(T);
-  }
-  for (std::size_t c = g; c < n; ++c) {  // the last, partial group
-    comm.broadcast(chunks[c], shard.owner(static_cast<std::uint32_t>(c)));
-    if (shard.owns(static_cast<std::uint32_t>(c))) bytes += len * sizeof(T);
-  }
-  return bytes;
-}
-
-template <class C>
-struct request_of {
-  struct type {};
-};
-template <Communicator C>
-struct request_of<C> {
-  using type = typename C::request;
-};
-
-// The communicator ZeRO-3's gathers run on: C itself, or the flat() one of a C that only reduces
-// hierarchically (comm::hierarchical).
-template <class C>
-struct parameter_comm {
-  using type = C;
-};
-template <class C>
-  requires(!Communicator<C> && requires(C& c) { c.flat(); } &&
-           Communicator<std::remove_cvref_t<decltype(std::declval<C&>().flat())>>)
-struct parameter_comm<C> {
-  using type = std::remove_cvref_t<decltype(std::declval<C&>().flat())>;
-};
-template <class C>
-using parameter_comm_t = typename parameter_comm<C>::type;
-
-// ZeRO-3's gathers of parameter chunks, for the gradient sinks that shard parameters (this file's
-// and compress/sink.hpp's): chunk c is broadcast from its owner on a communicator split off for
-// parameters, so a gather never queues behind the gradient sums on the other one. Every rank
-// calls gather_async in hook order; wait() waits for the last one started, which is enough
-// because a communicator completes its operations in call order. Default-constructed, or on one
-// rank, it gathers nothing (the rank owns every chunk).
-template <class C>
-class parameter_gatherer {
-  using P = parameter_comm_t<C>;
-
- public:
-  parameter_gatherer() = default;
-  // Collective over `comm` on more than one rank: every rank makes it at the same point (its
-  // sink, in the trainer's constructor). Needs a full Communicator; `policy` names the sink.
-  parameter_gatherer(C* comm, offload::chunk_shard shard, std::string_view policy) : shard_(shard) {
-    if constexpr (Communicator<C>) {
-      if (comm != nullptr && comm->size() > 1) params_.emplace(comm->split(0, comm->rank()));
-    } else if constexpr (Communicator<P>) {
-      if (comm != nullptr && comm->size() > 1) params_.emplace(comm->flat().split(0, comm->rank()));
-    } else {
-      TIDE_FAIL(usage, policy, ": zero = 3 needs a full Communicator (split, broadcast_async, wait: tide::comm::mpi "
-                "or self); ", C::name, " is not one: pass zero = 2 or less");
-    }
-  }
-  // Starts gathering `chunk` into `bytes`. Returns the bytes this rank gave: the chunk's, when it
-  // owns it.
-  template <class T>
-  std::size_t gather_async(std::uint32_t chunk, std::span<T> bytes) {
-    if constexpr (Communicator<P>) {
-      if (!params_) return 0;
-      int const root = shard_.owner(chunk);
-      last_ = params_->broadcast_async(bytes, root);
-      return root == shard_.rank ? bytes.size_bytes() : 0;
-    } else {
-      return 0;
-    }
-  }
-  // Every gather started has landed (throws what one threw).
-  void wait() {
-    if constexpr (Communicator<P>) {
-      if (params_) params_->wait(std::exchange(last_, typename P::request{}));
-    }
-  }
-
- private:
-  std::conditional_t<Communicator<P>, std::optional<P>, std::monostate> params_{};
-  typename request_of<P>::type last_{};
-  offload::chunk_shard shard_{};
 };
 
 template <Reducer C>
@@ -182,37 +81,26 @@ class bucket_sink {
 
   [[nodiscard]] bucket_stats stats() const {
     std::lock_guard lock(st_->m);
-    return st_->totals;
+    bucket_stats t = st_->totals;
+    t.bytes_gathered = st_->zero.bytes_given();
+    return t;
   }
 
-  // ZeRO: chunk c's optimizer state lives on rank c % size (PatrickStar's chunk groups).
-  [[nodiscard]] offload::chunk_shard shard() const noexcept { return st_->shard; }
-  [[nodiscard]] int zero_stage() const noexcept { return st_->zero; }
-
-  // ZeRO-3: the engine gathers other ranks' parameter chunks around the blocks that use them,
-  // each broadcast from its owner on a communicator split off for parameters (every rank calls in
-  // hook order; the gradient reductions run on the other one from the sink's own thread).
-  [[nodiscard]] bool shards_parameters() const noexcept { return st_->zero == 3; }
+  // ZeRO (comm::zero_sharding): chunk c's optimizer state lives on rank c % size (PatrickStar's
+  // chunk groups); ZeRO-3 gathers other ranks' parameter chunks around the blocks that use them
+  // (on a communicator split off for parameters, while the gradient sums run on this one from the
+  // sink's own thread); ZeRO-1 and 2 share the stepped chunks after the step.
+  [[nodiscard]] offload::chunk_shard shard() const noexcept { return st_->zero.shard(); }
+  [[nodiscard]] int zero_stage() const noexcept { return st_->zero.stage(); }
+  [[nodiscard]] bool shards_parameters() const noexcept { return st_->zero.shards_parameters(); }
   template <class T>
   void gather_async(std::uint32_t chunk, std::span<T> bytes) {
-    if (std::size_t const given = st_->params.gather_async(chunk, bytes); given != 0) {
-      std::lock_guard lock(st_->m);
-      st_->totals.bytes_gathered += given;
-    }
+    st_->zero.gather_async(chunk, bytes);
   }
-  void wait_gathered() { st_->params.wait(); }
-
-  // ZeRO, after the step's updates: each group of `size` consecutive chunks is all-gathered, every
-  // rank giving the chunk it stepped; a last group of fewer chunks is broadcast from each owner.
+  void wait_gathered() { st_->zero.wait_gathered(); }
   template <class T>
   void share_parameters(std::span<std::span<T> const> chunks) {
-    if (st_->zero == 0 || st_->zero == 3 || st_->shard.ranks == 1) return;  // ZeRO-3 gathers at use
-    if constexpr (requires(C& c, std::span<T const> in, std::span<T> out) { c.all_gather(in, out); }) {
-      st_->gather(chunks);
-    } else {
-      TIDE_FAIL(usage, "data_parallel: zero = ", st_->zero, " needs a communicator with all_gather and reduce "
-                "(tide::comm::mpi or self), not ", C::name);
-    }
+    st_->zero.share(chunks);  // the engine drained the sink first
   }
 
  private:
@@ -259,8 +147,7 @@ class bucket_sink {
 
     C* comm;
     std::size_t bucket_bytes;
-    int zero = 0;
-    offload::chunk_shard shard;
+    zero_sharding<C> zero;
     mutable std::mutex m;
     std::condition_variable cv;
     std::uint64_t summed = 0;  // buckets summed so far, in order
@@ -278,13 +165,10 @@ class bucket_sink {
     memory::stream<host> work;  // after the jobs: destroyed (drained) first
     memory::stream<host> hold;
 
-    state(C* c, std::size_t bytes, int stage) : comm(c), bucket_bytes(bytes), zero(stage), flushes(ring), holds(ring) {
+    state(C* c, std::size_t bytes, int stage)
+        : comm(c), bucket_bytes(bytes), zero(c, stage, "data_parallel"), flushes(ring), holds(ring) {
       TIDE_REQUIRE(bytes > 0, "data_parallel: bucket_bytes = 0; pass the bytes one all-reduce should carry (25 MiB "
                    "is PyTorch DDP's default)");
-      TIDE_REQUIRE(stage >= 0 && stage <= 3, "data_parallel: zero = ", stage, "; tide shards optimizer state "
-                   "(zero = 1), gradients (zero = 2) and parameters (zero = 3) over chunk groups: pass 0 to 3");
-      if (stage > 0 && c != nullptr) shard = {c->rank(), c->size()};
-      if (stage == 3 && c != nullptr) params = parameter_gatherer<C>(c, shard, "data_parallel");
       for (auto& f : flushes) f.st = this;
       for (auto& h : holds) h.st = this;
     }
@@ -342,8 +226,8 @@ class bucket_sink {
     std::size_t sum(std::vector<std::span<std::byte>> const& chunks, std::vector<std::uint32_t> const& ids, int type) {
       std::size_t bytes = 0;
       for (auto const& c : chunks) bytes += c.size();
-      if (zero >= 2 && shard.ranks > 1) {  // each chunk to its owner only: half an all-reduce's traffic
-        for (std::size_t k = 0; k < chunks.size(); ++k) reduce_to(chunks[k], shard.owner(ids[k]), type);
+      if (zero.stage() >= 2 && zero.shard().ranks > 1) {  // each chunk to its owner: half an all-reduce's traffic
+        for (std::size_t k = 0; k < chunks.size(); ++k) reduce_to(chunks[k], zero.shard().owner(ids[k]), type);
       } else if (chunks.size() == 1) {
         all_reduce(chunks[0], type);
       } else {
@@ -386,15 +270,6 @@ class bucket_sink {
       else  // data_parallel::sink() refuses zero = 2 over such a communicator before it gets here
         TIDE_FAIL(usage, "data_parallel: zero = 2 needs a communicator with reduce (tide::comm::mpi or self), not ",
                   C::name);
-    }
-    parameter_gatherer<C> params;  // ZeRO-3: parameter chunks from their owners, in hook order
-
-    // On the calling thread, after the step drained the sink (the staging buffer is free).
-    template <class T>
-    void gather(std::span<std::span<T> const> chunks) {
-      std::size_t const bytes = share_stepped_chunks(*comm, shard, chunks, staging);
-      std::lock_guard lock(m);
-      totals.bytes_gathered += bytes;
     }
     void mark(std::uint64_t bucket, tide::error const* failure) {
       {

@@ -35,7 +35,7 @@
 // bits).
 //
 // The work runs on the sink's own worker, chunk after chunk in the order backward completes them,
-// while backward goes on (detail::chunk_jobs). ZeRO stages 1 and 2 compose (detail::zero_part):
+// while backward goes on (detail::chunk_jobs). ZeRO stages 1 to 3 compose (comm::zero_sharding):
 // the owners step, every rank keeps its own residual of every chunk.
 
 #include <algorithm>
@@ -119,7 +119,7 @@ class sparse_sink : public detail::sink_front<sparse_sink<C, Sel, Momentum>> {
     sparse_scratch scratch;
     mutable std::mutex m;
     sparse_stats totals;
-    detail::zero_part<C> zero;
+    comm::zero_sharding<C> zero;
     detail::chunk_jobs<state> jobs;  // last: drained before the rest goes
 
     state(C* c, residual_compressor<Sel> const& proto_, int threads, int zero_stage)
@@ -243,7 +243,7 @@ class powersgd_sink : public detail::sink_front<powersgd_sink<C>> {
     std::vector<float> p, q;                       // the two all-reduce buffers
     mutable std::mutex m;
     powersgd_stats totals;
-    detail::zero_part<C> zero;
+    comm::zero_sharding<C> zero;
     detail::chunk_jobs<state> jobs;  // last: drained before the rest goes
 
     state(C* c, powersgd_options const& o_, int threads, int zero_stage)

@@ -1,7 +1,7 @@
 #pragma once
 // What the compressing gradient sinks of compress/sink.hpp share: chunk_jobs (each chunk's work
-// as one job on the sink's own worker, in the order backward hands the chunks over), zero_part
-// (the ZeRO stages) and sink_front (the GradientSink members both sinks have).
+// as one job on the sink's own worker, in the order backward hands the chunks over) and
+// sink_front (the GradientSink members both sinks have, the ZeRO ones from comm::zero_sharding).
 
 #include <cstddef>
 #include <cstdint>
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "tide/comm/data_parallel.hpp"
+#include "tide/comm/sharding.hpp"
 #include "tide/core/backend.hpp"
 #include "tide/core/error.hpp"
 #include "tide/memory/stream.hpp"
@@ -95,39 +95,14 @@ class chunk_jobs {
   memory::stream<host> work_;  // last: destroyed (drained) before the jobs
 };
 
-// What both compressing sinks share: the chunk's work queued on the sink's worker, and the ZeRO
-// stages. Under ZeRO each rank keeps the optimizer state of its own chunks (chunk c on rank
-// c % W) and steps them; the engine frees another rank's gradients once their sum is done, and
-// share_parameters all-gathers the new parameters after the step (ZeRO-1 and 2). ZeRO-3 keeps a
-// rank's own parameter chunks only: the engine gathers another rank's around the blocks that use
-// it (comm::parameter_gatherer: each broadcast from its owner on a communicator split off for
-// parameters), while the sink's worker sums gradients on the other. The compression
+// CRTP: Sink has a std::shared_ptr<state> st_ whose state has comm, zero (a comm::zero_sharding),
+// jobs (a chunk_jobs), run(ready_chunk), totals (its stats) and a mutex m.
+//
+// ZeRO composes as for dense data parallelism: each rank keeps and steps its own chunks' optimizer
+// state, the engine frees another rank's gradients once their sum is done, and the stepped chunks
+// are shared after the step (ZeRO-1 and 2) or gathered around their use (ZeRO-3). The compression
 // does not change: a rank's residual (or PowerSGD error) is its own, of its own gradients, so
 // every rank keeps it for every chunk; the sums reach every rank, as without ZeRO.
-template <class C>
-struct zero_part {
-  int stage = 0;
-  offload::chunk_shard shard{};        // {0, 1}: everything here
-  std::vector<std::byte> staging{};    // share_parameters' all-gather
-  std::uint64_t bytes_gathered = 0;    // this rank's parameter bytes given in share_parameters or gathers
-  comm::parameter_gatherer<C> params{};  // ZeRO-3: parameter chunks from their owners, in hook order
-
-  zero_part(C* comm, int zero, std::string_view policy) : stage(zero) {
-    TIDE_REQUIRE(zero >= 0 && zero <= 3, policy, ": zero = ", zero, "; compressed data parallelism shards the "
-                 "optimizer state (zero = 1), the gradients (zero = 2) and the parameters (zero = 3): pass 0 to 3");
-    if constexpr (!requires(C& c, std::span<float const> in, std::span<float> out) {
-                    c.all_gather(in, out);
-                    c.broadcast(out, 0);
-                  })
-      TIDE_REQUIRE(zero == 0, policy, ": zero = ", zero, " needs a communicator with all_gather and broadcast "
-                   "(tide::comm::mpi or self), not ", C::name, ": pass zero = 0");
-    if (zero > 0 && comm != nullptr) shard = {comm->rank(), comm->size()};
-    if (zero == 3 && comm != nullptr) params = comm::parameter_gatherer<C>(comm, shard, policy);
-  }
-};
-
-// CRTP: Sink has a std::shared_ptr<state> st_ whose state has comm, zero (a zero_part), jobs (a
-// chunk_jobs), run(ready_chunk), totals (its stats) and a mutex m.
 template <class Sink>
 class sink_front {
  public:
@@ -138,42 +113,25 @@ class sink_front {
     st.jobs.take(&st, r);
     return true;  // done is recorded behind the chunk's job
   }
-  [[nodiscard]] offload::chunk_shard shard() const noexcept { return self().st_->zero.shard; }
+  [[nodiscard]] offload::chunk_shard shard() const noexcept { return self().st_->zero.shard(); }
   void abandon_step() noexcept { self().st_->jobs.abandon(); }
   // What the sink sent so far (this rank's side).
   [[nodiscard]] auto stats() const {
     auto const& st = *self().st_;
     std::lock_guard lock(st.m);
     auto t = st.totals;
-    t.bytes_gathered = st.zero.bytes_gathered;
+    t.bytes_gathered = st.zero.bytes_given();
     return t;
   }
-  // ZeRO-3 (offload::ParameterShardingSink): chunk `chunk` from its owner, in hook order on every
-  // rank, on the parameters' communicator; wait_gathered: every gather started has landed.
-  [[nodiscard]] bool shards_parameters() const noexcept { return self().st_->zero.stage == 3; }
+  [[nodiscard]] bool shards_parameters() const noexcept { return self().st_->zero.shards_parameters(); }
   template <class T>
   void gather_async(std::uint32_t chunk, std::span<T> bytes) {
-    auto& z = self().st_->zero;
-    if (std::size_t const given = z.params.gather_async(chunk, bytes); given != 0) {
-      std::lock_guard lock(self().st_->m);
-      z.bytes_gathered += given;
-    }
+    self().st_->zero.gather_async(chunk, bytes);
   }
-  void wait_gathered() { self().st_->zero.params.wait(); }
-  // After the step's updates (the engine drained the sink first): the chunks other ranks stepped.
-  // ZeRO-3 gathers at use instead.
+  void wait_gathered() { self().st_->zero.wait_gathered(); }
   template <class T>
   void share_parameters(std::span<std::span<T> const> chunks) {
-    auto& st = *self().st_;
-    if (st.zero.shard.ranks == 1 || st.zero.stage == 3) return;
-    if constexpr (requires(std::span<T> x, std::span<T const> y) {
-                    st.comm->all_gather(y, x);
-                    st.comm->broadcast(x, 0);
-                  }) {
-      std::size_t const bytes = tide::comm::share_stepped_chunks(*st.comm, st.zero.shard, chunks, st.zero.staging);
-      std::lock_guard lock(st.m);
-      st.zero.bytes_gathered += bytes;
-    }
+    self().st_->zero.share(chunks);  // the engine drained the sink first
   }
 
  private:
