@@ -44,6 +44,19 @@ TEST_CASE("parameter_list: aligned offsets, contiguous layers, lookups") {
   CHECK(list.layer_bytes(0) == tide::byte_range{64, 66});
   CHECK(list.layer_bytes(-1) == tide::byte_range{0, 60});
 
+  SUBCASE("tie groups: one per tied parameter, numbered from 0; tying again changes nothing") {
+    CHECK(list.ties() == 0);
+    CHECK(list.find("a").tie == -1);
+    CHECK(list.tie("tail") == 0);
+    CHECK(list.tie("a") == 1);
+    CHECK(list.tie("tail") == 0);
+    CHECK(list.ties() == 2);
+    CHECK(list.find("tail").tie == 0);
+    CHECK(list.find("h0.w").tie == -1);
+    CHECK_THROWS_AS((void)list.tie("nope"), tide::error);
+    CHECK(list.ties() == 2);
+  }
+
   SUBCASE("bad registrations throw and change nothing") {
     CHECK_THROWS_AS(list.add("a", 2, {1}, dtype::f32), tide::error);              // duplicate name
     CHECK_THROWS_AS(list.add("back", 0, {1}, dtype::f32), tide::error);           // layer decreases
@@ -81,6 +94,9 @@ TEST_CASE("gpt_parameters: names, order, shapes and layers of a tiny config") {
   CHECK(layer_of(list.find("h1.ln2.b")) == 1);
   CHECK(layer_of(list.find("lnf.w")) == tide::nn::head_block(c));
   CHECK(list.count() == tide::nn::parameter_count(c));
+  // wte is tied (the embedding and the LM head read it), nothing else.
+  CHECK(list.ties() == 1);
+  for (parameter const& p : list) CHECK(p.tie == (p.name() == "wte" ? 0 : -1));
 
   // Offsets strictly increase and are aligned; each layer is one run of the list and one byte
   // range, and the ranges of consecutive layers do not overlap.

@@ -382,6 +382,33 @@ void pipelined_trainer_matches(Offload const& off, char const* what, int zero = 
 
 }  // namespace
 
+TEST_CASE("mpi pipeline: part_of ties a parameter where another stage keeps a copy; an untied one read by two "
+          "stages is refused") {
+  if (tide::test::world().rank() != 0) return;  // no communication: one rank checks it
+  auto const all = tide::nn::gpt_parameters(config, tide::dtype::f32);
+  auto const uses = tide::nn::gpt_block_uses(config);
+  pp::schedule const s = pp::one_f_one_b(3, 3);
+  pp::cut const c = pp::uniform_cut(uses.first_block, uses.last_block(), 3);
+  // 1F1B on 3 stages: the first and the last stage keep wte, tied; the middle one none of it.
+  for (int st = 0; st < 3; ++st) {
+    CAPTURE(st);
+    auto const part = pp::part_of(all, uses, c, s, st);
+    CHECK(part.params.contains("wte") == (st != 1));
+    CHECK(part.params.ties() == (st != 1 ? 1 : 0));
+    for (tide::parameter const& p : part.params) CHECK(p.tie == (p.name() == "wte" ? 0 : -1));
+  }
+  // A V: the first stage runs the embedding and the head, so its wte is read nowhere else.
+  pp::schedule const v = pp::zb_v(2, 4);
+  auto const both = pp::part_of(all, uses, pp::uniform_cut(uses.first_block, uses.last_block(), 4), v, 0);
+  CHECK(both.params.find("wte").tie == -1);
+  CHECK(both.params.ties() == 0);
+  // The same list without the tie: refused where two stages read wte, naming it and what to do.
+  tide::parameter_list untied(all.alignment());
+  for (tide::parameter const& p : all) untied.add(p.name(), p.layer, p.shape, p.type);
+  CHECK_THROWS_WITH_AS(pp::part_of(untied, uses, c, s, 0), doctest::Contains("\"wte\" is read by stages 0 and 2 but "
+                                                                            "is not tied"), tide::error);
+}
+
 TEST_CASE("mpi pipeline: make_trainer with 1F1B on ranks equals data parallelism without it, bit for bit") {
   if (tide::test::world().size() % 2 != 0) return;
   pipelined_trainer_matches(tide::offload::resident{}, "resident");

@@ -41,6 +41,10 @@ struct parameter {
   dtype type = dtype::f32;
   std::size_t offset = 0;  // bytes from the start of the buffer; a multiple of the list's alignment
   std::size_t bytes = 0;   // numel * size_of(type), without padding
+  // Its tie group (parameter_list::tie), or -1: every copy of a tied parameter, wherever it lives
+  // (pipeline stages that both read it keep one each), holds the same values; their gradients are
+  // summed and every copy takes the same step.
+  int tie = -1;
 
   [[nodiscard]] constexpr std::string_view name() const noexcept { return label; }
   [[nodiscard]] constexpr index_t numel() const noexcept { return shape.numel(); }
@@ -93,6 +97,20 @@ class parameter_list {
     return params_.back();
   }
 
+  // Ties parameter `name` (its own group, numbered from 0): copies of it may live apart, as when
+  // a pipeline puts the blocks that read it on different stages (a GPT's wte, read by the
+  // embedding and the tied LM head), and stay one parameter: summed gradients, the same step. A
+  // parameter read on two stages without a tie is refused there (pipeline::part_of). Returns the
+  // group. Strong guarantee.
+  int tie(std::string_view name) {
+    auto const it = std::find_if(params_.begin(), params_.end(), [&](parameter const& p) { return p.name() == name; });
+    if (it == params_.end()) (void)find(name);  // throws, naming the list's names
+    if (it->tie < 0) it->tie = ties_++;
+    return it->tie;
+  }
+  // The tie groups: each tied parameter's group is below this.
+  [[nodiscard]] int ties() const noexcept { return ties_; }
+
   // ---- the range ----------------------------------------------------------------------------
   [[nodiscard]] auto begin() const noexcept { return params_.data(); }
   [[nodiscard]] auto end() const noexcept { return params_.data() + params_.size(); }
@@ -143,6 +161,7 @@ class parameter_list {
   std::vector<parameter> params_;
   std::size_t bytes_ = 0;
   index_t count_ = 0;
+  int ties_ = 0;
 };
 
 // The parameters each block of a model reads (what an offload scheduler makes resident around

@@ -132,13 +132,15 @@ inline parameter_list gpt_parameters(gpt_config const& config, dtype type,
   gpt_config const c = resolve(config);
   index_t const C = c.channels;
   parameter_list list(alignment);
+  // wte is tied: the embedding and the LM head read it (parameter_list::tie).
   if (c.wte_pieces == 1) {
-    list.add("wte", embedding_block, {index_t{c.padded_vocab}, C}, type);
+    list.tie(list.add("wte", embedding_block, {index_t{c.padded_vocab}, C}, type).name());
   } else {
     index_t const R = wte_piece_rows(c);
     for (int j = 0; j < c.wte_pieces; ++j)
-      list.add(tide::detail::concat("wte.", j), embedding_block, {std::min<index_t>(R, c.padded_vocab - j * R), C},
-               type);
+      list.tie(list.add(tide::detail::concat("wte.", j), embedding_block,
+                        {std::min<index_t>(R, c.padded_vocab - j * R), C}, type)
+                   .name());
   }
   list.add("wpe", embedding_block, {index_t{c.max_seq}, C}, type);
   shape const shapes[params_per_block] = {{C}, {C}, {3 * C, C}, {3 * C}, {C, C}, {C},

@@ -111,19 +111,21 @@ rank_groups<C> make_groups(C& world, int stages) {
 // The parameters a stage's pieces read, as the offload scheduler of that stage sees them.
 struct stage_part {
   static constexpr std::uint32_t elsewhere = offload::no_index;  // what the model's hooks take for "not here"
-  parameter_list params{parameter_list::default_alignment};  // this stage's, in the model's order
+  // This stage's, in the model's order; tied (parameter::tie) only where another stage keeps a
+  // copy too: the parameters whose gradient the trainer sums over the stages.
+  parameter_list params{parameter_list::default_alignment};
   block_uses uses;                     // the stage's blocks, indices into params; several pieces: their runs
   std::vector<std::uint32_t> index;    // the model's parameter i: its index in params, or elsewhere
-  std::vector<std::uint32_t> shared;   // indices into params also read by another stage (wte)
   std::vector<bool> counted;           // by index into params: this stage counts it in the norm (its
                                        // lowest reader is here)
   std::size_t largest_elsewhere = 0;   // elements of the largest parameter of other stages
 };
 
 // Stage `stage` of schedule `s` over cut `c` (its pieces s.piece(stage, 0 .. chunks − 1)). A
-// parameter read by two stages must be read by the stages of the first and the last piece only
-// (the tied embedding): its gradient is summed over those two. Under a V placement both are
-// stage 0, which then holds the embedding and the head, and nothing is shared.
+// parameter read by two stages must be tied (parameter_list::tie) and read by the stages of the
+// first and the last piece only (the tied embedding): its gradient is summed over those two.
+// Under a V placement both are stage 0, which then holds the embedding and the head, and nothing
+// is shared.
 inline stage_part part_of(parameter_list const& all, block_uses const& uses, cut const& c, schedule const& s,
                           int stage) {
   TIDE_REQUIRE(c.pieces() == s.stages * s.chunks, "pipeline::part_of: the cut has ", c.pieces(), " pieces, the "
@@ -170,6 +172,9 @@ inline stage_part part_of(parameter_list const& all, block_uses const& uses, cut
     TIDE_REQUIRE(ok, "pipeline::part_of: parameter \"", all[i].name(), "\" is read by blocks ", lowest[i], " .. ",
                  highest[i], " of stages ", a, " and ", z, "; a parameter shared between stages must be read by the "
                  "stages of the first and the last piece only (a tied embedding): tide sums its gradient over those two");
+    TIDE_REQUIRE(z == -1 || all[i].tie >= 0, "pipeline::part_of: parameter \"", all[i].name(), "\" is read by ",
+                 "stages ", a, " and ", z, " but is not tied; declare it with parameter_list::tie (each stage then "
+                 "keeps a copy, their gradients summed), or cut the model so that one stage reads it");
   }
   stage_part p;
   p.params = parameter_list(all.alignment());
@@ -182,9 +187,9 @@ inline stage_part part_of(parameter_list const& all, block_uses const& uses, cut
     }
     auto const j = static_cast<std::uint32_t>(p.params.size());
     p.params.add(x.name(), x.layer, x.shape, x.type);
+    if (elsewhere_read[i]) (void)p.params.tie(x.name());  // another stage keeps a copy
     p.index[i] = j;
     p.counted.push_back(here_block(lowest[i]));
-    if (elsewhere_read[i]) p.shared.push_back(j);
   }
   int const first = runs.front().first, last = runs.back().second;
   p.uses.first_block = first;

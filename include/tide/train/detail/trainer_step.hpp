@@ -95,9 +95,11 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::run_pipeline(std::s
     // of its chunk, else the first replica), every other end rank adds zeros, and every rank that
     // steps it (keeps its state) takes the sum: one reduction, so both ends step the same bits
     // under any ZeRO stage and any number of replicas.
-    for (std::uint32_t j : stage_.shared) {
+    auto const& params = scheduler_.parameters();
+    for (std::uint32_t j = 0; j < params.size(); ++j) {
+      if (params[j].tie < 0) continue;  // tied in a stage's list: another stage keeps a copy
       bool const gives = writes(j), takes = scheduler_.keeps_state(j);
-      std::size_t const n = scheduler_.parameters()[j].numel();
+      std::size_t const n = params[j].numel();
       shared_.assign(n, element_type{});
       std::span<element_type> const g = gives || takes ? scheduler_.gradient_of(j) : std::span<element_type>{};
       if (gives) memory::read_to_host(ex_, shared_.data(), g.data(), g.size_bytes());
