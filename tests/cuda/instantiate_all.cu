@@ -225,6 +225,11 @@ void engine_and_trainer_of(cuda_exec const& ex) {
   trainer_on_cuda<float>(off::chunked<off::belady>{}, tide::optim::adamw{.clip_norm = 1.f});
   trainer_on_cuda<bf16>(off::resident{}, tide::optim::sgd{});
   trainer_on_cuda<bf16>(off::layer_window<2>{}, tide::optim::adam{});
+  // generate on the device, f32 and bf16 logits read back
+  tide::nn::gpt_config const cfg{.layers = 1, .heads = 1, .channels = 8, .vocab = 8, .max_seq = 4};
+  std::int32_t const prompt[] = {1};
+  (void)tide::nn::gpt<tide::cuda>(cfg, arena).generate(ex, prompt, 2, 1.f, 0);
+  (void)tide::nn::gpt<tide::cuda, bf16>(cfg, arena).generate(ex, prompt, 2, 0.f, 0);
 }
 
 #if defined(TIDE_HAS_NCCL)

@@ -1094,4 +1094,19 @@ TEST_CASE("gpt: generate is seeded, stays in the vocabulary and slides past max_
   float const* last = logits.data() + 2 * 24;
   CHECK(g.back() == std::max_element(last, last + tiny.vocab) - last);
   CHECK_THROWS_AS(m.generate(ex, {}, 1, 1.0f, 0), tide::error);
+
+  // On tide::sealed, a device the host cannot read: the forwards run there, each window's
+  // tokens copied in and its last logits row out, and the same parameters sample the same
+  // tokens (the sealed kernels give the host's bits).
+  tide::memory::device_arena<tide::sealed> dev_arena{{.budget = 4_MiB}};
+  tide::memory::stream<tide::sealed> compute;
+  tide::exec<tide::sealed> const dex{pool, compute};
+  tide::nn::gpt<tide::sealed> d(tiny, dev_arena, {.seed = 4});
+  CHECK(d.generate(dex, prompt, 10, 1.0f, 123) == a);
+  CHECK(d.generate(dex, prompt, 10, 1.0f, 124) == c);
+  CHECK(d.generate(dex, prompt, 1, 0.0f, 0) == g);
+  std::size_t const live = dev_arena.stats().in_use;
+  CHECK(d.generate(dex, prompt, 1, 0.0f, 0) == g);
+  CHECK(dev_arena.stats().in_use == live);  // the token buffer went back to the arena
+  CHECK_THROWS_AS(d.generate(dex, {}, 1, 1.0f, 0), tide::error);
 }

@@ -284,13 +284,11 @@ class gpt {
   // ---- sampling -------------------------------------------------------------------------------
   // prompt (ids in [0, V)) followed by n tokens sampled from softmax(logits / temperature) over
   // the V real columns (temperature <= 0: argmax), seeded: the same arguments give the same
-  // tokens. Forwards one sequence of min(max_seq, prompt + n) positions (replans for it).
+  // tokens. Forwards one sequence of min(max_seq, prompt + n) positions (replans for it). On a
+  // device the forward runs there: each token's window goes in and its last logits row (Vp
+  // values) comes back, from a token buffer in the arena; the sampling runs on the host.
   std::vector<std::int32_t> generate(exec<B> const& ex, std::span<std::int32_t const> prompt, int n,
-                                     float temperature, std::uint64_t seed) {
-    static_assert(!B::is_device, "gpt::generate runs on tide::host only: sample from a gpt<tide::host, ...> (load the trained "
-                                 "parameters into it from a checkpoint)");
-    return detail::generate_tokens(*this, ex, prompt, n, temperature, seed);
-  }
+                                     float temperature, std::uint64_t seed);
 
   // ---- the activation plan ----------------------------------------------------------------
   [[nodiscard]] activation_report activations() const noexcept { return report_; }

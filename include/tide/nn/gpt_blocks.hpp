@@ -164,10 +164,11 @@ std::int32_t sample_token(T const* row, index_t V, std::vector<double>& probs, f
 }
 
 // gpt::generate: n tokens sampled after `prompt` by forwards over a sliding window.
-template <class Model, class Exec>
-std::vector<std::int32_t> generate_tokens(Model& model, Exec const& ex, std::span<std::int32_t const> prompt, int n,
-                                          float temperature, std::uint64_t seed) {
-  gpt_config const& c = model.config();
+// forward_row(window, used): forwards the window's tokens (one sequence) and returns the logits
+// row of position used - 1, host-readable.
+template <class ForwardRow>
+std::vector<std::int32_t> generate_tokens(gpt_config const& c, std::span<std::int32_t const> prompt, int n,
+                                          float temperature, std::uint64_t seed, ForwardRow&& forward_row) {
   TIDE_REQUIRE(!prompt.empty(), "gpt::generate needs a prompt of at least one token");
   TIDE_REQUIRE(n >= 0, "gpt::generate: n = ", n, " tokens; pass n >= 0");
   for (std::size_t i = 0; i < prompt.size(); ++i)
@@ -180,14 +181,12 @@ std::vector<std::int32_t> generate_tokens(Model& model, Exec const& ex, std::spa
   std::vector<std::int32_t> buf(static_cast<std::size_t>(window), 0);
   std::vector<double> probs(static_cast<std::size_t>(c.vocab));
   std::uint64_t const key = splitmix64(seed ^ 0x5eed5eed5eed5eedull);
-  index_t const Vp = c.padded_vocab;
   for (int i = 0; i < n; ++i) {
     // The last `used` tokens at positions 0 .. used-1; positions after them are padding the
     // causal mask keeps out of position used-1.
     auto const used = static_cast<index_t>(std::min<std::size_t>(seq.size(), static_cast<std::size_t>(window)));
     std::copy(seq.end() - used, seq.end(), buf.begin());
-    model.forward(ex, typename Model::token_view(buf.data(), {index_t{1}, window}));
-    auto const* row = model.logits().data() + (used - 1) * Vp;
+    auto const* row = forward_row(std::span<std::int32_t const>(buf), used);
     double const u = open_unit(splitmix64(key ^ static_cast<std::uint64_t>(i)));
     seq.push_back(sample_token(row, index_t{c.vocab}, probs, temperature, u));
   }

@@ -17,6 +17,33 @@
 namespace tide::nn {
 
 template <Backend B, Element T, class Hooks>
+std::vector<std::int32_t> gpt<B, T, Hooks>::generate(exec<B> const& ex, std::span<std::int32_t const> prompt, int n,
+                                                     float temperature, std::uint64_t seed) {
+  index_t const Vp = config_.padded_vocab;
+  auto const one_sequence = [](std::int32_t const* ids, std::span<std::int32_t const> w) {
+    return token_view(ids, {index_t{1}, static_cast<index_t>(w.size())});
+  };
+  if constexpr (!B::is_device) {
+    auto const forward_row = [&](std::span<std::int32_t const> w, index_t used) -> T const* {
+      forward(ex, one_sequence(w.data(), w));
+      return logits().data() + (used - 1) * Vp;
+    };
+    return detail::generate_tokens(config_, prompt, n, temperature, seed, forward_row);
+  } else {
+    detail::arena_block<B> tokens;  // the window, on the device
+    std::vector<T> row(static_cast<std::size_t>(Vp));
+    auto const forward_row = [&](std::span<std::int32_t const> w, index_t used) -> T const* {
+      if (!tokens) tokens = detail::arena_block<B>(*arena_, w.size_bytes(), options_.alignment);
+      memory::write_from_host(ex, tokens.data(), w.data(), w.size_bytes());
+      forward(ex, one_sequence(reinterpret_cast<std::int32_t const*>(tokens.data()), w));
+      memory::read_to_host(ex, row.data(), logits().data() + (used - 1) * Vp, row.size() * sizeof(T));
+      return row.data();
+    };
+    return detail::generate_tokens(config_, prompt, n, temperature, seed, forward_row);
+  }
+}
+
+template <Backend B, Element T, class Hooks>
 void gpt<B, T, Hooks>::prepare(exec<B> const& ex, index_t Bn, index_t Tn) {
   gpt_scratch const scratch = gpt_scratch_of<T>(ex, config_, Bn, Tn);  // depends on ex's threads on the host
   if (Bn == batch_ && Tn == seq_ && activations_ && scratch_fits(scratch)) return;
