@@ -89,9 +89,10 @@ void usage(F&& f, char const* says) {
 }
 
 // (a) the whole model, micro-batch after micro-batch.
-result run_whole(tide::exec<tide::host> const& ex, data const& d, tide::nn::gpt_options const& options = whole_options) {
+result run_whole(tide::exec<tide::host> const& ex, data const& d, tide::nn::gpt_options const& options = whole_options,
+                 tide::nn::gpt_config const& config = tiny) {
   tide::memory::device_arena<tide::host> arena{{.budget = 4_MiB}};
-  host_gpt m(tiny, arena, options);
+  host_gpt m(config, arena, options);
   m.zero_grad(ex);
   result r;
   for (int k = 0; k < micro_batches; ++k) {
@@ -300,6 +301,21 @@ TEST_CASE("stages: a split backward (input passes, weight passes later) gives th
   result const split_whole = run_whole(ex, d, split);  // backward(): B then W, block by block
   CHECK(same_bits(split_whole.losses, whole.losses));
   CHECK(same_bits(split_whole.grads, whole.grads));
+  // The head's halves with and without the tied buffer (without it, W adds the head's share of
+  // wte's gradient itself), with wte whole and in two pieces (the products piece by piece).
+  for (int pieces : {1, 2})
+    for (bool tied : {false, true}) {
+      CAPTURE(pieces);
+      CAPTURE(tied);
+      tide::nn::gpt_config cut = tiny;
+      cut.wte_pieces = pieces;
+      tide::nn::gpt_options one{.seed = 3, .separate_tied_grad = tied};
+      result const want = run_whole(ex, d, one, cut);
+      one.split_backward = true;
+      result const got = run_whole(ex, d, one, cut);
+      CHECK(same_bits(got.losses, want.losses));
+      CHECK(same_bits(got.grads, want.grads));
+    }
 
   // Two ranges, every micro-batch in its own slot: each range's weight pass trails its input
   // pass by one micro-batch (as a zero-bubble stage's W lags its B), the last ones at the end.

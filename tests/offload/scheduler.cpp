@@ -108,18 +108,22 @@ struct bare_scheduler {
 static_assert(off::OffloadScheduler<bare_scheduler>);
 static_assert(!tide::nn::ActivationCarrier<off::hooks<bare_scheduler>, host>);
 static_assert(!tide::nn::gpt<host, float, off::hooks<bare_scheduler>>::carried_by_hooks);
+// Nor does it serve a split backward's input pass: the model's backward is one moment per block.
+static_assert(!tide::nn::SplitBackwardHooks<off::hooks<bare_scheduler>>);
+static_assert(tide::nn::SplitBackwardHooks<off::hooks<sched_t<off::resident>>>);
 static_assert(tide::nn::ActivationCarrier<off::hooks<sched_t<off::resident>>, host>);
 static_assert(model_t<off::chunked<off::belady>>::carried_by_hooks);
 
-// split: the backward in two passes, every block's input pass then every block's weight pass.
+// split: the backward in two passes, every block's input pass then every block's weight pass
+// (tied: the head's share of wte's gradient through the model's tied buffer, written in B).
 template <class Config>
 run_result train_offloaded(tide::thread_pool& pool, std::size_t budget, Config const& cfg = {},
-                           off::scheduler_options opts = {}, bool split = false) {
+                           off::scheduler_options opts = {}, bool split = false, bool tied = false) {
   tide::exec<host> ex{pool};
   tide::memory::device_arena<host> arena{{.budget = budget}};
   sched_t<Config> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config),
                         cfg, opts, adamw};
-  model_t<Config> model{config, arena, {.seed = 7, .split_backward = split}, {&sched}};
+  model_t<Config> model{config, arena, {.seed = 7, .separate_tied_grad = tied, .split_backward = split}, {&sched}};
   run_result r;
   for (int s = 0; s < steps; ++s) {
     auto const data = batch_of(s);
@@ -253,6 +257,7 @@ TEST_CASE("a split backward through the hooks: input passes read parameters only
                     "resident, split");
   require_identical(train_offloaded(pool, 64_MiB, off::layer_window<2>{}, {}, true), reference(),
                     "layer_window<2>, split");
+  require_identical(train_offloaded(pool, 64_MiB, cfg, {}, true, true), reference(), "chunked<belady>, split, tied");
 
   // The input pass is not a backward moment: a gradient asked for there is refused, naming it.
   tide::memory::device_arena<host> arena{{.budget = 64_MiB}};

@@ -85,8 +85,8 @@ struct parameter_comm<C> {
 template <class C>
 using parameter_comm_t = typename parameter_comm<C>::type;
 
-// ZeRO-3's gathers of parameter chunks, for the gradient sinks that shard parameters (this file's
-// and compress/sink.hpp's): chunk c is broadcast from its owner on a communicator split off for
+// ZeRO-3's gathers of parameter chunks, for the gradient sinks that shard parameters
+// (comm/data_parallel.hpp's and compress/sink.hpp's, through zero_sharding below): chunk c is broadcast from its owner on a communicator split off for
 // parameters, so a gather never queues behind the gradient sums on the other one. Every rank
 // calls gather_async in hook order; wait() waits for the last one started, which is enough
 // because a communicator completes its operations in call order. Default-constructed, or on one
@@ -143,7 +143,7 @@ template <class C>
 class zero_sharding {
  public:
   zero_sharding() = default;
-  zero_sharding(C* comm, int stage, std::string_view policy) : comm_(comm), stage_(stage) {
+  zero_sharding(C* comm, int stage, std::string_view policy) : comm_(comm), stage_(stage), policy_(policy) {
     TIDE_REQUIRE(stage >= 0 && stage <= 3, policy, ": zero = ", stage, "; tide shards the optimizer state (zero = 1), "
                  "the gradients (zero = 2) and the parameters (zero = 3) over chunk groups: pass 0 to 3");
     if constexpr (!shares<float>)
@@ -171,7 +171,11 @@ class zero_sharding {
   template <class T>
   void share(std::span<std::span<T> const> chunks) {
     if (stage_ == 0 || stage_ == 3 || shard_.ranks == 1) return;
-    if constexpr (shares<T>) given_ += share_stepped_chunks(*comm_, shard_, chunks, staging_);
+    if constexpr (shares<T>)
+      given_ += share_stepped_chunks(*comm_, shard_, chunks, staging_);
+    else  // the ranks' parameters would drift apart
+      TIDE_FAIL(usage, policy_, ": zero = ", stage_, " shares the stepped parameters with all_gather and broadcast, "
+                "which ", C::name, " lacks for this element type: pass zero = 0, or a communicator that has them");
   }
   // The parameter bytes this rank gave, in shares and gathers.
   [[nodiscard]] std::uint64_t bytes_given() const noexcept { return given_.load(); }
@@ -185,6 +189,7 @@ class zero_sharding {
 
   C* comm_ = nullptr;
   int stage_ = 0;
+  std::string_view policy_{};  // a literal: the sink's name, for messages
   offload::chunk_shard shard_{};
   std::vector<std::byte> staging_{};  // share's all-gather: a group of W chunks
   parameter_gatherer<C> params_{};

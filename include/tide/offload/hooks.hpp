@@ -1,9 +1,9 @@
 #pragma once
 // What a model sees of an offload engine: per-block hooks and the addresses of parameters and
 // gradients. A scheduler satisfies OffloadScheduler: pre_forward, post_forward, pre_backward,
-// post_backward (per block; pre_/post_backward_input around a split backward's input pass),
-// step() (per optimizer step), and the addresses of every parameter and gradient (the model asks
-// for them between a block's pre_* and post_* hooks). hooks<S> also carries a model's offloaded activations through the scheduler (nn::ActivationCarrier).
+// post_backward (per block), step() (per optimizer step), and the addresses of every parameter
+// and gradient (the model asks for them between a block's pre_* and post_* hooks). hooks<S> also
+// forwards a split backward's pre_/post_backward_input when S has them (SplitsBackward), and carries a model's offloaded activations through the scheduler (nn::ActivationCarrier).
 
 #include <concepts>
 #include <cstddef>
@@ -52,6 +52,14 @@ concept CarriesActivations = requires(S& s, std::byte* p, std::size_t n, int blo
   { s.drain_activations() } noexcept;
 };
 
+// A scheduler that serves a split backward's input pass as a moment of its own (offload::scheduler
+// does): hooks<S> then satisfies nn::SplitBackwardHooks.
+template <class S>
+concept SplitsBackward = requires(S& s, int block) {
+  s.pre_backward_input(block);
+  s.post_backward_input(block);
+};
+
 template <class S>
 struct hooks {
   S* scheduler = nullptr;
@@ -62,8 +70,16 @@ struct hooks {
   void pre_backward(int b) { scheduler->pre_backward(b); }
   void post_backward(int b) { scheduler->post_backward(b); }
   // A split backward's input pass (nn::SplitBackwardHooks): the parameters only.
-  void pre_backward_input(int b) { scheduler->pre_backward_input(b); }
-  void post_backward_input(int b) { scheduler->post_backward_input(b); }
+  void pre_backward_input(int b)
+    requires SplitsBackward<S>
+  {
+    scheduler->pre_backward_input(b);
+  }
+  void post_backward_input(int b)
+    requires SplitsBackward<S>
+  {
+    scheduler->post_backward_input(b);
+  }
   typename S::element_type* param_data(std::uint32_t i) {
     if (index == nullptr) return scheduler->param_data(i);
     return index[i] == no_index ? elsewhere : scheduler->param_data(index[i]);
