@@ -1,7 +1,8 @@
 #pragma once
 // memory_tracer: what one training step looks like from the device's side, recorded once.
 //
-// A moment is each pre-forward and pre-backward of a block that owns parameters (PatrickStar).
+// A moment is each pre-forward and pre-backward of a block that owns parameters (PatrickStar),
+// and each pre-backward-input of a split backward's input pass.
 // The warm-up step records, per moment, the chunks it touches (and which of them it writes:
 // gradients in backward, parameters a device optimizer step changes) and the non-model device bytes
 // (activations, workspaces: whatever the arena holds besides model data) at their peak over the

@@ -1,6 +1,7 @@
 #pragma once
 // The moments of one training step, known before the step from the block uses and the chunk
-// layout: the chunks each block's forward and backward touch (ids 0 .. n-1 name parameter chunks,
+// layout: the chunks each block's forward and backward touch (a split backward's input pass
+// touches its forward's; ids 0 .. n-1 name parameter chunks,
 // n .. 2n-1 their gradient chunks), the chunks whose gradients each block's backward completes
 // (after the last block, in backward order, that uses them), and the working set, the most chunks
 // one moment touches, with where it is. The memory tracer checks every step against them; the
