@@ -20,7 +20,7 @@
 // A ratio of 1 says the generator is the schedule of the paper.
 //
 // The thread executor (pipeline/executor.hpp) on p = 2 stages, m = 8 micro-batches of a GPT
-// (L 4, C 128, B 4, T 64), uniform cut. Two stages of one thread each on this machine's two
+// (L 8, C 128, B 4, T 64), uniform cut. Two stages of one thread each on this machine's two
 // cores: each stage has a core. The zero-bubble schedules (zb_h1, zb_h2, zb_v, dualpipe_v) run a
 // model whose backward splits in two (gpt_options::split_backward): W runs the weight pass; the
 // others the one-pass backward.
@@ -43,14 +43,19 @@
 //                                    the makespan (the detail's makespan_ratio: (m + p − 1) /
 //                                    (3m + p − 1) = 0.36 at best here for both). The detail also
 //                                    has the same schedule with the whole backward in B
-//                                    (span_bubble_whole_backward: what the split buys) and W / B.
+//                                    (span_bubble_whole_backward: what the split buys), W / B,
+//                                    F / B and the stages' unevenness (stage_cost_ratio), which
+//                                    the ratio depends on.
 //   zb_h1_bubble_vs_1f1b_ranks, zb_h2_bubble_vs_1f1b_ranks  the same on 2 MPI ranks, a stage and
 //                                    a model per rank (pipeline::rank_executor), busy and span
 //                                    summed over the ranks; when the build has MPI.
 //   zb_h1_bubble_vs_1f1b_trainer, zb_h2_bubble_vs_1f1b_trainer  the same again through
-//                                    make_trainer (pipeline::on_ranks, AdamW, the offload
-//                                    engine's hooks around every block: resident), on the
-//                                    uniform cut; the optimizer step is outside the measured span.
+//                                    make_trainer (pipeline::on_ranks with .blocks = the same
+//                                    cut, AdamW, the offload engine's hooks around every block:
+//                                    resident); the optimizer step is outside the measured span.
+// The zero-bubble figures run on a cut of equal measured stage cost (measure_blocks,
+// partition_layers), and the runs a figure compares step in rounds, one step of each in turn
+// (in_rounds): both sides of a ratio see the same machine.
 //
 // partitioner_vs_uniform: a GPT whose head is several blocks' worth (vocab 8192, C 128, L 6),
 // each block's forward and backward measured alone (measure_blocks), cut into 2 stages by
@@ -59,6 +64,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <random>
 #include <span>
 #include <string>
@@ -108,55 +115,87 @@ double closed_bubble(pp::kind k, int stages, int micro, int v) {
   return (p - 1) / (3 * m + p - 1);
 }
 
-// Mean wall seconds per step and mean per-piece costs over `reps` runs after 2 warm-ups; the
-// slowest stage's mean busy seconds.
+// Mean wall seconds per step, mean bubble fractions, mean per-piece costs and each stage's mean
+// busy seconds over the steps added.
 struct measured {
-  double seconds = 0, slowest_busy = 0, bubble = 0, span_bubble = 0;
+  double seconds = 0, bubble = 0, span_bubble = 0;
   std::vector<pp::costs> pieces;
-};
-measured run_steps(pp::thread_executor& run, host_gpt& model, tide::exec<tide::host> const& ex,
-                   std::span<batch const> micro, int reps) {
-  measured r;
-  int const Q = run.pieces().pieces();
-  r.pieces.assign(static_cast<std::size_t>(Q), pp::costs{.f = 0, .b = 0, .w = 0, .comm = 0});
-  std::vector<double> busy(static_cast<std::size_t>(run.plan().stages), 0);
-  for (int i = -2; i < reps; ++i) {
-    model.zero_grad(ex);
-    tide::bench::keep(run.run(model, micro, 1.f / static_cast<float>(micro.size())));
-    if (i < 0) continue;
-    auto const& st = run.last();
-    r.seconds += st.seconds / reps;
-    r.bubble += st.bubble_fraction / reps;
-    r.span_bubble += st.span_bubble_fraction / reps;
-    auto const pc = st.piece_costs(Q);
+  std::vector<double> busy;
+  // One of `reps` steps of a run whose stats hold every stage (a thread executor's).
+  void add(pp::run_stats const& st, int pieces_in_cut, int reps) {
+    if (pieces.empty()) pieces.assign(static_cast<std::size_t>(pieces_in_cut), pp::costs{.f = 0, .b = 0, .w = 0, .comm = 0});
+    if (busy.empty()) busy.assign(st.stages.size(), 0);
+    seconds += st.seconds / reps;
+    bubble += st.bubble_fraction / reps;
+    span_bubble += st.span_bubble_fraction / reps;
+    auto const pc = st.piece_costs(pieces_in_cut);
     for (std::size_t q = 0; q < pc.size(); ++q)
-      r.pieces[q].f += pc[q].f / reps, r.pieces[q].b += pc[q].b / reps, r.pieces[q].w += pc[q].w / reps;
+      pieces[q].f += pc[q].f / reps, pieces[q].b += pc[q].b / reps, pieces[q].w += pc[q].w / reps;
     for (std::size_t s = 0; s < busy.size(); ++s) busy[s] += st.stages[s].busy / reps;
   }
-  r.slowest_busy = *std::max_element(busy.begin(), busy.end());
-  return r;
+  [[nodiscard]] double slowest_busy() const { return busy.empty() ? 0 : *std::max_element(busy.begin(), busy.end()); }
+};
+
+// One step of a run, then its stats.
+using step_fn = std::function<pp::run_stats const&()>;
+
+// The runs stepped in rounds: 2 warm-up rounds, then `reps`, each round one step of every run in
+// turn, so that the runs a figure compares see the same machine (its load drifts over seconds).
+// add(j, stats) takes run j's measured steps.
+template <class Add>
+void in_rounds(std::span<step_fn const> runs, int reps, Add&& add) {
+  for (int i = -2; i < reps; ++i)
+    for (std::size_t j = 0; j < runs.size(); ++j) {
+      pp::run_stats const& st = runs[j]();
+      if (i >= 0) add(j, st);
+    }
 }
 
 // The executor figures' model and step: p = 2 stages, m = 8 micro-batches of (B, T) = (4, 64).
-constexpr tide::nn::gpt_config executor_gpt{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = 64};
+constexpr tide::nn::gpt_config executor_gpt{.layers = 8, .heads = 4, .channels = 128, .vocab = 256, .max_seq = 64};
 constexpr int executor_micro = 8;
 
 bool zero_bubble(pp::kind k) {
   return k == pp::kind::zb_h1 || k == pp::kind::zb_h2 || k == pp::kind::zb_v || k == pp::kind::dualpipe_v;
 }
 
-// Schedule k on the thread executor, the model's backward split in two when `split`; the uniform
-// cut, or `cut` when it has pieces.
-measured on_threads(pp::kind k, bool split, tokens const& data, int reps, pp::cut const& cut = {}) {
+// A model of `config` on the thread executor under schedule s and cut c, its backward split in two
+// when `split`: one step per call over the micro-batches.
+struct thread_run {
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
-  int const v = k == pp::kind::interleaved ? 2 : 1;
-  auto const s = pp::generate(k, 2, executor_micro, v);
-  tide::memory::device_arena<tide::host> arena{{.budget = std::size_t{1} << 30}};
-  pp::thread_executor run{s, cut.pieces() > 0 ? cut : pp::uniform_cut(-1, executor_gpt.layers, s.stages * s.chunks)};
-  host_gpt model(executor_gpt, arena, {.seed = 1, .in_flight = run.slots(split), .split_backward = split});
-  model.zero_grad(ex);
-  return run_steps(run, model, ex, std::span<batch const>(data.micro), reps);
+  tide::memory::device_arena<tide::host> arena;
+  pp::thread_executor run;
+  host_gpt model;
+  std::span<batch const> micro;
+  thread_run(tide::nn::gpt_config const& config, pp::schedule const& s, pp::cut const& c, bool split,
+             std::span<batch const> data, std::size_t budget = std::size_t{1} << 30)
+      : arena{{.budget = budget}},
+        run{s, c},
+        model(config, arena, {.seed = 1, .in_flight = run.slots(split), .split_backward = split}),
+        micro(data) {}
+  pp::run_stats const& step() {
+    model.zero_grad(ex);
+    tide::bench::keep(run.run(model, micro, 1.f / static_cast<float>(micro.size())));
+    return run.last();
+  }
+};
+
+// Schedule k of the executor figures' model on threads, split as `split`: on the uniform cut, or
+// on `cut` when it has pieces.
+step_fn on_threads(pp::kind k, bool split, tokens const& data, pp::cut const& cut = {}) {
+  auto const s = pp::generate(k, 2, executor_micro, k == pp::kind::interleaved ? 2 : 1);
+  auto r = std::make_shared<thread_run>(executor_gpt, s,
+                                        cut.pieces() > 0 ? cut : pp::uniform_cut(-1, executor_gpt.layers, s.stages * s.chunks),
+                                        split, std::span<batch const>(data.micro));
+  return [r]() -> pp::run_stats const& { return r->step(); };
+}
+
+// The runs' measurements on threads (in_rounds), each of `pieces` pieces.
+std::vector<measured> measure(std::span<step_fn const> runs, int pieces, int reps) {
+  std::vector<measured> out(runs.size());
+  in_rounds(runs, reps, [&](std::size_t j, pp::run_stats const& st) { out[j].add(st, pieces, reps); });
+  return out;
 }
 
 // The executor model's blocks cut into 2 stages of equal measured cost (measure_blocks, then
@@ -182,6 +221,13 @@ double predicted_span_bubble(pp::kind k, std::span<pp::costs const> pieces) {
   return span > 0 ? 1 - busy / span : 0;
 }
 
+// The dearer piece's F + B + W over the cheaper's (2 pieces).
+double stage_cost_ratio(std::span<pp::costs const> pieces) {
+  if (pieces.size() != 2) return 0;
+  double const a = pieces[0].f + pieces[0].b + pieces[0].w, b = pieces[1].f + pieces[1].b + pieces[1].w;
+  return std::min(a, b) > 0 ? std::max(a, b) / std::min(a, b) : 0;
+}
+
 // zb_<h1|h2>_bubble_vs_1f1b: the zero-bubble schedule's measured bubble over 1F1B's, same model,
 // same (p, m), same cut, same run; `where`: "" on threads, "_ranks" on MPI ranks.
 void zero_bubble_figure(pp::kind k, double goal, measured const& zb, measured const& whole, measured const& ofob,
@@ -203,6 +249,9 @@ void zero_bubble_figure(pp::kind k, double goal, measured const& zb, measured co
                                  {"step_s", zb.seconds},
                                  {"step_s_1f1b", ofob.seconds},
                                  {"w_over_b", zb.pieces.empty() || zb.pieces[0].b == 0 ? 0 : zb.pieces[0].w / zb.pieces[0].b},
+                                 {"f_over_b", zb.pieces.empty() || zb.pieces[0].b == 0 ? 0 : zb.pieces[0].f / zb.pieces[0].b},
+                                 // the stages' unevenness: the dearer stage's F + B + W over the cheaper's
+                                 {"stage_cost_ratio", stage_cost_ratio(zb.pieces)},
                                  {"stage0_last_block", cut.last.empty() ? 0 : cut.last[0]},
                                  // the same ratio simulated from each run's measured per-piece F, B, W:
                                  // what the costs allow, the executor's waits left out
@@ -220,7 +269,8 @@ void executor_figures() {
     int const v = k == pp::kind::interleaved ? 2 : 1;
     auto const s = pp::generate(k, 2, m, v);
     // The zero-bubble schedules with the backward split (their W's fill bubbles); the others whole.
-    measured const r = on_threads(k, zero_bubble(k), data, 5);
+    step_fn const one[] = {on_threads(k, zero_bubble(k), data)};
+    measured const r = measure(one, s.stages * s.chunks, 5)[0];
     auto const sim = pp::check(s);  // valid
     auto const from_costs = pp::simulate(s, std::span<pp::costs const>(r.pieces));
     tide::bench::figure{.bench = "pipeline",
@@ -251,7 +301,7 @@ void executor_figures() {
                                    {"micro", m},
                                    {"closed_bubble", closed},
                                    {"simulated_bubble_from_measured_pieces", from_costs.bubble_fraction},
-                                   {"slowest_stage_busy_s", r.slowest_busy},
+                                   {"slowest_stage_busy_s", r.slowest_busy()},
                                    {"step_s", r.seconds},
                                    {"span_bubble", r.span_bubble},
                                    {"split_backward", zero_bubble(k) ? 1.0 : 0.0}}}
@@ -262,13 +312,13 @@ void executor_figures() {
   auto const costs = executor_block_costs(data);
   pp::cut const cut = even_cut(costs);
   int const reps = tide::bench::quick() ? 2 : 9;
-  measured const ofob = on_threads(pp::kind::one_f_one_b, false, data, reps, cut);
-  measured const h1 = on_threads(pp::kind::zb_h1, true, data, reps, cut);
-  measured const h1_whole = on_threads(pp::kind::zb_h1, false, data, reps, cut);
-  measured const h2 = on_threads(pp::kind::zb_h2, true, data, reps, cut);
-  measured const h2_whole = on_threads(pp::kind::zb_h2, false, data, reps, cut);
-  zero_bubble_figure(pp::kind::zb_h1, 0.6, h1, h1_whole, ofob, "", cut);
-  zero_bubble_figure(pp::kind::zb_h2, 0.3, h2, h2_whole, ofob, "", cut);
+  std::vector<step_fn> const runs{
+      on_threads(pp::kind::one_f_one_b, false, data, cut), on_threads(pp::kind::zb_h1, true, data, cut),
+      on_threads(pp::kind::zb_h1, false, data, cut),       on_threads(pp::kind::zb_h2, true, data, cut),
+      on_threads(pp::kind::zb_h2, false, data, cut)};
+  auto const r = measure(runs, 2, reps);
+  zero_bubble_figure(pp::kind::zb_h1, 0.6, r[1], r[2], r[0], "", cut);
+  zero_bubble_figure(pp::kind::zb_h2, 0.3, r[3], r[4], r[0], "", cut);
 }
 
 #if defined(TIDE_MPIEXEC)
@@ -277,15 +327,14 @@ void executor_figures() {
 struct rank_tally {
   measured r;
   double busy = 0, span = 0, seconds = 0;
-  int reps;
-  rank_tally(int pieces, int n) : reps(n) {
-    r.pieces.assign(static_cast<std::size_t>(pieces), pp::costs{.f = 0, .b = 0, .w = 0, .comm = 0});
-  }
-  void add(pp::run_stats const& st) {
+  int reps = 1;
+  void add(pp::run_stats const& st, int pieces, int n) {
+    reps = n;
+    if (r.pieces.empty()) r.pieces.assign(static_cast<std::size_t>(pieces), pp::costs{.f = 0, .b = 0, .w = 0, .comm = 0});
     busy += st.stages[0].busy;
     span += st.stages[0].busy / std::max(1e-12, 1 - st.span_bubble_fraction);
     seconds += st.seconds;
-    auto const pc = st.piece_costs(static_cast<int>(r.pieces.size()));
+    auto const pc = st.piece_costs(pieces);
     for (std::size_t q = 0; q < pc.size(); ++q)
       r.pieces[q].f += pc[q].f / reps, r.pieces[q].b += pc[q].b / reps, r.pieces[q].w += pc[q].w / reps;
   }
@@ -302,46 +351,68 @@ struct rank_tally {
   }
 };
 
-// The same on MPI ranks, a stage per rank (pipeline::rank_executor), every rank its own model:
-// a rank's bubble from its own timeline, summed over the ranks (busy and span).
-measured on_ranks(tide::comm::mpi& world, pp::kind k, bool split, tokens const& data, int reps, pp::cut const& cut) {
+// Schedule k on MPI ranks, a stage per rank (pipeline::rank_executor), every rank its own model:
+// a rank's bubble from its own timeline.
+struct rank_run {
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
-  auto const s = pp::generate(k, world.size(), executor_micro, 1);
   tide::memory::device_arena<tide::host> arena{{.budget = std::size_t{1} << 30}};
-  pp::rank_executor run{world, s, cut};
-  host_gpt model(executor_gpt, arena,
-                 {.seed = 1, .in_flight = run.slots(split), .separate_tied_grad = true, .split_backward = split});
-  rank_tally tally(s.stages * s.chunks, reps);
-  for (int i = -2; i < reps; ++i) {
+  pp::rank_executor<tide::comm::mpi> run;
+  host_gpt model;
+  std::span<batch const> micro;
+  rank_run(tide::comm::mpi& world, pp::kind k, bool split, tokens const& data, pp::cut const& cut)
+      : run{world, pp::generate(k, world.size(), executor_micro, 1), cut},
+        model(executor_gpt, arena,
+              {.seed = 1, .in_flight = run.slots(split), .separate_tied_grad = true, .split_backward = split}),
+        micro(data.micro) {}
+  pp::run_stats const& step() {
     model.zero_grad(ex);
-    tide::bench::keep(run.run(model, ex, std::span<batch const>(data.micro), 1.f / executor_micro));
-    if (i >= 0) tally.add(run.last());
+    tide::bench::keep(run.run(model, ex, micro, 1.f / executor_micro));
+    return run.last();
   }
-  return tally.over(world);
+};
+step_fn on_ranks(tide::comm::mpi& world, pp::kind k, bool split, tokens const& data, pp::cut const& cut) {
+  auto r = std::make_shared<rank_run>(world, k, split, data, cut);
+  return [r]() -> pp::run_stats const& { return r->step(); };
 }
 
-// Schedule K through make_trainer on the world's ranks, a stage per rank, resident: the mean span
-// bubble over `reps` steps after 2 warm-ups, busy and span summed over the ranks.
+// Schedule K through make_trainer on the world's ranks, a stage per rank, on `cut`, resident,
+// AdamW; the optimizer step is outside the measured span.
 template <pp::kind K>
-measured in_trainer(tide::comm::mpi& world, bool split, tokens const& data, int reps) {
-  auto g = pp::make_groups(world, world.size());
-  pp::on_ranks<K, tide::comm::mpi> const pipe{.stages = world.size(), .micro = executor_micro, .group = &g.pipeline,
-                                              .tied = &g.tied};
-  tide::nn::gpt_spec<tide::host> spec{.config = executor_gpt,
-                                      .options = {.seed = 1, .in_flight = pp::slots_needed(pipe.plan(), g.stage, split),
-                                                  .separate_tied_grad = true, .split_backward = split}};
-  auto t = tide::train::make_trainer(spec, tide::offload::resident{},
-                                     tide::optim::adamw{.lr = 1e-3f, .micro_steps = executor_micro},
-                                     tide::train::no_comm{}, tide::train::no_compress{}, pipe);
-  std::vector<typename decltype(t)::batch_type> batches;
-  for (batch const& b : data.micro) batches.push_back({b.tokens, b.targets});
-  rank_tally tally(world.size(), reps);
-  for (int i = -2; i < reps; ++i) {
-    tide::bench::keep(t.step(batches).loss);
-    if (i >= 0) tally.add(*t.pipeline().last());
-  }
-  return tally.over(world);
+step_fn in_trainer(tide::comm::mpi& world, bool split, tokens const& data, pp::cut const& cut) {
+  using policy = pp::on_ranks<K, tide::comm::mpi>;
+  using spec_type = tide::nn::gpt_spec<tide::host>;
+  using trainer_type = decltype(tide::train::make_trainer(
+      std::declval<spec_type const&>(), tide::offload::resident{}, tide::optim::adamw{}, tide::train::no_comm{},
+      tide::train::no_compress{}, std::declval<policy const&>()));
+  struct state {  // the groups outlive the trainer that holds them
+    pp::rank_groups<tide::comm::mpi> g;
+    std::unique_ptr<trainer_type> t;
+    std::vector<typename trainer_type::batch_type> batches;
+  };
+  auto st = std::make_shared<state>(state{pp::make_groups(world, world.size()), nullptr, {}});
+  policy const pipe{.stages = world.size(), .micro = executor_micro, .group = &st->g.pipeline, .tied = &st->g.tied,
+                    .blocks = cut};
+  spec_type const spec{.config = executor_gpt,
+                       .options = {.seed = 1, .in_flight = pp::slots_needed(pipe.plan(), st->g.stage, split),
+                                   .separate_tied_grad = true, .split_backward = split}};
+  st->t.reset(new trainer_type(tide::train::make_trainer(spec, tide::offload::resident{},
+                                                         tide::optim::adamw{.lr = 1e-3f, .micro_steps = executor_micro},
+                                                         tide::train::no_comm{}, tide::train::no_compress{}, pipe)));
+  for (batch const& b : data.micro) st->batches.push_back({b.tokens, b.targets});
+  return [st]() -> pp::run_stats const& {
+    tide::bench::keep(st->t->step(st->batches).loss);
+    return *st->t->pipeline().last();
+  };
+}
+
+// The runs' measurements on ranks (in_rounds), each rank's stage summed over the ranks.
+std::vector<measured> measure(tide::comm::mpi& world, std::span<step_fn const> runs, int pieces, int reps) {
+  std::vector<rank_tally> tally(runs.size());
+  in_rounds(runs, reps, [&](std::size_t j, pp::run_stats const& st) { tally[j].add(st, pieces, reps); });
+  std::vector<measured> out;
+  for (rank_tally& t : tally) out.push_back(t.over(world));
+  return out;
 }
 
 void rank_figures(tide::comm::mpi& world) {
@@ -353,22 +424,23 @@ void rank_figures(tide::comm::mpi& world) {
     c.backward = tide::comm::sum_over_ranks(world, c.backward) / world.size();
   }
   pp::cut const cut = even_cut(costs);
-  measured const ofob = on_ranks(world, pp::kind::one_f_one_b, false, data, reps, cut);
-  measured const h1 = on_ranks(world, pp::kind::zb_h1, true, data, reps, cut);
-  measured const h1_whole = on_ranks(world, pp::kind::zb_h1, false, data, reps, cut);
-  measured const h2 = on_ranks(world, pp::kind::zb_h2, true, data, reps, cut);
-  measured const h2_whole = on_ranks(world, pp::kind::zb_h2, false, data, reps, cut);
-  measured const t_ofob = in_trainer<pp::kind::one_f_one_b>(world, false, data, reps);
-  measured const t_h1 = in_trainer<pp::kind::zb_h1>(world, true, data, reps);
-  measured const t_h1_whole = in_trainer<pp::kind::zb_h1>(world, false, data, reps);
-  measured const t_h2 = in_trainer<pp::kind::zb_h2>(world, true, data, reps);
-  measured const t_h2_whole = in_trainer<pp::kind::zb_h2>(world, false, data, reps);
+  std::vector<step_fn> const runs{on_ranks(world, pp::kind::one_f_one_b, false, data, cut),
+                                  on_ranks(world, pp::kind::zb_h1, true, data, cut),
+                                  on_ranks(world, pp::kind::zb_h1, false, data, cut),
+                                  on_ranks(world, pp::kind::zb_h2, true, data, cut),
+                                  on_ranks(world, pp::kind::zb_h2, false, data, cut)};
+  auto const r = measure(world, runs, world.size(), reps);
+  std::vector<step_fn> const trainers{in_trainer<pp::kind::one_f_one_b>(world, false, data, cut),
+                                      in_trainer<pp::kind::zb_h1>(world, true, data, cut),
+                                      in_trainer<pp::kind::zb_h1>(world, false, data, cut),
+                                      in_trainer<pp::kind::zb_h2>(world, true, data, cut),
+                                      in_trainer<pp::kind::zb_h2>(world, false, data, cut)};
+  auto const t = measure(world, trainers, world.size(), reps);
   if (world.rank() != 0) return;
-  zero_bubble_figure(pp::kind::zb_h1, 0.6, h1, h1_whole, ofob, "_ranks", cut);
-  zero_bubble_figure(pp::kind::zb_h2, 0.3, h2, h2_whole, ofob, "_ranks", cut);
-  pp::cut const uniform = pp::uniform_cut(-1, executor_gpt.layers, 2);
-  zero_bubble_figure(pp::kind::zb_h1, 0.6, t_h1, t_h1_whole, t_ofob, "_trainer", uniform);
-  zero_bubble_figure(pp::kind::zb_h2, 0.3, t_h2, t_h2_whole, t_ofob, "_trainer", uniform);
+  zero_bubble_figure(pp::kind::zb_h1, 0.6, r[1], r[2], r[0], "_ranks", cut);
+  zero_bubble_figure(pp::kind::zb_h2, 0.3, r[3], r[4], r[0], "_ranks", cut);
+  zero_bubble_figure(pp::kind::zb_h1, 0.6, t[1], t[2], t[0], "_trainer", cut);
+  zero_bubble_figure(pp::kind::zb_h2, 0.3, t[3], t[4], t[0], "_trainer", cut);
 }
 #endif
 
@@ -387,15 +459,23 @@ void partitioner_vs_uniform() {
   auto const uniform = pp::uniform_partition(layers, {.stages = 2, .micro = m});
   pp::thread_executor best{s, pp::cut_of(plan, model.first_block())};
   pp::thread_executor even{s, pp::cut_of(uniform, model.first_block())};
-  measured const a = run_steps(best, model, ex, std::span<batch const>(data.micro), 5);
-  measured const b = run_steps(even, model, ex, std::span<batch const>(data.micro), 5);
+  auto const step = [&](pp::thread_executor& run) -> pp::run_stats const& {  // one model, either cut
+    model.zero_grad(ex);
+    tide::bench::keep(run.run(model, std::span<batch const>(data.micro), 1.f / m));
+    return run.last();
+  };
+  std::vector<step_fn> const runs{[&]() -> pp::run_stats const& { return step(best); },
+                                  [&]() -> pp::run_stats const& { return step(even); }};
+  auto const r = measure(runs, 2, 5);
+  measured const& a = r[0];
+  measured const& b = r[1];
   double head = layers.back().forward + layers.back().backward, block = layers[1].forward + layers[1].backward;
   tide::bench::figure{.bench = "pipeline",
                       .name = "partitioner_vs_uniform",
-                      .value = a.slowest_busy,
+                      .value = a.slowest_busy(),
                       .unit = "s",
                       .anchor = "the uniform cut's slowest stage, busy seconds per step, same runs",
-                      .anchor_value = b.slowest_busy,
+                      .anchor_value = b.slowest_busy(),
                       .higher_is_better = false,
                       .goal = 1.0,
                       .detail = {{"partition_first_stage_blocks", plan.stages[0].last + 1},

@@ -317,8 +317,10 @@ struct two_stages_of {
 using two_stages = two_stages_of<pp::kind::one_f_one_b>;
 
 // split: the model's backward in two passes, the zero-bubble schedules' W's apart from their B's.
+// blocks: the pipeline's cut (empty: uniform).
 template <pp::kind K = pp::kind::one_f_one_b, class Offload>
-void pipelined_trainer_matches(Offload const& off, char const* what, int zero = 0, bool split = false) {
+void pipelined_trainer_matches(Offload const& off, char const* what, int zero = 0, bool split = false,
+                               pp::cut const& blocks = {}) {
   CAPTURE(what);
   CAPTURE(zero);
   CAPTURE(split);
@@ -340,7 +342,9 @@ void pipelined_trainer_matches(Offload const& off, char const* what, int zero = 
   auto spec = staged_spec;
   spec.options.in_flight = pp::slots_needed(plan, g.stage, split);
   spec.options.split_backward = split;
-  auto pipe = tide::train::make_trainer(spec, off, opt, dp, tide::train::no_compress{}, setup.policy);
+  auto policy = setup.policy;
+  policy.blocks = blocks;
+  auto pipe = tide::train::make_trainer(spec, off, opt, dp, tide::train::no_compress{}, policy);
   data bad = batches[0];  // a copy views its own vectors
   if (g.replica == 0) bad.targets[1][0] = -1;  // one replica's head stage refuses it, mid-step
   for (int s = 0; s < steps; ++s) {
@@ -423,6 +427,33 @@ TEST_CASE("mpi pipeline: make_trainer with 1F1B on ranks equals data parallelism
   pipelined_trainer_matches(tight, "chunked", 2);
   pipelined_trainer_matches(tight, "chunked", 3);
   pipelined_trainer_matches<pp::kind::interleaved>(tight, "chunked", 3);
+  // A cut of the user's: the embedding and h0 on the first stage, h1 .. h5 and the head on the last.
+  pipelined_trainer_matches(tight, "chunked, uneven cut", 2, false, pp::cut{.first = {-1, 1}, .last = {0, 6}});
+  pipelined_trainer_matches<pp::kind::zb_h1>(tide::offload::resident{}, "resident, uneven cut", 0, true,
+                                             pp::cut{.first = {-1, 4}, .last = {3, 6}});
+}
+
+TEST_CASE("mpi pipeline: make_trainer refuses a cut that is not the schedule's pieces in order") {
+  if (tide::test::world().size() % 2 != 0) return;
+  two_stages const setup(1, 100);
+  auto const uses = tide::nn::gpt_block_uses(config);
+  auto const bad = [&](pp::cut c) {
+    auto policy = setup.policy;
+    policy.blocks = std::move(c);
+    return policy.cut_for(uses.first_block, uses.last_block(), two_stages::m, tide::test::world().size() / 2);
+  };
+  CHECK(bad(pp::cut{.first = {-1, 2}, .last = {1, 6}}).last[0] == 1);  // a good one comes back as given
+  CHECK_THROWS_WITH_AS(bad(pp::cut{.first = {-1}, .last = {6}}), doctest::Contains("the cut has 1 pieces"), tide::error);
+  CHECK_THROWS_WITH_AS(bad(pp::cut{.first = {-1, 3}, .last = {1, 6}}), doctest::Contains("piece 1 of the cut starts at "
+                                                                                          "block 3 but piece 0 ends at 1"),
+                       tide::error);
+  CHECK_THROWS_WITH_AS(bad(pp::cut{.first = {0, 2}, .last = {1, 6}}), doctest::Contains("cut every block"), tide::error);
+  CHECK_THROWS_WITH_AS(bad(pp::cut{.first = {-1, 2}, .last = {1, 5}}), doctest::Contains("cut every block"), tide::error);
+  CHECK_THROWS_WITH_AS(bad(pp::cut{.first = {-1, 2, 2}, .last = {1, 1, 6}}), doctest::Contains("the cut has 3 pieces"),
+                       tide::error);
+  CHECK_THROWS_WITH_AS(bad(pp::cut{.first = {-1, 2}, .last = {6}}), doctest::Contains("(1 ends)"), tide::error);
+  CHECK_THROWS_WITH_AS(bad(pp::cut{.first = {-1, 7}, .last = {6, 6}}), doctest::Contains("needs at least one block"),
+                       tide::error);
 }
 
 TEST_CASE("mpi pipeline: make_trainer with several pieces per stage (interleaved, ZB-V, DualPipeV) equals data "

@@ -36,6 +36,21 @@ inline cut uniform_cut(int first_block, int last_block, int pieces) {
   }
   return c;
 }
+// Refuses a cut that is not `pieces` contiguous, non-empty runs covering first_block .. last_block
+// in order, naming the first fault.
+inline void check_cut(cut const& c, int first_block, int last_block, int pieces) {
+  TIDE_REQUIRE(c.pieces() == pieces && c.last.size() == c.first.size(), "pipeline: the cut has ", c.pieces(),
+               " pieces (", c.last.size(), " ends), the schedule ", pieces, "; one per stage and chunk");
+  TIDE_REQUIRE(c.first.front() == first_block && c.last.back() == last_block, "pipeline: the cut covers blocks ",
+               c.first.front(), " .. ", c.last.back(), ", the model has ", first_block, " .. ", last_block,
+               "; cut every block, the embedding and the head included");
+  for (std::size_t q = 0; q < c.first.size(); ++q) {
+    TIDE_REQUIRE(c.first[q] <= c.last[q], "pipeline: piece ", q, " of the cut is blocks ", c.first[q], " .. ",
+                 c.last[q], "; a piece needs at least one block");
+    TIDE_REQUIRE(q == 0 || c.first[q] == c.last[q - 1] + 1, "pipeline: piece ", q, " of the cut starts at block ",
+                 c.first[q], " but piece ", q - 1, " ends at ", c.last[q - 1], "; pieces are contiguous and in order");
+  }
+}
 // The model's blocks into the schedule's p v pieces.
 template <class Model>
 cut uniform_cut(Model const& model, schedule const& s) {

@@ -208,6 +208,8 @@ inline stage_part part_of(parameter_list const& all, block_uses const& uses, cut
 // micro-batches (the optimizer's micro_steps); interleaved places `chunks` pieces on each stage,
 // zb_v and dualpipe_v two in a V (the first stage then holds the embedding and the head). `tied`:
 // the first and last stage of every data-parallel replica (make_groups), needed when stages > 1.
+// `blocks`: the model's blocks of each piece, e.g. cut_of(partition_layers(measure_blocks(..)), ..)
+// for stages of equal measured cost; empty, the uniform cut.
 template <kind K, comm::Communicator C>
 struct on_ranks {
   static constexpr std::string_view name = to_string(K);
@@ -217,6 +219,7 @@ struct on_ranks {
   C* group = nullptr;
   C* tied = nullptr;
   int chunks = 2;  // interleaved: pieces per stage (the others: as their schedule places them)
+  cut blocks{};    // each piece's first and last block; empty: uniform_cut
   std::shared_ptr<rank_executor<C>> executor{};  // made at the first step (collective)
 
   [[nodiscard]] schedule plan() const { return generate(K, stages, micro, K == kind::interleaved ? chunks : 1); }
@@ -236,11 +239,16 @@ struct on_ranks {
                  "stage the ", 2 * replicas, " ranks of its ", replicas, " replicas that keep wte, on the others this "
                  "rank alone (pipelines that train apart, without data parallelism: make_groups over each one's "
                  "own ranks)");
-    return uniform_cut(first_block, last_block, stages * plan().chunks);  // plan() refuses an impossible (p, m)
+    int const pieces = stages * plan().chunks;  // plan() refuses an impossible (p, m)
+    if (blocks.pieces() == 0) return uniform_cut(first_block, last_block, pieces);
+    check_cut(blocks, first_block, last_block, pieces);
+    return blocks;
   }
   template <Backend B, class Model, class Batch>
   double run(exec<B> const& ex, Model& model, std::span<Batch const> micro_batches, float scale) {
-    if (!executor) executor = std::make_shared<rank_executor<C>>(*group, plan(), uniform_cut(model, plan()));
+    if (!executor)
+      executor = std::make_shared<rank_executor<C>>(*group, plan(),
+                                                    blocks.pieces() > 0 ? blocks : uniform_cut(model, plan()));
     return executor->run(model, ex, micro_batches, scale);
   }
   [[nodiscard]] double sum_over_stages(double x) const { return comm::sum_over_ranks(*group, x); }

@@ -3,7 +3,8 @@
 # stop: the two live ranks print the error naming the all-reduce, rank 2 and the deadline, and
 #       the job exits non-zero; kill: mpiexec ends the job, non-zero, and the checkpoint set in DIR
 #       still is the one saved after step 2 (3 steps), whole: it loads on one rank; pipeline: the
-#       two live stages print a deadline error of comm::mpi and the job exits non-zero; heartbeat
+#       two live stages print a deadline error of comm::mpi and the job exits non-zero (tensor: the
+#       same, from inside a tensor-parallel block); heartbeat
 #       (DEADLINE_MS is the heartbeat's timeout, the communicator's deadline 10 minutes): the two
 #       live ranks name rank 2, its host, pid and step 3, and the job ends within 30 s of the
 #       stop, though rank 0 was busy for twice the timeout at step 1. Never a hang:
@@ -40,6 +41,7 @@ endif()
 set(expected_stop "comm::mpi: all_reduce #4 \\(1.00 MiB of f32, sum\\) on rank RANK of 3 did not complete within its deadline of ${DEADLINE_MS} ms; not heard from: rank 2 \\(died, stopped or hangs\\)")
 set(expected_heartbeat "rank 2 \\([^,]+, pid [0-9]+\\) stopped answering at step 3: no heartbeat for [0-9.]+ s \\(timeout [0-9.]+ s\\)\\. the last checkpoint is nowhere")
 set(expected_pipeline "comm::mpi: [^\n]* did not complete within its deadline of ${DEADLINE_MS} ms")
+set(expected_tensor "${expected_pipeline}")
 # The heartbeat's ranks notice within a poll of each other, and mpiexec ends the job as soon as
 # the first exits: one report is all that is sure to reach the output there.
 if(DEFINED expected_${HOW})

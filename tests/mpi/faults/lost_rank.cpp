@@ -24,6 +24,12 @@
 //                                                 step 3 the last stage stops (SIGSTOP). The others
 //                                                 must not hang: they raise tide::error within a few
 //                                                 deadlines, print it and exit with status 3.
+//   mpiexec -n 3 lost_rank tensor DEADLINE_MS     a GPT block split over the 3 ranks (tp: a head
+//                                                 each; sequence parallel on odd steps); at the
+//                                                 start of step 3 the last rank stops (SIGSTOP),
+//                                                 the others wait in the block's collectives and
+//                                                 must raise tide::error within the deadline,
+//                                                 print it and exit with status 3.
 
 #include <chrono>
 #include <csignal>
@@ -44,6 +50,7 @@
 #include "tide/train/trainer.hpp"
 #include "support/gpt_steps.hpp"
 #include "support/pipeline_data.hpp"
+#include "support/tp_block.hpp"
 
 namespace {
 
@@ -120,6 +127,30 @@ int pipeline(tide::comm::mpi& world) {
   return 0;
 }
 
+int tensor(tide::comm::mpi& world) {
+  using namespace tide::test;
+  tide::nn::gpt_config const config{.layers = 1, .heads = 3, .channels = 24, .vocab = 16, .max_seq = 8};
+  tide::index_t const Bn = 2, Tn = 6, C = config.channels, t = world.size();
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  tp_params w = shard_of(whole_block(C, 3), C, world.rank(), world.size());
+  for (int step = 0; step < 6; ++step) {
+    if (step == 3 && world.rank() == world.size() - 1) std::raise(SIGSTOP);
+    bool const sequence = step % 2 == 1;
+    tide::index_t const n = sequence ? Bn * Tn / t : Bn * Tn;
+    tp_store m;
+    auto a = tp_views(m, ex, config, world.size(), Bn, Tn, sequence);
+    auto const x = tp_values(n * C, 1), dy = tp_values(n * C, 2);
+    std::vector<float> dx = dy;
+    tide::tp::block_forward(ex, world, sequence, tp_cview(x.data(), {n, C}), a, w.views(), 1);
+    tide::tp::block_backward(ex, world, sequence, tp_view(dx.data(), {n, C}), tp_cview(x.data(), {n, C}), a, w.views(),
+                             w.grads(), 1);
+    std::printf("rank %d: step %d done\n", world.rank(), step);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int verify(std::filesystem::path const& dir) {
   tide::comm::self one;
   auto t = trainer_over(&one);
@@ -135,9 +166,9 @@ int main(int argc, char** argv) {
   tide::comm::mpi_session session{&argc, &argv};
   std::string_view const how = argc > 1 ? argv[1] : "";
   if (!((how == "stop" && argc == 3) || (how == "kill" && argc == 4) || (how == "verify" && argc == 3) ||
-        (how == "pipeline" && argc == 3) || (how == "heartbeat" && argc == 3))) {
+        (how == "pipeline" && argc == 3) || (how == "tensor" && argc == 3) || (how == "heartbeat" && argc == 3))) {
     std::fprintf(stderr, "usage: lost_rank stop DEADLINE_MS | kill DEADLINE_MS DIR | verify DIR | pipeline DEADLINE_MS | "
-                         "heartbeat TIMEOUT_MS\n");
+                         "tensor DEADLINE_MS | heartbeat TIMEOUT_MS\n");
     return 2;
   }
   try {
@@ -148,6 +179,7 @@ int main(int argc, char** argv) {
       if (how == "heartbeat") return heartbeat(world, ms);
       if (how == "stop") return stop(world);
       if (how == "pipeline") return pipeline(world);
+      if (how == "tensor") return tensor(world);
       return kill(world, argv[3]);
     } catch (tide::error const& e) {
       std::fprintf(stderr, "lost_rank: rank %d: %s\n", world.rank(), e.message().c_str());
