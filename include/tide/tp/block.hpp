@@ -217,7 +217,8 @@ void block_backward(exec<B> const& ex, G& group, bool sequence, tensor_view<T, B
 
 // Under sequence parallelism, each rank's LayerNorm weight gradients hold its rows' share: sums
 // them over the group (every rank then has the whole gradient), once per step after the last
-// micro-batch's backward. Without sequence parallelism they are whole already: nothing to do.
+// micro-batch's backward, on gradients zeroed at the step's start (a second sum would count the
+// first t times). Without sequence parallelism they are whole already: nothing to do.
 // The head's final LayerNorm: the same, one gradient at a time.
 template <Backend B, class T, comm::Communicator G>
 void reduce_replicated(G& group, bool sequence, tensor_view<T, B> gradient) {

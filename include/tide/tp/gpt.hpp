@@ -94,7 +94,9 @@ class gpt {
   [[nodiscard]] std::span<float> grads(std::string_view name) { return at(grads_, list_.find(name)); }
   void zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.f); }
 
-  // The mean cross-entropy over the B T positions (every rank), leaving what backward reads.
+  // The mean cross-entropy over the B T positions (every rank), leaving what backward reads. The
+  // caller's tokens and targets must stay unchanged until backward (they are read there again,
+  // not copied).
   float forward(exec<host> const& ex, token_view tokens, token_view targets) {
     TIDE_REQUIRE(tokens.size() == Bn_ * Tn_ && targets.size() == tokens.size(), "tp::gpt: tokens and targets must "
                  "be (", Bn_, ", ", Tn_, "), the shape the model was made for");
@@ -106,6 +108,7 @@ class gpt {
       block_forward(ex, *group_, o_.sequence, input(l), blocks_[static_cast<std::size_t>(l)], weights(l), heads());
     head_forward(ex, *group_, o_.sequence, input(config_.layers), head_, lnf(0), lnf(1), cview(0), targets_, part_,
                  config_.vocab);
+    ready_ = true;
     double sum = 0;
     for (index_t r = 0; r < head_.losses.size(); ++r) sum += head_.losses.data()[r];
     return static_cast<float>(sum / static_cast<double>(head_.losses.size()));
@@ -113,6 +116,9 @@ class gpt {
 
   // Gradients += d(mean loss)/d(the rank's shards) × loss_scale; accumulates until zero_grad.
   void backward(exec<host> const& ex, float loss_scale = 1.f) {
+    TIDE_REQUIRE(ready_, "tp::gpt::backward: no forward since the last backward; run forward (one backward per "
+                 "forward: the head's backward overwrites the logits with their gradient)");
+    ready_ = false;
     size_scratch(ex);
     auto const dloss = loss_scale / static_cast<float>(Bn_ * Tn_);
     std::size_t const L = static_cast<std::size_t>(config_.layers);
@@ -126,7 +132,8 @@ class gpt {
   }
 
   // Under sequence parallelism, sums the LayerNorms' gradients (each rank's rows' share) over
-  // the group: once per step, after the last micro-batch's backward.
+  // the group: once per step, after the last micro-batch's backward, on gradients zeroed at the
+  // step's start (a second sum would count the first t times).
   void reduce_replicated() {
     for (int l = 0; l < config_.layers; ++l) tp::reduce_replicated(*group_, o_.sequence, gradients(l));
     tp::reduce_replicated(*group_, o_.sequence, flat(grads_, list_.size() - 2));
@@ -240,6 +247,7 @@ class gpt {
   embedding_views<float> embedding_;
   tensor_view<float> x0_, dres_;
   token_view tokens_, targets_;
+  bool ready_ = false;  // a forward ran since the last backward
 };
 
 }  // namespace tide::tp

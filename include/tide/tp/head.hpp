@@ -20,9 +20,9 @@
 // losses, the logits' gradient, and every gradient are the whole head's bits.
 //
 //   tide::tp::vocab_part const part = tide::tp::vocab_part_of(config, group.rank(), group.size());
-//   tide::tp::embedding_forward(ex, group, sequence, out, tokens, wte_part, wpe, part);
+//   tide::tp::embedding_forward(ex, group, sequence, out, tokens, wte_part, wpe, part, embedding, V);
 //   ... blocks ...
-//   tide::tp::head_forward(ex, group, sequence, x, head, lnf_w, lnf_b, wte_part, targets, part);
+//   tide::tp::head_forward(ex, group, sequence, x, head, lnf_w, lnf_b, wte_part, targets, part, V);
 //   tide::tp::head_backward(ex, group, sequence, dx, x, head, lnf_w, wte_part, dwte_part, dlnf_w, dlnf_b,
 //                           targets, part, dloss);
 //   tide::tp::embedding_backward(ex, group, sequence, dwte_part, dwpe, dx, tokens, part, embedding);
@@ -51,8 +51,9 @@ namespace tide::tp {
 struct vocab_part {
   index_t first = 0, rows = 0, real = 0;
 };
-inline vocab_part vocab_part_of(nn::gpt_config const& c, int rank, int t) {
-  index_t const Vp = nn::padded_vocab_of(c), V = c.vocab;
+inline vocab_part vocab_part_of(nn::gpt_config const& config, int rank, int t) {
+  nn::gpt_config const c = nn::resolve(config);  // refuses padded_vocab < vocab
+  index_t const Vp = c.padded_vocab, V = c.vocab;
   TIDE_REQUIRE(t >= 1 && rank >= 0 && rank < t, "tp: rank ", rank, " is not in [0, ", t, ")");
   TIDE_REQUIRE(Vp % t == 0, "tp: the padded vocabulary Vp = ", Vp, " does not split over ", t,
                " ranks; pass gpt_config::padded_vocab a multiple of ", t);
@@ -86,7 +87,7 @@ template <class T>
 struct embedding_views {
   tensor_view<T> whole;               // (N, C), sequence parallel only
   tensor_view<std::int32_t> mapped;   // (B, T)
-  tensor_view<T> spare;               // (1, C)
+  tensor_view<T> spare;               // (1, C), zeroed by each call
   kernels::scratch<host> ws;          // embedding_scratch_bytes
 };
 
@@ -113,8 +114,11 @@ inline void check_tokens(char const* what, tensor_view<std::int32_t const> ids, 
 
 // f(row, z) for every row of the rank's logits, z a scratch row of `cols` floats per slice.
 template <class F>
-void for_logit_rows(exec<host> const& ex, kernels::scratch<host> const& ws, index_t rows, index_t cols, F&& f) {
+void for_logit_rows(char const* what, exec<host> const& ex, kernels::scratch<host> const& ws, index_t rows, index_t cols,
+                    F&& f) {
   int const slices = kernels::detail::softmax_slices(ex.pool, rows);
+  kernels::detail::check_scratch(what, "head_scratch_bytes", ws,
+                                 sizeof(float) * static_cast<std::size_t>(slices) * static_cast<std::size_t>(cols));
   float* const scratch = kernels::detail::scratch_part<float>(ws, 0);
   parallel_for(ex.pool, static_cast<std::size_t>(rows), [&](std::size_t begin, std::size_t end) {
     auto const slice = thread_pool::slice_at(static_cast<std::size_t>(rows), slices, begin);
@@ -131,21 +135,28 @@ template <class T, comm::Communicator G>
 void embedding_forward(exec<host> const& ex, G& group, bool sequence, tensor_view<T> out,
                        tensor_view<std::int32_t const> tokens, tensor_view<T const> wte_part, tensor_view<T const> wpe,
                        vocab_part const& part, embedding_views<T> const& e, index_t vocab) {
-  detail::check_tokens("tp::embedding_forward", tokens, vocab);
-  index_t const N = tokens.size(), Tn = tokens.extent(1), C = wpe.extent(1);
-  TIDE_REQUIRE(wte_part.extent(0) == part.rows && out.size() == (sequence ? N / group.size() : N) * C,
-               "tp::embedding_forward: wte_part has ", wte_part.extent(0), " rows (the part has ", part.rows,
-               ") and out ", out.size(), " elements; out holds the rank's rows of C");
+  char const* what = "tp::embedding_forward";
+  TIDE_REQUIRE(tokens.rank() == 2 && wpe.rank() == 2 && wte_part.rank() == 2, what,
+               ": tokens must be (B, T), wpe (maxT, C) and wte_part (rows, C)");
+  index_t const N = tokens.size(), Tn = tokens.extent(1), C = wpe.extent(1), t = group.size();
+  TIDE_REQUIRE(Tn <= wpe.extent(0) && wte_part.extent(1) == C, what, ": T = ", Tn, " positions against wpe's ",
+               wpe.extent(0), " rows, wte_part's ", wte_part.extent(1), " columns against wpe's ", C);
+  TIDE_REQUIRE(!sequence || (N % t == 0 && e.whole.size() == N * C), what, ": sequence parallel needs B T = ", N,
+               " a multiple of ", t, " and embedding_views::whole of B T C = ", N * C, " elements (it has ",
+               e.whole.size(), ")");
+  TIDE_REQUIRE(wte_part.extent(0) == part.rows && out.size() == (sequence ? N / t : N) * C, what, ": wte_part has ",
+               wte_part.extent(0), " rows (the part has ", part.rows, ") and out ", out.size(),
+               " elements; out holds the rank's rows of C");
+  detail::check_tokens(what, tokens, vocab);
   T* const o = sequence ? e.whole.data() : out.data();
   bool const adds_pe = group.rank() == 0;
   parallel_for(ex.pool, static_cast<std::size_t>(N), [&](std::size_t begin, std::size_t end) {
     for (auto i = static_cast<index_t>(begin); i < static_cast<index_t>(end); ++i) {
       index_t const v = tokens.data()[i] - part.first;
-      bool const mine = v >= 0 && v < part.rows;
-      T const* a = wte_part.data() + v * C;
-      T const* p = wpe.data() + (i % Tn) * C;
+      T const* const a = v >= 0 && v < part.rows ? wte_part.data() + v * C : nullptr;  // the rank's token
+      T const* const p = wpe.data() + (i % Tn) * C;
       for (index_t c = 0; c < C; ++c)
-        o[i * C + c] = from_float<T>((mine ? to_float(a[c]) : 0.f) + (adds_pe ? to_float(p[c]) : 0.f));
+        o[i * C + c] = from_float<T>((a != nullptr ? to_float(a[c]) : 0.f) + (adds_pe ? to_float(p[c]) : 0.f));
     }
   });
   if (sequence)
@@ -161,7 +172,13 @@ template <class T, comm::Communicator G>
 void embedding_backward(exec<host> const& ex, G& group, bool sequence, tensor_view<T> dwte_part, tensor_view<T> dwpe,
                         tensor_view<T const> dout, tensor_view<std::int32_t const> tokens, vocab_part const& part,
                         embedding_views<T> const& e) {
-  index_t const N = tokens.size(), C = dwpe.extent(1);
+  char const* what = "tp::embedding_backward";
+  TIDE_REQUIRE(tokens.rank() == 2 && dwpe.rank() == 2, what, ": tokens must be (B, T) and dwpe (maxT, C)");
+  index_t const N = tokens.size(), C = dwpe.extent(1), t = group.size();
+  TIDE_REQUIRE(dwte_part.size() == part.rows * C && e.mapped.size() == N && e.spare.size() == C &&
+                   dout.size() == (sequence ? N / t : N) * C && (!sequence || e.whole.size() == N * C),
+               what, ": dwte_part must hold the part's ", part.rows, " rows of C = ", C, ", mapped B T = ", N,
+               ", spare C, dout the rank's rows of C", sequence ? " and whole B T C" : "", " elements");
   tensor_view<T const> d(dout.data(), {tokens.extent(0), tokens.extent(1), C});
   if (sequence) {
     group.all_gather(detail::cspan_of(dout), detail::span_of(e.whole));
@@ -171,6 +188,7 @@ void embedding_backward(exec<host> const& ex, G& group, bool sequence, tensor_vi
     index_t const v = tokens.data()[i] - part.first;
     e.mapped.data()[i] = static_cast<std::int32_t>(v >= 0 && v < part.rows ? v : part.rows);  // others: the spare row
   }
+  nn::detail::zero_fill(ex, e.spare);  // the other ranks' tokens' sums land there, unread
   kernels::row_table<T> table;
   table.piece[0] = dwte_part.data();
   table.piece[1] = e.spare.data();
@@ -192,6 +210,11 @@ void head_forward(exec<host> const& ex, G& group, bool sequence, tensor_view<T c
   TIDE_REQUIRE(h.logits.size() == N * R && h.stats.size() == 3 * N && h.losses.size() == N,
                "tp::head_forward: logits must hold N x Vp/t = ", N * R, ", stats 3 N = ", 3 * N, " and losses N = ", N,
                " elements; got ", h.logits.size(), ", ", h.stats.size(), " and ", h.losses.size());
+  index_t const C = lnf_w.size(), t = group.size(), n = sequence ? N / t : N;
+  TIDE_REQUIRE(x.size() == n * C && h.lnf.size() == x.size() && wte_part.size() == R * C &&
+                   (!sequence || (N % t == 0 && h.whole.size() == N * C && h.dlnf_rows.size() == n * C)),
+               "tp::head_forward: x and lnf must hold the rank's ", n, " rows of C = ", C, " (got ", x.size(),
+               " elements), wte_part the part's ", R, " rows", sequence ? ", whole B T C and dlnf_rows n C" : "");
   kernels::layernorm_forward(ex, h.lnf, h.lnf_mean, h.lnf_rstd, x, lnf_w, lnf_b);
   tensor_view<T const> inp(h.lnf);
   if (sequence) {
@@ -203,15 +226,15 @@ void head_forward(exec<host> const& ex, G& group, bool sequence, tensor_view<T c
   float* const m = h.stats.data();
   float* const s = m + N;
   float* const xt = s + N;
-  detail::for_logit_rows(ex, h.ws, N, R, [&](index_t r, float* z) {
+  detail::for_logit_rows("tp::head_forward", ex, h.ws, N, R, [&](index_t r, float* z) {
     m[r] = part.real > 0 ? kernels::detail::softmax_row_load_max(z, logits.data() + r * R, part.real, 1.f)
                          : -__builtin_huge_valf();
   });
   if (group.size() > 1) group.all_reduce(std::span<float>(m, static_cast<std::size_t>(N)), comm::reduce_op::max);
-  detail::for_logit_rows(ex, h.ws, N, R, [&](index_t r, float* z) {
-    index_t const t = targets.data()[r] - part.first;
+  detail::for_logit_rows("tp::head_forward", ex, h.ws, N, R, [&](index_t r, float* z) {
+    index_t const col = targets.data()[r] - part.first;  // the target's column here, if it is the rank's
     s[r] = 0.f;
-    xt[r] = t >= 0 && t < part.real ? to_float(logits.data()[r * R + t]) : 0.f;
+    xt[r] = col >= 0 && col < part.real ? to_float(logits.data()[r * R + col]) : 0.f;
     if (part.real == 0) return;
     (void)kernels::detail::softmax_row_load_max(z, logits.data() + r * R, part.real, 1.f);
     s[r] = kernels::detail::softmax_row_exp_sum(z, part.real, m[r]);
@@ -228,10 +251,14 @@ void head_backward(exec<host> const& ex, G& group, bool sequence, tensor_view<T>
                    tensor_view<T> dwte_part, tensor_view<T> dlnf_w, tensor_view<T> dlnf_b,
                    tensor_view<std::int32_t const> targets, vocab_part const& part, float dloss) {
   index_t const N = targets.size(), R = part.rows;
+  TIDE_REQUIRE(h.logits.size() == N * R && h.stats.size() == 3 * N && dres.size() == x.size() &&
+                   dwte_part.size() == wte_part.size() && dlnf_w.size() == lnf_w.size() && dlnf_b.size() == lnf_w.size(),
+               "tp::head_backward: the views must be head_forward's (logits N x Vp/t = ", N * R, ", stats 3 N), dres "
+               "x's shape, and the gradients their parameters'");
   tensor_view<T> const dlogits(h.logits.data(), {N, R});  // in place
   float const* const m = h.stats.data();
   float const* const s = m + N;
-  detail::for_logit_rows(ex, h.ws, N, R, [&](index_t r, float* z) {
+  detail::for_logit_rows("tp::head_backward", ex, h.ws, N, R, [&](index_t r, float* z) {
     T* d = dlogits.data() + r * R;
     if (part.real > 0) {
       (void)kernels::detail::softmax_row_load_max(z, d, part.real, 1.f);
