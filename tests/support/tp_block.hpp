@@ -27,13 +27,8 @@ struct tp_store {
     data.emplace_back(static_cast<std::size_t>(s.numel()), 0.f);
     return tp_view(data.back().data(), s);
   }
-  std::vector<std::byte> bytes;
-  kernels::scratch<host> scratch(std::size_t n) {
-    bytes.assign(n + kernels::scratch_alignment, std::byte{0});
-    auto* p = bytes.data();
-    while (reinterpret_cast<std::uintptr_t>(p) % kernels::scratch_alignment != 0) ++p;
-    return {p, n};
-  }
+  std::deque<kernels::detail::call_scratch> scratches;  // aligned, one per scratch() call
+  kernels::scratch<host> scratch(std::size_t n) { return scratches.emplace_back(n).get(); }
 };
 
 // A block's 12 parameters (whole, or a rank's shard) and their gradients.
@@ -86,7 +81,7 @@ inline tp_params shard_of(tp_params const& whole, index_t C, int rank, int t, bo
     p.shapes.push_back(sh);
     std::vector<float> v(static_cast<std::size_t>(sh.rows * sh.cols));
     int const from = mislabel && b == nn::block_param::qkv_w ? (rank + 1) % t : rank;
-    tp::take_shard(b, std::span<float const>(whole.w[static_cast<std::size_t>(k)]), std::span<float>(v), s.rows, s.cols,
+    tp::take_shard(tp::split_of(b), std::span<float const>(whole.w[static_cast<std::size_t>(k)]), std::span<float>(v), s.rows, s.cols,
                    from, t);
     p.w.push_back(std::move(v));
     p.dw.emplace_back(p.w.back().size(), 0.f);

@@ -75,7 +75,7 @@ TEST_CASE("tp shards: every rank's shard put back gives the whole tensor; qkv ke
       std::vector<float> back(whole.w[static_cast<std::size_t>(k)].size(), -1.f);
       for (int rank = 0; rank < t; ++rank) {
         tp_params const part = shard_of(whole, C, rank, t);
-        tide::tp::put_shard(b, std::span<float const>(part.w[static_cast<std::size_t>(k)]), std::span<float>(back),
+        tide::tp::put_shard(tide::tp::split_of(b), std::span<float const>(part.w[static_cast<std::size_t>(k)]), std::span<float>(back),
                             s.rows, s.cols, rank, t);
       }
       CHECK(same(back, whole.w[static_cast<std::size_t>(k)]));
@@ -98,10 +98,10 @@ TEST_CASE("tp: a group that cannot split the heads, a shard of the wrong size an
   CHECK_THROWS_WITH_AS(tide::tp::check_group(config, 3), doctest::Contains("cannot split 4 heads"), tide::error);
   CHECK_NOTHROW(tide::tp::check_group(config, 4));
   std::vector<float> whole(static_cast<std::size_t>(4 * C * C)), shard(static_cast<std::size_t>(C * C));
-  CHECK_THROWS_WITH_AS(tide::tp::take_shard(tide::nn::block_param::fc_w, std::span<float const>(whole),
+  CHECK_THROWS_WITH_AS(tide::tp::take_shard(tide::tp::split_of(tide::nn::block_param::fc_w), std::span<float const>(whole),
                                             std::span<float>(shard), 4 * C, C, 0, 2),
                        doctest::Contains("the shard has"), tide::error);
-  CHECK_THROWS_WITH_AS(tide::tp::take_shard(tide::nn::block_param::fc_w, std::span<float const>(whole),
+  CHECK_THROWS_WITH_AS(tide::tp::take_shard(tide::tp::split_of(tide::nn::block_param::fc_w), std::span<float const>(whole),
                                             std::span<float>(shard), 4 * C, C, 2, 2),
                        doctest::Contains("rank 2 is not in [0, 2)"), tide::error);
 

@@ -111,5 +111,5 @@ TEST_CASE("tp head: a vocabulary that does not split over the group and a token 
                                                    tide::tensor_view<std::int32_t const>(tokens.data(), {Bn, Tn}),
                                                    tp_cview(wte.data(), {Vp, C}), tp_cview(wpe.data(), {16, C}),
                                                    tide::tp::vocab_part_of(config, 0, 1), e, config.vocab),
-                       doctest::Contains("token 60 at 5 is outside [0, 60)"), tide::error);
+                       doctest::Contains("tokens[0, 5] = 60 is outside the vocabulary [0, 60)"), tide::error);
 }

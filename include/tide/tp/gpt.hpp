@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -123,7 +124,7 @@ class gpt {
     auto const dloss = loss_scale / static_cast<float>(Bn_ * Tn_);
     std::size_t const L = static_cast<std::size_t>(config_.layers);
     head_backward(ex, *group_, o_.sequence, dres_, input(config_.layers), head_, lnf(0), cview(0), view(grads_, 0),
-                  flat(grads_, list_.size() - 2), flat(grads_, list_.size() - 1), targets_, part_, dloss);
+                  view(grads_, list_.size() - 2), view(grads_, list_.size() - 1), targets_, part_, dloss);
     for (std::size_t l = L; l-- > 0;)
       block_backward(ex, *group_, o_.sequence, dres_, input(static_cast<int>(l)), blocks_[l], weights(static_cast<int>(l)),
                      gradients(static_cast<int>(l)), heads());
@@ -136,8 +137,8 @@ class gpt {
   // step's start (a second sum would count the first t times).
   void reduce_replicated() {
     for (int l = 0; l < config_.layers; ++l) tp::reduce_replicated(*group_, o_.sequence, gradients(l));
-    tp::reduce_replicated(*group_, o_.sequence, flat(grads_, list_.size() - 2));
-    tp::reduce_replicated(*group_, o_.sequence, flat(grads_, list_.size() - 1));
+    tp::reduce_replicated(*group_, o_.sequence, view(grads_, list_.size() - 2));
+    tp::reduce_replicated(*group_, o_.sequence, view(grads_, list_.size() - 1));
   }
 
  private:
@@ -147,7 +148,6 @@ class gpt {
   tensor_view<float> view(std::vector<float>& v, std::size_t i) {
     return tensor_view<float>(v.data() + list_[i].offset / sizeof(float), list_[i].shape);
   }
-  tensor_view<float> flat(std::vector<float>& v, std::size_t i) { return view(v, i); }
   tensor_view<float const> cview(std::size_t i) { return tensor_view<float const>(view(values_, i)); }
   tensor_view<float const> lnf(int j) { return cview(list_.size() - 2 + static_cast<std::size_t>(j)); }
   [[nodiscard]] index_t heads() const noexcept { return config_.heads / group_->size(); }
@@ -220,13 +220,9 @@ class gpt {
     std::size_t const bytes = std::max({block_scratch_bytes<float>(ex, config_, t, Bn_, Tn_),
                                         head_scratch_bytes<float>(ex, config_, t, Bn_, Tn_),
                                         embedding_scratch_bytes(ex, config_, t, Bn_, Tn_)});
-    if (!scratch_.empty() && bytes <= scratch_bytes_) return;
-    scratch_.assign(bytes / sizeof(float) + kernels::scratch_alignment / sizeof(float) + 1, 0.f);
-    scratch_bytes_ = bytes;
-    auto* p = reinterpret_cast<std::byte*>(scratch_.data());
-    p += (kernels::scratch_alignment - reinterpret_cast<std::uintptr_t>(p) % kernels::scratch_alignment) %
-         kernels::scratch_alignment;
-    kernels::scratch<host> const ws{p, bytes};
+    if (scratch_ && bytes <= scratch_->get().bytes) return;
+    scratch_ = std::make_unique<kernels::detail::call_scratch>(bytes);
+    kernels::scratch<host> const ws = scratch_->get();
     for (auto& a : blocks_) a.ws = ws;
     head_.ws = ws;
     embedding_.ws = ws;
@@ -238,8 +234,8 @@ class gpt {
   parameter_list list_;
   vocab_part part_;
   index_t Bn_, Tn_;
-  std::vector<float> values_, grads_, scratch_;
-  std::size_t scratch_bytes_ = 0;
+  std::vector<float> values_, grads_;
+  std::unique_ptr<kernels::detail::call_scratch> scratch_;  // aligned, sized for the last pool
   std::deque<std::vector<float>> store_;  // the activations, each at a fixed address
   std::vector<std::int32_t> mapped_;
   std::vector<block_views<host, float>> blocks_;

@@ -106,12 +106,6 @@ inline std::size_t embedding_scratch_bytes(exec<host> const& ex, nn::gpt_config 
 
 namespace detail {
 
-inline void check_tokens(char const* what, tensor_view<std::int32_t const> ids, index_t vocab) {
-  for (index_t i = 0; i < ids.size(); ++i)
-    TIDE_REQUIRE(ids.data()[i] >= 0 && ids.data()[i] < vocab, what, ": token ", ids.data()[i], " at ", i,
-                 " is outside [0, ", vocab, ")");
-}
-
 // f(row, z) for every row of the rank's logits, z a scratch row of `cols` floats per slice.
 template <class F>
 void for_logit_rows(char const* what, exec<host> const& ex, kernels::scratch<host> const& ws, index_t rows, index_t cols,
@@ -147,7 +141,7 @@ void embedding_forward(exec<host> const& ex, G& group, bool sequence, tensor_vie
   TIDE_REQUIRE(wte_part.extent(0) == part.rows && out.size() == (sequence ? N / t : N) * C, what, ": wte_part has ",
                wte_part.extent(0), " rows (the part has ", part.rows, ") and out ", out.size(),
                " elements; out holds the rank's rows of C");
-  detail::check_tokens(what, tokens, vocab);
+  nn::detail::check_token_ids(ex, what, "tokens", tokens, vocab);
   T* const o = sequence ? e.whole.data() : out.data();
   bool const adds_pe = group.rank() == 0;
   parallel_for(ex.pool, static_cast<std::size_t>(N), [&](std::size_t begin, std::size_t end) {
@@ -205,7 +199,7 @@ template <class T, comm::Communicator G>
 void head_forward(exec<host> const& ex, G& group, bool sequence, tensor_view<T const> x, head_views<T> const& h,
                   tensor_view<T const> lnf_w, tensor_view<T const> lnf_b, tensor_view<T const> wte_part,
                   tensor_view<std::int32_t const> targets, vocab_part const& part, index_t vocab) {
-  detail::check_tokens("tp::head_forward", targets, vocab);
+  nn::detail::check_token_ids(ex, "tp::head_forward", "targets", targets, vocab);
   index_t const N = targets.size(), R = part.rows;
   TIDE_REQUIRE(h.logits.size() == N * R && h.stats.size() == 3 * N && h.losses.size() == N,
                "tp::head_forward: logits must hold N x Vp/t = ", N * R, ", stats 3 N = ", 3 * N, " and losses N = ", N,

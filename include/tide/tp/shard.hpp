@@ -12,7 +12,7 @@
 // checkpoint saved at one t loads at another through the whole tensor. Both are host copies.
 //
 //   tide::tp::check_group(config, t);
-//   tide::tp::take_shard(block_param::qkv_w, whole, shard, 3 * C, C, rank, t);
+//   tide::tp::take_shard(tide::tp::split_of(block_param::qkv_w), whole, shard, 3 * C, C, rank, t);
 
 #include <cstddef>
 #include <cstdint>
@@ -112,22 +112,12 @@ void take_shard(split s, std::span<T const> whole, std::span<T> shard, index_t r
   detail::check_copy(s, whole.size(), shard.size(), rows, cols, rank, t);
   detail::copy_shard<true>(s, whole.data(), shard.data(), rows, cols, rank, t);
 }
-template <class T>
-void take_shard(nn::block_param p, std::span<T const> whole, std::span<T> shard, index_t rows, index_t cols, int rank,
-                int t) {
-  take_shard(split_of(p), whole, shard, rows, cols, rank, t);
-}
 
 // rank's part of `whole` = shard: the inverse of take_shard.
 template <class T>
 void put_shard(split s, std::span<T const> shard, std::span<T> whole, index_t rows, index_t cols, int rank, int t) {
   detail::check_copy(s, whole.size(), shard.size(), rows, cols, rank, t);
   detail::copy_shard<false>(s, whole.data(), shard.data(), rows, cols, rank, t);
-}
-template <class T>
-void put_shard(nn::block_param p, std::span<T const> shard, std::span<T> whole, index_t rows, index_t cols, int rank,
-               int t) {
-  put_shard(split_of(p), shard, whole, rows, cols, rank, t);
 }
 
 // A block parameter's whole shape (rows, cols) at C channels (cols 1 for a vector).
