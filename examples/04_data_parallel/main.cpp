@@ -17,6 +17,13 @@
 // each stage's optimizer state, gradients and parameters sharded over its replicas). Each rank
 // keeps its stage's parameters only, offloaded by chunked<belady> as before.
 //
+// With --tensor T the model's layers are split over groups of T ranks (tp::gpt_spec: Megatron-LM's
+// column- and row-parallel layers, the vocabulary-parallel embedding and head; with
+// --sequence-parallel the LayerNorm regions split along the sequence too), each group a
+// data-parallel replica of the others (ZeRO as --zero says). Each rank keeps its shard only,
+// offloaded by chunked<belady>; the checkpoint set keeps each shard under its rank's name and
+// resumes at another --tensor.
+//
 // With --host-budget SIZE --spill-folder D (any ZeRO stage, or a pipeline) each rank keeps at
 // most SIZE of model data on the host between steps; the optimizer state of its chunks past that
 // goes to a file of its own under D/rank-R (the NVMe tier), and checkpoints read it from there.
@@ -34,10 +41,12 @@
 //                                           [--bucket-kib K]
 //                                           [--zero 0|1|2|3] [--density D | --powersgd R]
 //                                           [--pipeline P [--micro M] [--schedule S]]
+//                                           [--tensor T [--sequence-parallel]]
 //                                           [--check-falls X] [--checkpoint-dir D] [--checkpoint-every N]
 //                                           [--resume [RUN]] [--heartbeat S] [--deadline S]
 //   ./tide demo --ranks 2 [flags]            (builds it and runs it under mpiexec)
 //   ./tide demo --pipeline 2 [flags]         (the same, on P ranks, with --pipeline P)
+//   ./tide demo --tensor 2 [flags]           (the same, on T ranks, with --tensor T)
 //
 // Each run writes to a folder of its own, tide-run/run-NNN (examples/common/run.hpp, shared with
 // 01_train_gpt): a checkpoint every --checkpoint-every steps (a set of one shard per rank under
@@ -50,7 +59,8 @@
 // Rank 0 prints the progress line (with the gradient bytes reduced per step, and a pipeline's
 // bubble measured on its stage). At the end every rank checks that the ranks that must hold the
 // same parameters do, bit for bit (all of them; with a pipeline, each stage's replicas, and the
-// tied embedding at both ends); --check-falls X also fails the run unless the loss fell by X.
+// tied embedding at both ends; tensor parallel, each shard's replicas and each replicated tensor's
+// group); --check-falls X also fails the run unless the loss fell by X.
 
 #include <unistd.h>
 
@@ -80,6 +90,7 @@
 #include <tide/train/interrupt.hpp>
 #include <tide/train/report.hpp>
 #include <tide/train/text_data.hpp>
+#include <tide/tp/spec.hpp>
 #include <tide/train/trainer.hpp>
 
 #include "../common/run.hpp"
@@ -105,6 +116,8 @@ struct options {
   double density = 0;  // > 0: sparse error feedback at this density
   int powersgd = 0;    // > 0: PowerSGD at this rank
   int pipeline = 0;    // > 0: stages of a pipeline, one per rank
+  int tensor = 0;      // > 0: ranks of a tensor-parallel group
+  bool sequence = false;  // sequence parallelism in the tensor-parallel groups
   int micro = 4;       // micro-batches per step of a pipeline
   std::string schedule = "one_f_one_b";
   double check_falls = 0;
@@ -140,6 +153,9 @@ constexpr char const* usage_text =
     "  --pipeline P       P pipeline stages, one per rank (./tide demo --pipeline P [--ranks N])\n"
     "  --micro M          micro-batches per step of a pipeline [4]\n"
     "  --schedule S       one_f_one_b, gpipe, interleaved, zb_v or dualpipe_v [one_f_one_b]\n"
+    "  --tensor T         tensor-parallel groups of T ranks, the model's layers split over them\n"
+    "                     (./tide demo --tensor T [--ranks N]); the groups are data-parallel replicas\n"
+    "  --sequence-parallel  with --tensor: the LayerNorm regions split along the sequence too\n"
     "  --check-falls X    fail unless the loss fell by X\n"
     "  --check-steady X   fail if any step's loss is more than X above the step before it\n"
     "  --checkpoint-dir D each run writes its checkpoint and loss picture to a new D/run-NNN [tide-run]\n"
@@ -177,8 +193,8 @@ options parse(int argc, char** argv) {
       else --i;  // no value: the next flag is at i + 1
       continue;
     }
-    if (flag == "--recompute" || flag == "--offload-activations") {  // switches: no value
-      (flag == "--recompute" ? o.recompute : o.offload_activations) = true;
+    if (flag == "--recompute" || flag == "--offload-activations" || flag == "--sequence-parallel") {  // switches
+      (flag == "--recompute" ? o.recompute : flag == "--sequence-parallel" ? o.sequence : o.offload_activations) = true;
       --i;
       continue;
     }
@@ -199,6 +215,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--check-falls") number(flag, argv[i + 1], o.check_falls);
     else if (flag == "--check-steady") number(flag, argv[i + 1], o.check_steady);
     else if (flag == "--pipeline") number(flag, argv[i + 1], o.pipeline);
+    else if (flag == "--tensor") number(flag, argv[i + 1], o.tensor);
     else if (flag == "--micro") number(flag, argv[i + 1], o.micro);
     else if (flag == "--schedule") o.schedule = argv[i + 1];
     else if (flag == "--checkpoint-dir") o.checkpoint_dir = argv[i + 1];
@@ -208,7 +225,7 @@ options parse(int argc, char** argv) {
     else TIDE_FAIL(usage, "unknown flag ", flag,
                    " (flags: --steps --batch --seq --lr --warmup --clip --budget --host-budget --spill-folder --recompute "
                    "--offload-activations --bucket-kib --zero --density --powersgd --pipeline --micro "
-                   "--schedule --check-falls --check-steady --checkpoint-dir --checkpoint-every --resume --heartbeat --deadline; "
+                   "--schedule --tensor --sequence-parallel --check-falls --check-steady --checkpoint-dir --checkpoint-every --resume --heartbeat --deadline; "
                    "--help says what they do)");
   }
   TIDE_REQUIRE(!o.checkpoint_dir.empty(), "--checkpoint-dir is empty: name a folder");
@@ -223,6 +240,12 @@ options parse(int argc, char** argv) {
                "--pipeline runs with dense data parallelism: drop --density / --powersgd");
   TIDE_REQUIRE(o.pipeline > 0 || (o.schedule == "one_f_one_b" && o.micro == 4),
                "--schedule and --micro are a pipeline's: pass --pipeline P too");
+  TIDE_REQUIRE(o.tensor == 0 || o.pipeline == 0, "--tensor with --pipeline: a tensor-parallel model in pipeline "
+               "stages is not supported yet; pass one of them");
+  TIDE_REQUIRE(o.tensor == 0 || (o.density == 0 && o.powersgd == 0 && !o.recompute && !o.offload_activations),
+               "--tensor trains with dense data parallelism and every activation kept: drop --density, --powersgd, "
+               "--recompute and --offload-activations");
+  TIDE_REQUIRE(o.tensor > 0 || !o.sequence, "--sequence-parallel splits a tensor-parallel group's work: pass --tensor T too");
   TIDE_REQUIRE(o.seq >= 2 && o.seq <= 256, "--seq must be 2 to 256");
   TIDE_REQUIRE(o.lr <= 1.f, "--lr must be above 0 and at most 1, got ", o.lr);
   TIDE_REQUIRE(o.warmup >= 0, "--warmup must be 0 or more steps, got ", o.warmup);
@@ -251,6 +274,9 @@ tide::nn::gpt_options model_options(options const& opt, tide::nn::gpt_config con
 // model data, or that minimum plus two chunks if it is more), and with --host-budget the NVMe
 // tier in a folder of the rank's own. The offloaded activations take their host copies from the
 // scheduler's pool: the host budget grows by them and keeps them as its reserve.
+tide::offload::chunked<tide::offload::belady> offload_for(options const& opt, tide::parameter_list const& params,
+                                                          tide::block_uses const& uses, std::size_t activation_bytes,
+                                                          std::size_t reserve, int rank);
 tide::offload::chunked<tide::offload::belady> offload_for(options const& opt, tide::nn::gpt_config const& config,
                                                           tide::nn::gpt_options const& model, int rank) {
   tide::thread_pool pool{1};
@@ -263,8 +289,20 @@ tide::offload::chunked<tide::offload::belady> offload_for(options const& opt, ti
     m.forward(ex, tide::tensor_view<std::int32_t const>(zeros.data(), {opt.batch, opt.seq}));
     plan = m.activations();
   }
-  std::size_t const activations = tide::round_up(plan.footprint, 256);
   std::size_t const reserve = opt.host_budget != 0 && opt.offload_activations ? plan.host_bytes : 0;
+  return offload_for(opt, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config),
+                     plan.footprint, reserve, rank);
+}
+
+// The same, for a model of these parameters whose activations take `activation_bytes`, the
+// offloaded ones `reserve` of the host (a tensor-parallel rank's shard).
+tide::offload::chunked<tide::offload::belady> offload_for(options const& opt, tide::parameter_list const& params,
+                                                          tide::block_uses const& uses, std::size_t activation_bytes,
+                                                          std::size_t reserve, int rank) {
+  tide::thread_pool pool{1};
+  tide::exec<tide::host> ex{pool};
+  tide::memory::device_arena<tide::host> arena{{.budget = 256_MiB}};
+  std::size_t const activations = tide::round_up(activation_bytes, 256);
   tide::offload::chunked<tide::offload::belady> off{
       .chunk_bytes = 256_KiB,
       .memory = {.host_budget = opt.host_budget == 0 ? 0 : opt.host_budget + reserve, .host_reserve = reserve}};
@@ -274,9 +312,8 @@ tide::offload::chunked<tide::offload::belady> offload_for(options const& opt, ti
     fs::create_directories(off.memory.spill_folder, ec);
     TIDE_CHECK(!ec, io, "--spill-folder ", off.memory.spill_folder.string(), ": cannot create it: ", ec.message());
   }
-  tide::offload::scheduler<tide::host, float, decltype(off)> const probe{
-      ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), tide::nn::gpt_block_uses(config), off};
-  std::size_t const model_data = 16 * static_cast<std::size_t>(tide::nn::gpt_parameters(config, tide::dtype::f32).count());
+  tide::offload::scheduler<tide::host, float, decltype(off)> const probe{ex, arena, params, uses, off};
+  std::size_t const model_data = 16 * static_cast<std::size_t>(params.count());
   std::size_t const minimum = probe.minimum_device_bytes(activations);
   if (opt.budget == 0) {
     off.device_budget = std::max(activations + model_data / 2, minimum + 2 * probe.chunk_bytes());
@@ -385,8 +422,9 @@ struct session {
 
   // The ./tide demo flags that launch this job's shape again.
   [[nodiscard]] std::string shape_flags() const {
-    return opt.pipeline > 0 ? tide::detail::concat("--pipeline ", opt.pipeline, " --ranks ", world.size())
-                            : tide::detail::concat("--ranks ", world.size());
+    if (opt.pipeline > 0) return tide::detail::concat("--pipeline ", opt.pipeline, " --ranks ", world.size());
+    if (opt.tensor > 0) return tide::detail::concat("--tensor ", opt.tensor, " --ranks ", world.size());
+    return tide::detail::concat("--ranks ", world.size());
   }
 
   // What a lost rank's message says to do, after each save.
@@ -469,6 +507,19 @@ struct session {
     }
     return tide::train::stop_signals::exit_status(asked);
   }
+
+  // The exit status at the end of a run that trained `trained` steps up to `step`: a stop's, or
+  // nothing trained, or verdict()'s (`same`: whether the ranks hold the same bits where they must).
+  int ended(int asked, std::int64_t step, fs::path const& checkpoint, int trained, float first, float last, bool same,
+            std::string const& said_same, std::string const& said_different) const {
+    if (asked != 0) return stopped(asked, step, checkpoint);
+    if (trained == 0) {
+      if (world.rank() == 0)
+        std::printf("nothing to train: the checkpoint is at step %lld; raise --steps\n", static_cast<long long>(step));
+      return 0;
+    }
+    return verdict(opt, world.rank(), first, last, history.losses, same, said_same, said_different);
+  }
 };
 
 template <class Compress>
@@ -524,13 +575,7 @@ int train(options const& opt, tide::comm::mpi& world, Compress const& compress, 
     d.add(p);
     std::printf("parameters after step %lld: crc32c %08x\n", static_cast<long long>(trainer.steps()), d.crc);
   }
-  if (asked != 0) return run.stopped(asked, trainer.steps(), checkpoint);
-  if (trained == 0) {
-    if (rank == 0) std::printf("nothing to train: the checkpoint is at step %lld; raise --steps\n",
-                               static_cast<long long>(trainer.steps()));
-    return 0;
-  }
-  return verdict(opt, rank, first, last, run.history.losses, same,
+  return run.ended(asked, trainer.steps(), checkpoint, trained, first, last, same,
                  tide::detail::concat("parameters identical on all ", ranks, " ranks"),
                  tide::detail::concat("parameters DIFFERENT on the ", ranks, " ranks"));
 }
@@ -625,19 +670,100 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
     std::printf("parameters after step %lld: crc32c %08x (of each parameter's, in the model's order)\n",
                 static_cast<long long>(trainer.steps()), d.crc);
   }
-  if (asked != 0) return run.stopped(asked, trainer.steps(), checkpoint);
-  if (trained == 0) {
-    if (rank == 0) std::printf("nothing to train: the checkpoint is at step %lld; raise --steps\n",
-                               static_cast<long long>(trainer.steps()));
-    return 0;
-  }
-  return verdict(opt, rank, first, last, run.history.losses, ok,
+  return run.ended(asked, trainer.steps(), checkpoint, trained, first, last, ok,
                  "each stage's parameters identical on its replicas, wte identical at both ends",
+                 "parameters DIFFER where they must not");
+}
+
+// --tensor T: the model's layers split over groups of T ranks (tp::gpt_spec), the groups
+// data-parallel replicas of each other (ZeRO as --zero says), each drawing its own rows.
+int train_tensor(options const& opt, tide::comm::mpi& world) {
+  TIDE_REQUIRE(world.size() % opt.tensor == 0, "--tensor ", opt.tensor, " on ", world.size(),
+               " ranks: the ranks must be a multiple of the group size");
+  fs::path const checkpoint_name = "checkpoint";  // a set: one shard per rank
+  session run{opt, world, checkpoint_name};
+  auto g = tide::tp::make_groups(world, opt.tensor);
+  int const replicas = world.size() / opt.tensor, rank = world.rank();
+  auto const corpus = tide::train::byte_corpus::from_path(tide::train::fortunes_path());
+  tide::train::window_loader loader{corpus, tide::train::split::train, opt.batch, opt.seq, 1, {g.data_rank, replicas}};
+  tide::nn::gpt_config const config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = opt.seq};
+  tide::tp::gpt_spec<tide::comm::mpi> const spec{.config = config, .tensor = {.group = &g.tensor, .sequence = opt.sequence}};
+  std::vector<std::int32_t> in(std::size_t(opt.batch) * std::size_t(opt.seq)), tg(in.size());
+  std::size_t activations = 0;  // of the rank's shard: one forward, on every rank of the group
+  {
+    tide::thread_pool pool{1};
+    tide::tp::gpt<tide::comm::mpi> m(config, g.tensor, {.sequence = opt.sequence});
+    (void)m.forward(tide::exec<tide::host>{pool}, {in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}});
+    activations = m.activation_bytes();
+  }
+  auto const off = offload_for(opt, spec.parameters(), spec.uses(), activations, 0, rank);
+  auto trainer = tide::train::make_trainer(
+      spec, off,
+      tide::optim::adamw{.lr = opt.lr, .clip_norm = opt.clip, .decay_matrices_only = true,
+                         .schedule = {.warmup_steps = opt.warmup, .total_steps = opt.steps}},
+      tide::comm::data_parallel{.comm = &g.data, .bucket_bytes = opt.bucket_kib << 10, .zero = opt.zero});
+  fs::path const checkpoint = run.dir / checkpoint_name;
+  if (run.resumed) run.load(trainer, loader, checkpoint);
+  if (rank == 0) {
+    std::printf("tensor parallel in groups of %d%s x %d data-parallel replicas, ZeRO-%d, %s, device budget %s per "
+                "rank; a rank holds %lld of the model's %lld parameters; global batch %d x %d tokens\n",
+                opt.tensor, opt.sequence ? " (sequence parallel)" : "", replicas, opt.zero,
+                decltype(trainer)::scheduler_type::name().c_str(),
+                tide::detail::concat(tide::bytes_of{off.device_budget}).c_str(),
+                static_cast<long long>(spec.parameters().count()),
+                static_cast<long long>(tide::nn::gpt_parameters(config, tide::dtype::f32).count()), replicas * opt.batch,
+                opt.seq);
+    run.where(checkpoint, trainer.steps());
+  }
+  float first = 0, last = 0;
+  int asked = 0, trained = 0;
+  while (trainer.steps() < opt.steps && asked == 0) {
+    run.beat.at_step(trainer.steps() + 1);
+    run.record(trainer.scheduler());
+    loader.next({in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}});
+    auto const st = trainer.step({{in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}}});
+    last = report(world, run.progress, st, opt.steps, replicas);  // every tensor rank reports its replica's loss
+    if (trained++ == 0) first = last;
+    run.history.losses.push_back(last);
+    asked = tide::train::agreed_stop(world, run.stop.pending());
+    if (run.saves_after(st.step, asked)) run.save(trainer, loader, checkpoint);
+  }
+  run.draw(trainer.scheduler());
+  // Each shard the same on its replicas, each replicated tensor the same on its group, bit for
+  // bit; the digest is of the whole tensors, gathered from the shards.
+  trainer.scheduler().gather_parameters();
+  auto const whole = tide::nn::gpt_parameters(config, tide::dtype::f32);
+  auto const splits = spec.tensor_splits();
+  bool ok = true;
+  demo::digest d;
+  std::vector<float> gathered, full;
+  for (std::uint32_t i = 0; i < whole.size(); ++i) {
+    auto const v = trainer.scheduler().read_param(i);
+    ok = same_on(g.data, v) && ok;
+    if (splits[i] == tide::tp::split::replicated) {
+      ok = same_on(g.tensor, v) && ok;
+      d.add(v);
+      continue;
+    }
+    tide::index_t const rows = whole[i].shape[0], cols = whole[i].shape.rank == 2 ? whole[i].shape[1] : 1;
+    gathered.resize(v.size() * static_cast<std::size_t>(opt.tensor));
+    full.resize(static_cast<std::size_t>(rows * cols));
+    g.tensor.all_gather(std::span<float const>(v), std::span<float>(gathered));
+    tide::tp::put_shards(splits[i], std::span<float const>(gathered), std::span<float>(full), rows, cols, opt.tensor);
+    d.add(full);
+  }
+  ok = tide::comm::all_ranks(world, ok);
+  if (rank == 0)
+    std::printf("parameters after step %lld: crc32c %08x (of the whole tensors)\n",
+                static_cast<long long>(trainer.steps()), d.crc);
+  return run.ended(asked, trainer.steps(), checkpoint, trained, first, last, ok,
+                 "each shard identical on its replicas, each replicated tensor identical on its group",
                  "parameters DIFFER where they must not");
 }
 
 int run(options const& opt, tide::comm::mpi& world) {
   namespace cx = tide::compress;
+  if (opt.tensor > 0) return train_tensor(opt, world);
   if (opt.pipeline > 0)
   {
     using tide::pipeline::kind;

@@ -1,29 +1,36 @@
 #pragma once
 // One rank's shard of a whole GPT over a tensor-parallel group: the vocabulary-parallel
 // embedding, the layers' tensor-parallel blocks and the vocabulary-parallel head with its
-// cross-entropy (tp/head.hpp, tp/block.hpp), with the rank's parameters, gradients and
-// activations in host memory. Its parameters are nn::gpt's, cut (same names, initialised from
-// the same seed as nn::gpt's whole tensors, then take_shard), so a group of t equals nn::gpt
-// within the sum-order bound of tests/mpi/tensor_parallel.cpp. make_trainer does not take it
-// yet.
+// cross-entropy (tp/head.hpp, tp/block.hpp). Its parameters are nn::gpt's, cut (same names,
+// initialised from the same seed as nn::gpt's whole tensors, then take_shard), so a group of t
+// equals nn::gpt within the sum-order bound of tests/mpi/tensor_parallel.cpp.
 //
-//   tide::tp::gpt<tide::comm::mpi> model(config, group, {.sequence = true, .seed = 1}, B, T);
+//   tide::tp::gpt<tide::comm::mpi> model(config, group, {.sequence = true, .seed = 1});
 //   float loss = model.forward(ex, tokens, targets);     // every rank: the mean loss
 //   model.backward(ex);                                  // gradients += (the rank's shards)
-//   model.reduce_replicated();                           // once per step, after the last backward
+//
+// As nn::gpt, it calls the hooks around each block (embedding -1, blocks 0 .. L-1, head L), and
+// with hooks that keep the model data (an offload scheduler: make_trainer with tp::gpt_spec,
+// tp/spec.hpp) it asks them for the parameters' and gradients' addresses between a block's pre_*
+// and post_* calls; otherwise it keeps them in vectors of its own. Activations and the kernels'
+// scratch are one block per (B, T), from the arena when it is given one. Under sequence
+// parallelism each backward sums its LayerNorm gradients (each rank's rows' share) over the
+// group before the block's post_backward, so a gradient the hooks receive is whole. Host only.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
-#include <memory>
+#include <initializer_list>
+#include <new>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tide/comm/communicator.hpp"
 #include "tide/core/exec.hpp"
 #include "tide/core/parameters.hpp"
+#include "tide/memory/device_arena.hpp"
 #include "tide/nn/gpt_blocks.hpp"
 #include "tide/nn/gpt_config.hpp"
 #include "tide/tp/block.hpp"
@@ -50,7 +57,7 @@ inline shape shard_shape_of(nn::gpt_config const& c, parameter const& p, std::si
   return p.shape.rank == 2 ? shape{s.rows, s.cols} : shape{s.rows};
 }
 
-// The rank's parameter list: nn::gpt's names and order, its shards' shapes.
+// The rank's parameter list: nn::gpt's names, order and tie (wte), its shards' shapes.
 inline parameter_list shard_parameters(nn::gpt_config const& config, int t) {
   nn::gpt_config const c = nn::resolve(config);
   TIDE_REQUIRE(c.wte_pieces == 1, "tp::gpt: wte in ", c.wte_pieces, " pieces; tensor parallelism splits wte by "
@@ -59,117 +66,204 @@ inline parameter_list shard_parameters(nn::gpt_config const& config, int t) {
   (void)vocab_part_of(c, 0, t);  // Vp must split
   parameter_list const whole = nn::gpt_parameters(c, dtype::f32);
   parameter_list list(whole.alignment());
-  for (std::size_t i = 0; i < whole.size(); ++i)
-    list.add(whole[i].name(), whole[i].layer, shard_shape_of(c, whole[i], i, t), dtype::f32);
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    parameter const& p = list.add(whole[i].name(), whole[i].layer, shard_shape_of(c, whole[i], i, t), dtype::f32);
+    if (whole[i].tie >= 0) list.tie(p.name());
+  }
   return list;
 }
 
-template <comm::Communicator G>
+template <comm::Communicator G, class Hooks = nn::no_hooks>
 class gpt {
- public:
-  using token_view = tensor_view<std::int32_t const>;
+  static_assert(nn::GptHooks<Hooks>, "tp::gpt<G, Hooks>: Hooks must have pre_forward(int), post_forward(int), "
+                                     "pre_backward(int) and post_backward(int) (tide::nn::no_hooks has them all)");
 
-  // Group: the tensor-parallel group, this rank's shard; (Bn, Tn): the batches it runs.
-  gpt(nn::gpt_config const& config, G& group, gpt_options const& o, index_t Bn, index_t Tn)
+ public:
+  using backend = host;
+  using element_type = float;
+  using hooks_type = Hooks;
+  using token_view = tensor_view<std::int32_t const>;
+  // true when Hooks keep the parameters and gradients (an offload scheduler).
+  static constexpr bool external_storage = nn::ParameterStorage<Hooks, float>;
+
+  // Group: the tensor-parallel group, this rank's shard. Activations come from `arena` when given.
+  gpt(nn::gpt_config const& config, G& group, gpt_options const& o, memory::device_arena<host>* arena = nullptr,
+      Hooks hooks = {})
       : config_(nn::resolve(config)),
         group_(&group),
         o_(o),
         list_(shard_parameters(config_, group.size())),
         part_(vocab_part_of(config_, group.rank(), group.size())),
-        Bn_(Bn),
-        Tn_(Tn) {
-    TIDE_REQUIRE(Tn >= 1 && Tn <= config_.max_seq && Bn >= 1, "tp::gpt: (B, T) = (", Bn, ", ", Tn,
-                 ") with max_seq ", config_.max_seq);
-    TIDE_REQUIRE(!o.sequence || (Bn * Tn) % group.size() == 0, "tp::gpt: B T = ", Bn * Tn,
-                 " rows do not split over ", group.size(), " ranks for sequence parallelism");
-    values_.assign(list_.bytes() / sizeof(float), 0.f);
-    grads_.assign(values_.size(), 0.f);
+        arena_(arena),
+        hooks_(std::move(hooks)) {
+    if constexpr (!external_storage) {
+      values_.assign(list_.bytes() / sizeof(float), 0.f);
+      grads_.assign(values_.size(), 0.f);
+    }
     init(o.seed);
-    plan();
   }
-  gpt(gpt const&) = delete;  // the views point into its own vectors
+  ~gpt() { release(); }
+  gpt(gpt const&) = delete;  // the views point into its own memory
   gpt& operator=(gpt const&) = delete;
 
   [[nodiscard]] parameter_list const& parameters() const noexcept { return list_; }
-  [[nodiscard]] std::span<float> values(std::string_view name) { return at(values_, list_.find(name)); }
-  [[nodiscard]] std::span<float> grads(std::string_view name) { return at(grads_, list_.find(name)); }
-  void zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.f); }
+  [[nodiscard]] nn::gpt_config const& config() const noexcept { return config_; }
+  [[nodiscard]] Hooks& hooks() noexcept { return hooks_; }
+  // The rank's shard of a parameter and its gradient (own storage; with hooks that keep them,
+  // ask the hooks).
+  [[nodiscard]] std::span<float> values(std::string_view name) {
+    static_assert(!external_storage, "tp::gpt::values: the hooks keep the parameters; ask them");
+    return at(values_, list_.find(name));
+  }
+  [[nodiscard]] std::span<float> grads(std::string_view name) {
+    static_assert(!external_storage, "tp::gpt::grads: the hooks keep the gradients; ask them");
+    return at(grads_, list_.find(name));
+  }
+  void zero_grad() {
+    if constexpr (external_storage) hooks_.zero_grad();
+    else std::fill(grads_.begin(), grads_.end(), 0.f);
+  }
+
+  // One micro-batch for a trainer: tokens and targets, (B, T) each, the same on every rank of the group.
+  struct batch_type {
+    token_view tokens, targets;
+  };
+  [[nodiscard]] static std::size_t tokens_in(batch_type const& b) noexcept {
+    return static_cast<std::size_t>(b.tokens.size());
+  }
 
   // The mean cross-entropy over the B T positions (every rank), leaving what backward reads. The
   // caller's tokens and targets must stay unchanged until backward (they are read there again,
   // not copied).
   float forward(exec<host> const& ex, token_view tokens, token_view targets) {
-    TIDE_REQUIRE(tokens.size() == Bn_ * Tn_ && targets.size() == tokens.size(), "tp::gpt: tokens and targets must "
-                 "be (", Bn_, ", ", Tn_, "), the shape the model was made for");
-    size_scratch(ex);
-    tokens_ = token_view(tokens.data(), {Bn_, Tn_});
-    targets_ = token_view(targets.data(), {Bn_ * Tn_});
-    embedding_forward(ex, *group_, o_.sequence, x0_, tokens_, cview(0), cview(1), part_, embedding_, config_.vocab);
-    for (int l = 0; l < config_.layers; ++l)
+    TIDE_REQUIRE(tokens.rank() == 2 && targets.size() == tokens.size(), "tp::gpt: tokens must be (B, T) and "
+                 "targets as many");
+    index_t const Bn = tokens.extent(0), Tn = tokens.extent(1);
+    TIDE_REQUIRE(Tn >= 1 && Tn <= config_.max_seq && Bn >= 1, "tp::gpt: (B, T) = (", Bn, ", ", Tn,
+                 ") with max_seq ", config_.max_seq);
+    TIDE_REQUIRE(!o_.sequence || (Bn * Tn) % group_->size() == 0, "tp::gpt: B T = ", Bn * Tn,
+                 " rows do not split over ", group_->size(), " ranks for sequence parallelism");
+    prepare(ex, Bn, Tn);
+    ready_ = false;
+    tokens_ = tokens;
+    targets_ = token_view(targets.data(), {Bn * Tn});
+    hooks_.pre_forward(nn::embedding_block);
+    embedding_forward(ex, *group_, o_.sequence, x0_, tokens_, param(0), param(1), part_, embedding_, config_.vocab);
+    hooks_.post_forward(nn::embedding_block);
+    for (int l = 0; l < config_.layers; ++l) {
+      hooks_.pre_forward(l);
       block_forward(ex, *group_, o_.sequence, input(l), blocks_[static_cast<std::size_t>(l)], weights(l), heads());
-    head_forward(ex, *group_, o_.sequence, input(config_.layers), head_, lnf(0), lnf(1), cview(0), targets_, part_,
+      hooks_.post_forward(l);
+    }
+    hooks_.pre_forward(config_.layers);
+    head_forward(ex, *group_, o_.sequence, input(config_.layers), head_, lnf(0), lnf(1), param(0), targets_, part_,
                  config_.vocab);
+    hooks_.post_forward(config_.layers);
     ready_ = true;
     double sum = 0;
     for (index_t r = 0; r < head_.losses.size(); ++r) sum += head_.losses.data()[r];
     return static_cast<float>(sum / static_cast<double>(head_.losses.size()));
   }
+  float forward(exec<host> const& ex, batch_type const& b) { return forward(ex, b.tokens, b.targets); }
 
   // Gradients += d(mean loss)/d(the rank's shards) × loss_scale; accumulates until zero_grad.
   void backward(exec<host> const& ex, float loss_scale = 1.f) {
     TIDE_REQUIRE(ready_, "tp::gpt::backward: no forward since the last backward; run forward (one backward per "
                  "forward: the head's backward overwrites the logits with their gradient)");
     ready_ = false;
-    size_scratch(ex);
+    TIDE_REQUIRE(scratch_bytes(ex, Bn_, Tn_) <= ws_bytes_, "tp::gpt::backward: this pool's threads need more "
+                 "scratch than the forward's pool planned; run forward and backward on one executor");
     auto const dloss = loss_scale / static_cast<float>(Bn_ * Tn_);
-    std::size_t const L = static_cast<std::size_t>(config_.layers);
-    head_backward(ex, *group_, o_.sequence, dres_, input(config_.layers), head_, lnf(0), cview(0), view(grads_, 0),
-                  view(grads_, list_.size() - 2), view(grads_, list_.size() - 1), targets_, part_, dloss);
-    for (std::size_t l = L; l-- > 0;)
-      block_backward(ex, *group_, o_.sequence, dres_, input(static_cast<int>(l)), blocks_[l], weights(static_cast<int>(l)),
-                     gradients(static_cast<int>(l)), heads());
-    embedding_backward(ex, *group_, o_.sequence, view(grads_, 0), view(grads_, 1), tensor_view<float const>(dres_),
-                       tokens_, part_, embedding_);
+    std::size_t const n = list_.size();
+    int const L = config_.layers;
+    hooks_.pre_backward(L);
+    nn::detail::block_params<tensor_view<float>> lnf_grads{};  // lnf's two, in ln1's places
+    lnf_grads.at[static_cast<int>(nn::block_param::ln1_w)] = grad(n - 2);
+    lnf_grads.at[static_cast<int>(nn::block_param::ln1_b)] = grad(n - 1);
+    summed_over_rows(lnf_grads, {nn::block_param::ln1_w, nn::block_param::ln1_b}, [&] {
+      head_backward(ex, *group_, o_.sequence, dres_, input(L), head_, lnf(0), param(0), grad(0), grad(n - 2),
+                    grad(n - 1), targets_, part_, dloss);
+    });
+    hooks_.post_backward(L);
+    for (int l = L; l-- > 0;) {
+      hooks_.pre_backward(l);
+      auto const dw = gradients(l);
+      using enum nn::block_param;
+      summed_over_rows(dw, {ln1_w, ln1_b, ln2_w, ln2_b}, [&] {
+        block_backward(ex, *group_, o_.sequence, dres_, input(l), blocks_[static_cast<std::size_t>(l)], weights(l), dw,
+                       heads());
+      });
+      hooks_.post_backward(l);
+    }
+    hooks_.pre_backward(nn::embedding_block);
+    embedding_backward(ex, *group_, o_.sequence, grad(0), grad(1), tensor_view<float const>(dres_), tokens_, part_,
+                       embedding_);
+    hooks_.post_backward(nn::embedding_block);
   }
 
-  // Under sequence parallelism, sums the LayerNorms' gradients (each rank's rows' share) over
-  // the group: once per step, after the last micro-batch's backward, on gradients zeroed at the
-  // step's start (a second sum would count the first t times).
-  void reduce_replicated() {
-    for (int l = 0; l < config_.layers; ++l) tp::reduce_replicated(*group_, o_.sequence, gradients(l));
-    tp::reduce_replicated(*group_, o_.sequence, view(grads_, list_.size() - 2));
-    tp::reduce_replicated(*group_, o_.sequence, view(grads_, list_.size() - 1));
-  }
+  // Bytes of the activation block of the last (B, T) (0 before the first forward).
+  [[nodiscard]] std::size_t activation_bytes() const noexcept { return block_bytes_; }
 
  private:
   std::span<float> at(std::vector<float>& v, parameter const& p) {
     return {v.data() + p.offset / sizeof(float), static_cast<std::size_t>(p.numel())};
   }
-  tensor_view<float> view(std::vector<float>& v, std::size_t i) {
-    return tensor_view<float>(v.data() + list_[i].offset / sizeof(float), list_[i].shape);
+  // Parameter i's shard and gradient: between the pre_* and post_* hooks of a block that reads it.
+  float* param_data(std::size_t i) {
+    if constexpr (external_storage) return hooks_.param_data(static_cast<std::uint32_t>(i));
+    else return values_.data() + list_[i].offset / sizeof(float);
   }
-  tensor_view<float const> cview(std::size_t i) { return tensor_view<float const>(view(values_, i)); }
-  tensor_view<float const> lnf(int j) { return cview(list_.size() - 2 + static_cast<std::size_t>(j)); }
+  tensor_view<float const> param(std::size_t i) { return tensor_view<float const>(param_data(i), list_[i].shape); }
+  tensor_view<float> grad(std::size_t i) {
+    if constexpr (external_storage) return tensor_view<float>(hooks_.grad_data(static_cast<std::uint32_t>(i)), list_[i].shape);
+    else return tensor_view<float>(grads_.data() + list_[i].offset / sizeof(float), list_[i].shape);
+  }
+  tensor_view<float const> lnf(int j) { return param(list_.size() - 2 + static_cast<std::size_t>(j)); }
   [[nodiscard]] index_t heads() const noexcept { return config_.heads / group_->size(); }
   [[nodiscard]] std::size_t index_of(int l, int k) const noexcept {
     return 2 + static_cast<std::size_t>(l) * nn::params_per_block + static_cast<std::size_t>(k);
   }
   nn::detail::block_params<tensor_view<float const>> weights(int l) {
     nn::detail::block_params<tensor_view<float const>> p;
-    for (int k = 0; k < nn::params_per_block; ++k) p.at[k] = cview(index_of(l, k));
+    for (int k = 0; k < nn::params_per_block; ++k) p.at[k] = param(index_of(l, k));
     return p;
   }
   nn::detail::block_params<tensor_view<float>> gradients(int l) {
     nn::detail::block_params<tensor_view<float>> p;
-    for (int k = 0; k < nn::params_per_block; ++k) p.at[k] = view(grads_, index_of(l, k));
+    for (int k = 0; k < nn::params_per_block; ++k) p.at[k] = grad(index_of(l, k));
     return p;
   }
   // Block l's input (the rank's rows): the embedding's output, or block l - 1's.
   tensor_view<float const> input(int l) {
     return l == 0 ? tensor_view<float const>(x0_) : tensor_view<float const>(blocks_[static_cast<std::size_t>(l - 1)].res3);
   }
+  // Runs `backward`, which adds its rows' share of the LayerNorm gradients dw[which] under
+  // sequence parallelism; then sums that share over the group (the accumulated gradient is set
+  // aside first, so what is summed is this backward's alone and earlier micro-batches' count once).
+  template <class F>
+  void summed_over_rows(nn::detail::block_params<tensor_view<float>> const& dw,
+                        std::initializer_list<nn::block_param> which, F&& backward) {
+    if (!o_.sequence || group_->size() == 1) {
+      backward();
+      return;
+    }
+    stash_.clear();
+    for (auto p : which) {
+      float* const g = dw[p].data();
+      stash_.insert(stash_.end(), g, g + dw[p].size());
+      std::fill(g, g + dw[p].size(), 0.f);
+    }
+    backward();
+    std::size_t k = 0;
+    for (auto p : which) {
+      tp::reduce_replicated(*group_, true, dw[p]);
+      float* const g = dw[p].data();
+      for (index_t e = 0; e < dw[p].size(); ++e) g[e] += stash_[k++];
+    }
+  }
 
-  // Every parameter as nn::gpt initialises its whole tensor, then this rank's shard of it.
+  // Every parameter as nn::gpt initialises its whole tensor, then this rank's shard of it (with
+  // hooks that keep them, before the first step: they hand out host memory then).
   void init(std::uint64_t seed) {
     parameter_list const whole = nn::gpt_parameters(config_, dtype::f32);
     int const t = group_->size(), r = group_->rank();
@@ -179,53 +273,82 @@ class gpt {
       buf.assign(static_cast<std::size_t>(p.numel()), 0.f);
       nn::detail::initialise_parameter<float>(nullptr, config_, i, p, buf.data(), seed);
       index_t const rows = p.shape[0], cols = p.shape.rank == 2 ? p.shape[1] : 1;
-      take_shard(split_of(config_, p, i), std::span<float const>(buf), at(values_, list_[i]), rows, cols, r, t);
+      take_shard(split_of(config_, p, i), std::span<float const>(buf),
+                 std::span<float>(param_data(i), static_cast<std::size_t>(list_[i].numel())), rows, cols, r, t);
     }
   }
 
-  // The activations of one micro-batch at (Bn, Tn).
-  void plan() {
-    index_t const C = config_.channels, t = group_->size(), N = Bn_ * Tn_, n = o_.sequence ? N / t : N;
+  // The activations of one micro-batch at (Bn, Tn) and the kernels' scratch for ex's pool, as one
+  // block (from the arena when there is one). A new block is taken before the old one goes, so a
+  // refusal leaves the model as it was.
+  std::size_t scratch_bytes(exec<host> const& ex, index_t Bn, index_t Tn) const {
+    int const t = group_->size();
+    return std::max({block_scratch_bytes<float>(ex, config_, t, Bn, Tn), head_scratch_bytes<float>(ex, config_, t, Bn, Tn),
+                     embedding_scratch_bytes(ex, config_, t, Bn, Tn)});
+  }
+  void prepare(exec<host> const& ex, index_t Bn, index_t Tn) {
+    std::size_t const ws = scratch_bytes(ex, Bn, Tn);
+    if (block_ != nullptr && Bn == Bn_ && Tn == Tn_ && ws <= ws_bytes_) return;
+    std::size_t const bytes = carve(nullptr, Bn, Tn, ws);
+    std::byte* const base = static_cast<std::byte*>(
+        arena_ != nullptr ? arena_->allocate(bytes, kernels::scratch_alignment)
+                          : ::operator new(bytes, std::align_val_t{kernels::scratch_alignment}));
+    release();
+    block_ = base, block_bytes_ = bytes, ws_bytes_ = ws, Bn_ = Bn, Tn_ = Tn;
+    carve(base, Bn, Tn, ws);
+    ready_ = false;
+  }
+  void release() noexcept {
+    if (block_ == nullptr) return;
+    if (arena_ != nullptr) arena_->deallocate(block_, block_bytes_, kernels::scratch_alignment);
+    else ::operator delete(block_, std::align_val_t{kernels::scratch_alignment});
+    block_ = nullptr, block_bytes_ = 0;
+  }
+  // Lays the views out from `base` and returns the bytes; base null: the bytes only, and the
+  // model's views stay as they are (a refused allocation leaves the old block in use).
+  std::size_t carve(std::byte* base, index_t Bn, index_t Tn, std::size_t ws) {
+    index_t const C = config_.channels, t = group_->size(), N = Bn * Tn, n = o_.sequence ? N / t : N;
     index_t const Cl = C / t, NHl = heads(), R = part_.rows;
-    auto make = [&](shape s) {
-      store_.emplace_back(static_cast<std::size_t>(s.numel()), 0.f);
-      return tensor_view<float>(store_.back().data(), s);
+    std::size_t used = 0;
+    auto take = [&](std::size_t bytes) {
+      std::size_t const at = used;
+      used += (bytes + kernels::scratch_alignment - 1) / kernels::scratch_alignment * kernels::scratch_alignment;
+      return base == nullptr ? nullptr : base + at;
     };
-    for (int l = 0; l < config_.layers; ++l) {
-      block_views<host, float> a;
+    auto make = [&](shape s) {
+      std::byte* const p = take(static_cast<std::size_t>(s.numel()) * sizeof(float));
+      return p == nullptr ? tensor_view<float>{} : tensor_view<float>(reinterpret_cast<float*>(p), s);
+    };
+    kernels::scratch<host> const scratch{take(ws), ws};
+    std::vector<block_views<host, float>> blocks(static_cast<std::size_t>(config_.layers));
+    head_views<float> head{};
+    embedding_views<float> embedding{};
+    for (auto& a : blocks) {
       a.ln1 = make({n, C}), a.attproj = make({n, C}), a.res2 = make({n, C}), a.ln2 = make({n, C});
       a.fcproj = make({n, C}), a.res3 = make({n, C});
       a.ln1_mean = make({n}), a.ln1_rstd = make({n}), a.ln2_mean = make({n}), a.ln2_rstd = make({n});
-      a.qkv = make({Bn_, Tn_, 3 * Cl}), a.atty = make({Bn_, Tn_, Cl}), a.lse = make({Bn_, NHl, Tn_});
-      a.fch = make({Bn_, Tn_, 4 * Cl}), a.fch_gelu = make({Bn_, Tn_, 4 * Cl});
-      a.dfch = make({Bn_, Tn_, 4 * Cl}), a.datty = make({Bn_, Tn_, Cl}), a.dqkv = make({Bn_, Tn_, 3 * Cl});
-      a.dln = make({Bn_, Tn_, C});
-      if (o_.sequence) a.whole = make({Bn_, Tn_, C}), a.partial = make({Bn_, Tn_, C}), a.dln_rows = make({n, C});
-      blocks_.push_back(a);
+      a.qkv = make({Bn, Tn, 3 * Cl}), a.atty = make({Bn, Tn, Cl}), a.lse = make({Bn, NHl, Tn});
+      a.fch = make({Bn, Tn, 4 * Cl}), a.fch_gelu = make({Bn, Tn, 4 * Cl});
+      a.dfch = make({Bn, Tn, 4 * Cl}), a.datty = make({Bn, Tn, Cl}), a.dqkv = make({Bn, Tn, 3 * Cl});
+      a.dln = make({Bn, Tn, C});
+      if (o_.sequence) a.whole = make({Bn, Tn, C}), a.partial = make({Bn, Tn, C}), a.dln_rows = make({n, C});
+      a.ws = scratch;
     }
-    head_.lnf = make({n, C}), head_.lnf_mean = make({n}), head_.lnf_rstd = make({n});
-    head_.logits = make({N, R}), head_.stats = make({3, N}), head_.losses = make({N}), head_.dlnf = make({N, C});
-    if (o_.sequence) head_.whole = make({N, C}), head_.dlnf_rows = make({n, C});
-    mapped_.assign(static_cast<std::size_t>(N), 0);
-    embedding_.mapped = tensor_view<std::int32_t>(mapped_.data(), {Bn_, Tn_});
-    embedding_.spare = make({1, C});
-    if (o_.sequence) embedding_.whole = make({N, C});
-    x0_ = make({n, C});
-    dres_ = make({n, C});
-  }
-  // The kernels' scratch for ex's pool (what they ask for depends on its threads), one buffer
-  // that every piece uses in turn.
-  void size_scratch(exec<host> const& ex) {
-    int const t = group_->size();
-    std::size_t const bytes = std::max({block_scratch_bytes<float>(ex, config_, t, Bn_, Tn_),
-                                        head_scratch_bytes<float>(ex, config_, t, Bn_, Tn_),
-                                        embedding_scratch_bytes(ex, config_, t, Bn_, Tn_)});
-    if (scratch_ && bytes <= scratch_->get().bytes) return;
-    scratch_ = std::make_unique<kernels::detail::call_scratch>(bytes);
-    kernels::scratch<host> const ws = scratch_->get();
-    for (auto& a : blocks_) a.ws = ws;
-    head_.ws = ws;
-    embedding_.ws = ws;
+    head.lnf = make({n, C}), head.lnf_mean = make({n}), head.lnf_rstd = make({n});
+    head.logits = make({N, R}), head.stats = make({3, N}), head.losses = make({N}), head.dlnf = make({N, C});
+    if (o_.sequence) head.whole = make({N, C}), head.dlnf_rows = make({n, C});
+    head.ws = scratch;
+    std::byte* const mapped = take(static_cast<std::size_t>(N) * sizeof(std::int32_t));
+    if (mapped != nullptr) embedding.mapped = tensor_view<std::int32_t>(reinterpret_cast<std::int32_t*>(mapped), {Bn, Tn});
+    embedding.spare = make({1, C});
+    if (o_.sequence) embedding.whole = make({N, C});
+    embedding.ws = scratch;
+    auto const x0 = make({n, C}), dres = make({n, C});
+    if (base != nullptr) {
+      blocks_ = std::move(blocks), head_ = head, embedding_ = embedding;
+      x0_ = x0, dres_ = dres;
+    }
+    return used;
   }
 
   nn::gpt_config config_;
@@ -233,17 +356,19 @@ class gpt {
   gpt_options o_;
   parameter_list list_;
   vocab_part part_;
-  index_t Bn_, Tn_;
-  std::vector<float> values_, grads_;
-  std::unique_ptr<kernels::detail::call_scratch> scratch_;  // aligned, sized for the last pool
-  std::deque<std::vector<float>> store_;  // the activations, each at a fixed address
-  std::vector<std::int32_t> mapped_;
+  memory::device_arena<host>* arena_;
+  Hooks hooks_;
+  std::vector<float> values_, grads_;  // own storage (no hooks that keep them)
+  std::byte* block_ = nullptr;         // activations and scratch of (Bn_, Tn_)
+  std::size_t block_bytes_ = 0, ws_bytes_ = 0;
+  index_t Bn_ = 0, Tn_ = 0;
   std::vector<block_views<host, float>> blocks_;
   head_views<float> head_;
   embedding_views<float> embedding_;
   tensor_view<float> x0_, dres_;
   token_view tokens_, targets_;
-  bool ready_ = false;  // a forward ran since the last backward
+  std::vector<float> stash_;  // the LayerNorm gradients set aside under sequence parallelism
+  bool ready_ = false;        // a forward ran since the last backward
 };
 
 }  // namespace tide::tp

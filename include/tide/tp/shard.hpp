@@ -8,8 +8,9 @@
 //   mlp.fc.w (4C, C), mlp.fc.b (4C)              rows: column-parallel, (4C/t, C)
 //   attn.proj.w (C, C), mlp.proj.w (C, 4C)       columns: row-parallel, (C, C/t) and (C, 4C/t)
 //
-// take_shard copies rank r's shard out of the whole tensor; put_shard writes it back, so a
-// checkpoint saved at one t loads at another through the whole tensor. Both are host copies.
+// take_shard copies rank r's shard out of the whole tensor; put_shard writes it back (put_shards
+// every rank's), so a checkpoint saved at one t loads at another through the whole tensor. All
+// are host copies.
 //
 //   tide::tp::check_group(config, t);
 //   tide::tp::take_shard(tide::tp::split_of(block_param::qkv_w), whole, shard, 3 * C, C, rank, t);
@@ -118,6 +119,16 @@ template <class T>
 void put_shard(split s, std::span<T const> shard, std::span<T> whole, index_t rows, index_t cols, int rank, int t) {
   detail::check_copy(s, whole.size(), shard.size(), rows, cols, rank, t);
   detail::copy_shard<false>(s, whole.data(), shard.data(), rows, cols, rank, t);
+}
+
+// The whole tensor from the shards of all t ranks laid end to end in rank order (an
+// all_gather's output, or each shard read in turn).
+template <class T>
+void put_shards(split s, std::span<T const> shards, std::span<T> whole, index_t rows, index_t cols, int t) {
+  TIDE_REQUIRE(t >= 1 && shards.size() % static_cast<std::size_t>(t) == 0, "tp::put_shards: ", shards.size(),
+               " elements are not ", t, " shards of one size");
+  std::size_t const n = shards.size() / static_cast<std::size_t>(t);
+  for (int k = 0; k < t; ++k) put_shard(s, shards.subspan(n * static_cast<std::size_t>(k), n), whole, rows, cols, k, t);
 }
 
 // A block parameter's whole shape (rows, cols) at C channels (cols 1 for a vector).

@@ -1,7 +1,8 @@
 #pragma once
 // What make_trainer needs from a model of your own, as concepts, and check_model_spec, which
 // states the first thing missing as a sentence instead of a page of template errors. Also
-// StagedModel / check_staged_model: what a pipeline needs on top (optional for training).
+// StagedModel / check_staged_model: what a pipeline needs on top (optional for training), and
+// TensorParallelSpec: a spec of one rank's shard over a tensor-parallel group (tp::gpt_spec).
 //
 //   struct my_spec {                                         // what make_trainer takes
 //     using backend = tide::host;
@@ -22,7 +23,9 @@
 #include <cstddef>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
+#include "tide/comm/communicator.hpp"
 #include "tide/core/backend.hpp"
 #include "tide/core/dtype.hpp"
 #include "tide/core/exec.hpp"
@@ -33,6 +36,7 @@
 #include "tide/offload/scheduler.hpp"
 #include "tide/offload/schedulers.hpp"
 #include "tide/pipeline/model.hpp"
+#include "tide/tp/shard.hpp"
 
 namespace tide::train {
 
@@ -135,6 +139,20 @@ template <class S, class Hooks = trainer_hooks_t<S>>
 concept ModelSpec = SpecHasBackend<S> && SpecHasElementType<S> && SpecHasParameters<S> && SpecHasUses<S> &&
                     SpecHasModelType<S, Hooks> && SpecBuildsModel<S, Hooks> &&
                     Model<typename S::template model_type<Hooks>, typename S::backend>;
+
+// ---- tensor parallelism (optional) ----------------------------------------------------------
+
+// A spec whose model is this rank's shard over a tensor-parallel group (tp::gpt_spec): the group
+// (tensor_group(), a comm::Reducer), and for every parameter of the whole model, in the order
+// of parameters(), how it splits (tensor_splits()) and its whole shape (whole_shapes()). The
+// trainer then counts a replicated tensor once in the global norm, sums the norm over the group,
+// and keeps each shard under its rank's name in a checkpoint set (docs/tensor_parallel.md).
+template <class S>
+concept TensorParallelSpec = requires(S const& s) {
+  s.tensor_group();
+  { s.tensor_splits() } -> std::same_as<std::vector<tp::split>>;
+  { s.whole_shapes() } -> std::same_as<std::vector<shape>>;
+} && comm::Reducer<std::remove_cvref_t<decltype(std::declval<S const&>().tensor_group())>>;
 
 // ---- the types a trainer names, even for a wrong spec ----------------------------------------
 

@@ -59,6 +59,7 @@
 #include "tide/train/composes.hpp"
 #include "tide/train/detail/norm_scratch.hpp"
 #include "tide/train/detail/offload_options.hpp"
+#include "tide/train/detail/tensor_part.hpp"
 #include "tide/train/model.hpp"
 #include "tide/train/slots.hpp"
 
@@ -116,6 +117,11 @@ class trainer {
   // A pipeline of one stage per rank: this rank's trainer holds its stage's parameters only.
   static constexpr bool staged = one_stage_per_rank_v<Pipeline>;
   static_assert(check_staged_pipeline<Pipeline, spec_element_t<Spec>>());  // one message per missing part
+  // A spec of one rank's shard over a tensor-parallel group (tp::gpt_spec).
+  static constexpr bool tensor_parallel = TensorParallelSpec<Spec>;
+  static_assert(!(tensor_parallel && staged), "make_trainer: a tensor-parallel model (tp::gpt_spec) in a pipeline "
+                "of one stage per rank is not supported yet; train it with tensor and data parallelism, or use "
+                "nn::gpt_spec in the pipeline");
   using scheduler_type = offload::scheduler<backend, element_type, Offload, Optimizer, typename comm_type::sink_type,
                                             typename comm_type::source_type>;
   using hooks_type = offload::hooks<scheduler_type>;
@@ -137,6 +143,7 @@ class trainer {
         ex_(make_exec()),
         arena_({.budget = budget_of(spec, off)}),
         stage_(stage_of(spec, pipeline, comm_, opt)),
+        tensor_(spec),
         elsewhere_(std::max<std::size_t>(stage_.largest_elsewhere, 1)),
         // A stage sums wte before stepping, and hands its gradients to the sink once every stage
         // and replica ran backward.
@@ -192,11 +199,12 @@ class trainer {
   // previous file stays until the new one is complete; missing parent folders are created.
   // Between steps.
   //
-  // Under ZeRO (zero > 0), when the gradient sink keeps lists of its own on several ranks, and
-  // in a pipeline of one stage per rank, `path` is a checkpoint set's folder and every rank calls
-  // save: each writes the tensors of its own chunks (a pipeline: the first replica of each stage
-  // its stage's), the sink's lists of every chunk (they are the rank's own), and extra(writer),
-  // to its shard; the first rank commits the set with its manifest once every shard is on disk
+  // Under ZeRO (zero > 0), when the gradient sink keeps lists of its own on several ranks, in a
+  // pipeline of one stage per rank, and on a tensor-parallel group of more than one rank, `path`
+  // is a checkpoint set's folder and every rank calls save: each writes the tensors of its own
+  // chunks (a pipeline: the first replica of each stage its stage's; tensor parallel: its shards,
+  // and tensor rank 0 the replicated tensors), the sink's lists of every chunk (they are the
+  // rank's own), and extra(writer), to its shard; the first rank commits the set with its manifest once every shard is on disk
   // (train/checkpoint_set.hpp). A rank that fails makes every rank throw, and the previous set
   // stays the checkpoint.
   template <class Extra>
@@ -210,7 +218,7 @@ class trainer {
         }
       }
     } const views{scheduler_};
-    if constexpr (staged || RankAgreement<comm_type>) {
+    if constexpr (staged || tensor_parallel || RankAgreement<comm_type>) {
       if (sharded()) {
         save_set(path, extra);
         return;
@@ -259,21 +267,22 @@ class trainer {
   }
 
   // Whether save writes a checkpoint set, one shard per rank, so that every rank calls save:
-  // under ZeRO, in a pipeline, and when the gradient sink keeps lists of its own on several
-  // ranks (a compressor's residuals differ by rank). Otherwise every rank holds the same state,
+  // under ZeRO, in a pipeline, on a tensor-parallel group of more than one rank, and when the
+  // gradient sink keeps lists of its own on several ranks (a compressor's residuals differ by rank). Otherwise every rank holds the same state,
   // and one rank (rank 0) saves the file.
   [[nodiscard]] bool sharded() const {
     if constexpr (staged) return true;  // every stage holds its own parameters
+    if (tensor_.size() > 1) return true;  // every tensor rank its shards
     if (zero_stage() > 0) return true;
     if constexpr (!extra_lists.empty() && RankAgreement<comm_type>) return comm_.world_size() > 1;
     return false;
   }
 
  private:
-  // Whether `ok` holds on every rank of the data-parallel group.
+  // Whether `ok` holds on every rank of the data-parallel group and of the tensor-parallel one.
   [[nodiscard]] bool agree(bool ok) const {
-    if constexpr (RankAgreement<comm_type>) return comm_.all_ranks(ok);
-    else return ok;
+    if constexpr (RankAgreement<comm_type>) ok = comm_.all_ranks(ok);
+    return tensor_.all(ok);
   }
   // Whether `ok` holds on every rank of the job: the replicas, then (a pipeline) every stage.
   [[nodiscard]] bool agree_everywhere(bool ok) const {
@@ -285,17 +294,18 @@ class trainer {
   [[nodiscard]] std::int64_t of_first_rank(std::int64_t v) const {
     if constexpr (RankAgreement<comm_type>) v = comm_.of_rank0(v);
     if constexpr (staged) v = pipeline_.of_stage0(v);
-    return v;
+    return tensor_.of_rank0(v);
   }
   // This rank's shard in a checkpoint set, and the set's shards: replica-major, as
-  // pipeline::make_groups numbers the ranks (stage + stages x replica).
+  // pipeline::make_groups and tp::make_groups number the ranks (stage + stages x replica;
+  // tensor rank + t x replica).
   [[nodiscard]] int set_rank() const {
     if constexpr (staged) return pipeline_.stage() + pipeline_.stages * comm_.rank();
-    else return comm_.rank();
+    else return tensor_.rank() + tensor_.size() * comm_.rank();
   }
   [[nodiscard]] int set_ranks() const {
     if constexpr (staged) return pipeline_.stages * comm_.world_size();
-    else return comm_.world_size();
+    else return tensor_.size() * comm_.world_size();
   }
   // The scheduler's number of the model's parameter i: i itself, or in a pipeline stage its
   // index among the stage's parameters (offload::no_index: another stage holds it).
@@ -303,15 +313,18 @@ class trainer {
     if constexpr (staged) return stage_.index[i];
     else return i;
   }
-  // Whether this rank writes parameter i (scheduler number j) to a set: the owner of its chunk
-  // under ZeRO; in a pipeline, of the stage that counts it (wte: the first stage, whose copy equals
-  // the last's bit for bit), the replica that owns its chunk (ZeRO-1) or else the first one.
+  // Whether this rank writes parameter i (scheduler number j) to its checkpoint: the owner of
+  // its chunk under ZeRO; in a pipeline, of the stage that counts it (wte: the first stage, whose
+  // copy equals the last's bit for bit), the replica that owns its chunk (ZeRO-1) or else the
+  // first one; tensor parallel, every rank its shard and rank 0 a replicated tensor, of the
+  // replica that owns its chunk (ZeRO) or else the first one.
   [[nodiscard]] bool writes(std::uint32_t j) const {
-    if (!scheduler_.keeps_state(j)) return false;
+    if (!scheduler_.keeps_state(j) || !tensor_.counts(j)) return false;
     if constexpr (staged) {
       bool const sharded_state = zero_stage() > 0;  // ZeRO: each replica keeps its own chunks' state
       return stage_.counted[j] && (sharded_state || comm_.rank() == 0);
     }
+    if constexpr (tensor_parallel) return zero_stage() > 0 || comm_.rank() == 0;  // else the first replica
     return true;
   }
   // The sections of this trainer: all tensors, or under ZeRO those of this rank's chunks. The
@@ -342,7 +355,8 @@ class trainer {
 
   // Checks every file against this model (and the set's files against each other), agrees with
   // the other ranks that all could, then reads: every parameter, and the state of this rank's
-  // chunks, each from the file that holds its "p/<name>" section.
+  // chunks, each from the file that holds its "p/<name>" section (tensor parallel: each section
+  // from the file that holds it, read_tensor).
   template <class Extra>
   void load_from(std::span<checkpoint_reader const> files, std::string const& where, std::exception_ptr failure,
                  Extra& extra, std::size_t extra_file);
@@ -390,10 +404,8 @@ class trainer {
     return out;
   }
   // "m/h0.ln1.w": the section of state list k (Optimizer::state_name(k)) of a tensor.
-  static std::string state_section(std::size_t k, std::string_view name) {
-    std::string prefix(Optimizer::state_name(k));
-    return section(prefix.append("/"), name);
-  }
+  static std::string state_prefix(std::size_t k) { return std::string(Optimizer::state_name(k)).append("/"); }
+  static std::string state_section(std::size_t k, std::string_view name) { return section(state_prefix(k), name); }
   // The lists the gradient sink keeps (an error-feedback residual): "<name>/<tensor>" sections.
   static constexpr std::span<offload::extra_list const> extra_lists = offload::extra_lists_of<typename comm_type::sink_type>();
   static std::string extra_section(std::size_t k, std::string_view name) {
@@ -413,16 +425,18 @@ class trainer {
       return {};
     }
   }
-  // One line per parameter: "name dtype d0 d1 ...".
-  [[nodiscard]] std::string shape_text() const {
-    std::string out;
-    for (auto const& p : model_.parameters()) {
-      out.append(p.name()).append(" ").append(to_string(p.type));
-      for (int d = 0; d < p.shape.rank; ++d) out.append(" ").append(std::to_string(p.shape.dims[d]));
-      out.append("\n");
-    }
-    return out;
-  }
+  // One line per parameter: "name dtype d0 d1 ..." (tensor parallel: the whole tensor's shape).
+  [[nodiscard]] std::string shape_text() const;
+  // Parameter i's name in a checkpoint: its own, or under tensor parallelism that of shard k of a
+  // group of t when every rank holds a part (detail::shard_name).
+  [[nodiscard]] std::string tensor_name(std::uint32_t i, int k, int t) const;
+  // Reads parameter i's tensor of the list `prefix` ("p/", a state list's "m/", "w/") into out,
+  // from files[from] (tensor parallel: its shard, cut from a saved group's shards when the
+  // group size differs); check_files checks those sections before anything is read.
+  void read_tensor(std::span<checkpoint_reader const> files, std::size_t from, std::string const& prefix,
+                   std::uint32_t i, std::span<std::byte> out);
+  // The tensor-parallel group size that saved `files` (1: none).
+  [[nodiscard]] static int saved_tensor(std::span<checkpoint_reader const> files);
 
   exec<backend> make_exec() {
     if constexpr (backend::is_device) return compute_.exec_with(pool_);
@@ -465,6 +479,7 @@ class trainer {
   exec<backend> ex_;
   memory::device_arena<backend> arena_;
   pipeline::stage_part stage_;         // a pipeline stage's parameters (empty without one)
+  detail::tensor_part<Spec> tensor_;   // the tensor-parallel group and how each tensor splits (one rank without)
   std::vector<element_type> elsewhere_;  // what the model's initialisation writes of other stages' parameters
   scheduler_type scheduler_;
   model_type model_;

@@ -18,27 +18,86 @@
 namespace tide::train {
 
 template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+std::string trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::shape_text() const {
+  std::string out;
+  auto const& list = model_.parameters();
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    shape s = list[i].shape;
+    if constexpr (tensor_parallel) s = tensor_.whole[i];
+    out.append(list[i].name()).append(" ").append(to_string(list[i].type));
+    for (int d = 0; d < s.rank; ++d) out.append(" ").append(std::to_string(s.dims[d]));
+    out.append("\n");
+  }
+  return out;
+}
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+std::string trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::tensor_name(std::uint32_t i, int k,
+                                                                                   int t) const {
+  auto const name = model_.parameters()[i].name();
+  return t > 1 && tensor_.sharded(i) ? detail::shard_name(name, k, t) : std::string(name);
+}
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+int trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::saved_tensor(std::span<checkpoint_reader const> files) {
+  if (!files[0].contains("trainer.tensor") || files[0].size_of("trainer.tensor") != sizeof(std::int32_t)) return 1;
+  return files[0].read_value<std::int32_t>("trainer.tensor");
+}
+
+namespace detail {
+// The file of `files` that holds section `name` (files.size(): none).
+inline std::size_t file_with(std::span<checkpoint_reader const> files, std::string const& name) {
+  for (std::size_t f = 0; f < files.size(); ++f)
+    if (files[f].contains(name)) return f;
+  return files.size();
+}
+}  // namespace detail
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+void trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::read_tensor(std::span<checkpoint_reader const> files,
+                                                                         std::size_t from, std::string const& prefix,
+                                                                         std::uint32_t i, std::span<std::byte> out) {
+  if constexpr (tensor_parallel) {
+    int const ts = saved_tensor(files);
+    auto read = [&](int k, std::span<std::byte> to) {
+      std::string const name = section(prefix, tensor_name(i, k, ts));
+      files[detail::file_with(files, name)].read(name, to);  // check_files found it
+    };
+    if (!tensor_.sharded(i) || ts == tensor_.size()) {
+      read(tensor_.rank(), out);
+    } else {
+      std::span<float> const to(reinterpret_cast<float*>(out.data()), out.size() / sizeof(float));
+      tensor_.reshard(i, ts, read, to);
+    }
+  } else {
+    files[from].read(section(prefix, model_.parameters()[i].name()), out);
+  }
+}
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
 void trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::add_sections(checkpoint_writer& w) {
   shape_ = shape_text();
   w.add("model.shape", std::as_bytes(std::span(shape_)));
   state const st{step_, scheduler_.optimizer_steps(), scaler_.scale(), scaler_.good_steps(), scaler_.skipped()};
   w.add_value("trainer.state", st);
   w.add_value("trainer.ranks", run_shape());  // which shape wrote the sink's lists (read_extras)
+  if constexpr (tensor_parallel) w.add_value("trainer.tensor", std::int32_t{tensor_.size()});
   auto const& list = model_.parameters();
   for (std::uint32_t i = 0; i < list.size(); ++i) {
     std::uint32_t const j = local(i);
     if (j == offload::no_index) continue;  // another pipeline stage's
+    std::string const name = tensor_name(i, tensor_.rank(), tensor_.size());
     // A sink's lists are this rank's own (a residual), kept for every chunk: all in its shard.
-    for (std::size_t k = 0; k < extra_lists.size(); ++k)
-      w.add(extra_section(k, list[i].name()), scheduler_.extra_bytes(k, j));
-    if (!writes(j)) continue;  // ZeRO: the rank that owns its chunk writes it; a pipeline: one copy
+    for (std::size_t k = 0; k < extra_lists.size(); ++k) w.add(extra_section(k, name), scheduler_.extra_bytes(k, j));
+    // ZeRO: the rank that owns its chunk writes it; a pipeline: one copy; tensor parallel: each
+    // rank its shard, rank 0 a replicated tensor.
+    if (!writes(j)) continue;
     std::size_t const id = ids_per_tensor * std::size_t{j};
-    w.add_deferred(section("p/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::param, j), id);
+    w.add_deferred(section("p/", name), scheduler_.tensor_size(chunk::chunk_role::param, j), id);
     for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
-      w.add_deferred(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::state, j),
-                     id + 1 + k);
+      w.add_deferred(state_section(k, name), scheduler_.tensor_size(chunk::chunk_role::state, j), id + 1 + k);
     if constexpr (scheduler_type::has_master)
-      w.add_deferred(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, j),
+      w.add_deferred(section("w/", name), scheduler_.tensor_size(chunk::chunk_role::master, j),
                      id + ids_per_tensor - 1);
   }
 }
@@ -113,8 +172,16 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::load_set(std::files
   } catch (...) {
     failure = std::current_exception();
   }
+  // The shard whose extra(reader) sections this rank reads: its own at the same shape; else that
+  // of rank r mod the set's ranks, and under tensor parallelism the same replica's for every rank
+  // of a tensor group (its ranks train on the same batches).
   int const n = static_cast<int>(files.size());
-  load_from(files, where, failure, extra, n > 0 ? static_cast<std::size_t>(set_rank() % n) : 0);
+  int extra_file = n > 0 ? set_rank() % n : 0;
+  if constexpr (tensor_parallel) {
+    int const ts = failure || n == 0 ? 1 : saved_tensor(files);
+    if (ts >= 1 && n % ts == 0) extra_file = tensor_.rank() % ts + ts * (comm_.rank() % (n / ts));
+  }
+  load_from(files, where, failure, extra, static_cast<std::size_t>(extra_file));
 }
 
 template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
@@ -141,16 +208,14 @@ void trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::load_from(std:
   for (std::uint32_t i = 0; i < list.size(); ++i) {
     std::uint32_t const j = local(i);
     if (j == offload::no_index) continue;  // another pipeline stage's
-    checkpoint_reader const& r = files[from[i]];
     // ZeRO-3: a chunk this rank does not hold now is gathered from its owner when next used.
-    if (scheduler_.holds_parameter(j))
-      r.read(section("p/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::param, j));
+    if (scheduler_.holds_parameter(j)) read_tensor(files, from[i], "p/", i, scheduler_.tensor_bytes(chunk::chunk_role::param, j));
     read_extras(files, i, j, extra_file, same_shape);
     if (!scheduler_.keeps_state(j)) continue;  // ZeRO: the rank that owns its chunk keeps it
     for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
-      r.read(state_section(k, list[i].name()), scheduler_.state_bytes(k, j));
+      read_tensor(files, from[i], state_prefix(k), i, scheduler_.state_bytes(k, j));
     if constexpr (scheduler_type::has_master)
-      r.read(section("w/", list[i].name()), scheduler_.tensor_bytes(chunk::chunk_role::master, j));
+      read_tensor(files, from[i], "w/", i, scheduler_.tensor_bytes(chunk::chunk_role::master, j));
   }
   step_ = st.step;
   scheduler_.set_optimizer_steps(st.adam_steps);
@@ -163,14 +228,15 @@ void
 trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::read_extras(std::span<checkpoint_reader const> files,
                                                                          std::uint32_t i, std::uint32_t j,
                                                                          std::size_t extra_file, bool same_shape) {
-  auto const& list = model_.parameters();
   for (std::size_t k = 0; k < extra_lists.size(); ++k) {
-    std::string const x = extra_section(k, list[i].name());
+    std::string const x = extra_section(k, tensor_name(i, tensor_.rank(), tensor_.size()));
     auto const out = scheduler_.extra_bytes(k, j);
     // The shards that hold the list of this tensor, in shard order.
+    // Tensor parallel (check_files made sure the group size is the saved one): the shards of
+    // this tensor rank, as every rank of the group writes a replicated tensor's lists.
     std::vector<std::size_t> holders;
     for (std::size_t f = 0; f < files.size(); ++f)
-      if (files[f].contains(x)) holders.push_back(f);
+      if (files[f].contains(x) && static_cast<int>(f) % tensor_.size() == tensor_.rank()) holders.push_back(f);
     if (same_shape) {  // a resume: this rank's own (check_files made sure its shard has it)
       files[extra_file].read(x, out);
       continue;
@@ -208,6 +274,7 @@ template <class Spec, class Offload, class Optimizer, class Comm, class Compress
 bool trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::saved_at_this_shape(
     std::span<checkpoint_reader const> files) const {
   using shape = std::array<std::int32_t, 2>;
+  if (saved_tensor(files) != tensor_.size()) return false;
   if (files[0].contains("trainer.ranks") && files[0].size_of("trainer.ranks") == sizeof(shape))
     return files[0].read_value<shape>("trainer.ranks") == run_shape();
   return files.size() == static_cast<std::size_t>(set_ranks());
@@ -241,18 +308,23 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::check_files(std::sp
     TIDE_CHECK(std::memcmp(&st, &first, sizeof(state)) == 0, corrupt, "checkpoint set ", where, ": shard ", f,
                " is of step ", st.step, ", shard 0 of step ", first.step, "; the set is mixed from two saves");
   }
+  int const ts = saved_tensor(files);
+  if constexpr (!tensor_parallel)
+    TIDE_CHECK(ts == 1, usage, "checkpoint ", where, ": saved by a tensor-parallel group of ", ts, " ranks; load it "
+               "with the tensor-parallel model (tp::gpt_spec), on a group of any size (one: comm::self)");
+  else
+    TIDE_CHECK(tensor_.splits_over(ts) && files.size() % static_cast<std::size_t>(ts) == 0, corrupt, "checkpoint ",
+               where, ": section \"trainer.tensor\" says a group of ", ts, " ranks, which cannot have cut this model "
+               "or written its ", files.size(), " shards");
   auto const& list = model_.parameters();
   for (std::uint32_t i = 0; i < list.size(); ++i)
     for (std::size_t f = 0; f < files.size() && from[i] == files.size(); ++f)
-      if (files[f].contains(section("p/", list[i].name()))) from[i] = f;
+      if (files[f].contains(section("p/", tensor_name(i, tensor_.rank(), ts)))) from[i] = f;
   // Every section is checked (present, its size that of this model's tensor) before anything
   // is written: a mismatch anywhere leaves the trainer as it was.
   for (std::uint32_t i = 0; i < list.size(); ++i) {
     std::uint32_t const j = local(i);
     if (j == offload::no_index) continue;  // another pipeline stage's: not read here
-    std::string const p = section("p/", list[i].name());
-    TIDE_CHECK(from[i] < files.size(), usage, "checkpoint ", where, ": no section \"", p, "\"",
-               files.size() > 1 ? " in any shard" : "");
     auto expect_in = [&](checkpoint_reader const& r, std::string const& name, std::size_t want) {
       TIDE_CHECK(r.contains(name), usage, "checkpoint ", where, ": no section \"", name, "\"",
                  tide::detail::concat(" (was it saved with another optimizer than ", Optimizer::name,
@@ -261,12 +333,29 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::check_files(std::sp
                  r.size_of(name), " bytes, this model's tensor has ", want,
                  " (saved from a model of another shape or dtype); nothing was loaded");
     };
-    auto expect = [&](std::string const& name, std::size_t want) { expect_in(files[from[i]], name, want); };
-    expect(p, scheduler_.tensor_size(chunk::chunk_role::param, j));
+    // The sections read_tensor reads for list `prefix`: this rank's (its own name, or its shard's),
+    // or every shard of a group of another size, each of the saved shard's bytes.
+    bool const reshard = tensor_.sharded(i) && ts != tensor_.size();
+    auto expect = [&](std::string const& prefix, std::size_t want) {
+      for (int k = reshard ? 0 : tensor_.rank(); k < (reshard ? ts : tensor_.rank() + 1); ++k) {
+        std::string const name = section(prefix, tensor_name(i, k, ts));
+        std::size_t const f = tensor_parallel ? detail::file_with(files, name) : from[i];
+        TIDE_CHECK(f < files.size(), usage, "checkpoint ", where, ": no section \"", name, "\"",
+                   files.size() > 1 ? " in any shard" : "");
+        std::size_t saved = want;  // a shard of the saved group: its elements at that size
+        if constexpr (tensor_parallel)
+          if (reshard) saved = want / static_cast<std::size_t>(list[i].numel()) * tensor_.shard_numel(i, ts);
+        expect_in(files[f], name, saved);
+      }
+    };
+    expect("p/", scheduler_.tensor_size(chunk::chunk_role::param, j));
     // The sink's lists: every shard that holds one has this tensor's size; a resume reads its own
     // shard's, another shape sums the holders' (f32 lists only: read_extras).
     for (std::size_t k = 0; k < extra_lists.size(); ++k) {
-      std::string const x = extra_section(k, list[i].name());
+      std::string const x = extra_section(k, tensor_name(i, tensor_.rank(), tensor_.size()));
+      TIDE_CHECK(ts == tensor_.size(), usage, "checkpoint ", where, ": the gradient sink's list \"", extra_lists[k].name,
+                 "\" was saved by tensor-parallel groups of ", ts, " ranks; it is kept per shard: load it on groups of ",
+                 ts, " (any number of them), or save without it");
       // A set without its shape (older than "trainer.ranks") counts as this shape by its number
       // of shards; if this rank's shard then lacks the list, the shape differed: refused.
       TIDE_CHECK(!same_shape || files[static_cast<std::size_t>(set_rank()) % files.size()].contains(x), usage,
@@ -286,9 +375,8 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::check_files(std::sp
     }
     if (!scheduler_.keeps_state(j)) continue;
     for (std::size_t k = 0; k < Optimizer::state_lists; ++k)
-      expect(state_section(k, list[i].name()), scheduler_.tensor_size(chunk::chunk_role::state, j));
-    if constexpr (scheduler_type::has_master)
-      expect(section("w/", list[i].name()), scheduler_.tensor_size(chunk::chunk_role::master, j));
+      expect(state_prefix(k), scheduler_.tensor_size(chunk::chunk_role::state, j));
+    if constexpr (scheduler_type::has_master) expect("w/", scheduler_.tensor_size(chunk::chunk_role::master, j));
   }
 }
 

@@ -46,31 +46,24 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::step(std::span<batc
 template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
 double trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::gradient_norm() {
   auto const g = scheduler_.gradients();
-  if constexpr (staged) {
-    // Each parameter once (wte on the first stage, not the last), summed over the stages; under
-    // ZeRO-2 and 3 each replica's own chunks, summed over the replicas too.
-    bool const sharded_grads = RankAgreement<comm_type> && zero_stage() >= 2 && comm_.world_size() > 1;
-    owned_grads_.clear();
-    for (std::uint32_t i = 0; i < g.size(); ++i)
-      if (stage_.counted[i] && (!sharded_grads || scheduler_.keeps_state(i))) owned_grads_.push_back(g[i]);
-    double const local = norm_of(owned_grads_);
-    double sq = local * local;
-    if constexpr (RankAgreement<comm_type>)
-      if (sharded_grads) sq = comm_.sum_over_ranks(sq);
-    return std::sqrt(pipeline_.sum_over_stages(sq));
+  // ZeRO-2 and 3: a rank holds the summed gradients of its own chunks only.
+  bool const sharded_grads = RankAgreement<comm_type> && zero_stage() >= 2 && comm_.world_size() > 1;
+  if (!staged && !tensor_parallel && !sharded_grads) return norm_of(g);
+  // Each parameter once (wte on the first stage, not the last; a replicated tensor on tensor
+  // rank 0; under ZeRO-2 and 3 the replica's own chunks), its squares summed over the replicas,
+  // the stages and the tensor-parallel group (a non-finite one poisons the sum on every rank).
+  owned_grads_.clear();
+  for (std::uint32_t j = 0; j < g.size(); ++j) {
+    bool counted = tensor_.counts(j);
+    if constexpr (staged) counted = counted && stage_.counted[j];
+    if (counted && (!sharded_grads || scheduler_.keeps_state(j))) owned_grads_.push_back(g[j]);
   }
-  if constexpr (RankAgreement<comm_type>) {
-    if (zero_stage() >= 2 && comm_.world_size() > 1) {
-      // ZeRO-2: a rank holds the summed gradients of its own chunks only; the norm is the root
-      // of their squares summed over the ranks (a non-finite one poisons the sum on every rank).
-      owned_grads_.clear();
-      for (std::uint32_t i = 0; i < g.size(); ++i)
-        if (scheduler_.keeps_state(i)) owned_grads_.push_back(g[i]);
-      double const local = norm_of(owned_grads_);
-      return std::sqrt(comm_.sum_over_ranks(local * local));
-    }
-  }
-  return norm_of(g);
+  double const local = norm_of(owned_grads_);
+  double sq = local * local;
+  if constexpr (RankAgreement<comm_type>)
+    if (sharded_grads) sq = comm_.sum_over_ranks(sq);
+  if constexpr (staged) sq = pipeline_.sum_over_stages(sq);
+  return std::sqrt(tensor_.sum(sq));
 }
 
 template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
