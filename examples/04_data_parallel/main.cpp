@@ -470,6 +470,33 @@ struct session {
     std::fflush(stdout);
   }
 
+  // What a run of one micro-batch a step did: the loss of its first and last step (the mean over
+  // every rank), the signal that stopped it (0: none), the steps it trained.
+  struct trained_steps {
+    float first = 0, last = 0;
+    int asked = 0, trained = 0;
+  };
+  // Steps `trainer` up to --steps, each on the loader's next (B, T) rows, reporting the loss over
+  // `replicas` replicas and saving at checkpoint as saves_after says; a signal stops every rank
+  // after the same step.
+  template <class Trainer>
+  trained_steps train(Trainer& trainer, tide::train::window_loader& loader, fs::path const& checkpoint, int replicas) {
+    std::vector<std::int32_t> in(std::size_t(opt.batch) * std::size_t(opt.seq)), tg(in.size());
+    trained_steps t;
+    while (trainer.steps() < opt.steps && t.asked == 0) {
+      beat.at_step(trainer.steps() + 1);
+      record(trainer.scheduler());
+      loader.next({in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}});
+      auto const st = trainer.step({{in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}}});
+      t.last = report(world, progress, st, opt.steps, replicas);  // every replica's mean
+      if (t.trained++ == 0) t.first = t.last;                      // this run's first
+      history.losses.push_back(t.last);
+      t.asked = tide::train::agreed_stop(world, stop.pending());  // every rank stops after the same step
+      if (saves_after(st.step, t.asked)) save(trainer, loader, checkpoint);
+    }
+    return t;
+  }
+
   // Whether step `step` ends with a checkpoint: every --checkpoint-every steps, the last step, and
   // a step after which a signal stops the run.
   [[nodiscard]] bool saves_after(std::int64_t step, int asked) const {
@@ -547,20 +574,7 @@ int train(options const& opt, tide::comm::mpi& world, Compress const& compress, 
                 tide::detail::concat(tide::bytes_of{off.device_budget}).c_str(), ranks * opt.batch, opt.seq);
     run.where(checkpoint, trainer.steps());
   }
-  std::vector<std::int32_t> in(std::size_t(opt.batch) * std::size_t(opt.seq)), tg(in.size());
-  float first = 0, last = 0;
-  int asked = 0, trained = 0;
-  while (trainer.steps() < opt.steps && asked == 0) {
-    run.beat.at_step(trainer.steps() + 1);
-    run.record(trainer.scheduler());
-    loader.next({in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}});
-    auto const st = trainer.step({{in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}}});
-    last = report(world, run.progress, st, opt.steps, ranks);  // the global batch's loss
-    if (trained++ == 0) first = last;  // this run's first
-    run.history.losses.push_back(last);
-    asked = tide::train::agreed_stop(world, run.stop.pending());  // every rank stops after the same step
-    if (run.saves_after(st.step, asked)) run.save(trainer, loader, checkpoint);
-  }
+  auto const [first, last, asked, trained] = run.train(trainer, loader, checkpoint, ranks);
   run.draw(trainer.scheduler());
   // The same parameters on every rank, bit for bit (ZeRO-3: gathered from their owners first).
   trainer.scheduler().gather_parameters();
@@ -715,19 +729,7 @@ int train_tensor(options const& opt, tide::comm::mpi& world) {
                 opt.seq);
     run.where(checkpoint, trainer.steps());
   }
-  float first = 0, last = 0;
-  int asked = 0, trained = 0;
-  while (trainer.steps() < opt.steps && asked == 0) {
-    run.beat.at_step(trainer.steps() + 1);
-    run.record(trainer.scheduler());
-    loader.next({in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}});
-    auto const st = trainer.step({{in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}}});
-    last = report(world, run.progress, st, opt.steps, replicas);  // every tensor rank reports its replica's loss
-    if (trained++ == 0) first = last;
-    run.history.losses.push_back(last);
-    asked = tide::train::agreed_stop(world, run.stop.pending());
-    if (run.saves_after(st.step, asked)) run.save(trainer, loader, checkpoint);
-  }
+  auto const [first, last, asked, trained] = run.train(trainer, loader, checkpoint, replicas);
   run.draw(trainer.scheduler());
   // Each shard the same on its replicas, each replicated tensor the same on its group, bit for
   // bit; the digest is of the whole tensors, gathered from the shards.

@@ -170,9 +170,9 @@ class gpt {
   void backward(exec<host> const& ex, float loss_scale = 1.f) {
     TIDE_REQUIRE(ready_, "tp::gpt::backward: no forward since the last backward; run forward (one backward per "
                  "forward: the head's backward overwrites the logits with their gradient)");
+    TIDE_REQUIRE(scratch_bytes(ex, Bn_, Tn_) <= ws_bytes_, "tp::gpt::backward: this executor's threads need more "
+                 "scratch than the forward's executor set aside; run forward and backward on the same executor");
     ready_ = false;
-    TIDE_REQUIRE(scratch_bytes(ex, Bn_, Tn_) <= ws_bytes_, "tp::gpt::backward: this pool's threads need more "
-                 "scratch than the forward's pool planned; run forward and backward on one executor");
     auto const dloss = loss_scale / static_cast<float>(Bn_ * Tn_);
     std::size_t const n = list_.size();
     int const L = config_.layers;

@@ -415,16 +415,7 @@ class trainer {
   static bool needs_all_gradients(Optimizer const& o) noexcept { return o.clip_norm > 0.f || o.scaling.enabled; }
   // A pipeline of one stage per rank: this stage's parameters (pipeline::part_of); empty otherwise.
   static pipeline::stage_part stage_of(Spec const& spec, Pipeline const& pipe, comm_type const& comm,
-                                       Optimizer const& opt) {
-    if constexpr (staged) {
-      block_uses const uses = spec.uses();
-      pipeline::cut const c = pipe.cut_for(uses.first_block, uses.last_block(), opt.micro_steps, comm.world_size());
-      return pipeline::part_of(spec.parameters(), uses, c, pipe.plan(), pipe.stage());
-    } else {
-      (void)spec, (void)pipe, (void)comm, (void)opt;
-      return {};
-    }
-  }
+                                       Optimizer const& opt);
   // One line per parameter: "name dtype d0 d1 ..." (tensor parallel: the whole tensor's shape).
   [[nodiscard]] std::string shape_text() const;
   // Parameter i's name in a checkpoint: its own, or under tensor parallelism that of shard k of a

@@ -1,7 +1,7 @@
 #pragma once
 // make_trainer's step, out of line (the class is in train/trainer.hpp, which includes this file):
-// one step over the micro-batches, the pipeline's run, the global gradient norm, and the undo of
-// a step that threw.
+// one step over the micro-batches, the pipeline's run (and the stage's share of the model it
+// runs), the global gradient norm, and the undo of a step that threw.
 
 #include <cmath>
 #include <cstddef>
@@ -40,6 +40,21 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::step(std::span<batc
   } catch (...) {
     scheduler_.abort_step();
     throw;
+  }
+}
+
+template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
+pipeline::stage_part trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::stage_of(Spec const& spec,
+                                                                                      Pipeline const& pipe,
+                                                                                      comm_type const& comm,
+                                                                                      Optimizer const& opt) {
+  if constexpr (staged) {
+    block_uses const uses = spec.uses();
+    pipeline::cut const c = pipe.cut_for(uses.first_block, uses.last_block(), opt.micro_steps, comm.world_size());
+    return pipeline::part_of(spec.parameters(), uses, c, pipe.plan(), pipe.stage());
+  } else {
+    (void)spec, (void)pipe, (void)comm, (void)opt;
+    return {};
   }
 }
 
