@@ -8,7 +8,10 @@
 #                        HOT_LIST must not spill. EXPECT_SPILLS=ON inverts that (the canary test).
 #   MODE=self_contained  HEADER (a path under include/, or every .cuh but the umbrella when not
 #                        given) compiles alone, included twice, for the first arch of ARCHS
-#   MODE=executable      SOURCE is compiled and linked into OUTPUT (the gpu runtime tests)
+#   MODE=executable      SOURCE is compiled and linked into OUTPUT (the gpu runtime tests); on a
+#                        machine without a GPU (no /dev/nvidia<N>, TIDE_REQUIRE_GPU unset), whose
+#                        runtime test skips, for the first arch of ARCHS only: the compile is
+#                        the test, and instantiate_all compiles every arch
 #
 # CONFIG (written by tests/cuda/CMakeLists.txt) sets: tide_nvcc, tide_nvcc_flags,
 # tide_nvcc_link, tide_include_dir, tide_cuda_archs, tide_demangler, tide_work_dir.
@@ -131,17 +134,24 @@ endif()
 
 # ---- compile and link one program (gpu runtime tests) ---------------------------------------
 if(MODE STREQUAL "executable")
-  gencode_flags(gencode)
-  list(GET ARCHS -1 newest)
-  # PTX of the newest arch too, so GPUs newer than every listed arch can JIT the kernels.
-  list(APPEND gencode -gencode "arch=compute_${newest},code=compute_${newest}")
+  file(GLOB devices /dev/nvidia[0-9]*)
+  if(NOT devices AND NOT "$ENV{TIDE_REQUIRE_GPU}" STREQUAL "1")
+    list(GET ARCHS 0 first)
+    set(ARCHS ${first})
+    gencode_flags(gencode)
+  else()
+    gencode_flags(gencode)
+    list(GET ARCHS -1 newest)
+    # PTX of the newest arch too, so GPUs newer than every listed arch can JIT the kernels.
+    list(APPEND gencode -gencode "arch=compute_${newest},code=compute_${newest}")
+  endif()
   now_ms(start)
   run_nvcc(result out ${gencode} "${SOURCE}" -o "${OUTPUT}" ${tide_nvcc_link})
   elapsed_text(${start} took)
   if(NOT result EQUAL 0)
     message(FATAL_ERROR "nvcc failed on ${SOURCE} (${took}):\n${out}")
   endif()
-  message(STATUS "built ${OUTPUT} (${took})")
+  message(STATUS "built ${OUTPUT} for sm_${ARCHS} (${took})")
   return()
 endif()
 
