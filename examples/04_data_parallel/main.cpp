@@ -240,8 +240,8 @@ options parse(int argc, char** argv) {
                "--pipeline runs with dense data parallelism: drop --density / --powersgd");
   TIDE_REQUIRE(o.pipeline > 0 || (o.schedule == "one_f_one_b" && o.micro == 4),
                "--schedule and --micro are a pipeline's: pass --pipeline P too");
-  TIDE_REQUIRE(o.tensor == 0 || o.pipeline == 0, "--tensor with --pipeline: a tensor-parallel model in pipeline "
-               "stages is not supported yet; pass one of them");
+  TIDE_REQUIRE(o.tensor == 0 || o.pipeline == 0 || o.schedule == "one_f_one_b", "--tensor with --pipeline runs "
+               "1F1B: drop --schedule");
   TIDE_REQUIRE(o.tensor == 0 || (o.density == 0 && o.powersgd == 0 && !o.recompute && !o.offload_activations),
                "--tensor trains with dense data parallelism and every activation kept: drop --density, --powersgd, "
                "--recompute and --offload-activations");
@@ -422,9 +422,10 @@ struct session {
 
   // The ./tide demo flags that launch this job's shape again.
   [[nodiscard]] std::string shape_flags() const {
-    if (opt.pipeline > 0) return tide::detail::concat("--pipeline ", opt.pipeline, " --ranks ", world.size());
-    if (opt.tensor > 0) return tide::detail::concat("--tensor ", opt.tensor, " --ranks ", world.size());
-    return tide::detail::concat("--ranks ", world.size());
+    std::string out;
+    if (opt.tensor > 0) out += tide::detail::concat("--tensor ", opt.tensor, " ");
+    if (opt.pipeline > 0) out += tide::detail::concat("--pipeline ", opt.pipeline, " ");
+    return out + tide::detail::concat("--ranks ", world.size());
   }
 
   // What a lost rank's message says to do, after each save.
@@ -470,24 +471,30 @@ struct session {
     std::fflush(stdout);
   }
 
-  // What a run of one micro-batch a step did: the loss of its first and last step (the mean over
+  // What a run did: the loss of its first and last step (the mean over
   // every rank), the signal that stopped it (0: none), the steps it trained.
   struct trained_steps {
     float first = 0, last = 0;
     int asked = 0, trained = 0;
   };
-  // Steps `trainer` up to --steps, each on the loader's next (B, T) rows, reporting the loss over
-  // `replicas` replicas and saving at checkpoint as saves_after says; a signal stops every rank
-  // after the same step.
+  // Steps `trainer` up to --steps, each on the loader's next `micro` windows of (B, T) rows,
+  // reporting the loss over `replicas` replicas (a pipeline's stages all report their replica's)
+  // and saving at checkpoint as saves_after says; a signal stops every rank after the same step.
   template <class Trainer>
-  trained_steps train(Trainer& trainer, tide::train::window_loader& loader, fs::path const& checkpoint, int replicas) {
-    std::vector<std::int32_t> in(std::size_t(opt.batch) * std::size_t(opt.seq)), tg(in.size());
+  trained_steps train(Trainer& trainer, tide::train::window_loader& loader, fs::path const& checkpoint, int replicas,
+                      int micro = 1) {
+    auto const rows = std::size_t(opt.batch) * std::size_t(opt.seq);
+    std::vector<std::int32_t> in(rows * std::size_t(micro)), tg(in.size());
+    std::vector<typename Trainer::batch_type> batches;
+    for (std::size_t k = 0; k < std::size_t(micro); ++k)
+      batches.push_back({{in.data() + rows * k, {opt.batch, opt.seq}}, {tg.data() + rows * k, {opt.batch, opt.seq}}});
     trained_steps t;
     while (trainer.steps() < opt.steps && t.asked == 0) {
       beat.at_step(trainer.steps() + 1);
       record(trainer.scheduler());
-      loader.next({in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}});
-      auto const st = trainer.step({{in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}}});
+      for (std::size_t k = 0; k < std::size_t(micro); ++k)
+        loader.next({in.data() + rows * k, {opt.batch, opt.seq}}, {tg.data() + rows * k, {opt.batch, opt.seq}});
+      auto const st = trainer.step(std::span<typename Trainer::batch_type const>(batches));
       t.last = report(world, progress, st, opt.steps, replicas);  // every replica's mean
       if (t.trained++ == 0) t.first = t.last;                      // this run's first
       history.losses.push_back(t.last);
@@ -629,28 +636,7 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
                 trainer.scheduler().parameters().size(), trainer.model().parameters().size());
     run.where(checkpoint, trainer.steps());
   }
-  using batch = typename decltype(trainer)::batch_type;
-  auto const rows = std::size_t(opt.batch) * std::size_t(opt.seq);
-  std::vector<std::int32_t> in(rows * std::size_t(opt.micro)), tg(in.size());
-  std::vector<batch> micro;
-  for (int k = 0; k < opt.micro; ++k)
-    micro.push_back({{in.data() + rows * std::size_t(k), {opt.batch, opt.seq}},
-                     {tg.data() + rows * std::size_t(k), {opt.batch, opt.seq}}});
-  float first = 0, last = 0;
-  int asked = 0, trained = 0;
-  while (trainer.steps() < opt.steps && asked == 0) {
-    run.beat.at_step(trainer.steps() + 1);
-    run.record(trainer.scheduler());
-    for (int k = 0; k < opt.micro; ++k)
-      loader.next({in.data() + rows * std::size_t(k), {opt.batch, opt.seq}},
-                  {tg.data() + rows * std::size_t(k), {opt.batch, opt.seq}});
-    auto const st = trainer.step(std::span<batch const>(micro));
-    last = report(world, run.progress, st, opt.steps, replicas);  // every stage reports its replica's loss
-    if (trained++ == 0) first = last;  // this run's first
-    run.history.losses.push_back(last);
-    asked = tide::train::agreed_stop(world, run.stop.pending());
-    if (run.saves_after(st.step, asked)) run.save(trainer, loader, checkpoint);
-  }
+  auto const [first, last, asked, trained] = run.train(trainer, loader, checkpoint, replicas, opt.micro);
   run.draw(trainer.scheduler());
   // Each stage's replicas hold the same parameters, and both ends the same wte, bit for bit.
   trainer.scheduler().gather_parameters();  // ZeRO-3: every chunk of the stage here
@@ -690,82 +676,111 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
 }
 
 // --tensor T: the model's layers split over groups of T ranks (tp::gpt_spec), the groups
-// data-parallel replicas of each other (ZeRO as --zero says), each drawing its own rows.
+// data-parallel replicas of each other (ZeRO as --zero says), each drawing its own rows; with
+// --pipeline P the groups are the stages of pipelines (1F1B over --micro micro-batches), and the
+// pipelines the replicas: tensor x pipeline x data.
+template <bool Staged>
 int train_tensor(options const& opt, tide::comm::mpi& world) {
-  TIDE_REQUIRE(world.size() % opt.tensor == 0, "--tensor ", opt.tensor, " on ", world.size(),
-               " ranks: the ranks must be a multiple of the group size");
+  int const stages = Staged ? opt.pipeline : 1;
+  TIDE_REQUIRE(world.size() % (opt.tensor * stages) == 0, "--tensor ", opt.tensor, Staged ? " --pipeline " : "",
+               Staged ? std::to_string(stages) : std::string(), " on ", world.size(), " ranks: the ranks must be a "
+               "multiple of ", opt.tensor * stages);
+  namespace pp = tide::pipeline;
   fs::path const checkpoint_name = "checkpoint";  // a set: one shard per rank
   session run{opt, world, checkpoint_name};
-  auto g = tide::tp::make_groups(world, opt.tensor);
-  int const replicas = world.size() / opt.tensor, rank = world.rank();
+  auto g = tide::tp::make_groups(world, opt.tensor, stages);
+  int const replicas = world.size() / (opt.tensor * stages), rank = world.rank(), micro = Staged ? opt.micro : 1;
   auto const corpus = tide::train::byte_corpus::from_path(tide::train::fortunes_path());
   tide::train::window_loader loader{corpus, tide::train::split::train, opt.batch, opt.seq, 1, {g.data_rank, replicas}};
   tide::nn::gpt_config const config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = opt.seq};
-  tide::tp::gpt_spec<tide::comm::mpi> const spec{.config = config, .tensor = {.group = &g.tensor, .sequence = opt.sequence}};
+  int const slots = Staged ? pp::slots_needed(pp::generate(pp::kind::one_f_one_b, stages, micro), g.stage) : 1;
+  tide::tp::gpt_spec<tide::comm::mpi> const spec{.config = config, .tensor = {.group = &g.tensor, .sequence = opt.sequence},
+                                                 .in_flight = slots, .separate_tied_grad = Staged};
   std::vector<std::int32_t> in(std::size_t(opt.batch) * std::size_t(opt.seq)), tg(in.size());
-  std::size_t activations = 0;  // of the rank's shard: one forward, on every rank of the group
+  std::size_t activations = 0;  // of the rank's shard (every slot): one forward, on every rank of the group
   {
     tide::thread_pool pool{1};
-    tide::tp::gpt<tide::comm::mpi> m(config, g.tensor, {.sequence = opt.sequence});
+    tide::tp::gpt<tide::comm::mpi> m(config, g.tensor,
+                                     {.sequence = opt.sequence, .in_flight = slots, .separate_tied_grad = Staged});
     (void)m.forward(tide::exec<tide::host>{pool}, {in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}});
     activations = m.activation_bytes();
   }
   auto const off = offload_for(opt, spec.parameters(), spec.uses(), activations, 0, rank);
-  auto trainer = tide::train::make_trainer(
-      spec, off,
-      tide::optim::adamw{.lr = opt.lr, .clip_norm = opt.clip, .decay_matrices_only = true,
-                         .schedule = {.warmup_steps = opt.warmup, .total_steps = opt.steps}},
-      tide::comm::data_parallel{.comm = &g.data, .bucket_bytes = opt.bucket_kib << 10, .zero = opt.zero});
+  tide::optim::adamw const adamw{.lr = opt.lr, .clip_norm = opt.clip, .decay_matrices_only = true, .micro_steps = micro,
+                                 .schedule = {.warmup_steps = opt.warmup, .total_steps = opt.steps}};
+  tide::comm::data_parallel const dp{.comm = &g.data, .bucket_bytes = opt.bucket_kib << 10, .zero = opt.zero};
+  auto trainer = [&] {
+    if constexpr (Staged)
+      return tide::train::make_trainer(spec, off, adamw, dp, tide::train::no_compress{},
+                                       pp::on_ranks<pp::kind::one_f_one_b, tide::comm::mpi>{
+                                           .stages = stages, .micro = micro, .group = &g.pipeline, .tied = &g.tied});
+    else
+      return tide::train::make_trainer(spec, off, adamw, dp);
+  }();
   fs::path const checkpoint = run.dir / checkpoint_name;
   if (run.resumed) run.load(trainer, loader, checkpoint);
   if (rank == 0) {
-    std::printf("tensor parallel in groups of %d%s x %d data-parallel replicas, ZeRO-%d, %s, device budget %s per "
-                "rank; a rank holds %lld of the model's %lld parameters; global batch %d x %d tokens\n",
-                opt.tensor, opt.sequence ? " (sequence parallel)" : "", replicas, opt.zero,
-                decltype(trainer)::scheduler_type::name().c_str(),
+    std::printf("tensor parallel in groups of %d%s%s x %d data-parallel replicas, ZeRO-%d, %s, device budget %s per "
+                "rank; a rank holds %lld of the model's %lld parameters%s; global batch %d x %d x %d tokens\n",
+                opt.tensor, opt.sequence ? " (sequence parallel)" : "",
+                Staged ? tide::detail::concat(" in pipelines of ", stages, " stages (1F1B)").c_str() : "", replicas,
+                opt.zero, decltype(trainer)::scheduler_type::name().c_str(),
                 tide::detail::concat(tide::bytes_of{off.device_budget}).c_str(),
-                static_cast<long long>(spec.parameters().count()),
-                static_cast<long long>(tide::nn::gpt_parameters(config, tide::dtype::f32).count()), replicas * opt.batch,
-                opt.seq);
+                static_cast<long long>(trainer.scheduler().parameters().count()),
+                static_cast<long long>(tide::nn::gpt_parameters(config, tide::dtype::f32).count()),
+                Staged ? " (its stage's shards)" : "", replicas * micro, opt.batch, opt.seq);
     run.where(checkpoint, trainer.steps());
   }
-  auto const [first, last, asked, trained] = run.train(trainer, loader, checkpoint, replicas);
+  auto const [first, last, asked, trained] = run.train(trainer, loader, checkpoint, replicas, micro);
   run.draw(trainer.scheduler());
-  // Each shard the same on its replicas, each replicated tensor the same on its group, bit for
-  // bit; the digest is of the whole tensors, gathered from the shards.
+  // Each shard the same on its replicas, each replicated tensor the same on its group, wte the
+  // same at both ends, bit for bit. The digest is --pipeline's: the CRC-32C of each whole tensor's
+  // (gathered from the shards, on the stage that holds it), in the model's order.
   trainer.scheduler().gather_parameters();
   auto const whole = tide::nn::gpt_parameters(config, tide::dtype::f32);
   auto const splits = spec.tensor_splits();
+  auto const& held = trainer.scheduler().parameters();  // the stage's (all, without a pipeline)
   bool ok = true;
-  demo::digest d;
+  std::vector<std::int64_t> crcs(whole.size(), -1);  // each whole tensor's CRC-32C, from the stage that holds it
   std::vector<float> gathered, full;
-  for (std::uint32_t i = 0; i < whole.size(); ++i) {
-    auto const v = trainer.scheduler().read_param(i);
+  for (std::uint32_t j = 0; j < held.size(); ++j) {
+    auto const i = static_cast<std::size_t>(&whole.find(held[j].name()) - whole.all().data());
+    auto const v = trainer.scheduler().read_param(j);
     ok = same_on(g.data, v) && ok;
+    if (Staged && held[j].name() == "wte") ok = same_on(g.tied, v) && ok;
+    std::vector<float> const* out = &v;
     if (splits[i] == tide::tp::split::replicated) {
       ok = same_on(g.tensor, v) && ok;
-      d.add(v);
-      continue;
+    } else {
+      tide::index_t const rows = whole[i].shape[0], cols = whole[i].shape.rank == 2 ? whole[i].shape[1] : 1;
+      gathered.resize(v.size() * static_cast<std::size_t>(opt.tensor));
+      full.resize(static_cast<std::size_t>(rows * cols));
+      g.tensor.all_gather(std::span<float const>(v), std::span<float>(gathered));
+      tide::tp::put_shards(splits[i], std::span<float const>(gathered), std::span<float>(full), rows, cols, opt.tensor);
+      out = &full;
     }
-    tide::index_t const rows = whole[i].shape[0], cols = whole[i].shape.rank == 2 ? whole[i].shape[1] : 1;
-    gathered.resize(v.size() * static_cast<std::size_t>(opt.tensor));
-    full.resize(static_cast<std::size_t>(rows * cols));
-    g.tensor.all_gather(std::span<float const>(v), std::span<float>(gathered));
-    tide::tp::put_shards(splits[i], std::span<float const>(gathered), std::span<float>(full), rows, cols, opt.tensor);
-    d.add(full);
+    demo::digest one;
+    one.add(*out);
+    crcs[i] = one.crc;
   }
   ok = tide::comm::all_ranks(world, ok);
-  if (rank == 0)
-    std::printf("parameters after step %lld: crc32c %08x (of the whole tensors)\n",
+  g.pipeline.all_reduce(std::span<std::int64_t>(crcs), tide::comm::reduce_op::max);
+  if (rank == 0) {
+    demo::digest d;
+    for (std::int64_t c : crcs) d.crc = tide::train::crc32c(std::as_bytes(std::span(&c, 1)), d.crc);
+    std::printf("parameters after step %lld: crc32c %08x (of each whole tensor's, in the model's order)\n",
                 static_cast<long long>(trainer.steps()), d.crc);
+  }
   return run.ended(asked, trainer.steps(), checkpoint, trained, first, last, ok,
-                 "each shard identical on its replicas, each replicated tensor identical on its group",
+                 Staged ? "each shard identical on its replicas, each replicated tensor on its group, wte at both ends"
+                        : "each shard identical on its replicas, each replicated tensor identical on its group",
                  "parameters DIFFER where they must not");
 }
 
 int run(options const& opt, tide::comm::mpi& world) {
   namespace cx = tide::compress;
-  if (opt.tensor > 0) return train_tensor(opt, world);
+  if (opt.tensor > 0 && opt.pipeline > 0) return train_tensor<true>(opt, world);
+  if (opt.tensor > 0) return train_tensor<false>(opt, world);
   if (opt.pipeline > 0)
   {
     using tide::pipeline::kind;

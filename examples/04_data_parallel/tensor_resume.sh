@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The data-parallel demo with its layers split over tensor-parallel groups of 2 (sequence
 # parallel), two groups data-parallel on 4 ranks, stopped and resumed, ends on the bits of a
-# straight run; the checkpoint set then loads at groups of 4.
+# straight run; the checkpoint set then loads as one replica of two pipeline stages of groups of 2.
 #   tensor_resume.sh MPIEXEC PROGRAM DIR
 # 1. A straight run of 30 steps must learn (--check-falls 0.5), stay steady (--check-steady 1.0),
 #    keep each shard the same on its replicas and each replicated tensor the same on its group, and
@@ -9,8 +9,8 @@
 # 2. SIGUSR1 to mpiexec at a random moment after step 10: every rank finishes the same step, the
 #    checkpoint set is saved, the job exits 130. Resumed at the same shape it must end on the
 #    straight run's CRC.
-# 3. The stopped run's set, resumed on one group of 4 ranks (the shards gathered and cut again),
-#    trains on to step 30 and stays steady.
+# 3. The stopped run's set, (t, p, d) = (2, 1, 2), resumed at (2, 2, 1) with 2 micro-batches a
+#    step (each stage reads its blocks' shards), trains on to step 30 and stays steady.
 set -euo pipefail
 mpiexec=$1 program=$2 dir=$3
 rm -rf "$dir"
@@ -42,11 +42,13 @@ resumed=$(crc_of "$dir/resumed.log")
 echo "straight: $straight; SIGINT ${pause} s after step 10's line, stopped after step $at, resumed: $resumed"
 [ "$resumed" = "$straight" ] || fail "the resumed run's parameters differ from the straight run's"
 
-"${launch[@]}" --tensor 4 --check-steady 1.0 --checkpoint-dir "$dir/regrouped" --resume "$dir/regrouped/run-001" \
-  >"$dir/regrouped.log" 2>&1 || { cat "$dir/regrouped.log"; fail "the run resumed on a group of 4 failed"; }
-grep -q "tensor parallel in groups of 4 x 1" "$dir/regrouped.log" || fail "the regrouped run is not in groups of 4"
+"${launch[@]}" --tensor 2 --pipeline 2 --micro 2 --check-steady 1.0 --checkpoint-dir "$dir/regrouped" \
+  --resume "$dir/regrouped/run-001" >"$dir/regrouped.log" 2>&1 ||
+  { cat "$dir/regrouped.log"; fail "the run resumed in pipelines of groups of 2 failed"; }
+grep -q "tensor parallel in groups of 2 in pipelines of 2 stages (1F1B) x 1" "$dir/regrouped.log" ||
+  fail "the regrouped run is not in 2 stages of groups of 2"
 grep -q "resumed from .* at step $at;" "$dir/regrouped.log" || fail "the regrouped run did not start at step $at"
 grep -q "parameters after step 30" "$dir/regrouped.log" || fail "the regrouped run did not reach step 30"
-echo "the set of groups of 2 x 2 replicas resumed on a group of 4: $(grep -o 'loss [0-9.]* -> [0-9.]*' "$dir/regrouped.log")"
+echo "the set of groups of 2 x 2 replicas resumed in 2 stages of groups of 2: $(grep -o 'loss [0-9.]* -> [0-9.]*' "$dir/regrouped.log")"
 echo "tensor parallel stopped, resumed and regrouped as expected"
 rm -rf "$dir"

@@ -116,6 +116,7 @@ struct stage_part {
   parameter_list params{parameter_list::default_alignment};
   block_uses uses;                     // the stage's blocks, indices into params; several pieces: their runs
   std::vector<std::uint32_t> index;    // the model's parameter i: its index in params, or elsewhere
+  std::vector<std::uint32_t> model;    // by index into params: the model's number of it (index's inverse)
   std::vector<bool> counted;           // by index into params: this stage counts it in the norm (its
                                        // lowest reader is here)
   std::size_t largest_elsewhere = 0;   // elements of the largest parameter of other stages
@@ -189,6 +190,7 @@ inline stage_part part_of(parameter_list const& all, block_uses const& uses, cut
     p.params.add(x.name(), x.layer, x.shape, x.type);
     if (elsewhere_read[i]) (void)p.params.tie(x.name());  // another stage keeps a copy
     p.index[i] = j;
+    p.model.push_back(i);
     p.counted.push_back(here_block(lowest[i]));
   }
   int const first = runs.front().first, last = runs.back().second;

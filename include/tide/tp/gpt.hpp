@@ -16,11 +16,19 @@
 // scratch are one block per (B, T), from the arena when it is given one. Under sequence
 // parallelism each backward sums its LayerNorm gradients (each rank's rows' share) over the
 // group before the block's post_backward, so a gradient the hooks receive is whole. Host only.
+//
+// A pipeline stage (pipeline/ranks.hpp; make_trainer with tp::gpt_spec and pipeline::on_ranks):
+// forward_blocks / backward_blocks run a range of blocks for one of options.in_flight micro-batch
+// slots, as nn::gpt's do; boundary(block, micro) and boundary_grad(micro) are the rank's rows of
+// the residual stream and its gradient ((B T, C), or (B T / t, C) under sequence parallelism), and
+// tied_grad(micro) the head's share of the rank's wte rows, which the executor carries to the
+// embedding's stage. Each tensor rank's pipeline sends to the same tensor rank of the next stage.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <new>
 #include <span>
 #include <string_view>
@@ -31,6 +39,7 @@
 #include "tide/core/exec.hpp"
 #include "tide/core/parameters.hpp"
 #include "tide/memory/device_arena.hpp"
+#include "tide/nn/gpt_activations.hpp"
 #include "tide/nn/gpt_blocks.hpp"
 #include "tide/nn/gpt_config.hpp"
 #include "tide/tp/block.hpp"
@@ -42,6 +51,10 @@ namespace tide::tp {
 struct gpt_options {
   bool sequence = false;   // sequence parallelism
   std::uint64_t seed = 1;  // nn::gpt's initialisation of the whole tensors
+  int in_flight = 1;       // micro-batch slots of activations (a pipeline stage: the schedule's slots)
+  // The head's share of wte's gradient into tied_grad(micro), which the embedding's backward adds
+  // (a pipeline whose ends are two stages); always when in_flight > 1. false: straight into wte's.
+  bool separate_tied_grad = false;
 };
 
 // How parameter i of nn::gpt_parameters(c) (wte whole: wte_pieces = 1) splits: wte by rows of
@@ -95,7 +108,8 @@ class gpt {
         list_(shard_parameters(config_, group.size())),
         part_(vocab_part_of(config_, group.rank(), group.size())),
         arena_(arena),
-        hooks_(std::move(hooks)) {
+        hooks_(std::move(hooks)),
+        stages_(config_.layers, slots_of(o)) {
     if constexpr (!external_storage) {
       values_.assign(list_.bytes() / sizeof(float), 0.f);
       grads_.assign(values_.size(), 0.f);
@@ -108,6 +122,10 @@ class gpt {
 
   [[nodiscard]] parameter_list const& parameters() const noexcept { return list_; }
   [[nodiscard]] nn::gpt_config const& config() const noexcept { return config_; }
+  [[nodiscard]] gpt_options const& options() const noexcept { return o_; }
+  // The block numbers forward_blocks / backward_blocks take: the embedding (-1) .. the head (L).
+  [[nodiscard]] static constexpr int first_block() noexcept { return nn::embedding_block; }
+  [[nodiscard]] int last_block() const noexcept { return nn::head_block(config_); }
   [[nodiscard]] Hooks& hooks() noexcept { return hooks_; }
   // The rank's shard of a parameter and its gradient (own storage; with hooks that keep them,
   // ask the hooks).
@@ -136,69 +154,52 @@ class gpt {
   // caller's tokens and targets must stay unchanged until backward (they are read there again,
   // not copied).
   float forward(exec<host> const& ex, token_view tokens, token_view targets) {
-    TIDE_REQUIRE(tokens.rank() == 2 && targets.size() == tokens.size(), "tp::gpt: tokens must be (B, T) and "
-                 "targets as many");
-    index_t const Bn = tokens.extent(0), Tn = tokens.extent(1);
-    TIDE_REQUIRE(Tn >= 1 && Tn <= config_.max_seq && Bn >= 1, "tp::gpt: (B, T) = (", Bn, ", ", Tn,
-                 ") with max_seq ", config_.max_seq);
-    TIDE_REQUIRE(!o_.sequence || (Bn * Tn) % group_->size() == 0, "tp::gpt: B T = ", Bn * Tn,
-                 " rows do not split over ", group_->size(), " ranks for sequence parallelism");
-    prepare(ex, Bn, Tn);
-    ready_ = false;
-    tokens_ = tokens;
-    targets_ = token_view(targets.data(), {Bn * Tn});
-    hooks_.pre_forward(nn::embedding_block);
-    embedding_forward(ex, *group_, o_.sequence, x0_, tokens_, param(0), param(1), part_, embedding_, config_.vocab);
-    hooks_.post_forward(nn::embedding_block);
-    for (int l = 0; l < config_.layers; ++l) {
-      hooks_.pre_forward(l);
-      block_forward(ex, *group_, o_.sequence, input(l), blocks_[static_cast<std::size_t>(l)], weights(l), heads());
-      hooks_.post_forward(l);
-    }
-    hooks_.pre_forward(config_.layers);
-    head_forward(ex, *group_, o_.sequence, input(config_.layers), head_, lnf(0), lnf(1), param(0), targets_, part_,
-                 config_.vocab);
-    hooks_.post_forward(config_.layers);
-    ready_ = true;
-    double sum = 0;
-    for (index_t r = 0; r < head_.losses.size(); ++r) sum += head_.losses.data()[r];
-    return static_cast<float>(sum / static_cast<double>(head_.losses.size()));
+    return run_forward("tp::gpt::forward", ex, first_block(), last_block(), 0, tokens, targets);
   }
   float forward(exec<host> const& ex, batch_type const& b) { return forward(ex, b.tokens, b.targets); }
 
   // Gradients += d(mean loss)/d(the rank's shards) × loss_scale; accumulates until zero_grad.
   void backward(exec<host> const& ex, float loss_scale = 1.f) {
-    TIDE_REQUIRE(ready_, "tp::gpt::backward: no forward since the last backward; run forward (one backward per "
-                 "forward: the head's backward overwrites the logits with their gradient)");
-    TIDE_REQUIRE(scratch_bytes(ex, Bn_, Tn_) <= ws_bytes_, "tp::gpt::backward: this executor's threads need more "
-                 "scratch than the forward's executor set aside; run forward and backward on the same executor");
-    ready_ = false;
-    auto const dloss = loss_scale / static_cast<float>(Bn_ * Tn_);
-    std::size_t const n = list_.size();
-    int const L = config_.layers;
-    hooks_.pre_backward(L);
-    nn::detail::block_params<tensor_view<float>> lnf_grads{};  // lnf's two, in ln1's places
-    lnf_grads.at[static_cast<int>(nn::block_param::ln1_w)] = grad(n - 2);
-    lnf_grads.at[static_cast<int>(nn::block_param::ln1_b)] = grad(n - 1);
-    summed_over_rows(lnf_grads, {nn::block_param::ln1_w, nn::block_param::ln1_b}, [&] {
-      head_backward(ex, *group_, o_.sequence, dres_, input(L), head_, lnf(0), param(0), grad(0), grad(n - 2),
-                    grad(n - 1), targets_, part_, dloss);
-    });
-    hooks_.post_backward(L);
-    for (int l = L; l-- > 0;) {
-      hooks_.pre_backward(l);
-      auto const dw = gradients(l);
-      using enum nn::block_param;
-      summed_over_rows(dw, {ln1_w, ln1_b, ln2_w, ln2_b}, [&] {
-        block_backward(ex, *group_, o_.sequence, dres_, input(l), blocks_[static_cast<std::size_t>(l)], weights(l), dw,
-                       heads());
-      });
-      hooks_.post_backward(l);
-    }
-    hooks_.pre_backward(nn::embedding_block);
-    embedding_backward(ex, *group_, o_.sequence, grad(0), grad(1), tensor_view<float const>(dres_), tokens_, part_,
-                       embedding_);
-    hooks_.post_backward(nn::embedding_block);
+    run_backward("tp::gpt::backward", ex, first_block(), last_block(), 0, loss_scale);
+  }
+
+  // Blocks first .. last forward for slot `micro`: first's input is boundary(first - 1, micro),
+  // which a pipeline fills before; the loss when the range holds the head (else NaN).
+  float forward_blocks(exec<host> const& ex, int first, int last, int micro, batch_type const& b) {
+    stages_.check_range("tp::gpt::forward_blocks", first, last, micro);
+    return run_forward("tp::gpt::forward_blocks", ex, first, last, micro, b.tokens, b.targets);
+  }
+  // Blocks last .. first backward for slot `micro`, after its forward of them; without the head
+  // the gradient arriving at last's output is in boundary_grad(micro).
+  void backward_blocks(exec<host> const& ex, int first, int last, int micro, float loss_scale = 1.f) {
+    stages_.check_range("tp::gpt::backward_blocks", first, last, micro);
+    run_backward("tp::gpt::backward_blocks", ex, first, last, micro, loss_scale);
+  }
+  // The activations of every slot at (B, T) and the scratch of ex's kernels, as a forward of a new
+  // (B, T) takes them: a pipeline stage's, before its first boundary arrives.
+  void plan_activations(exec<host> const& ex, index_t Bn, index_t Tn) {
+    TIDE_REQUIRE(Bn >= 1 && Tn >= 1 && Tn <= config_.max_seq, "tp::gpt::plan_activations(", Bn, ", ", Tn,
+                 "): pass B >= 1 and 1 <= T <= max_seq = ", config_.max_seq);
+    check_rows(Bn, Tn);
+    prepare(ex, Bn, Tn);
+  }
+  // (rows, C): the rank's rows of the residual stream leaving `block` (-1 .. L-1) for slot `micro`.
+  [[nodiscard]] tensor_view<float> boundary(int block, int micro) const {
+    TIDE_REQUIRE(block >= first_block() && block < config_.layers, "tp::gpt::boundary(", block, "): pass a block in [",
+                 first_block(), ", ", config_.layers - 1, "]");
+    slot_views const& s = planned_slot("tp::gpt::boundary", micro);
+    return block == first_block() ? s.x0 : s.blocks[static_cast<std::size_t>(block)].res3;
+  }
+  // (rows, C): the residual stream's gradient of slot `micro`, arriving at a stage's last block
+  // before backward_blocks and leaving its first block after.
+  [[nodiscard]] tensor_view<float> boundary_grad(int micro) const {
+    return planned_slot("tp::gpt::boundary_grad", micro).dres;
+  }
+  // (Vp/t, C): the head's share of the rank's wte rows' gradient for slot `micro`.
+  [[nodiscard]] tensor_view<float> tied_grad(int micro) const {
+    TIDE_REQUIRE(tied_buffer(), "tp::gpt::tied_grad: this model has no tied gradient buffer (in_flight = 1 and "
+                 "separate_tied_grad = false); construct it with gpt_options::separate_tied_grad = true");
+    return planned_slot("tp::gpt::tied_grad", micro).tied;
   }
 
   // Bytes of the activation block of the last (B, T) (0 before the first forward).
@@ -233,9 +234,101 @@ class gpt {
     for (int k = 0; k < nn::params_per_block; ++k) p.at[k] = grad(index_of(l, k));
     return p;
   }
+  // One micro-batch slot's activations (the kernels' scratch is shared: one call at a time).
+  struct slot_views {
+    std::vector<block_views<host, float>> blocks;
+    head_views<float> head{};
+    embedding_views<float> embedding{};
+    tensor_view<float> x0, dres, tied;  // (rows, C), (rows, C), (Vp/t, C) with a tied buffer
+    token_view tokens, targets;         // the forward's, read again by the backward
+  };
+  static int slots_of(gpt_options const& o) {
+    TIDE_REQUIRE(o.in_flight >= 1, "tp::gpt: in_flight = ", o.in_flight, "; pass at least one micro-batch slot");
+    return o.in_flight;
+  }
+  [[nodiscard]] bool tied_buffer() const noexcept { return o_.separate_tied_grad || o_.in_flight > 1; }
+  slot_views const& planned_slot(char const* op, int micro) const {
+    stages_.check_micro(op, micro);
+    TIDE_REQUIRE(!slots_.empty(), op, ": no activations yet; call plan_activations(ex, B, T) or run a forward first");
+    return slots_[static_cast<std::size_t>(micro)];
+  }
   // Block l's input (the rank's rows): the embedding's output, or block l - 1's.
-  tensor_view<float const> input(int l) {
-    return l == 0 ? tensor_view<float const>(x0_) : tensor_view<float const>(blocks_[static_cast<std::size_t>(l - 1)].res3);
+  static tensor_view<float const> input(slot_views const& s, int l) {
+    return tensor_view<float const>(l == 0 ? s.x0 : s.blocks[static_cast<std::size_t>(l - 1)].res3);
+  }
+  void check_rows(index_t Bn, index_t Tn) const {
+    TIDE_REQUIRE(!o_.sequence || (Bn * Tn) % group_->size() == 0, "tp::gpt: B T = ", Bn * Tn,
+                 " rows do not split over ", group_->size(), " ranks for sequence parallelism");
+  }
+
+  float run_forward(char const* op, exec<host> const& ex, int first, int last, int micro, token_view tokens,
+                    token_view targets) {
+    TIDE_REQUIRE(tokens.rank() == 2 && targets.size() == tokens.size(), op, ": tokens must be (B, T) and targets as many");
+    index_t const Bn = tokens.extent(0), Tn = tokens.extent(1);
+    TIDE_REQUIRE(Tn >= 1 && Tn <= config_.max_seq && Bn >= 1, op, ": (B, T) = (", Bn, ", ", Tn, ") with max_seq ",
+                 config_.max_seq);
+    check_rows(Bn, Tn);
+    prepare(ex, Bn, Tn);
+    slot_views& s = slots_[static_cast<std::size_t>(micro)];
+    stages_.set(first, last, micro, nn::detail::stage_slots::idle);  // overwritten from here
+    if (first == first_block()) s.tokens = tokens;
+    if (last == last_block()) s.targets = token_view(targets.data(), {Bn * Tn});
+    for (int b = first; b <= last; ++b) {
+      hooks_.pre_forward(b);
+      if (b == first_block()) {
+        embedding_forward(ex, *group_, o_.sequence, s.x0, s.tokens, param(0), param(1), part_, s.embedding,
+                          config_.vocab);
+      } else if (b < config_.layers) {
+        block_forward(ex, *group_, o_.sequence, input(s, b), s.blocks[static_cast<std::size_t>(b)], weights(b), heads());
+      } else {
+        head_forward(ex, *group_, o_.sequence, input(s, b), s.head, lnf(0), lnf(1), param(0), s.targets, part_,
+                     config_.vocab);
+      }
+      hooks_.post_forward(b);
+      stages_.set(b, b, micro, nn::detail::stage_slots::forwarded);
+    }
+    if (last != last_block()) return std::numeric_limits<float>::quiet_NaN();
+    double sum = 0;
+    for (index_t r = 0; r < s.head.losses.size(); ++r) sum += s.head.losses.data()[r];
+    return static_cast<float>(sum / static_cast<double>(s.head.losses.size()));
+  }
+
+  void run_backward(char const* op, exec<host> const& ex, int first, int last, int micro, float loss_scale) {
+    stages_.check_backward(op, first, last, micro);
+    TIDE_REQUIRE(scratch_bytes(ex, Bn_, Tn_) <= ws_bytes_, op, ": this executor's threads need more scratch than the "
+                 "forward's executor set aside; run forward and backward on the same executor");
+    stages_.set(first, last, micro, nn::detail::stage_slots::idle);  // one backward per forward
+    slot_views& s = slots_[static_cast<std::size_t>(micro)];
+    auto const dloss = loss_scale / static_cast<float>(Bn_ * Tn_);
+    std::size_t const n = list_.size();
+    using enum nn::block_param;
+    for (int b = last; b >= first; --b) {
+      hooks_.pre_backward(b);
+      if (b == last_block()) {
+        nn::detail::block_params<tensor_view<float>> lnf_grads{};  // lnf's two, in ln1's places
+        lnf_grads.at[static_cast<int>(ln1_w)] = grad(n - 2);
+        lnf_grads.at[static_cast<int>(ln1_b)] = grad(n - 1);
+        tensor_view<float> const dwte = tied_buffer() ? s.tied : grad(0);
+        if (tied_buffer()) nn::detail::zero_fill(ex, s.tied);
+        summed_over_rows(lnf_grads, {ln1_w, ln1_b}, [&] {
+          head_backward(ex, *group_, o_.sequence, s.dres, input(s, b), s.head, lnf(0), param(0), dwte, grad(n - 2),
+                        grad(n - 1), s.targets, part_, dloss);
+        });
+      } else if (b >= 0) {
+        auto const dw = gradients(b);
+        summed_over_rows(dw, {ln1_w, ln1_b, ln2_w, ln2_b}, [&] {
+          block_backward(ex, *group_, o_.sequence, s.dres, input(s, b), s.blocks[static_cast<std::size_t>(b)],
+                         weights(b), dw, heads());
+        });
+      } else {
+        tensor_view<float> const dwte = grad(0);
+        if (tied_buffer())  // the head's share first, as without the buffer
+          for (index_t e = 0; e < dwte.size(); ++e) dwte.data()[e] += s.tied.data()[e];
+        embedding_backward(ex, *group_, o_.sequence, dwte, grad(1), tensor_view<float const>(s.dres), s.tokens, part_,
+                           s.embedding);
+      }
+      hooks_.post_backward(b);
+    }
   }
   // Runs `backward`, which adds its rows' share of the LayerNorm gradients dw[which] under
   // sequence parallelism; then sums that share over the group (the accumulated gradient is set
@@ -296,7 +389,7 @@ class gpt {
     release();
     block_ = base, block_bytes_ = bytes, ws_bytes_ = ws, Bn_ = Bn, Tn_ = Tn;
     carve(base, Bn, Tn, ws);
-    ready_ = false;
+    stages_.clear();  // every slot's activations went with the old block
   }
   void release() noexcept {
     if (block_ == nullptr) return;
@@ -307,8 +400,6 @@ class gpt {
   // Lays the views out from `base` and returns the bytes; base null: the bytes only, and the
   // model's views stay as they are (a refused allocation leaves the old block in use).
   std::size_t carve(std::byte* base, index_t Bn, index_t Tn, std::size_t ws) {
-    index_t const C = config_.channels, t = group_->size(), N = Bn * Tn, n = o_.sequence ? N / t : N;
-    index_t const Cl = C / t, NHl = heads(), R = part_.rows;
     std::size_t used = 0;
     auto take = [&](std::size_t bytes) {
       std::size_t const at = used;
@@ -320,10 +411,19 @@ class gpt {
       return p == nullptr ? tensor_view<float>{} : tensor_view<float>(reinterpret_cast<float*>(p), s);
     };
     kernels::scratch<host> const scratch{take(ws), ws};
-    std::vector<block_views<host, float>> blocks(static_cast<std::size_t>(config_.layers));
-    head_views<float> head{};
-    embedding_views<float> embedding{};
-    for (auto& a : blocks) {
+    std::vector<slot_views> slots(static_cast<std::size_t>(o_.in_flight));
+    for (slot_views& s : slots) {
+      s.blocks.resize(static_cast<std::size_t>(config_.layers));
+      carve_slot(s, take, make, scratch, Bn, Tn);
+    }
+    if (base != nullptr) slots_ = std::move(slots);
+    return used;
+  }
+  template <class Take, class Make>
+  void carve_slot(slot_views& s, Take& take, Make& make, kernels::scratch<host> scratch, index_t Bn, index_t Tn) const {
+    index_t const C = config_.channels, t = group_->size(), N = Bn * Tn, n = o_.sequence ? N / t : N;
+    index_t const Cl = C / t, NHl = heads(), R = part_.rows;
+    for (auto& a : s.blocks) {
       a.ln1 = make({n, C}), a.attproj = make({n, C}), a.res2 = make({n, C}), a.ln2 = make({n, C});
       a.fcproj = make({n, C}), a.res3 = make({n, C});
       a.ln1_mean = make({n}), a.ln1_rstd = make({n}), a.ln2_mean = make({n}), a.ln2_rstd = make({n});
@@ -334,21 +434,18 @@ class gpt {
       if (o_.sequence) a.whole = make({Bn, Tn, C}), a.partial = make({Bn, Tn, C}), a.dln_rows = make({n, C});
       a.ws = scratch;
     }
-    head.lnf = make({n, C}), head.lnf_mean = make({n}), head.lnf_rstd = make({n});
-    head.logits = make({N, R}), head.stats = make({3, N}), head.losses = make({N}), head.dlnf = make({N, C});
-    if (o_.sequence) head.whole = make({N, C}), head.dlnf_rows = make({n, C});
-    head.ws = scratch;
+    head_views<float>& h = s.head;
+    h.lnf = make({n, C}), h.lnf_mean = make({n}), h.lnf_rstd = make({n});
+    h.logits = make({N, R}), h.stats = make({3, N}), h.losses = make({N}), h.dlnf = make({N, C});
+    if (o_.sequence) h.whole = make({N, C}), h.dlnf_rows = make({n, C});
+    h.ws = scratch;
     std::byte* const mapped = take(static_cast<std::size_t>(N) * sizeof(std::int32_t));
-    if (mapped != nullptr) embedding.mapped = tensor_view<std::int32_t>(reinterpret_cast<std::int32_t*>(mapped), {Bn, Tn});
-    embedding.spare = make({1, C});
-    if (o_.sequence) embedding.whole = make({N, C});
-    embedding.ws = scratch;
-    auto const x0 = make({n, C}), dres = make({n, C});
-    if (base != nullptr) {
-      blocks_ = std::move(blocks), head_ = head, embedding_ = embedding;
-      x0_ = x0, dres_ = dres;
-    }
-    return used;
+    if (mapped != nullptr) s.embedding.mapped = tensor_view<std::int32_t>(reinterpret_cast<std::int32_t*>(mapped), {Bn, Tn});
+    s.embedding.spare = make({1, C});
+    if (o_.sequence) s.embedding.whole = make({N, C});
+    s.embedding.ws = scratch;
+    s.x0 = make({n, C}), s.dres = make({n, C});
+    if (tied_buffer()) s.tied = make({R, C});
   }
 
   nn::gpt_config config_;
@@ -362,13 +459,9 @@ class gpt {
   std::byte* block_ = nullptr;         // activations and scratch of (Bn_, Tn_)
   std::size_t block_bytes_ = 0, ws_bytes_ = 0;
   index_t Bn_ = 0, Tn_ = 0;
-  std::vector<block_views<host, float>> blocks_;
-  head_views<float> head_;
-  embedding_views<float> embedding_;
-  tensor_view<float> x0_, dres_;
-  token_view tokens_, targets_;
-  std::vector<float> stash_;  // the LayerNorm gradients set aside under sequence parallelism
-  bool ready_ = false;        // a forward ran since the last backward
+  std::vector<slot_views> slots_;     // in_flight of them, in the block
+  std::vector<float> stash_;          // the LayerNorm gradients set aside under sequence parallelism
+  nn::detail::stage_slots stages_;    // which blocks of which slot ran forward and not yet backward
 };
 
 }  // namespace tide::tp

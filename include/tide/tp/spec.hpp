@@ -13,6 +13,16 @@
 //       tide::comm::data_parallel<tide::comm::mpi>{.comm = &g.data, ...});
 //
 // Every rank of a tensor group must be given the same micro-batches (its data rank's).
+//
+// In a pipeline of one stage per rank (tensor x pipeline x data parallelism): make_groups(world,
+// t, p) gives the four groups, and the spec keeps in_flight slots of activations, as nn::gpt_spec:
+//
+//   auto g = tide::tp::make_groups(world, 2, 2);        // tensor = r % 2, stage = r / 2 % 2, data = r / 4
+//   auto trainer = tide::train::make_trainer(
+//       tide::tp::gpt_spec<tide::comm::mpi>{.config = c, .tensor = {.group = &g.tensor}, .in_flight = 2},
+//       offload, tide::optim::adamw{.micro_steps = 4}, tide::comm::data_parallel<tide::comm::mpi>{.comm = &g.data},
+//       tide::train::no_compress{}, tide::pipeline::on_ranks<tide::pipeline::kind::one_f_one_b, tide::comm::mpi>{
+//           .stages = 2, .micro = 4, .group = &g.pipeline, .tied = &g.tied});
 
 #include <cstddef>
 #include <cstdint>
@@ -50,6 +60,31 @@ rank_groups<C> make_groups(C& world, int size) {
   return {std::move(tensor), std::move(data), t, d};
 }
 
+// Tensor x pipeline x data: rank r is tensor rank r % t of stage (r / t) % p of data rank r / (t p),
+// tensor innermost. pipeline: one tensor rank's stages of one replica (pipeline::on_ranks::group);
+// data: the same shard of one stage in every replica; tied: the first and last stages' ranks of one
+// tensor rank in every replica, which keep the tied embedding (pipeline::on_ranks::tied; a middle
+// stage's rank alone). Collective over `world`.
+template <comm::Communicator C>
+struct grid_groups {
+  C tensor, pipeline, data, tied;
+  int tensor_rank = 0, stage = 0, data_rank = 0;
+};
+template <comm::Communicator C>
+grid_groups<C> make_groups(C& world, int size, int stages) {
+  int const n = world.size(), r = world.rank();
+  TIDE_REQUIRE(size >= 1 && stages >= 1 && n % (size * stages) == 0, "tp::make_groups: ", n, " ranks into ",
+               "tensor-parallel groups of ", size, " in pipelines of ", stages, " stages; the ranks must be a multiple "
+               "of ", size, " x ", stages);
+  int const t = r % size, s = r / size % stages, d = r / (size * stages);
+  bool const ends = s == 0 || s == stages - 1;
+  C tensor = world.split(s + stages * d, t);
+  C pipeline = world.split(t + size * d, s);
+  C data = world.split(t + size * s, d);
+  C tied = world.split(ends ? t : size + r, 2 * d + (s == 0 ? 0 : 1));
+  return {std::move(tensor), std::move(pipeline), std::move(data), std::move(tied), t, s, d};
+}
+
 // Tensor parallelism as a model spec's member: the group, and whether the LayerNorm regions are
 // sharded along the sequence too.
 template <comm::Communicator G>
@@ -65,6 +100,8 @@ struct gpt_spec {
   nn::gpt_config config{};
   tensor_parallel<G> tensor{};
   std::uint64_t seed = 1;  // nn::gpt's initialisation of the whole tensors
+  int in_flight = 1;       // micro-batch slots of activations: a pipeline stage needs its schedule's
+  bool separate_tied_grad = false;  // a pipeline whose ends are two stages: true (gpt_options)
   template <class Hooks>
   using model_type = gpt<G, Hooks>;
 
@@ -72,7 +109,8 @@ struct gpt_spec {
   [[nodiscard]] block_uses uses() const { return nn::gpt_block_uses(config); }
   template <class Hooks>
   [[nodiscard]] model_type<Hooks> build(memory::device_arena<host>& arena, Hooks hooks) const {
-    return model_type<Hooks>(config, group(), {.sequence = tensor.sequence, .seed = seed}, &arena, std::move(hooks));
+    return model_type<Hooks>(config, group(), {.sequence = tensor.sequence, .seed = seed, .in_flight = in_flight,
+                                               .separate_tied_grad = separate_tied_grad}, &arena, std::move(hooks));
   }
 
   // What the trainer asks of a tensor-parallel spec (train::TensorParallelSpec): the group, and

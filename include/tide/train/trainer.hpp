@@ -117,11 +117,8 @@ class trainer {
   // A pipeline of one stage per rank: this rank's trainer holds its stage's parameters only.
   static constexpr bool staged = one_stage_per_rank_v<Pipeline>;
   static_assert(check_staged_pipeline<Pipeline, spec_element_t<Spec>>());  // one message per missing part
-  // A spec of one rank's shard over a tensor-parallel group (tp::gpt_spec).
+  // A spec of one rank's shard over a tensor-parallel group (tp::gpt_spec); in a pipeline too.
   static constexpr bool tensor_parallel = TensorParallelSpec<Spec>;
-  static_assert(!(tensor_parallel && staged), "make_trainer: a tensor-parallel model (tp::gpt_spec) in a pipeline "
-                "of one stage per rank is not supported yet; train it with tensor and data parallelism, or use "
-                "nn::gpt_spec in the pipeline");
   using scheduler_type = offload::scheduler<backend, element_type, Offload, Optimizer, typename comm_type::sink_type,
                                             typename comm_type::source_type>;
   using hooks_type = offload::hooks<scheduler_type>;
@@ -296,22 +293,27 @@ class trainer {
     if constexpr (staged) v = pipeline_.of_stage0(v);
     return tensor_.of_rank0(v);
   }
-  // This rank's shard in a checkpoint set, and the set's shards: replica-major, as
-  // pipeline::make_groups and tp::make_groups number the ranks (stage + stages x replica;
-  // tensor rank + t x replica).
-  [[nodiscard]] int set_rank() const {
-    if constexpr (staged) return pipeline_.stage() + pipeline_.stages * comm_.rank();
-    else return tensor_.rank() + tensor_.size() * comm_.rank();
+  // This rank's shard in a checkpoint set, and the set's shards, numbered as the make_groups
+  // number the ranks: tensor rank + t (stage + p replica).
+  [[nodiscard]] int set_rank() const { return tensor_.rank() + tensor_.size() * (stage() + stages() * comm_.rank()); }
+  [[nodiscard]] int set_ranks() const { return tensor_.size() * stages() * comm_.world_size(); }
+  [[nodiscard]] int stage() const {
+    if constexpr (staged) return pipeline_.stage();
+    else return 0;
   }
-  [[nodiscard]] int set_ranks() const {
-    if constexpr (staged) return pipeline_.stages * comm_.world_size();
-    else return tensor_.size() * comm_.world_size();
+  [[nodiscard]] int stages() const {
+    if constexpr (staged) return pipeline_.stages;
+    else return 1;
   }
   // The scheduler's number of the model's parameter i: i itself, or in a pipeline stage its
-  // index among the stage's parameters (offload::no_index: another stage holds it).
+  // index among the stage's parameters (offload::no_index: another stage holds it); whole(j): back.
   [[nodiscard]] std::uint32_t local(std::uint32_t i) const noexcept {
     if constexpr (staged) return stage_.index[i];
     else return i;
+  }
+  [[nodiscard]] std::uint32_t whole(std::uint32_t j) const noexcept {
+    if constexpr (staged) return stage_.model[j];
+    else return j;
   }
   // Whether this rank writes parameter i (scheduler number j) to its checkpoint: the owner of
   // its chunk under ZeRO; in a pipeline, of the stage that counts it (wte: the first stage, whose
@@ -319,7 +321,7 @@ class trainer {
   // first one; tensor parallel, every rank its shard and rank 0 a replicated tensor, of the
   // replica that owns its chunk (ZeRO) or else the first one.
   [[nodiscard]] bool writes(std::uint32_t j) const {
-    if (!scheduler_.keeps_state(j) || !tensor_.counts(j)) return false;
+    if (!scheduler_.keeps_state(j) || !tensor_.counts(whole(j))) return false;
     if constexpr (staged) {
       bool const sharded_state = zero_stage() > 0;  // ZeRO: each replica keeps its own chunks' state
       return stage_.counted[j] && (sharded_state || comm_.rank() == 0);

@@ -179,7 +179,7 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::load_set(std::files
   int extra_file = n > 0 ? set_rank() % n : 0;
   if constexpr (tensor_parallel) {
     int const ts = failure || n == 0 ? 1 : saved_tensor(files);
-    if (ts >= 1 && n % ts == 0) extra_file = tensor_.rank() % ts + ts * (comm_.rank() % (n / ts));
+    if (ts >= 1 && n % ts == 0) extra_file = tensor_.rank() % ts + ts * (set_rank() / tensor_.size() % (n / ts));
   }
   load_from(files, where, failure, extra, static_cast<std::size_t>(extra_file));
 }
@@ -266,8 +266,7 @@ trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::read_extras(std::sp
 
 template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>
 std::array<std::int32_t, 2> trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::run_shape() const {
-  if constexpr (staged) return {pipeline_.stages, comm_.world_size()};
-  else return {1, comm_.world_size()};
+  return {stages(), comm_.world_size()};
 }
 
 template <class Spec, class Offload, class Optimizer, class Comm, class Compress, class Pipeline>

@@ -69,7 +69,7 @@ double trainer<Spec, Offload, Optimizer, Comm, Compress, Pipeline>::gradient_nor
   // the stages and the tensor-parallel group (a non-finite one poisons the sum on every rank).
   owned_grads_.clear();
   for (std::uint32_t j = 0; j < g.size(); ++j) {
-    bool counted = tensor_.counts(j);
+    bool counted = tensor_.counts(whole(j));
     if constexpr (staged) counted = counted && stage_.counted[j];
     if (counted && (!sharded_grads || scheduler_.keeps_state(j))) owned_grads_.push_back(g[j]);
   }
