@@ -242,9 +242,9 @@ options parse(int argc, char** argv) {
                "--schedule and --micro are a pipeline's: pass --pipeline P too");
   TIDE_REQUIRE(o.tensor == 0 || o.pipeline == 0 || o.schedule == "one_f_one_b", "--tensor with --pipeline runs "
                "1F1B: drop --schedule");
-  TIDE_REQUIRE(o.tensor == 0 || (o.density == 0 && o.powersgd == 0 && !o.recompute && !o.offload_activations),
-               "--tensor trains with dense data parallelism and every activation kept: drop --density, --powersgd, "
-               "--recompute and --offload-activations");
+  TIDE_REQUIRE(o.tensor == 0 || (o.density == 0 && o.powersgd == 0 && !o.offload_activations),
+               "--tensor trains with dense data parallelism and its activations on the device (or recomputed: "
+               "--recompute): drop --density, --powersgd and --offload-activations");
   TIDE_REQUIRE(o.tensor > 0 || !o.sequence, "--sequence-parallel splits a tensor-parallel group's work: pass --tensor T too");
   TIDE_REQUIRE(o.seq >= 2 && o.seq <= 256, "--seq must be 2 to 256");
   TIDE_REQUIRE(o.lr <= 1.f, "--lr must be above 0 and at most 1, got ", o.lr);
@@ -695,13 +695,15 @@ int train_tensor(options const& opt, tide::comm::mpi& world) {
   tide::nn::gpt_config const config{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .max_seq = opt.seq};
   int const slots = Staged ? pp::slots_needed(pp::generate(pp::kind::one_f_one_b, stages, micro), g.stage) : 1;
   tide::tp::gpt_spec<tide::comm::mpi> const spec{.config = config, .tensor = {.group = &g.tensor, .sequence = opt.sequence},
-                                                 .in_flight = slots, .separate_tied_grad = Staged};
+                                                 .in_flight = slots, .separate_tied_grad = Staged,
+                                                 .recompute = opt.recompute};
   std::vector<std::int32_t> in(std::size_t(opt.batch) * std::size_t(opt.seq)), tg(in.size());
   std::size_t activations = 0;  // of the rank's shard (every slot): one forward, on every rank of the group
   {
     tide::thread_pool pool{1};
     tide::tp::gpt<tide::comm::mpi> m(config, g.tensor,
-                                     {.sequence = opt.sequence, .in_flight = slots, .separate_tied_grad = Staged});
+                                     {.sequence = opt.sequence, .in_flight = slots, .separate_tied_grad = Staged,
+                                      .recompute = opt.recompute});
     (void)m.forward(tide::exec<tide::host>{pool}, {in.data(), {opt.batch, opt.seq}}, {tg.data(), {opt.batch, opt.seq}});
     activations = m.activation_bytes();
   }

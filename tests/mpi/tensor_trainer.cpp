@@ -1,7 +1,7 @@
 // make_trainer with tp::gpt_spec over MPI ranks: tensor x data parallelism (t = 2, d = world / 2;
-// ZeRO-0, 2 and 3; resident and chunked offload; plain and sequence parallel) against one process
-// training nn::gpt_spec on every data rank's micro-batch: the loss and the clipped global norm
-// within 1e-5, the parameters' distance from the reference under 1e-3 of how far a step moves
+// ZeRO-0, 2 and 3; resident and chunked offload; plain and sequence parallel; the ZeRO-3 row with
+// recompute) against one process training nn::gpt_spec on every data rank's micro-batch: the
+// loss and the clipped global norm within 1e-5, the parameters' distance from the reference under 1e-3 of how far a step moves
 // them, the replicated tensors the same bits on the tensor group and each shard on its replicas.
 // A checkpoint set saved at (t, d) = (2, 2) loads at (1, 1) and (4, 1): the shards gathered and
 // cut again, bit for bit, and the optimizer state with them (the next step matches the run that
@@ -126,6 +126,7 @@ struct row {
   bool chunked_offload;
   int zero;
   bool sequence;
+  bool recompute = false;
 };
 
 }  // namespace
@@ -157,6 +158,7 @@ TEST_CASE("mpi tp trainer: tensor x data parallelism trains as one process on th
     CAPTURE(r.chunked_offload);
     CAPTURE(r.zero);
     CAPTURE(r.sequence);
+    CAPTURE(r.recompute);
     double worst_loss = 0, worst_norm = 0;
     for (int s = 0; s < steps; ++s) {
       auto const st = trainer.step(step_data(s, d)[static_cast<std::size_t>(g.data_rank)]
@@ -176,7 +178,8 @@ TEST_CASE("mpi tp trainer: tensor x data parallelism trains as one process on th
     double const distance = std::sqrt(tide::comm::sum_over_ranks(world, left) / tide::comm::sum_over_ranks(world, moved));
     if (world.rank() == 0)
       MESSAGE("t = 2, d = ", d, ", ", std::string(r.chunked_offload ? "chunked" : "resident"), ", ZeRO-", r.zero,
-              std::string(r.sequence ? ", sequence parallel" : ""), ": loss within ", worst_loss, ", norm within ",
+              std::string(r.sequence ? ", sequence parallel" : ""), std::string(r.recompute ? ", recompute" : ""),
+              ": loss within ", worst_loss, ", norm within ",
               worst_norm, ", distance ", distance);
     CHECK(distance < 1e-3);
     CHECK(differ == 0);
@@ -187,9 +190,10 @@ TEST_CASE("mpi tp trainer: tensor x data parallelism trains as one process on th
     check(tr, {false, 0, false});
   }
   {
-    auto tr = tide::train::make_trainer(spec{.config = config, .tensor = {.group = &g.tensor, .sequence = true}, .seed = 4},
-                                        offload, adamw(1), dp{.comm = &g.data, .zero = 3});
-    check(tr, {true, 3, true});
+    auto tr = tide::train::make_trainer(
+        spec{.config = config, .tensor = {.group = &g.tensor, .sequence = true}, .seed = 4, .recompute = true}, offload,
+        adamw(1), dp{.comm = &g.data, .zero = 3});
+    check(tr, {true, 3, true, true});
   }
   auto tr = tide::train::make_trainer(spec{.config = config, .tensor = {.group = &g.tensor, .sequence = true}, .seed = 4},
                                       offload, adamw(1), dp{.comm = &g.data, .zero = 2});

@@ -1,5 +1,5 @@
 // tide::tp::gpt on a group of one rank (comm::self): nn::gpt's gradients bit for bit, plain and
-// sequence parallel, and its parameters are nn::gpt's; a config tensor parallelism cannot cut is
+// sequence parallel, with and without recompute, and its parameters are nn::gpt's; a config tensor parallelism cannot cut is
 // refused. As two pipeline stages (block ranges, two micro-batch slots, the boundaries and the
 // tied gradient copied between two models) it is nn::gpt's ranges bit for bit. Groups of 2 and 4
 // ranks: tests/mpi/tensor_parallel.cpp; in a pipeline of ranks: tests/mpi/tensor_trainer.cpp.
@@ -32,9 +32,12 @@ TEST_CASE("tp gpt: on a group of one it is nn::gpt: the same parameters and grad
   tide::nn::gpt<tide::host> whole(config, arena, {.seed = 9});
   float const loss = whole.forward(ex, tok, tgt);
   whole.backward(ex);
-  for (bool const sequence : {false, true}) {
+  std::size_t kept[2] = {0, 0};  // activation bytes without recompute, plain and sequence parallel
+  for (int const run : {0, 1, 2, 3}) {
+    bool const sequence = run % 2 == 1, recompute = run >= 2;
     CAPTURE(sequence);
-    tide::tp::gpt<tide::comm::self> m(config, self, {.sequence = sequence, .seed = 9});
+    CAPTURE(recompute);
+    tide::tp::gpt<tide::comm::self> m(config, self, {.sequence = sequence, .seed = 9, .recompute = recompute});
     CHECK_THROWS_WITH_AS(m.backward(ex), doctest::Contains("has no forward to go back through"), tide::error);
     float const got = m.forward(ex, tok, tgt);
     CHECK(std::fabs(got - loss) <= 1e-6f * loss);  // the mean's sum order may differ; the losses do not
@@ -50,6 +53,9 @@ TEST_CASE("tp gpt: on a group of one it is nn::gpt: the same parameters and grad
       differ += std::memcmp(mg.data(), g.data(), mg.size() * 4) != 0;
     }
     CHECK(differ == 0);
+    // Recompute keeps each block's output and one shared set of views: less at L = 2 already.
+    if (!recompute) kept[sequence] = m.activation_bytes();
+    else CHECK(m.activation_bytes() < kept[sequence]);
   }
   CHECK_THROWS_WITH_AS(tide::tp::shard_parameters({.layers = 1, .heads = 4, .channels = 32, .vocab = 60,
                                                    .padded_vocab = 64, .max_seq = 8, .wte_pieces = 2}, 2),

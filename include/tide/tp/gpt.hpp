@@ -23,6 +23,7 @@
 // the residual stream and its gradient ((B T, C), or (B T / t, C) under sequence parallelism), and
 // tied_grad(micro) the head's share of the rank's wte rows, which the executor carries to the
 // embedding's stage. Each tensor rank's pipeline sends to the same tensor rank of the next stage.
+// With gpt_options::recompute a block keeps only its output, and backward runs its forward again.
 
 #include <algorithm>
 #include <cstddef>
@@ -55,6 +56,9 @@ struct gpt_options {
   // The head's share of wte's gradient into tied_grad(micro), which the embedding's backward adds
   // (a pipeline whose ends are two stages); always when in_flight > 1. false: straight into wte's.
   bool separate_tied_grad = false;
+  // Each block keeps only its output: backward runs its forward again (its collectives too) in
+  // one set of views shared by every block and slot. The same gradients, bit for bit.
+  bool recompute = false;
 };
 
 // How parameter i of nn::gpt_parameters(c) (wte whole: wte_pieces = 1) splits: wte by rows of
@@ -252,6 +256,12 @@ class gpt {
     TIDE_REQUIRE(!slots_.empty(), op, ": no activations yet; call plan_activations(ex, B, T) or run a forward first");
     return slots_[static_cast<std::size_t>(micro)];
   }
+  // Block l's views in slot s: its own, or under recompute the shared ones writing its output.
+  block_views<host, float> views(slot_views const& s, int l) const {
+    block_views<host, float> v = o_.recompute ? work_ : s.blocks[static_cast<std::size_t>(l)];
+    v.res3 = s.blocks[static_cast<std::size_t>(l)].res3;
+    return v;
+  }
   // Block l's input (the rank's rows): the embedding's output, or block l - 1's.
   static tensor_view<float const> input(slot_views const& s, int l) {
     return tensor_view<float const>(l == 0 ? s.x0 : s.blocks[static_cast<std::size_t>(l - 1)].res3);
@@ -279,7 +289,7 @@ class gpt {
         embedding_forward(ex, *group_, o_.sequence, s.x0, s.tokens, param(0), param(1), part_, s.embedding,
                           config_.vocab);
       } else if (b < config_.layers) {
-        block_forward(ex, *group_, o_.sequence, input(s, b), s.blocks[static_cast<std::size_t>(b)], weights(b), heads());
+        block_forward(ex, *group_, o_.sequence, input(s, b), views(s, b), weights(b), heads());
       } else {
         head_forward(ex, *group_, o_.sequence, input(s, b), s.head, lnf(0), lnf(1), param(0), s.targets, part_,
                      config_.vocab);
@@ -316,9 +326,10 @@ class gpt {
         });
       } else if (b >= 0) {
         auto const dw = gradients(b);
+        auto const v = views(s, b);
+        if (o_.recompute) block_forward(ex, *group_, o_.sequence, input(s, b), v, weights(b), heads());
         summed_over_rows(dw, {ln1_w, ln1_b, ln2_w, ln2_b}, [&] {
-          block_backward(ex, *group_, o_.sequence, s.dres, input(s, b), s.blocks[static_cast<std::size_t>(b)],
-                         weights(b), dw, heads());
+          block_backward(ex, *group_, o_.sequence, s.dres, input(s, b), v, weights(b), dw, heads());
         });
       } else {
         tensor_view<float> const dwte = grad(0);
@@ -416,23 +427,33 @@ class gpt {
       s.blocks.resize(static_cast<std::size_t>(config_.layers));
       carve_slot(s, take, make, scratch, Bn, Tn);
     }
-    if (base != nullptr) slots_ = std::move(slots);
+    block_views<host, float> work{};
+    if (o_.recompute) carve_block(work, make, scratch, Bn, Tn);
+    if (base != nullptr) slots_ = std::move(slots), work_ = work;
     return used;
+  }
+  // One block's views (under recompute, the shared set; a slot's block keeps res3 alone).
+  template <class Make>
+  void carve_block(block_views<host, float>& a, Make& make, kernels::scratch<host> scratch, index_t Bn, index_t Tn) const {
+    index_t const C = config_.channels, t = group_->size(), N = Bn * Tn, n = o_.sequence ? N / t : N;
+    index_t const Cl = C / t, NHl = heads();
+    a.ln1 = make({n, C}), a.attproj = make({n, C}), a.res2 = make({n, C}), a.ln2 = make({n, C});
+    a.fcproj = make({n, C}), a.res3 = make({n, C});
+    a.ln1_mean = make({n}), a.ln1_rstd = make({n}), a.ln2_mean = make({n}), a.ln2_rstd = make({n});
+    a.qkv = make({Bn, Tn, 3 * Cl}), a.atty = make({Bn, Tn, Cl}), a.lse = make({Bn, NHl, Tn});
+    a.fch = make({Bn, Tn, 4 * Cl}), a.fch_gelu = make({Bn, Tn, 4 * Cl});
+    a.dfch = make({Bn, Tn, 4 * Cl}), a.datty = make({Bn, Tn, Cl}), a.dqkv = make({Bn, Tn, 3 * Cl});
+    a.dln = make({Bn, Tn, C});
+    if (o_.sequence) a.whole = make({Bn, Tn, C}), a.partial = make({Bn, Tn, C}), a.dln_rows = make({n, C});
+    a.ws = scratch;
   }
   template <class Take, class Make>
   void carve_slot(slot_views& s, Take& take, Make& make, kernels::scratch<host> scratch, index_t Bn, index_t Tn) const {
     index_t const C = config_.channels, t = group_->size(), N = Bn * Tn, n = o_.sequence ? N / t : N;
-    index_t const Cl = C / t, NHl = heads(), R = part_.rows;
+    index_t const R = part_.rows;
     for (auto& a : s.blocks) {
-      a.ln1 = make({n, C}), a.attproj = make({n, C}), a.res2 = make({n, C}), a.ln2 = make({n, C});
-      a.fcproj = make({n, C}), a.res3 = make({n, C});
-      a.ln1_mean = make({n}), a.ln1_rstd = make({n}), a.ln2_mean = make({n}), a.ln2_rstd = make({n});
-      a.qkv = make({Bn, Tn, 3 * Cl}), a.atty = make({Bn, Tn, Cl}), a.lse = make({Bn, NHl, Tn});
-      a.fch = make({Bn, Tn, 4 * Cl}), a.fch_gelu = make({Bn, Tn, 4 * Cl});
-      a.dfch = make({Bn, Tn, 4 * Cl}), a.datty = make({Bn, Tn, Cl}), a.dqkv = make({Bn, Tn, 3 * Cl});
-      a.dln = make({Bn, Tn, C});
-      if (o_.sequence) a.whole = make({Bn, Tn, C}), a.partial = make({Bn, Tn, C}), a.dln_rows = make({n, C});
-      a.ws = scratch;
+      if (o_.recompute) a.res3 = make({n, C});  // the next block's input, and a stage's boundary
+      else carve_block(a, make, scratch, Bn, Tn);
     }
     head_views<float>& h = s.head;
     h.lnf = make({n, C}), h.lnf_mean = make({n}), h.lnf_rstd = make({n});
@@ -460,6 +481,7 @@ class gpt {
   std::size_t block_bytes_ = 0, ws_bytes_ = 0;
   index_t Bn_ = 0, Tn_ = 0;
   std::vector<slot_views> slots_;     // in_flight of them, in the block
+  block_views<host, float> work_{};   // under recompute: every block's views but its output
   std::vector<float> stash_;          // the LayerNorm gradients set aside under sequence parallelism
   nn::detail::stage_slots stages_;    // which blocks of which slot ran forward and not yet backward
 };

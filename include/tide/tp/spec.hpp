@@ -102,6 +102,7 @@ struct gpt_spec {
   std::uint64_t seed = 1;  // nn::gpt's initialisation of the whole tensors
   int in_flight = 1;       // micro-batch slots of activations: a pipeline stage needs its schedule's
   bool separate_tied_grad = false;  // a pipeline whose ends are two stages: true (gpt_options)
+  bool recompute = false;           // blocks keep only their output; backward runs them again
   template <class Hooks>
   using model_type = gpt<G, Hooks>;
 
@@ -110,7 +111,8 @@ struct gpt_spec {
   template <class Hooks>
   [[nodiscard]] model_type<Hooks> build(memory::device_arena<host>& arena, Hooks hooks) const {
     return model_type<Hooks>(config, group(), {.sequence = tensor.sequence, .seed = seed, .in_flight = in_flight,
-                                               .separate_tied_grad = separate_tied_grad}, &arena, std::move(hooks));
+                                               .separate_tied_grad = separate_tied_grad, .recompute = recompute},
+                             &arena, std::move(hooks));
   }
 
   // What the trainer asks of a tensor-parallel spec (train::TensorParallelSpec): the group, and
