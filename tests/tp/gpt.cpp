@@ -65,7 +65,8 @@ TEST_CASE("tp gpt: on a group of one it is nn::gpt: the same parameters and grad
                        doctest::Contains("does not split over 4 ranks"), tide::error);
 }
 
-TEST_CASE("tp gpt: as two pipeline stages in two slots (1F1B, boundaries copied) it is nn::gpt's ranges, bit for bit") {
+TEST_CASE("tp gpt: as two pipeline stages in two slots (1F1B, boundaries copied) it is nn::gpt's ranges, bit for bit, "
+          "with and without recompute") {
   tide::thread_pool pool{2};
   tide::exec<tide::host> ex{pool};
   tide::comm::self self;
@@ -87,9 +88,11 @@ TEST_CASE("tp gpt: as two pipeline stages in two slots (1F1B, boundaries copied)
   }
   for (int k : {0, 1}) whole.backward_blocks(ex, -1, 0, k);
 
-  for (bool const sequence : {false, true}) {
+  for (int const run : {0, 1, 2, 3}) {
+    bool const sequence = run % 2 == 1, recompute = run >= 2;
     CAPTURE(sequence);
-    tide::tp::gpt_options const o{.sequence = sequence, .seed = 9, .in_flight = 2};
+    CAPTURE(recompute);
+    tide::tp::gpt_options const o{.sequence = sequence, .seed = 9, .in_flight = 2, .recompute = recompute};
     tide::tp::gpt<tide::comm::self> s0(config, self, o), s1(config, self, o);
     CHECK_THROWS_WITH_AS((void)s1.boundary(0, 0), doctest::Contains("call plan_activations"), tide::error);
     CHECK_THROWS_WITH_AS(s0.backward_blocks(ex, -1, 0, 0), doctest::Contains("has no forward to go back through"),

@@ -326,7 +326,9 @@ class gpt {
         });
       } else if (b >= 0) {
         auto const dw = gradients(b);
-        auto const v = views(s, b);
+        // Under recompute the forward runs again into the shared views, its output included: the
+        // slot's output (the next block's input, a stage's boundary) stays as the forward left it.
+        auto const v = o_.recompute ? work_ : s.blocks[static_cast<std::size_t>(b)];
         if (o_.recompute) block_forward(ex, *group_, o_.sequence, input(s, b), v, weights(b), heads());
         summed_over_rows(dw, {ln1_w, ln1_b, ln2_w, ln2_b}, [&] {
           block_backward(ex, *group_, o_.sequence, s.dres, input(s, b), v, weights(b), dw, heads());
@@ -481,7 +483,7 @@ class gpt {
   std::size_t block_bytes_ = 0, ws_bytes_ = 0;
   index_t Bn_ = 0, Tn_ = 0;
   std::vector<slot_views> slots_;     // in_flight of them, in the block
-  block_views<host, float> work_{};   // under recompute: every block's views but its output
+  block_views<host, float> work_{};   // under recompute: one block's views, shared by all
   std::vector<float> stash_;          // the LayerNorm gradients set aside under sequence parallelism
   nn::detail::stage_slots stages_;    // which blocks of which slot ran forward and not yet backward
 };
