@@ -328,6 +328,16 @@ tide::offload::chunked<tide::offload::belady> offload_for(options const& opt, ti
 }
 
 // Whether every rank of `c` holds these bits.
+// The digest of the whole model, whatever the cut: each tensor's CRC-32C (-1 on the stages that
+// do not hold it) taken from the stage that does, then the CRC-32C of those in the model's order
+// (wte's, equal at both ends, once). Collective over the pipeline group.
+std::uint32_t model_digest(tide::comm::mpi& pipeline, std::vector<std::int64_t> crcs) {
+  pipeline.all_reduce(std::span<std::int64_t>(crcs), tide::comm::reduce_op::max);
+  demo::digest d;
+  for (std::int64_t c : crcs) d.crc = tide::train::crc32c(std::as_bytes(std::span(&c, 1)), d.crc);
+  return d.crc;
+}
+
 bool same_on(tide::comm::mpi& c, std::vector<float> const& v) {
   std::vector<float> lo = v, hi = v;
   c.all_reduce(std::span<float>(lo), tide::comm::reduce_op::min);
@@ -661,14 +671,10 @@ int train_pipeline(options const& opt, tide::comm::mpi& world) {
     tied_same = same_on(g.tied, trainer.scheduler().read_param(
                                     static_cast<std::uint32_t>(&list.find("wte") - list.all().data())));
   bool const ok = tide::comm::all_ranks(world, replicas_same && tied_same);
-  // The digest of the whole model, whatever the cut: the CRC-32C of each parameter's CRC-32C, in
-  // the model's order (wte's, equal at both ends, once).
-  g.pipeline.all_reduce(std::span<std::int64_t>(crcs), tide::comm::reduce_op::max);
+  std::uint32_t const digest = model_digest(g.pipeline, std::move(crcs));
   if (rank == 0) {
-    demo::digest d;
-    for (std::int64_t c : crcs) d.crc = tide::train::crc32c(std::as_bytes(std::span(&c, 1)), d.crc);
     std::printf("parameters after step %lld: crc32c %08x (of each parameter's, in the model's order)\n",
-                static_cast<long long>(trainer.steps()), d.crc);
+                static_cast<long long>(trainer.steps()), digest);
   }
   return run.ended(asked, trainer.steps(), checkpoint, trained, first, last, ok,
                  "each stage's parameters identical on its replicas, wte identical at both ends",
@@ -766,13 +772,10 @@ int train_tensor(options const& opt, tide::comm::mpi& world) {
     crcs[i] = one.crc;
   }
   ok = tide::comm::all_ranks(world, ok);
-  g.pipeline.all_reduce(std::span<std::int64_t>(crcs), tide::comm::reduce_op::max);
-  if (rank == 0) {
-    demo::digest d;
-    for (std::int64_t c : crcs) d.crc = tide::train::crc32c(std::as_bytes(std::span(&c, 1)), d.crc);
+  std::uint32_t const digest = model_digest(g.pipeline, std::move(crcs));
+  if (rank == 0)
     std::printf("parameters after step %lld: crc32c %08x (of each whole tensor's, in the model's order)\n",
-                static_cast<long long>(trainer.steps()), d.crc);
-  }
+                static_cast<long long>(trainer.steps()), digest);
   return run.ended(asked, trainer.steps(), checkpoint, trained, first, last, ok,
                  Staged ? "each shard identical on its replicas, each replicated tensor on its group, wte at both ends"
                         : "each shard identical on its replicas, each replicated tensor identical on its group",

@@ -182,9 +182,7 @@ class gpt {
   // The activations of every slot at (B, T) and the scratch of ex's kernels, as a forward of a new
   // (B, T) takes them: a pipeline stage's, before its first boundary arrives.
   void plan_activations(exec<host> const& ex, index_t Bn, index_t Tn) {
-    TIDE_REQUIRE(Bn >= 1 && Tn >= 1 && Tn <= config_.max_seq, "tp::gpt::plan_activations(", Bn, ", ", Tn,
-                 "): pass B >= 1 and 1 <= T <= max_seq = ", config_.max_seq);
-    check_rows(Bn, Tn);
+    check_shape("tp::gpt::plan_activations", Bn, Tn);
     prepare(ex, Bn, Tn);
   }
   // (rows, C): the rank's rows of the residual stream leaving `block` (-1 .. L-1) for slot `micro`.
@@ -202,7 +200,8 @@ class gpt {
   // (Vp/t, C): the head's share of the rank's wte rows' gradient for slot `micro`.
   [[nodiscard]] tensor_view<float> tied_grad(int micro) const {
     TIDE_REQUIRE(tied_buffer(), "tp::gpt::tied_grad: this model has no tied gradient buffer (in_flight = 1 and "
-                 "separate_tied_grad = false); construct it with gpt_options::separate_tied_grad = true");
+                 "separate_tied_grad = false); construct it with gpt_options::separate_tied_grad = true "
+                 "(make_trainer: tp::gpt_spec::separate_tied_grad = true)");
     return planned_slot("tp::gpt::tied_grad", micro).tied;
   }
 
@@ -266,18 +265,18 @@ class gpt {
   static tensor_view<float const> input(slot_views const& s, int l) {
     return tensor_view<float const>(l == 0 ? s.x0 : s.blocks[static_cast<std::size_t>(l - 1)].res3);
   }
-  void check_rows(index_t Bn, index_t Tn) const {
-    TIDE_REQUIRE(!o_.sequence || (Bn * Tn) % group_->size() == 0, "tp::gpt: B T = ", Bn * Tn,
-                 " rows do not split over ", group_->size(), " ranks for sequence parallelism");
+  void check_shape(char const* op, index_t Bn, index_t Tn) const {
+    TIDE_REQUIRE(Bn >= 1 && Tn >= 1 && Tn <= config_.max_seq, op, ": (B, T) = (", Bn, ", ", Tn, "); pass B >= 1 and "
+                 "1 <= T <= max_seq = ", config_.max_seq);
+    TIDE_REQUIRE(!o_.sequence || (Bn * Tn) % group_->size() == 0, op, ": B T = ", Bn * Tn, " rows do not split over ",
+                 group_->size(), " ranks for sequence parallelism");
   }
 
   float run_forward(char const* op, exec<host> const& ex, int first, int last, int micro, token_view tokens,
                     token_view targets) {
     TIDE_REQUIRE(tokens.rank() == 2 && targets.size() == tokens.size(), op, ": tokens must be (B, T) and targets as many");
     index_t const Bn = tokens.extent(0), Tn = tokens.extent(1);
-    TIDE_REQUIRE(Tn >= 1 && Tn <= config_.max_seq && Bn >= 1, op, ": (B, T) = (", Bn, ", ", Tn, ") with max_seq ",
-                 config_.max_seq);
-    check_rows(Bn, Tn);
+    check_shape(op, Bn, Tn);
     prepare(ex, Bn, Tn);
     slot_views& s = slots_[static_cast<std::size_t>(micro)];
     stages_.set(first, last, micro, nn::detail::stage_slots::idle);  // overwritten from here
@@ -335,8 +334,7 @@ class gpt {
         });
       } else {
         tensor_view<float> const dwte = grad(0);
-        if (tied_buffer())  // the head's share first, as without the buffer
-          for (index_t e = 0; e < dwte.size(); ++e) dwte.data()[e] += s.tied.data()[e];
+        if (tied_buffer()) nn::detail::add_in_place(ex, dwte, tensor_view<float const>(s.tied));  // the head's share first
         embedding_backward(ex, *group_, o_.sequence, dwte, grad(1), tensor_view<float const>(s.dres), s.tokens, part_,
                            s.embedding);
       }
