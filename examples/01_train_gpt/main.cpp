@@ -412,7 +412,6 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
   auto& sched = trainer.scheduler();
 
   // The checkpoint to resume (checked whole before anything is printed), or a new run folder.
-  std::uint64_t position = 0;
   demo::loss_history history;  // the whole run's losses, carried by the checkpoint
   std::optional<demo::new_run_folder> fresh;  // a new run's folder (none when resuming)
   fs::path const resumed = place.resume_from / checkpoint_name;
@@ -420,7 +419,10 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
     try {
       trainer.load(resumed,
                    [&](tide::train::checkpoint_reader const& r) {
-                     position = r.read_value<std::uint64_t>("data.position");
+                     if (r.contains("data.windows"))
+                       train.seek_windows(r.read_value<std::uint64_t>("data.windows"));  // any --batch
+                     else  // saved before data.windows: its position in batches of the same --batch
+                       train.seek(r.read_value<std::uint64_t>("data.position"));
                      history.read(r);
                    });
     } catch (tide::error const& e) {
@@ -429,7 +431,6 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
                 opt.model, " --seq ", opt.seq, ": pass the --model and --seq it was started with, or start a new run "
                 "without --resume");
     }
-    train.seek(position);
     history.trim_to(trainer.steps());
   } else {
     fresh.emplace(opt.checkpoint_dir);
@@ -505,9 +506,9 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
       progress.line(last, opt.steps);
     }
     if (stopped != 0 || (opt.checkpoint_every > 0 && (last.step % opt.checkpoint_every == 0 || last.step == opt.steps))) {
-      std::uint64_t const pos = train.position();
+      std::uint64_t const windows = train.windows_drawn();
       trainer.save(ckpt, [&](tide::train::checkpoint_writer& w) {
-        w.add_value("data.position", pos);
+        w.add_value("data.windows", windows);
         history.write(w);
       });
     }

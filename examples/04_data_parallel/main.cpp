@@ -448,12 +448,13 @@ struct session {
   // Loads RUN/checkpoint, with the data position and the losses it carries.
   template <class Trainer>
   void load(Trainer& trainer, tide::train::window_loader& loader, fs::path const& checkpoint) {
-    std::uint64_t position = 0;
     trainer.load(checkpoint, [&](tide::train::checkpoint_reader const& r) {
-      position = r.read_value<std::uint64_t>("data.position");
+      if (r.contains("data.windows"))
+        loader.seek_windows(r.read_value<std::uint64_t>("data.windows"));  // the job's: any shape
+      else  // a set saved before data.windows: its position in batches of this shape
+        loader.seek(r.read_value<std::uint64_t>("data.position"));
       history.read(r);
     });
-    loader.seek(position);
     history.trim_to(trainer.steps());
     saved(checkpoint, trainer.steps());
   }
@@ -462,10 +463,10 @@ struct session {
   // rank writing its own; otherwise one file, written by rank 0.
   template <class Trainer>
   void save(Trainer& trainer, tide::train::window_loader const& loader, fs::path const& checkpoint) {
-    std::uint64_t const position = loader.position();
+    std::uint64_t const windows = loader.windows_drawn();  // the job's: loads at any shape
     if (trainer.sharded() || world.rank() == 0)
       trainer.save(checkpoint, [&](tide::train::checkpoint_writer& w) {
-        w.add_value("data.position", position);
+        w.add_value("data.windows", windows);
         history.write(w);
       });
     saved(checkpoint, trainer.steps());

@@ -96,3 +96,41 @@ TEST_CASE("the fortunes corpus loads (./tide installs the Debian package)") {
   for (unsigned char ch : corpus.bytes().substr(0, 100000)) printable += (ch >= 32 && ch < 127) || ch == '\n';
   CHECK(printable > 95000);
 }
+
+TEST_CASE("window_loader: a job resumed at another shape draws on from the windows the job drew") {
+  std::string text;
+  for (int i = 0; i < 5000; ++i) text += static_cast<char>(i * 7919 % 251);
+  tt::byte_corpus corpus{text};
+  int const T = 8;
+  auto rows = [&](tt::window_loader& l, int b) {
+    std::vector<std::int32_t> in(static_cast<std::size_t>(b * T)), tg(in.size());
+    l.next({in.data(), {b, T}}, {tg.data(), {b, T}});
+    return in;
+  };
+  // Two ranks of 2 rows for 3 batches: 12 windows.
+  tt::window_loader r0{corpus, tt::split::train, 2, T, 42, tt::shard{0, 2}},
+      r1{corpus, tt::split::train, 2, T, 42, tt::shard{1, 2}};
+  for (int i = 0; i < 3; ++i) (void)rows(r0, 2), (void)rows(r1, 2);
+  CHECK(r0.windows_drawn() == 12);
+  CHECK(r1.windows_drawn() == 12);
+  auto next = rows(r0, 2);  // what the job draws next: r0's rows, then r1's
+  auto const r1_next = rows(r1, 2);
+  next.insert(next.end(), r1_next.begin(), r1_next.end());
+  // One process of 2 rows a batch (a pipeline's micro-batches) goes on at its 7th and 8th batch.
+  tt::window_loader one{corpus, tt::split::train, 2, T, 42};
+  one.seek_windows(12);
+  CHECK(one.position() == 6);
+  auto both = rows(one, 2);
+  auto const second = rows(one, 2);
+  both.insert(both.end(), second.begin(), second.end());
+  CHECK(both == next);
+  // Seeked by batches instead (the same number), it would draw the job's 4th batch again.
+  tt::window_loader wrong{corpus, tt::split::train, 2, T, 42};
+  wrong.seek(3);
+  CHECK(rows(wrong, 2) != std::vector<std::int32_t>(next.begin(), next.begin() + 2 * T));
+  // 12 windows are not a whole number of batches of 5: a clear error, the loader as it was.
+  tt::window_loader five{corpus, tt::split::train, 5, T, 42};
+  CHECK_THROWS_WITH_AS(five.seek_windows(12), doctest::Contains("not a whole number of this job's batches of 5"),
+                       tide::error);
+  CHECK(five.position() == 0);
+}

@@ -119,8 +119,7 @@ class window_loader {
                  "window_loader::next wants contiguous (B, T) = (", batch_, ", ", seq_, ") views");
     std::uint64_t const windows = text_.size() - static_cast<std::size_t>(seq_);  // start positions
     for (int b = 0; b < batch_; ++b) {
-      auto const global = static_cast<std::uint64_t>(batch_) * static_cast<std::uint64_t>(shard_.ranks);
-      std::uint64_t const draw = position_ * global +
+      std::uint64_t const draw = position_ * global_batch() +
                                  static_cast<std::uint64_t>(shard_.rank) * static_cast<std::uint64_t>(batch_) +
                                  static_cast<std::uint64_t>(b);
       std::size_t const start = static_cast<std::size_t>(splitmix64(seed_, draw) % windows);
@@ -133,11 +132,25 @@ class window_loader {
     ++position_;
   }
 
-  // Batches drawn so far; seek() restores it (checkpoints).
+  // Batches this loader has drawn; seek() restores it (same batch and shard).
   [[nodiscard]] std::uint64_t position() const noexcept { return position_; }
   void seek(std::uint64_t position) noexcept { position_ = position; }
 
+  // Windows the whole job has drawn, every rank's together: what a checkpoint keeps, so that a
+  // run resumed with other rows per rank, ranks or micro-batches draws on where the job stopped.
+  [[nodiscard]] std::uint64_t windows_drawn() const noexcept { return position_ * global_batch(); }
+  void seek_windows(std::uint64_t drawn) {
+    TIDE_REQUIRE(drawn % global_batch() == 0, "window_loader: the job drew ", drawn, " windows, not a whole number "
+                 "of this job's batches of ", global_batch(), " (", batch_, " rows x ", shard_.ranks, " ranks); resume "
+                 "with rows per rank and ranks whose product divides ", drawn);
+    position_ = drawn / global_batch();
+  }
+
  private:
+  [[nodiscard]] std::uint64_t global_batch() const noexcept {
+    return static_cast<std::uint64_t>(batch_) * static_cast<std::uint64_t>(shard_.ranks);
+  }
+
   std::string_view text_;
   int batch_, seq_;
   std::uint64_t seed_;
