@@ -124,10 +124,14 @@ TEST_CASE("window_loader: a job resumed at another shape draws on from the windo
   auto const second = rows(one, 2);
   both.insert(both.end(), second.begin(), second.end());
   CHECK(both == next);
-  // Seeked by batches instead (the same number), it would draw the job's 4th batch again.
-  tt::window_loader wrong{corpus, tt::split::train, 2, T, 42};
+  // Seeked by batches instead (the job's 3), it would draw windows 6 and 7 again: r1's rows of
+  // the job's 2nd batch.
+  tt::window_loader again{corpus, tt::split::train, 2, T, 42, tt::shard{1, 2}}, wrong{corpus, tt::split::train, 2, T, 42};
+  (void)rows(again, 2);
   wrong.seek(3);
-  CHECK(rows(wrong, 2) != std::vector<std::int32_t>(next.begin(), next.begin() + 2 * T));
+  auto const repeated = rows(wrong, 2);
+  CHECK(repeated == rows(again, 2));
+  CHECK(repeated != std::vector<std::int32_t>(next.begin(), next.begin() + 2 * T));
   // 12 windows are not a whole number of batches of 5: a clear error, the loader as it was.
   tt::window_loader five{corpus, tt::split::train, 5, T, 42};
   CHECK_THROWS_WITH_AS(five.seek_windows(12), doctest::Contains("not a whole number of this job's batches of 5"),

@@ -6,8 +6,8 @@
 //   tide::train::window_loader train{corpus, tide::train::split::train, B, T, /*seed=*/1};
 //   train.next(inputs, targets);   // (B, T) int32 each: targets[b][t] = inputs[b][t+1] in the text
 //
-// The loader's position is one integer (the number of batches drawn), so a checkpoint stores it
-// and a resumed run draws exactly the batches the uninterrupted run would have drawn.
+// A checkpoint stores one integer, windows_drawn() (the windows the whole job has drawn), and a
+// resumed run, at the same shape or another, draws exactly what the uninterrupted run would have.
 
 #include <algorithm>
 #include <cstdint>
