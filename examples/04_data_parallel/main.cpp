@@ -327,7 +327,6 @@ tide::offload::chunked<tide::offload::belady> offload_for(options const& opt, ti
   return off;
 }
 
-// Whether every rank of `c` holds these bits.
 // The digest of the whole model, whatever the cut: each tensor's CRC-32C (-1 on the stages that
 // do not hold it) taken from the stage that does, then the CRC-32C of those in the model's order
 // (wte's, equal at both ends, once). Collective over the pipeline group.
@@ -338,6 +337,7 @@ std::uint32_t model_digest(tide::comm::mpi& pipeline, std::vector<std::int64_t> 
   return d.crc;
 }
 
+// Whether every rank of `c` holds these bits.
 bool same_on(tide::comm::mpi& c, std::vector<float> const& v) {
   std::vector<float> lo = v, hi = v;
   c.all_reduce(std::span<float>(lo), tide::comm::reduce_op::min);
