@@ -13,8 +13,8 @@
 //                              library on the same threads (nth_element over each thread's slice
 //                              of indices by |x|, then over the candidates), the mean over the
 //                              same residuals, same run; one thread in the detail, with the most
-//                              elements a selector returned over k. threshold_search's warm goal
-//                              is 5x.
+//                              elements a selector returned over k. tracked_topk's warm goal is
+//                              5x.
 //
 // Then the program runs itself under `mpiexec -n 2` (bench/mpi_launch.hpp) and trains the GPT of
 // examples/04 (4 layers, C 128, byte vocabulary, T 64, batch 4 per rank) on the fortunes text,
@@ -325,7 +325,8 @@ void selection_figures() {
                                      {"exact_one_thread_us", exact_one_s * 1e6}}}
           .print();
   };
-  run(tide::compress::threshold_search{}, 5.0);
+  run(tide::compress::tracked_topk{}, 5.0);
+  run(tide::compress::threshold_search{}, std::nan(""));
   run(tide::compress::exact_topk{}, std::nan(""));
   run(tide::compress::trimmed_topk{}, std::nan(""));
   run(tide::compress::sampled_threshold{}, std::nan(""));

@@ -1,6 +1,7 @@
 // The selectors of compress/select.hpp against a full sort: exact_topk and trimmed_topk choose
 // exactly its top-k (ties to the lower index); threshold_search and sampled_threshold choose
-// between k and 2k elements that hold it; every selector but random_k contracts
+// between k and 2k elements that hold it; tracked_topk chooses exact_topk's, cold, warm and after a
+// jump; every selector but random_k contracts
 // (‖x − x_S‖² <= (1 − k/d)‖x‖²); every choice is the same for 1, 2 and 3 threads and on a rerun.
 
 #include <doctest/doctest.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 #include <set>
@@ -129,6 +131,75 @@ TEST_CASE("threshold_search and sampled_threshold send k to 2k elements that hol
   }
 }
 
+TEST_CASE("tracked_topk chooses exact_topk's indices cold, warm, and when the residual jumps, for any thread count") {
+  for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{10007}, std::size_t{70001}}) {
+    auto const x = values(n, static_cast<std::uint32_t>(n) + 1);
+    // The same residual scaled up and down 1000x, another residual, then x again: the guard the
+    // last call left is far off each time and has to move.
+    std::vector<float> up(x), down(x);
+    for (float& v : up) v *= 1000.f;
+    for (float& v : down) v *= 1e-3f;
+    auto const other = values(n, 77);
+    for (std::size_t k : {std::size_t{0}, std::size_t{1}, std::size_t{10}, n / 100, n / 3, n}) {
+      CAPTURE(n);
+      CAPTURE(k);
+      for (int threads : {1, 2, 3}) {
+        CAPTURE(threads);
+        cx::tracked_topk t;
+        for (std::vector<float> const* in : std::initializer_list<std::vector<float> const*>{&x, &x, &up, &down, &other, &x}) {
+          cx::exact_topk e;
+          CHECK(run(t, threads, *in, k) == run(e, threads, *in, k));
+        }
+      }
+    }
+  }
+  // Warm on a residual that changes as error feedback's does (the top k sent, a new gradient
+  // added): one keeping pass a call once the guard has the residual's shape.
+  std::size_t const n = 70001, k = 700;
+  auto x = values(n, 3);
+  cx::tracked_topk t;
+  for (std::uint32_t step = 0; step < 8; ++step) {
+    CAPTURE(step);
+    cx::exact_topk e;
+    auto const want = run(e, 2, x, k);
+    CHECK(run(t, 2, x, k) == want);
+    CHECK(t.passes <= (step < 2 ? 3 : 1));
+    for (std::uint32_t i : want) x[i] = 0.f;  // sent
+    auto const g = values(n, 10 + step);
+    for (std::size_t i = 0; i < n; ++i) x[i] += 0.5f * g[i];
+  }
+}
+
+TEST_CASE("the keeping pass: the AVX2 form keeps what the scalar form keeps, at any offset and cap") {
+#if TIDE_SELECT_AVX2
+  if (!__builtin_cpu_supports("avx2")) {
+    MESSAGE("no AVX2 on this CPU: the scalar form is the one that runs");
+    return;
+  }
+  auto const x = values(1003, 21);
+  for (std::size_t b : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{500}})
+    for (std::size_t e : {b, b + 5, std::size_t{1000}, std::size_t{1003}})
+      for (std::size_t cap : {std::size_t{0}, std::size_t{3}, std::size_t{40}, std::size_t{2000}})
+        for (float tau : {0.f, 0.5f, 3.f, 5.f}) {
+          CAPTURE(b);
+          CAPTURE(e);
+          CAPTURE(cap);
+          CAPTURE(tau);
+          std::vector<std::uint32_t> k1(cap + 1, 7u), v1(cap + 1, 7u), k2(cap + 1, 7u), v2(cap + 1, 7u);
+          auto const above = cx::abs_key(tau);
+          std::size_t const c1 = cx::detail::keep_above_scalar(x.data(), b, e, above, k1.data(), v1.data(), cap);
+          std::size_t const c2 = cx::detail::keep_above_avx2(x.data(), b, e, above, k2.data(), v2.data(), cap);
+          CHECK(c1 == c2);
+          CHECK(k1 == k2);
+          CHECK(v1 == v2);
+          CHECK(k1[cap] == 7u);  // nothing past cap
+          for (std::size_t j = 0; j < std::min(c1, cap); ++j) CHECK(v1[j] == cx::abs_key(x[k1[j]]));
+        }
+#else
+  MESSAGE("no AVX2 form on this target: the scalar form is the one that runs");
+#endif
+}
+
 TEST_CASE("selectors on hard inputs: all magnitudes equal, mostly zeros, a NaN, too small an output") {
   tide::thread_pool pool(2);
   tide::exec<tide::host> const ex{pool};
@@ -140,9 +211,12 @@ TEST_CASE("selectors on hard inputs: all magnitudes equal, mostly zeros, a NaN, 
     cx::threshold_search t;
     cx::sampled_threshold s;
     cx::trimmed_topk r;
+    cx::tracked_topk g;
     CHECK(run(t, 2, x, k) == want);
     CHECK(run(s, 2, x, k) == want);
     CHECK(run(r, 2, x, k) == want);
+    CHECK(run(g, 2, x, k) == want);
+    CHECK(run(g, 2, x, k) == want);
   }
   {  // 10 non-zeros: every selector takes them, then zeros by index
     std::vector<float> x(n, 0.f);
@@ -151,16 +225,31 @@ TEST_CASE("selectors on hard inputs: all magnitudes equal, mostly zeros, a NaN, 
     cx::threshold_search t;
     cx::sampled_threshold s;
     cx::exact_topk e;
-    for (auto const& v : {run(t, 2, x, k), run(s, 2, x, k), run(e, 2, x, k)}) {
+    cx::tracked_topk g;
+    for (auto const& v : {run(t, 2, x, k), run(s, 2, x, k), run(e, 2, x, k), run(g, 2, x, k)}) {
       CHECK(v.size() >= k);
       CHECK(holds(v, want));
     }
+    CHECK(run(g, 2, x, k) == want);
   }
-  {  // a NaN is sent first, not kept in the residual
+  {  // a NaN is sent first, not kept in the residual; an infinity next
     std::vector<float> x = values(n, 9);
     x[1234] = std::numeric_limits<float>::quiet_NaN();
+    x[99] = -std::numeric_limits<float>::infinity();
     cx::exact_topk e;
+    cx::tracked_topk g;
     CHECK(run(e, 2, x, 1) == std::vector<std::uint32_t>{1234});
+    for (int call = 0; call < 3; ++call) {
+      CHECK(run(g, 2, x, 1) == std::vector<std::uint32_t>{1234});
+      CHECK(run(g, 2, x, 2) == std::vector<std::uint32_t>{99, 1234});
+      CHECK(run(g, 2, x, k) == run(e, 2, x, k));
+    }
+  }
+  {  // options out of range are refused, naming what to pass
+    std::vector<float> const x = values(n, 3);
+    std::vector<std::uint32_t> out(k);
+    cx::tracked_topk g{.margin = 1.5f};
+    CHECK_THROWS_WITH_AS((void)g.select(ex, x, k, out), doctest::Contains("pass a margin in (0, 1]"), tide::error);
   }
   {  // an output smaller than capacity(k) is refused before anything is written
     std::vector<float> const x = values(n, 3);
