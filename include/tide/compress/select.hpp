@@ -132,7 +132,7 @@ struct threshold_search {
       std::size_t const c = count(tau);
       if (c >= k && c <= 2 * k) {
         last_tau = tau;
-        return detail::concat_slices(2 * k, out.data(), scratch);
+        return detail::concat_slices(out.data(), scratch);
       }
       (c < k ? hi : lo) = tau;
       float const next = std::isinf(hi) ? 2.f * tau : 0.5f * (lo + hi);
@@ -172,7 +172,7 @@ struct sampled_threshold {
       c = detail::count_keep(ex.pool, x, below, 2 * k, scratch);
     }
     if (c < k) return detail::topk_by_key(ex.pool, n, k, key, out.data(), scratch);
-    if (c <= 2 * k) return detail::concat_slices(2 * k, out.data(), scratch);
+    if (c <= 2 * k) return detail::concat_slices(out.data(), scratch);
     return detail::topk_of_candidates(ex.pool, x, k, below, out.data(), scratch);
   }
 
@@ -186,8 +186,9 @@ struct sampled_threshold {
 // moved between the two calls before (warm; keep one selector per tensor or chunk), or a 1 %
 // sample's (cold). The fraction starts at `margin`; each call then sets it from how many the guard
 // kept, so that the next keeps about 2k (the count taken as a power of the magnitude). A guard
-// that keeps fewer than k or more than `spread`·k is moved (down by half, up towards the expected
-// magnitude, then by bisection) and the pass repeated; after `max_passes` the radix select decides.
+// that keeps fewer than k or more than `spread`·k moves by the secant of log count over log
+// magnitude (at most 4x a pass), by bisection once bracketed, and the pass is repeated; after
+// `max_passes` the radix select decides.
 struct tracked_topk {
   static constexpr std::string_view name = "tracked_topk";
   static constexpr std::size_t capacity(std::size_t k) noexcept { return k; }
@@ -212,11 +213,12 @@ struct tracked_topk {
     float guard = expected * (fraction > 0.f ? fraction : margin), lo = 0.f, hi = std::numeric_limits<float>::infinity();
     // A guard that missed moves by the secant of log count over log magnitude (its slope e from
     // the fraction, then from the last two passes) towards 2k, by bisection once bracketed.
-    double e = -std::log2(static_cast<double>(fraction > 0.f ? fraction : margin));
+    double e = std::max(0.01, -std::log2(static_cast<double>(fraction > 0.f ? fraction : margin)));
     float before = 0.f;
     std::size_t c = 0, c_before = 0;
-    for (passes = 1;; ++passes) {
-      if (!(guard > 0.f) || !std::isfinite(guard) || passes > max_passes) return fall_back(ex, x, k, out);
+    for (;;) {
+      if (!(guard > 0.f) || !std::isfinite(guard) || passes == max_passes) return fall_back(ex, x, k, out);
+      ++passes;
       c = detail::count_keep(ex.pool, x, abs_key(guard), cap, scratch);
       if (c >= k && c <= cap) break;
       (c < k ? hi : lo) = guard;
@@ -238,7 +240,7 @@ struct tracked_topk {
     auto& order = scratch.sample;
     cand.resize(c);
     keys.resize(c);
-    detail::concat_slices(cap, cand.data(), scratch, keys.data());
+    detail::concat_slices(cand.data(), scratch, keys.data());
     order.assign(keys.begin(), keys.end());
     auto const kth_at = order.begin() + static_cast<std::ptrdiff_t>(k - 1);
     std::nth_element(order.begin(), kth_at, order.end(), std::greater<>());
@@ -267,7 +269,7 @@ struct tracked_topk {
   float last_kth = 0;  // the k-th largest |x| of the last call (0: none, the next call samples)
   float drift = 1;     // how much it moved between the last two calls
   float fraction = 0;  // the next guard over the k-th magnitude expected (0: margin)
-  int passes = 0;      // the keeping passes the last call made (0: none, or the radix select alone)
+  int passes = 0;      // the keeping passes the last call made (then the radix select, if it fell back)
   detail::select_scratch scratch{};
 
  private:

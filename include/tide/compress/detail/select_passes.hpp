@@ -20,7 +20,7 @@
 #include "tide/core/error.hpp"
 #include "tide/core/parallel.hpp"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+#if defined(__x86_64__) && defined(__GNUC__)
 #  include <immintrin.h>
 #  define TIDE_SELECT_AVX2 1
 #else
@@ -57,8 +57,9 @@ struct select_scratch {
   std::vector<std::uint32_t> candidates;  // indices above a threshold
   std::vector<std::uint32_t> picked;      // positions among the candidates
   std::vector<std::uint32_t> sample;      // sampled keys
-  std::vector<std::uint32_t> per_slice;   // (threads, cap) indices above a threshold, by slice
-  std::vector<std::uint32_t> slice_keys;  // (threads, cap) their keys
+  std::vector<std::uint32_t> per_slice;   // (threads, stride) indices above a threshold, by slice
+  std::vector<std::uint32_t> slice_keys;  // (threads, stride) their keys
+  std::size_t stride = 0;                 // per_slice's room per slice: min(cap, a slice's length)
 };
 
 inline void check_out(std::size_t n, std::size_t k, std::size_t room, std::size_t need, std::string_view who) {
@@ -127,42 +128,43 @@ __attribute__((target("avx2"))) inline std::size_t keep_above_avx2(float const* 
 }
 #endif
 
-// One pass: how many of x have |x| > above (by key), each slice also keeping its first `cap` such
-// indices in s.per_slice (their keys in s.slice_keys). When the total is at most cap, every index
-// was kept: concat_slices(out) then writes them ascending.
+// One pass: how many of x have |x| > above (a key: at most 0x7fffffff), each slice also keeping
+// its first `cap` such indices in s.per_slice (their keys in s.slice_keys). When the total is at
+// most cap, every index was kept: concat_slices(out) then writes them ascending. The room kept
+// is at most about n, whatever cap is.
 inline std::size_t count_keep(thread_pool& pool, std::span<float const> x, std::uint32_t above, std::size_t cap,
                               select_scratch& s) {
   int const t = pool.threads();
   std::size_t const n = x.size();
   s.counts.assign(static_cast<std::size_t>(t), 0);
-  s.per_slice.resize(static_cast<std::size_t>(t) * cap);
+  s.stride = std::min(cap, n / static_cast<std::size_t>(t) + 1);  // a slice holds at most n / t + 1
+  s.per_slice.resize(static_cast<std::size_t>(t) * s.stride);
   s.slice_keys.resize(s.per_slice.size());
 #if TIDE_SELECT_AVX2
   static bool const avx2 = __builtin_cpu_supports("avx2");
 #endif
   pool.run(n, [&](std::size_t b, std::size_t e) {
     auto const slot = static_cast<std::size_t>(thread_pool::slice_at(n, t, b));
-    std::uint32_t* kept = s.per_slice.data() + slot * cap;
-    std::uint32_t* keys = s.slice_keys.data() + slot * cap;
+    std::uint32_t* kept = s.per_slice.data() + slot * s.stride;
+    std::uint32_t* keys = s.slice_keys.data() + slot * s.stride;
 #if TIDE_SELECT_AVX2
     if (avx2) {
-      s.counts[slot] = keep_above_avx2(x.data(), b, e, above, kept, keys, cap);
+      s.counts[slot] = keep_above_avx2(x.data(), b, e, above, kept, keys, s.stride);
       return;
     }
 #endif
-    s.counts[slot] = keep_above_scalar(x.data(), b, e, above, kept, keys, cap);
+    s.counts[slot] = keep_above_scalar(x.data(), b, e, above, kept, keys, s.stride);
   });
   std::size_t c = 0;
   for (std::size_t v : s.counts) c += v;
   return c;
 }
 // (keys: their keys too, unless null)
-inline std::size_t concat_slices(std::size_t cap, std::uint32_t* out, select_scratch const& s,
-                                 std::uint32_t* keys = nullptr) {
+inline std::size_t concat_slices(std::uint32_t* out, select_scratch const& s, std::uint32_t* keys = nullptr) {
   std::size_t at = 0;
   for (std::size_t q = 0; q < s.counts.size(); ++q) {
-    std::copy_n(s.per_slice.data() + q * cap, s.counts[q], out + at);
-    if (keys != nullptr) std::copy_n(s.slice_keys.data() + q * cap, s.counts[q], keys + at);
+    std::copy_n(s.per_slice.data() + q * s.stride, s.counts[q], out + at);
+    if (keys != nullptr) std::copy_n(s.slice_keys.data() + q * s.stride, s.counts[q], keys + at);
     at += s.counts[q];
   }
   return at;
