@@ -158,6 +158,16 @@ TEST_CASE("exp_poly: within 1.02 ulp of e^x over a sweep of the normal range, an
   CHECK(ulp_error(exp_poly(-87.f), std::exp(-87.0)) < 1.02);
 }
 
+TEST_CASE("pick: c ? a : b on the bits, NaN payloads and signed zeros kept") {
+  auto bits = [](float v) { return std::bit_cast<std::uint32_t>(v); };
+  float const nan = std::bit_cast<float>(0x7fc01234u);
+  CHECK(bits(k::detail::pick(true, -0.f, 1.f)) == bits(-0.f));
+  CHECK(bits(k::detail::pick(false, -0.f, 0.f)) == bits(0.f));
+  CHECK(bits(k::detail::pick(true, nan, 2.f)) == 0x7fc01234u);
+  CHECK(bits(k::detail::pick(false, nan, -2.f)) == bits(-2.f));
+  CHECK(k::detail::pick(true, std::numeric_limits<float>::infinity(), 0.f) == std::numeric_limits<float>::infinity());
+}
+
 TEST_CASE("exp_poly_nonpositive: exp_poly's bits on [-87.3365, 0], tiny or 0 below") {
   using k::detail::exp_poly;
   using k::detail::exp_poly_nonpositive;

@@ -36,6 +36,15 @@ TIDE_HOST_DEVICE inline float fmadd(float a, float b, float c) noexcept {
 #endif
 }
 
+// c ? a : b, on the values' bits. g++ turns `(c ? 1 : e) * d` into a branch around a multiply,
+// which with -ftrapping-math (the default) it will not if-convert, so the loop does not vectorise
+// without AVX-512's masks (measured: GELU forward 6.1 ns/elem on a 2-core AVX2 EPYC). A select on
+// bits stays a blend.
+TIDE_HOST_DEVICE inline float pick(bool c, float a, float b) noexcept {
+  std::uint32_t const m = 0u - static_cast<std::uint32_t>(c);
+  return __builtin_bit_cast(float, (__builtin_bit_cast(std::uint32_t, a) & m) | (__builtin_bit_cast(std::uint32_t, b) & ~m));
+}
+
 // Constants of exp_poly, exposed so tests can probe its boundaries.
 struct exp_poly_range {
   // The largest float whose e^x is finite (0x1.62e42ep+6) ...
@@ -75,11 +84,9 @@ TIDE_HOST_DEVICE inline float exp_poly(float x) noexcept {
   std::int32_t const big = ni > 127 ? 1 : 0;
   ni -= big;
   float const scale = __builtin_bit_cast(float, static_cast<std::uint32_t>(ni + 127) << 23);
-  float y = p * scale;
-  y = big != 0 ? y * 2.f : y;
-  y = x < lo ? 0.f : y;
-  y = x > hi ? inf : y;
-  return y;
+  float y = p * scale * pick(big != 0, 2.f, 1.f);  // y * 1 is y; pick: see above
+  y = pick(x < lo, 0.f, y);
+  return pick(x > hi, inf, y);
 }
 
 // e^x for the arguments of a softmax, x = z - max(z) <= 0: the arithmetic of exp_poly without
