@@ -341,15 +341,21 @@ void step_range_from_sources(Record const& r, index_t begin, index_t end, typena
     bool const line_p = r.src_p != nullptr && on_line(r.p + b);
     bool line_s[S];
     for (int j = 0; j < S; ++j) line_s[j] = use && src.at[j] != nullptr && on_line(dst.at[j] + b);
-    index_t i = 0;
+    // Streamed a whole 64-byte line at a time (16 floats: one zmm, two ymm or four xmm vectors):
+    // half lines streamed as each ymm was computed ran the step at 0.47 of in place on an AVX2
+    // EPYC.
+    constexpr index_t line = 16;
+    static_assert(line % w == 0, "a vector of lanes must divide a cache line of floats");
+    index_t i = 0, streamed = 0;
     for (; i + w <= k; i += w) {
       step_vector<Step>(from_p + i, pb + i, g + i, states_at(from, i), states_at(to, i), r.working ? wb + i : nullptr,
                         c);
-      if (line_p) memory::detail::stream_floats_unfenced(r.p + b + i, pb + i, w);
+      if ((i + w) % line != 0) continue;
+      if (line_p) memory::detail::stream_floats_unfenced(r.p + b + streamed, pb + streamed, line);
       for (int j = 0; j < S; ++j)
-        if (line_s[j]) memory::detail::stream_floats_unfenced(dst.at[j] + b + i, sb[j] + i, w);
+        if (line_s[j]) memory::detail::stream_floats_unfenced(dst.at[j] + b + streamed, sb[j] + streamed, line);
+      streamed += line;
     }
-    index_t const streamed = i;
     if (i < k)  // the range's last partial vector
       step_tail<Step>(from_p + i, pb + i, g + i, states_at(from, i), states_at(to, i), r.working ? wb + i : nullptr,
                       k - i, c);
