@@ -336,8 +336,8 @@ void step_range_from_sources(Record const& r, index_t begin, index_t end, typena
     }
     if (r.prev_p != nullptr) store(true, r.prev_p + b, from_p, k);
     if (r.working != nullptr && r.prev_working != nullptr) store(true, r.prev_working + b, r.working + b, k);
-    // A destination read from a source and starting on a line is streamed a vector at a time,
-    // as the piece is computed (its vectors are whole lines); the rest after the piece.
+    // A destination read from a source and starting on a line is streamed a line at a time, as
+    // the piece is computed; the rest after the piece.
     bool const line_p = r.src_p != nullptr && on_line(r.p + b);
     bool line_s[S];
     for (int j = 0; j < S; ++j) line_s[j] = use && src.at[j] != nullptr && on_line(dst.at[j] + b);
