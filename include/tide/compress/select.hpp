@@ -233,7 +233,7 @@ struct tracked_topk {
       if (next == lo || next == hi || next == guard) return fall_back(ex, x, k, out);  // no float between: ties
       guard = next;
     }
-    // (c) the candidates, ascending, and their keys: the k-th largest key decides; of the keys
+    // The c candidates, ascending, and their keys: the k-th largest key decides; of the keys
     // equal to it, the lowest indices go first.
     auto& cand = scratch.candidates;
     auto& keys = scratch.picked;

@@ -55,8 +55,8 @@ struct select_scratch {
   std::vector<double> sums;               // per block
   std::vector<float> maxes;               // per block
   std::vector<std::uint32_t> candidates;  // indices above a threshold
-  std::vector<std::uint32_t> picked;      // positions among the candidates
-  std::vector<std::uint32_t> sample;      // sampled keys
+  std::vector<std::uint32_t> picked;      // positions among the candidates (tracked_topk: their keys)
+  std::vector<std::uint32_t> sample;      // sampled keys (tracked_topk: the candidates' keys, reordered)
   std::vector<std::uint32_t> per_slice;   // (threads, stride) indices above a threshold, by slice
   std::vector<std::uint32_t> slice_keys;  // (threads, stride) their keys
   std::size_t stride = 0;                 // per_slice's room per slice: min(cap, a slice's length)

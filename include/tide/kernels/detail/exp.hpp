@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "tide/core/config.hpp"
+#include "tide/core/dtype.hpp"
 
 namespace tide::kernels::detail {
 
@@ -42,7 +43,7 @@ TIDE_HOST_DEVICE inline float fmadd(float a, float b, float c) noexcept {
 // bits stays a blend.
 TIDE_HOST_DEVICE inline float pick(bool c, float a, float b) noexcept {
   std::uint32_t const m = 0u - static_cast<std::uint32_t>(c);
-  return __builtin_bit_cast(float, (__builtin_bit_cast(std::uint32_t, a) & m) | (__builtin_bit_cast(std::uint32_t, b) & ~m));
+  return tide::detail::float_of((tide::detail::bits_of(a) & m) | (tide::detail::bits_of(b) & ~m));
 }
 
 // Constants of exp_poly, exposed so tests can probe its boundaries.
