@@ -30,6 +30,7 @@
 #include <ranges>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tide/core/backend.hpp"

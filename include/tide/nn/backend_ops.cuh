@@ -7,6 +7,7 @@
 // nvcc, so nn::gpt's calls see these overloads where it is defined. Compiled by nvcc
 // (cuda/instantiate_all), never run yet: no GPU has run tide (docs/cuda.md).
 
+#include <cstddef>
 #include <cuda_runtime.h>
 
 #include <vector>

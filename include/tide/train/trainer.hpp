@@ -22,6 +22,7 @@
 // else the update runs with grad_scale = clip / (loss scale * micro-steps); otherwise each chunk
 // is stepped as soon as its gradients are complete, beside the rest of backward.
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -351,7 +352,6 @@ class trainer {
 
   template <class Extra>
   void save_set(std::filesystem::path const& dir, Extra& extra);
-
   template <class Extra>
   void load_set(std::filesystem::path const& dir, Extra& extra);
 

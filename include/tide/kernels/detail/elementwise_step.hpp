@@ -48,6 +48,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <ranges>
 #include <sstream>

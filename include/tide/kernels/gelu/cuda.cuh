@@ -4,6 +4,7 @@
 // rows into its own partial (shared memory when it fits), then column_sums_kernel adds the
 // partials in chunk order: deterministic, independent of the device.
 
+#include <cstddef>
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -3,6 +3,9 @@
 // which g++ vectorises (exp_poly is branch-free). Elementwise results are the same for any
 // thread count; dbias uses detail::rows_with_column_sums, also the same for any thread count.
 
+#include <array>
+#include <cstddef>
+
 #include "tide/core/exec.hpp"
 #include "tide/kernels/gelu/checks.hpp"
 #include "tide/kernels/gelu/math.hpp"

@@ -3,6 +3,7 @@
 // at a time. Runs on float, bf16, f16 and double tensors (double for finite differences).
 
 #include <cmath>
+#include <cstddef>
 #include <vector>
 
 #include "tide/kernels/gelu/checks.hpp"

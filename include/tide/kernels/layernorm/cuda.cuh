@@ -14,6 +14,10 @@
 // is deterministic, independent of the device. The split backward's halves (input gradient,
 // weight gradients) run the same kernel with one set of outputs each, so the same bits.
 
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+
 #include <cuda_runtime.h>
 
 #include "tide/core/cuda.cuh"

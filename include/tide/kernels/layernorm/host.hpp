@@ -6,6 +6,7 @@
 // the same for any thread count.
 
 #include <array>
+#include <cstddef>
 #include <utility>
 
 #include "tide/core/exec.hpp"

@@ -3,6 +3,7 @@
 // and double tensors (double for finite differences); mean and rstd are float or double.
 
 #include <cmath>
+#include <cstddef>
 #include <vector>
 
 #include "tide/kernels/layernorm/checks.hpp"

@@ -14,6 +14,7 @@
 // cublasHandle_t only, so this path stays on cublasGemmEx. Not tuned (no GPU where it was
 // written).
 
+#include <cstddef>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 

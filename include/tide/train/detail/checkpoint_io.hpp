@@ -2,6 +2,7 @@
 // The file-level pieces of train/checkpoint.hpp: the header's magic and size, little-endian
 // fields, an owned file descriptor, and pwrite / pread that finish or say why not.
 
+#include <algorithm>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>

@@ -4,9 +4,12 @@
 // the caller's extra sections), a checkpoint set of one file per rank (ZeRO, per-rank residuals,
 // pipeline stages), and the load: the checks it makes before it changes anything, then the reads.
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <span>

@@ -3,8 +3,10 @@
 // one step over the micro-batches, the pipeline's run (and the stage's share of the model it
 // runs), the global gradient norm, and the undo of a step that threw.
 
+#include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <span>
 
