@@ -1,7 +1,8 @@
-// The header check's precompiled header: the outside headers tide's headers include (the
-// standard library, the intrinsics, MPI and CBLAS where tide uses them), parsed once instead of
-// in each of the check's units. Nothing of tide's: each tide header still has to include the
-// tide headers it needs. A standard header missing here costs only time.
+// The header check's precompiled header: the standard library and the x86 intrinsics, parsed
+// once instead of in each of the check's units. headers/std_includes checks on the text that a
+// header includes what it uses of these. Nothing else: a tide header, a POSIX, MPI or CBLAS
+// header missing from a header's includes still fails its compile. A standard header missing
+// here costs only time.
 #pragma once
 
 #include <algorithm>
@@ -53,26 +54,9 @@
 #include <variant>
 #include <vector>
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #if defined(__x86_64__) && defined(__GNUC__)
 #  include <immintrin.h>
 #endif
 #if __has_include(<experimental/simd>)
 #  include <experimental/simd>
-#endif
-#if defined(TIDE_HAS_MPI)  // as tide/comm/mpi.hpp includes it: the C API only
-#  ifndef OMPI_SKIP_MPICXX
-#    define OMPI_SKIP_MPICXX 1
-#  endif
-#  ifndef MPICH_SKIP_MPICXX
-#    define MPICH_SKIP_MPICXX 1
-#  endif
-#  include <mpi.h>
-#endif
-#if defined(TIDE_HAS_BLAS)
-#  include <cblas.h>
 #endif

@@ -1,6 +1,7 @@
-// The tests' precompiled header: the outside headers tide includes (the header check's list)
-// and doctest. Nothing of tide's: a tide header here would hide a test's missing include.
-// Adding a header here never changes what a test means, only how fast it compiles.
+// The tests' precompiled header: the header check's (the standard library and the x86
+// intrinsics) and doctest. Nothing of tide's: a tide header here would hide a test's missing
+// tide include and come before any macro a test defines. A test that forgets a standard include
+// still compiles here; tests are not a library's interface, so that is the price of the time.
 #pragma once
 
 #include "../headers/outside.hpp"

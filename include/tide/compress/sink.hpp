@@ -50,6 +50,7 @@
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tide/comm/communicator.hpp"

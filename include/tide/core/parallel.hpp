@@ -17,6 +17,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tide/core/error.hpp"

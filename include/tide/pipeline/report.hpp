@@ -15,9 +15,11 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include "tide/core/error.hpp"
 #include "tide/core/text_format.hpp"

@@ -24,6 +24,7 @@
 // the way back up, piece s or 2p − 1 − s).
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <type_traits>

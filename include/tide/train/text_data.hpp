@@ -10,6 +10,7 @@
 // resumed run, at the same shape or another, draws exactly what the uninterrupted run would have.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "tide/core/error.hpp"

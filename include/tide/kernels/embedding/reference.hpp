@@ -2,6 +2,7 @@
 // The scalar oracle for encoder_forward / encoder_backward: loops over (b, t, c), the backward
 // sums in double per table element and rounds once. Shapes as in embedding.hpp.
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
