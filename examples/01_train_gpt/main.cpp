@@ -1,5 +1,7 @@
 // 01_train_gpt (`./tide demo`): a byte-level GPT trained on real text, on the CPU, with its model
 // data offloaded: the device budget is smaller than the parameters, gradients and AdamW state.
+// The same source compiled by nvcc (cuda.cu beside it; `./tide demo --backend cuda` builds and
+// runs it) trains on a CUDA GPU, the budget then being device memory.
 //
 // Everything is a tide part assembled by tide::train::trainer: tide::nn::gpt (forward, explicit
 // backward, sampling), an offload scheduler (chunked<belady> by default: PatrickStar's chunks
@@ -11,13 +13,16 @@
 //                        [--batch N] [--seq N] [--lr X] [--warmup N] [--seed N] [--threads N]
 //                        [--eval-every N] [--sample N] [--prompt TEXT] [--check-falls MARGIN]
 //                        [--recompute] [--offload-activations] [--host-budget SIZE --spill-folder DIR]
+//                        [--backend host|cuda]
 //
 // --help prints the defaults (read from `options`). Each run writes to a folder of its own,
 // DIR/run-001, run-002, ...; --resume continues the latest one that has a checkpoint, or the run
 // folder named after it; the loss picture covers the whole run (the checkpoint carries its losses).
 // SIGINT or SIGTERM finishes the step in flight, saves a checkpoint, writes the pictures and the
 // timeline and exits 130 or 143; a second one ends the process at once.
-// Bad input: one line "example_01_train_gpt: <what is wrong>" on stderr, exit 2. --check-falls M:
+// Bad input: one line "example_01_train_gpt: <what is wrong>" on stderr, exit 2; so is --backend
+// cuda without a CUDA device, or in the host's build (the host backend in the CUDA build: the
+// same). --check-falls M:
 // exit 1 unless the mean loss of the last 5 steps is below the first step's minus M (the suite's
 // smoke test).
 
@@ -51,6 +56,10 @@
 #include <tide/train/interrupt.hpp>
 #include <tide/train/trainer.hpp>
 
+#if defined(__CUDACC__)
+#include <tide/cuda.cuh>
+#endif
+
 #include "../common/run.hpp"
 
 using namespace tide::literals;
@@ -59,7 +68,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The backend this build trains on: nvcc's build the CUDA one only (the host's is the g++
+// build), so that each compiles one set of trainers.
+#if defined(__CUDACC__)
+using demo_backend = tide::cuda;
+constexpr char const* program = "example_01_train_gpt_cuda";
+constexpr char const* this_backend = "cuda";
+#else
+using demo_backend = tide::host;
 constexpr char const* program = "example_01_train_gpt";
+constexpr char const* this_backend = "host";
+#endif
 
 struct options {
   int steps = 1000;
@@ -84,6 +103,7 @@ struct options {
   bool offload_activations = false;   // every block's saved activations to host memory
   std::size_t host_budget = 0;        // bytes of model data the host keeps between steps; 0: no limit
   std::string spill_folder;           // where optimizer state past host_budget goes
+  std::string backend = this_backend;  // host or cuda: each build runs its own
 };
 
 // --help: the defaults come from options{}, so the text cannot drift from the code.
@@ -128,6 +148,8 @@ std::string usage() {
       d.host_budget == 0 ? std::string("no limit") : tide::detail::concat(tide::bytes_of{d.host_budget}), "]\n",
       "  --spill-folder DIR    the folder for those files, on a fast drive; created if missing [",
       d.spill_folder.empty() ? "none" : d.spill_folder.c_str(), "]\n",
+      "  --backend NAME        host, or cuda (the build ./tide demo --backend cuda makes with nvcc) [",
+      d.backend, "]\n",
       "  --help                this text\n",
       "Flags also take --flag=VALUE. Sizes in the output are binary (KiB, MiB, GiB). Bad input exits 2\n",
       "with one line on stderr.\n");
@@ -146,6 +168,7 @@ constexpr flag flags[] = {
     {"--seed", true},       {"--threads", true},    {"--eval-every", true}, {"--sample", true},
     {"--prompt", true},     {"--check-falls", true}, {"--help", false},     {"-h", false},
     {"--recompute", false}, {"--offload-activations", false}, {"--host-budget", true}, {"--spill-folder", true},
+    {"--backend", true},
 };
 
 flag const* find_flag(std::string_view name) {
@@ -182,6 +205,11 @@ double real_number(std::string_view flag, std::string_view text) {
 // Bytes of RAM: the host backend's "device" is a region of it.
 std::size_t physical_memory() {
   std::size_t const bytes = tide::memory::device_arena<tide::host>::capacity();
+  return bytes != 0 ? bytes : std::numeric_limits<std::size_t>::max();
+}
+// Bytes of the memory the device budget comes out of: RAM, or the GPU's memory.
+std::size_t device_memory() {
+  std::size_t const bytes = tide::memory::device_arena<demo_backend>::capacity();
   return bytes != 0 ? bytes : std::numeric_limits<std::size_t>::max();
 }
 
@@ -246,6 +274,7 @@ options parse(int argc, char** argv) {
     else if (k == "--check-falls") o.check_falls = real_number(k, v);
     else if (k == "--host-budget") o.host_budget = demo::size_from(k, v);
     else if (k == "--spill-folder") o.spill_folder = v;
+    else if (k == "--backend") o.backend = v;
   }
   TIDE_REQUIRE((o.host_budget == 0) == o.spill_folder.empty(), "--host-budget and --spill-folder go together: the "
                "optimizer state past the host budget needs a folder, and a folder needs a budget to spill past");
@@ -289,6 +318,51 @@ struct batch {
   tide::tensor_view<std::int32_t const> tokens() const { return {inputs.data(), {B, T}}; }
   tide::tensor_view<std::int32_t const> labels() const { return {targets.data(), {B, T}}; }
 };
+
+// A batch where the backend's kernels read it: on the host its own vectors; on CUDA a device
+// copy, made before each use into one buffer (8 bytes a position, nothing next to a step). The
+// buffer is reused safely: every use (a step, an evaluation forward) returns its loss, read
+// back from the device, so its kernels are done with the tokens by then.
+template <class Backend>
+struct staged {
+  staged(int, int) {}
+  std::pair<tide::tensor_view<std::int32_t const>, tide::tensor_view<std::int32_t const>> operator()(batch const& b) {
+    return {b.tokens(), b.labels()};
+  }
+};
+#if defined(__CUDACC__)
+template <>
+struct staged<tide::cuda> {
+  using view = tide::tensor_view<std::int32_t const, tide::cuda>;
+  std::size_t n;
+  std::int32_t* d = nullptr;  // (2, B, T): inputs, then targets
+  staged(int B, int T) : n(std::size_t(B) * std::size_t(T)) {
+    TIDE_CUDA_CHECK(cudaMalloc(&d, 2 * n * sizeof(std::int32_t)));
+  }
+  staged(staged const&) = delete;
+  staged& operator=(staged const&) = delete;
+  ~staged() { (void)cudaFree(d); }
+  std::pair<view, view> operator()(batch const& b) {
+    TIDE_REQUIRE(b.inputs.size() == n, "a batch of ", b.inputs.size(), " tokens for a buffer of ", n);
+    tide::memory::copy_to_device(tide::cuda{}, d, b.inputs.data(), n * sizeof(std::int32_t));
+    tide::memory::copy_to_device(tide::cuda{}, d + n, b.targets.data(), n * sizeof(std::int32_t));
+    return {view(d, {b.B, b.T}), view(d + n, {b.B, b.T})};
+  }
+};
+#endif
+
+// The device's name for the report: "the host" or the GPU's.
+std::string device_name() {
+#if defined(__CUDACC__)
+  int device = 0;
+  cudaDeviceProp prop{};
+  TIDE_CUDA_CHECK(cudaGetDevice(&device));
+  TIDE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return tide::detail::concat("CUDA device ", device, ", ", prop.name);
+#else
+  return "the host (its device memory is a region of RAM)";
+#endif
+}
 
 // The model's options: the seed, and --recompute / --offload-activations for every block.
 tide::nn::gpt_options model_options(options const& opt, tide::nn::gpt_config const& config) {
@@ -336,9 +410,10 @@ std::size_t device_budget(options const& opt, tide::nn::gpt_config const& config
   TIDE_CHECK(opt.budget >= minimum, budget, "--budget ", tide::bytes_of{opt.budget}, " is below what ",
              decltype(probe)::name(), " needs for this model and --batch ", opt.batch, " --seq ", opt.seq, ", ",
              tide::bytes_of{minimum}, ": ", probe.minimum_explained(activations), "; pass more, or auto");
-  TIDE_CHECK(opt.budget <= physical_memory(), budget, "--budget ", tide::bytes_of{opt.budget},
-             " is more than this machine's ", tide::bytes_of{physical_memory()},
-             " of memory (the host backend's device memory is a region of it)");
+  TIDE_CHECK(opt.budget <= device_memory(), budget, "--budget ", tide::bytes_of{opt.budget},
+             demo_backend::is_device ? " is more than the GPU's " : " is more than this machine's ",
+             tide::bytes_of{device_memory()},
+             demo_backend::is_device ? " of memory" : " of memory (the host backend's device memory is a region of it)");
   return opt.budget;
 }
 
@@ -395,7 +470,7 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
     }
   }
 
-  tide::train::trainer trainer{tide::nn::gpt_spec<tide::host>{.config = config, .options = model_options(opt, config)},
+  tide::train::trainer trainer{tide::nn::gpt_spec<demo_backend>{.config = config, .options = model_options(opt, config)},
                                offload,
                                tide::optim::adamw{.lr = opt.lr,
                                                   .beta2 = 0.99f,
@@ -442,6 +517,7 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
               config.layers, config.heads, config.channels, opt.seq,
               double(tide::nn::parameter_count(tide::nn::resolve(config))) / 1e6, double(model_data) / double(1_MiB),
               double(sched.chunk_bytes()) / double(1_MiB));
+  std::printf("device: %s\n", device_name().c_str());
   std::printf("offload: %s, device budget %.1f MiB (%.0f%% of the model data), B=%d, %d threads\n",
               scheduler_type::name().c_str(), double(budget) / double(1_MiB), 100.0 * double(budget) / double(model_data),
               opt.batch, opt.threads);
@@ -454,10 +530,14 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
   fs::path const ckpt = dir / checkpoint_name;
   std::fflush(stdout);
 
+  staged<demo_backend> stage(opt.batch, opt.seq);
   auto evaluate = [&] {
     sched.begin_evaluation();
     double sum = 0;
-    for (auto const& b : validation) sum += model.forward(trainer.executor(), b.tokens(), b.labels());
+    for (auto const& b : validation) {
+      auto const [in, out] = stage(b);
+      sum += model.forward(trainer.executor(), in, out);
+    }
     sched.end_evaluation();
     return sum / validation_batches;
   };
@@ -484,7 +564,8 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
   while (trainer.steps() < opt.steps && stopped == 0) {
     train.next(current.in(), current.out());
     timeline.clear();
-    last = trainer.step(typename decltype(trainer)::batch_type{current.tokens(), current.labels()});
+    auto const [in, out] = stage(current);
+    last = trainer.step(typename decltype(trainer)::batch_type{in, out});
     TIDE_CHECK(std::isfinite(last.loss), usage, "the training loss is ", last.loss, " at step ", last.step,
                "; lower --lr (now ", opt.lr, ")");
     losses.push_back(last.loss);
@@ -574,6 +655,19 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
 
 int train_gpt(int argc, char** argv) {
   options const opt = parse(argc, argv);
+  TIDE_REQUIRE(opt.backend == "host" || opt.backend == "cuda", "--backend ", opt.backend, ": pass host or cuda");
+  if (opt.backend != this_backend) {
+    TIDE_REQUIRE(opt.backend != "cuda", "--backend cuda: this is the demo's host build; ./tide demo --backend cuda "
+                 "builds its CUDA one with nvcc and runs it");
+    TIDE_FAIL(usage, "--backend host: this is the demo's CUDA build; the host's is example_01_train_gpt "
+              "(./tide demo)");
+  }
+#if defined(__CUDACC__)
+  auto const presence = tide::cuda_presence_here();  // throws, naming it, for a broken runtime
+  TIDE_REQUIRE(presence == tide::cuda_presence::device, "--backend cuda: no CUDA device here (",
+               presence == tide::cuda_presence::no_driver ? "no CUDA driver" : "a driver, no device",
+               "); ./tide demo trains on the host");
+#endif
   auto const config = model_config(opt);
   TIDE_REQUIRE(opt.scheduler == "chunked" || opt.scheduler == "chunked-lru" || opt.scheduler == "layer-window" ||
                    opt.scheduler == "static" || opt.scheduler == "resident",

@@ -1,6 +1,8 @@
 // The CUDA kernels against the host's, at GPT-2 124M shapes (B T = 2048 rows, C = 768, 4 C =
-// 3072, NH = 12, T = 1024) and at odd ones, in f32 and bf16: matmul forward and backward (cuBLAS),
-// LayerNorm forward and backward, GELU, attention forward and backward. The host kernels are
+// 3072, NH = 12, T = 1024) and at odd ones, in f32 and bf16: matmul forward (with bias, and with
+// bias and GELU) and backward, on cuBLASLt with fused epilogues and on the cublasGemmEx fallback
+// (an exec<cuda> without the cuBLASLt handle), and f32 in TF32; LayerNorm forward and backward,
+// GELU, attention forward and backward. The host kernels are
 // checked against the scalar references in tests/kernels/; here each CUDA output is compared with
 // the host's on the same inputs. Exit 77 (ctest: skipped) without a device (skip.cuh).
 //
@@ -12,6 +14,9 @@
 //   bf16: 2e-2 for every kernel (outputs are rounded once to bf16, whose ulp is 2^-8 = 3.9e-3 of
 //         the value: a sum that lands on the other side of a rounding boundary is off by one ulp,
 //         and gradients summed over rows by a few).
+//   TF32: 1e-2 for f32 matmuls with ex.tf32 (inputs cut to a 10-bit mantissa, 2^-10 relative per
+//         input if truncated, 2^-9 per product; the sum's error is then at most 2^-9 sum |a b|,
+//         about 4.4 x the largest output for these normal inputs at K = 768: 8.6e-3).
 
 #include <cuda_runtime.h>
 
@@ -25,6 +30,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <tide/cuda.cuh>
@@ -109,24 +115,31 @@ struct runner {
   void sync() { TIDE_CUDA_CHECK(cudaStreamSynchronize(dx.stream)); }
 };
 
+// path: "lt" (cuBLASLt, fused epilogues), "gemmex" (no cuBLASLt handle: the fallback), "tf32".
 template <class T>
-void matmul(runner& r, index_t N, index_t C, index_t OC, char const* shape) {
+void matmul(runner& r, index_t N, index_t C, index_t OC, char const* shape, char const* path = "lt") {
   std::mt19937 rng(1);
   twin<T> inp({N, C}, rng, 1.f), w({OC, C}, rng, 0.02f), bias({OC}, rng, 0.1f), out({N, OC}, rng, 0.f);
+  twin<T> gout({N, OC}, rng, 0.f), pre({N, OC}, rng, 0.f);
   twin<T> dout({N, OC}, rng, 1.f), dinp({N, C}, rng, 0.f), dw({OC, C}, rng, 0.f), db({OC}, rng, 0.f);
-  tide::kernels::matmul_forward(r.hx, out.hv(), inp.hc(), w.hc(),
-                                bias.hc());
-  tide::kernels::matmul_forward(r.dx, out.dv(), inp.dc(), w.dc(),
-                                bias.dc());
-  tide::kernels::matmul_backward(r.hx, dinp.hv(), dw.hv(), db.hv(),
-                                 dout.hc(), inp.hc(), w.hc());
-  tide::kernels::matmul_backward(r.dx, dinp.dv(), dw.dv(), db.dv(),
-                                 dout.dc(), inp.dc(), w.dc());
+  tide::exec<tide::cuda> dx = r.dx;
+  if (path[0] == 'g') dx.lt = nullptr;
+  dx.tf32 = path[0] == 't';
+  tide::kernels::matmul_forward(r.hx, out.hv(), inp.hc(), w.hc(), bias.hc());
+  tide::kernels::matmul_forward(dx, out.dv(), inp.dc(), w.dc(), bias.dc());
+  tide::kernels::matmul_forward_gelu(r.hx, gout.hv(), pre.hv(), inp.hc(), w.hc(), bias.hc());
+  tide::kernels::matmul_forward_gelu(dx, gout.dv(), pre.dv(), inp.dc(), w.dc(), bias.dc());
+  tide::kernels::matmul_backward(r.hx, dinp.hv(), dw.hv(), db.hv(), dout.hc(), inp.hc(), w.hc());
+  tide::kernels::matmul_backward(dx, dinp.dv(), dw.dv(), db.dv(), dout.dc(), inp.dc(), w.dc());
   r.sync();
-  expect(out, bound<T>(1e-4), "matmul_forward", shape);
-  expect(dinp, bound<T>(1e-4), "matmul_backward dinp", shape);
-  expect(dw, bound<T>(1e-4), "matmul_backward dweight", shape);
-  expect(db, bound<T>(1e-4), "matmul_backward dbias", shape);
+  double const tol = path[0] == 't' && std::is_same_v<T, float> ? 1e-2 : bound<T>(1e-4);
+  std::string const at = std::string(shape) + " " + path;
+  expect(out, tol, "matmul_forward", at.c_str());
+  expect(pre, tol, "matmul_forward_gelu pre", at.c_str());
+  expect(gout, tol, "matmul_forward_gelu out", at.c_str());
+  expect(dinp, tol, "matmul_backward dinp", at.c_str());
+  expect(dw, tol, "matmul_backward dweight", at.c_str());
+  expect(db, tol, "matmul_backward dbias", at.c_str());
 }
 
 template <class T>
@@ -207,7 +220,10 @@ void attention(runner& r, index_t B, index_t T_, index_t C, index_t NH, char con
 template <class T>
 void all(runner& r) {
   matmul<T>(r, 2048, 768, 3072, "2048x768x3072");
+  matmul<T>(r, 2048, 768, 3072, "2048x768x3072", "gemmex");
   matmul<T>(r, 37, 24, 40, "37x24x40");
+  matmul<T>(r, 37, 24, 40, "37x24x40", "gemmex");
+  if constexpr (std::is_same_v<T, float>) matmul<T>(r, 2048, 768, 3072, "2048x768x3072", "tf32");
   layernorm<T>(r, 2048, 768, "2048x768");
   layernorm<T>(r, 37, 40, "37x40");
   gelu<T>(r, 2048 * 3072, "2048x3072");

@@ -13,8 +13,8 @@
 //             over; kernels are enqueued (the host kernels, on the stream's worker, over the
 //             aliases of their views) and return at once (kernels/sealed.hpp). Only that worker
 //             runs on the pool: give the exec a pool of its own.
-// exec<cuda>: a CUDA stream and a cuBLAS handle; kernels are enqueued and return at once
-//             (core/exec.cuh).
+// exec<cuda>: a CUDA stream, the cuBLAS and cuBLASLt handles and whether f32 GEMMs may use
+//             TF32; kernels are enqueued and return at once (core/exec.cuh).
 
 #include "tide/core/backend.hpp"
 #include "tide/core/parallel.hpp"

@@ -7,6 +7,7 @@
 // memory/ops.hpp includes this file under nvcc before its MemoryOps concept, so that the engine's
 // calls (tide::memory::fill_zeros(ex, ...), looked up where the engine is defined) see these.
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -63,28 +64,55 @@ inline void copy_to_device(cuda, void* dst, void const* src, std::size_t bytes) 
 
 template <Backend B>
 struct compute_context;  // memory/ops.hpp
-// The compute stream and a cuBLAS handle bound to it: exec<cuda> is both.
+// The compute stream, a cuBLAS handle bound to it, a cuBLASLt handle and its workspace:
+// exec<cuda> is all of them. tf32 (false by default) is copied into every exec handed out.
 template <>
 struct compute_context<cuda> {
+  // cuBLAS's advice for Hopper; 4 MiB is enough before it (cuBLAS docs, "cublasSetWorkspace").
+  static constexpr std::size_t lt_workspace_bytes = std::size_t{32} << 20;
   stream<cuda> s{};
   cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* lt_workspace = nullptr;
+  bool tf32 = false;
   compute_context() {
     cublasStatus_t st = cublasCreate(&blas);
     TIDE_CHECK(st == CUBLAS_STATUS_SUCCESS, cuda, "cublasCreate returned ", static_cast<int>(st),
                " (cublasStatus_t); is a CUDA device present and not out of memory?");
-    st = cublasSetStream(blas, s.native());
-    if (st != CUBLAS_STATUS_SUCCESS) {
-      (void)cublasDestroy(blas);
-      TIDE_CHECK(false, cuda, "cublasSetStream returned ", static_cast<int>(st), " (cublasStatus_t)");
+    try {
+      st = cublasSetStream(blas, s.native());
+      TIDE_CHECK(st == CUBLAS_STATUS_SUCCESS, cuda, "cublasSetStream returned ", static_cast<int>(st),
+                 " (cublasStatus_t)");
+      st = cublasLtCreate(&lt);
+      TIDE_CHECK(st == CUBLAS_STATUS_SUCCESS, cuda, "cublasLtCreate returned ", static_cast<int>(st),
+                 " (cublasStatus_t); is a CUDA device present and not out of memory?");
+      TIDE_CUDA_CHECK(cudaMalloc(&lt_workspace, lt_workspace_bytes));
+    } catch (...) {
+      release();
+      throw;
     }
   }
   compute_context(compute_context const&) = delete;
   compute_context& operator=(compute_context const&) = delete;
-  ~compute_context() {
-    if (blas != nullptr) (void)cublasDestroy(blas);
+  ~compute_context() { release(); }
+  [[nodiscard]] exec<cuda> exec_with(thread_pool&) {
+    return {.stream = s.native(), .blas = blas, .lt = lt, .lt_workspace = lt_workspace,
+            .lt_workspace_bytes = lt_workspace_bytes, .tf32 = tf32};
   }
-  [[nodiscard]] exec<cuda> exec_with(thread_pool&) { return {s.native(), blas}; }
   void synchronize() { s.synchronize(); }
+
+ private:
+  void release() noexcept {
+    if (lt_workspace != nullptr) {
+      (void)cudaStreamSynchronize(s.native());  // no GEMM of this context still reads it
+      (void)cudaFree(lt_workspace);
+    }
+    if (lt != nullptr) (void)cublasLtDestroy(lt);
+    if (blas != nullptr) (void)cublasDestroy(blas);
+    lt_workspace = nullptr;
+    lt = nullptr;
+    blas = nullptr;
+  }
 };
 
 }  // namespace tide::memory
