@@ -11,7 +11,9 @@
 #   MODE=executable      SOURCE is compiled and linked into OUTPUT (the gpu runtime tests); on a
 #                        machine without a GPU (no /dev/nvidia<N>, TIDE_REQUIRE_GPU unset), whose
 #                        runtime test skips, for the first arch of ARCHS only: the compile is
-#                        the test, and instantiate_all compiles every arch
+#                        the test, and instantiate_all compiles every arch. ALL_ARCHS=ON: every
+#                        arch and the newest's PTX wherever it is built (a program to run later,
+#                        maybe elsewhere); EXTRA_FLAGS: more nvcc flags (a list)
 #
 # CONFIG (written by tests/cuda/CMakeLists.txt) sets: tide_nvcc, tide_nvcc_flags,
 # tide_nvcc_link, tide_include_dir, tide_cuda_archs, tide_demangler, tide_work_dir.
@@ -135,7 +137,7 @@ endif()
 # ---- compile and link one program (gpu runtime tests) ---------------------------------------
 if(MODE STREQUAL "executable")
   file(GLOB devices /dev/nvidia[0-9]*)
-  if(NOT devices AND NOT "$ENV{TIDE_REQUIRE_GPU}" STREQUAL "1")
+  if(NOT ALL_ARCHS AND NOT devices AND NOT "$ENV{TIDE_REQUIRE_GPU}" STREQUAL "1")
     list(GET ARCHS 0 first)
     set(ARCHS ${first})
     gencode_flags(gencode)
@@ -146,7 +148,7 @@ if(MODE STREQUAL "executable")
     list(APPEND gencode -gencode "arch=compute_${newest},code=compute_${newest}")
   endif()
   now_ms(start)
-  run_nvcc(result out ${gencode} "${SOURCE}" -o "${OUTPUT}" ${tide_nvcc_link})
+  run_nvcc(result out ${gencode} ${EXTRA_FLAGS} "${SOURCE}" -o "${OUTPUT}" ${tide_nvcc_link})
   elapsed_text(${start} took)
   if(NOT result EQUAL 0)
     message(FATAL_ERROR "nvcc failed on ${SOURCE} (${took}):\n${out}")

@@ -320,13 +320,14 @@ struct batch {
 };
 
 // A batch where the backend's kernels read it: on the host its own vectors; on CUDA a device
-// copy, made before each use into one buffer (8 bytes a position, nothing next to a step). The
-// buffer is reused safely: every use (a step, an evaluation forward) returns its loss, read
-// back from the device, so its kernels are done with the tokens by then.
+// copy into one buffer (8 bytes a position, nothing next to a step), written on the trainer's
+// compute stream (cudaMemcpyAsync): after the kernels of the use before, which read the buffer
+// (a step's backward reads its tokens again), and before those of its own use.
 template <class Backend>
 struct staged {
   staged(int, int) {}
-  std::pair<tide::tensor_view<std::int32_t const>, tide::tensor_view<std::int32_t const>> operator()(batch const& b) {
+  std::pair<tide::tensor_view<std::int32_t const>, tide::tensor_view<std::int32_t const>> operator()(
+      batch const& b, tide::exec<Backend> const&) {
     return {b.tokens(), b.labels()};
   }
 };
@@ -342,10 +343,10 @@ struct staged<tide::cuda> {
   staged(staged const&) = delete;
   staged& operator=(staged const&) = delete;
   ~staged() { (void)cudaFree(d); }
-  std::pair<view, view> operator()(batch const& b) {
+  std::pair<view, view> operator()(batch const& b, tide::exec<tide::cuda> const& ex) {
     TIDE_REQUIRE(b.inputs.size() == n, "a batch of ", b.inputs.size(), " tokens for a buffer of ", n);
-    tide::memory::copy_to_device(tide::cuda{}, d, b.inputs.data(), n * sizeof(std::int32_t));
-    tide::memory::copy_to_device(tide::cuda{}, d + n, b.targets.data(), n * sizeof(std::int32_t));
+    tide::memory::write_from_host(ex, d, b.inputs.data(), n * sizeof(std::int32_t));
+    tide::memory::write_from_host(ex, d + n, b.targets.data(), n * sizeof(std::int32_t));
     return {view(d, {b.B, b.T}), view(d + n, {b.B, b.T})};
   }
 };
@@ -535,7 +536,7 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
     sched.begin_evaluation();
     double sum = 0;
     for (auto const& b : validation) {
-      auto const [in, out] = stage(b);
+      auto const [in, out] = stage(b, trainer.executor());
       sum += model.forward(trainer.executor(), in, out);
     }
     sched.end_evaluation();
@@ -564,7 +565,7 @@ int run(options const& opt, run_place const& place, Offload offload, tide::nn::g
   while (trainer.steps() < opt.steps && stopped == 0) {
     train.next(current.in(), current.out());
     timeline.clear();
-    auto const [in, out] = stage(current);
+    auto const [in, out] = stage(current, trainer.executor());
     last = trainer.step(typename decltype(trainer)::batch_type{in, out});
     TIDE_CHECK(std::isfinite(last.loss), usage, "the training loss is ", last.loss, " at step ", last.step,
                "; lower --lr (now ", opt.lr, ")");

@@ -14,9 +14,11 @@
 //   bf16: 2e-2 for every kernel (outputs are rounded once to bf16, whose ulp is 2^-8 = 3.9e-3 of
 //         the value: a sum that lands on the other side of a rounding boundary is off by one ulp,
 //         and gradients summed over rows by a few).
-//   TF32: 1e-2 for f32 matmuls with ex.tf32 (inputs cut to a 10-bit mantissa, 2^-10 relative per
-//         input if truncated, 2^-9 per product; the sum's error is then at most 2^-9 sum |a b|,
-//         about 4.4 x the largest output for these normal inputs at K = 768: 8.6e-3).
+//   TF32: 2e-2 for f32 matmuls with ex.tf32 (inputs cut to a 10-bit mantissa, 2^-10 relative per
+//         input if truncated, 2^-9 per product; the sum's error is then at most 2^-9 sum |a b|.
+//         For normal inputs sum |a b| ~ (2/pi) K s_a s_b and the largest output ~ 4 sqrt(K) s_a
+//         s_b, a ratio of 0.16 sqrt(K): 4.4 at K = 768 (forward), 7.2 at 2048 (dweight), 8.8 at
+//         3072 (dinp): 1.7e-2 at worst).
 
 #include <cuda_runtime.h>
 
@@ -115,24 +117,31 @@ struct runner {
   void sync() { TIDE_CUDA_CHECK(cudaStreamSynchronize(dx.stream)); }
 };
 
-// path: "lt" (cuBLASLt, fused epilogues), "gemmex" (no cuBLASLt handle: the fallback), "tf32".
+// path: "lt" (cuBLASLt, fused epilogues), "gemmex" (no cuBLASLt handle: the fallback), "tf32",
+// "no-bias" (cuBLASLt without bias: no epilogue, GELU_AUX alone).
 template <class T>
 void matmul(runner& r, index_t N, index_t C, index_t OC, char const* shape, char const* path = "lt") {
   std::mt19937 rng(1);
   twin<T> inp({N, C}, rng, 1.f), w({OC, C}, rng, 0.02f), bias({OC}, rng, 0.1f), out({N, OC}, rng, 0.f);
+  bool const with_bias = std::string(path) != "no-bias";
   twin<T> gout({N, OC}, rng, 0.f), pre({N, OC}, rng, 0.f);
   twin<T> dout({N, OC}, rng, 1.f), dinp({N, C}, rng, 0.f), dw({OC, C}, rng, 0.f), db({OC}, rng, 0.f);
   tide::exec<tide::cuda> dx = r.dx;
   if (path[0] == 'g') dx.lt = nullptr;
   dx.tf32 = path[0] == 't';
-  tide::kernels::matmul_forward(r.hx, out.hv(), inp.hc(), w.hc(), bias.hc());
-  tide::kernels::matmul_forward(dx, out.dv(), inp.dc(), w.dc(), bias.dc());
-  tide::kernels::matmul_forward_gelu(r.hx, gout.hv(), pre.hv(), inp.hc(), w.hc(), bias.hc());
-  tide::kernels::matmul_forward_gelu(dx, gout.dv(), pre.dv(), inp.dc(), w.dc(), bias.dc());
-  tide::kernels::matmul_backward(r.hx, dinp.hv(), dw.hv(), db.hv(), dout.hc(), inp.hc(), w.hc());
-  tide::kernels::matmul_backward(dx, dinp.dv(), dw.dv(), db.dv(), dout.dc(), inp.dc(), w.dc());
+  // Without bias: the LM head's forward (no epilogue) and GELU_AUX alone.
+  auto const hb = with_bias ? bias.hc() : tide::tensor_view<T const, tide::host>{};
+  auto const db_ = with_bias ? bias.dc() : tide::tensor_view<T const, tide::cuda>{};
+  auto const hdb = with_bias ? db.hv() : tide::tensor_view<T, tide::host>{};
+  auto const ddb = with_bias ? db.dv() : tide::tensor_view<T, tide::cuda>{};
+  tide::kernels::matmul_forward(r.hx, out.hv(), inp.hc(), w.hc(), hb);
+  tide::kernels::matmul_forward(dx, out.dv(), inp.dc(), w.dc(), db_);
+  tide::kernels::matmul_forward_gelu(r.hx, gout.hv(), pre.hv(), inp.hc(), w.hc(), hb);
+  tide::kernels::matmul_forward_gelu(dx, gout.dv(), pre.dv(), inp.dc(), w.dc(), db_);
+  tide::kernels::matmul_backward(r.hx, dinp.hv(), dw.hv(), hdb, dout.hc(), inp.hc(), w.hc());
+  tide::kernels::matmul_backward(dx, dinp.dv(), dw.dv(), ddb, dout.dc(), inp.dc(), w.dc());
   r.sync();
-  double const tol = path[0] == 't' && std::is_same_v<T, float> ? 1e-2 : bound<T>(1e-4);
+  double const tol = path[0] == 't' && std::is_same_v<T, float> ? 2e-2 : bound<T>(1e-4);
   std::string const at = std::string(shape) + " " + path;
   expect(out, tol, "matmul_forward", at.c_str());
   expect(pre, tol, "matmul_forward_gelu pre", at.c_str());
@@ -223,6 +232,9 @@ void all(runner& r) {
   matmul<T>(r, 2048, 768, 3072, "2048x768x3072", "gemmex");
   matmul<T>(r, 37, 24, 40, "37x24x40");
   matmul<T>(r, 37, 24, 40, "37x24x40", "gemmex");
+  matmul<T>(r, 37, 24, 40, "37x24x40", "no-bias");
+  // OC = 36: cuBLASLt takes the forward, the GELU's aux (rows of 36, not a multiple of 8) falls back.
+  matmul<T>(r, 37, 24, 36, "37x24x36");
   if constexpr (std::is_same_v<T, float>) matmul<T>(r, 2048, 768, 3072, "2048x768x3072", "tf32");
   layernorm<T>(r, 2048, 768, "2048x768");
   layernorm<T>(r, 37, 40, "37x40");
