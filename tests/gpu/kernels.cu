@@ -2,7 +2,7 @@
 // 3072, NH = 12, T = 1024) and at odd ones, in f32 and bf16: matmul forward (with bias, and with
 // bias and GELU) and backward, on cuBLASLt with fused epilogues and on the cublasGemmEx fallback
 // (an exec<cuda> without the cuBLASLt handle), and f32 in TF32; LayerNorm forward and backward,
-// GELU, attention forward and backward. The host kernels are
+// GELU, attention forward and backward on tensor cores (cuBLAS) and on CUDA cores. The host kernels are
 // checked against the scalar references in tests/kernels/; here each CUDA output is compared with
 // the host's on the same inputs. Exit 77 (ctest: skipped) without a device (skip.cuh).
 //
@@ -192,9 +192,14 @@ void gelu(runner& r, index_t N, char const* shape) {
   expect(out, bound<T>(1e-5), "gelu_forward", shape);
 }
 
+// path: "gemm" (tensor cores through cuBLAS: ex.blas set) or "cuda-cores" (the flash-style
+// kernels: ex.blas null).
 template <class T>
-void attention(runner& r, index_t B, index_t T_, index_t C, index_t NH, char const* shape) {
+void attention(runner& r, index_t B, index_t T_, index_t C, index_t NH, char const* shape, char const* path = "gemm") {
   std::mt19937 rng(4);
+  tide::exec<tide::cuda> dx = r.dx;
+  if (path[0] == 'c') dx.blas = nullptr;
+  std::string const at = std::string(shape) + " " + path;
   twin<T> qkv({B, T_, 3 * C}, rng, 1.f), out({B, T_, C}, rng, 0.f), dout({B, T_, C}, rng, 1.f),
       dqkv({B, T_, 3 * C}, rng, 0.f);
   twin<float> lse({B, NH, T_}, rng, 0.f);
@@ -204,26 +209,30 @@ void attention(runner& r, index_t B, index_t T_, index_t C, index_t NH, char con
   };
   auto const fh = scratch_h(tide::kernels::attention_forward_scratch_bytes(r.hx, B, T_, C, NH));
   auto const bh = scratch_h(tide::kernels::attention_backward_scratch_bytes(r.hx, B, T_, C, NH));
-  std::size_t const bd_bytes = tide::kernels::attention_backward_scratch_bytes(r.dx, B, T_, C, NH);
+  std::size_t const fd_bytes = tide::kernels::attention_forward_scratch_bytes(dx, B, T_, C, NH);
+  std::size_t const bd_bytes = tide::kernels::attention_backward_scratch_bytes(dx, B, T_, C, NH);
+  void* fd = nullptr;
   void* bd = nullptr;
+  TIDE_CUDA_CHECK(cudaMalloc(&fd, std::max<std::size_t>(fd_bytes, 1)));
   TIDE_CUDA_CHECK(cudaMalloc(&bd, std::max<std::size_t>(bd_bytes, 1)));
   tide::kernels::attention_forward(r.hx, out.hv(), lse.hv(), qkv.hc(), NH,
                                    fh);
-  tide::kernels::attention_forward(r.dx, out.dv(), lse.dv(), qkv.dc(), NH,
-                                   tide::kernels::scratch<tide::cuda>{});
+  tide::kernels::attention_forward(dx, out.dv(), lse.dv(), qkv.dc(), NH,
+                                   tide::kernels::scratch<tide::cuda>{static_cast<std::byte*>(fd), fd_bytes});
   tide::kernels::attention_backward(r.hx, dqkv.hv(), dout.hc(), qkv.hc(),
                                     out.hc(), lse.hc(), NH, bh);
   // The device's backward reads the device's forward outputs (as training does).
-  tide::kernels::attention_backward(r.dx, dqkv.dv(), dout.dc(), qkv.dc(),
+  tide::kernels::attention_backward(dx, dqkv.dv(), dout.dc(), qkv.dc(),
                                     out.dc(), lse.dc(), NH,
                                     tide::kernels::scratch<tide::cuda>{static_cast<std::byte*>(bd), bd_bytes});
   r.sync();
+  TIDE_CUDA_CHECK(cudaFree(fd));
   TIDE_CUDA_CHECK(cudaFree(bd));
   ::operator delete(fh.data, std::align_val_t{256});
   ::operator delete(bh.data, std::align_val_t{256});
-  expect(out, bound<T>(1e-4), "attention_forward", shape);
-  expect(lse, 1e-4, "attention_forward lse", shape);
-  expect(dqkv, bound<T>(1e-4), "attention_backward dqkv", shape);
+  expect(out, bound<T>(1e-4), "attention_forward", at.c_str());
+  expect(lse, 1e-4, "attention_forward lse", at.c_str());
+  expect(dqkv, bound<T>(1e-4), "attention_backward dqkv", at.c_str());
 }
 
 template <class T>
@@ -241,7 +250,9 @@ void all(runner& r) {
   gelu<T>(r, 2048 * 3072, "2048x3072");
   gelu<T>(r, 1001, "1001");
   attention<T>(r, 2, 1024, 768, 12, "B2 T1024 C768 NH12");
+  attention<T>(r, 2, 1024, 768, 12, "B2 T1024 C768 NH12", "cuda-cores");
   attention<T>(r, 1, 37, 48, 4, "B1 T37 C48 NH4");
+  attention<T>(r, 1, 37, 48, 4, "B1 T37 C48 NH4", "cuda-cores");
 }
 
 }  // namespace

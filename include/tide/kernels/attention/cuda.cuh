@@ -1,7 +1,14 @@
 #pragma once
 // The CUDA path of the attention kernels: the same entry names with exec<cuda> and device views,
-// enqueued on ex.stream. Flash-style like the host path (online softmax, lse saved, no (T, T)
-// buffer), with the per-row math of attention/math.hpp, on CUDA cores:
+// enqueued on ex.stream. Two implementations, picked by the exec:
+//
+//   ex.blas set    on tensor cores through cuBLAS (attention/cuda_gemm.cuh): batched GEMMs per
+//                  sequence, one sequence's (NH, T, T) scores in the caller's scratch
+//   ex.blas null   flash-style like the host path (online softmax, lse saved, no (T, T)
+//                  buffer), with the per-row math of attention/math.hpp, on CUDA cores, below
+//
+// The scratch queries take the same exec, so a plan made with it fits the call. The CUDA-core
+// kernels:
 //
 //   forward   a block of `warps` warps takes `warps` consecutive query rows of one (b, h), one
 //             row per warp; key and value tiles of 32 rows go through shared memory, lane l
@@ -13,8 +20,9 @@
 //             sums in a fixed order, no atomics, so results repeat bit for bit
 //
 // Limits: HS <= 128 (4 channels per lane in registers), B * NH <= 65535 (grid y), T < 2^31.
-// A correct baseline written without a GPU at hand: it does not use tensor cores (cuDNN or
-// FlashAttention are the fast paths on a GPU; see docs/kernels/attention.md).
+// A correct baseline written without a GPU at hand, kept as the check of the cuBLAS path
+// (tests/gpu/kernels.cu runs both against the host); a fused flash kernel on tensor cores, or
+// cuDNN's, would need neither the (T, T) scratch nor the wasted upper triangle (docs/kernels/attention.md).
 
 #include <cuda_runtime.h>
 
@@ -28,6 +36,7 @@
 #include "tide/core/exec.cuh"
 #include "tide/core/tensor_view.hpp"
 #include "tide/kernels/attention/checks.hpp"
+#include "tide/kernels/attention/cuda_gemm.cuh"
 #include "tide/kernels/scratch.hpp"
 #include "tide/kernels/attention/math.hpp"
 
@@ -310,13 +319,16 @@ inline std::size_t attention_smem_bytes(attention_dims const& d, int extra_rows_
 
 TIDE_ABI_NAMESPACE_BEGIN
 
-// Scratch on CUDA: none forward; backward, each query row's dout . out (B NH T floats).
-inline std::size_t attention_forward_scratch_bytes(exec<tide::cuda> const&, index_t, index_t, index_t,
-                                                   index_t) noexcept {
-  return 0;
+// Scratch on CUDA. With ex.blas (cuBLAS): one sequence's scores, (NH, T, T) fp32 and as much
+// again for P (the backward: dP too, and the rows' dout . out, B NH T floats first). Without:
+// none forward; backward, each query row's dout . out (B NH T floats).
+inline std::size_t attention_forward_scratch_bytes(exec<tide::cuda> const& ex, index_t batch, index_t T, index_t,
+                                                   index_t NH) noexcept {
+  return ex.blas != nullptr ? detail::attention_gemm_parts(false, batch, T, NH).bytes : 0;
 }
-inline std::size_t attention_backward_scratch_bytes(exec<tide::cuda> const&, index_t batch, index_t T, index_t,
+inline std::size_t attention_backward_scratch_bytes(exec<tide::cuda> const& ex, index_t batch, index_t T, index_t,
                                                     index_t NH) noexcept {
+  if (ex.blas != nullptr) return detail::attention_gemm_parts(true, batch, T, NH).bytes;
   return static_cast<std::size_t>(batch * NH * T) * sizeof(float);
 }
 
@@ -326,7 +338,13 @@ template <Element T, class Q>
 void attention_forward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> out, tensor_view<float, tide::cuda> lse,
                        Q qkv, index_t NH, scratch<tide::cuda> ws) {
   auto const d = detail::check_attention_forward(out, lse, qkv, NH);
-  detail::check_scratch("attention_forward", "attention_forward_scratch_bytes", ws, 0);
+  detail::check_scratch("attention_forward", "attention_forward_scratch_bytes", ws,
+                        attention_forward_scratch_bytes(ex, d.B, d.T, d.C, d.NH));
+  if (ex.blas != nullptr) {
+    detail::check_attention_gemm_limits("attention_forward", d);
+    if (d.B != 0 && d.T != 0) attention_gemm::forward(ex, d, out.data(), lse.data(), qkv.data(), ws);
+    return;
+  }
   detail::check_attention_cuda_limits("attention_forward", d);
   if (d.B == 0 || d.T == 0) return;
   constexpr int W = attention_cuda_tuning::warps;
@@ -344,20 +362,25 @@ template <Element T, class D, class Q, class O, class L>
 void attention_backward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dqkv, D dout, Q qkv, O out, L lse,
                         index_t NH, scratch<tide::cuda> ws) {
   auto const d = detail::check_attention_backward(dqkv, dout, qkv, out, lse, NH);
-  detail::check_attention_cuda_limits("attention_backward", d);
+  if (ex.blas != nullptr) detail::check_attention_gemm_limits("attention_backward", d);
+  else detail::check_attention_cuda_limits("attention_backward", d);
   detail::check_scratch("attention_backward", "attention_backward_scratch_bytes", ws,
                         attention_backward_scratch_bytes(ex, d.B, d.T, d.C, d.NH));
   if (d.B == 0 || d.T == 0) return;
   constexpr int W = attention_cuda_tuning::warps, K = attention_cuda_tuning::tile;
   int const Tn = static_cast<int>(d.T), C = static_cast<int>(d.C), NHi = static_cast<int>(d.NH),
             HS = static_cast<int>(d.HS);
-  float* const rowdot = detail::scratch_part<float>(ws, 0);  // (B, NH, T)
+  float* const rowdot = detail::scratch_part<float>(ws, 0);  // (B, NH, T), first on both paths
 
   constexpr int rows_per_block = attention_cuda_tuning::rows_block / 32;
   auto const rowdot_blocks = static_cast<unsigned>((d.B * d.NH * d.T + rows_per_block - 1) / rows_per_block);
   detail::attention_rowdot_kernel<T><<<rowdot_blocks, attention_cuda_tuning::rows_block, 0, ex.stream>>>(
       rowdot, dout.data(), out.data(), static_cast<int>(d.B), Tn, C, NHi, HS);
   TIDE_CUDA_CHECK(cudaGetLastError());
+  if (ex.blas != nullptr) {
+    attention_gemm::backward(ex, d, dqkv.data(), dout.data(), qkv.data(), lse.data(), ws);
+    return;
+  }
 
   dim3 const grid(static_cast<unsigned>((d.T + W - 1) / W), static_cast<unsigned>(d.B * d.NH));
   float const scale = attention_scale(d.HS);
