@@ -399,8 +399,19 @@ tide::nn::activation_report activation_plan(tide::nn::gpt_config const& config, 
 template <class Offload>
 std::size_t device_budget(options const& opt, tide::nn::gpt_config const& config, Offload const& offload,
                           std::size_t model_data) {
-  std::size_t const activations =
+  std::size_t activations =
       tide::round_up(activation_plan(config, model_options(opt, config), opt.batch, opt.seq).footprint, 256);
+#if defined(__CUDACC__)
+  {  // CUDA's kernels ask for other scratch than the host's (attention's (NH, T, T) scores): the
+     // same plan with the scratch the trainer's exec (cuBLAS set) will ask for
+    tide::thread_pool one{1};
+    tide::memory::compute_context<tide::cuda> ctx;
+    auto const cuda_scratch = tide::nn::gpt_scratch_of<float>(ctx.exec_with(one), config, opt.batch, opt.seq);
+    activations = std::max(activations, tide::round_up(tide::nn::detail::activation_bytes(
+                                            config, model_options(opt, config), opt.batch, opt.seq,
+                                            sizeof(float), cuda_scratch), 256));
+  }
+#endif
   tide::thread_pool pool{1};
   tide::exec<tide::host> ex{pool};
   tide::memory::device_arena<tide::host> arena{{.budget = 1_MiB}};

@@ -201,7 +201,7 @@ void attention(runner& r, index_t B, index_t T_, index_t C, index_t NH, char con
   if (path[0] == 'c') dx.blas = nullptr;
   std::string const at = std::string(shape) + " " + path;
   twin<T> qkv({B, T_, 3 * C}, rng, 1.f), out({B, T_, C}, rng, 0.f), dout({B, T_, C}, rng, 1.f),
-      dqkv({B, T_, 3 * C}, rng, 0.f);
+      dqkv({B, T_, 3 * C}, rng, 0.1f);  // not 0: the gradient must be added (+=), not written
   twin<float> lse({B, NH, T_}, rng, 0.f);
   auto scratch_h = [&](std::size_t bytes) {
     return tide::kernels::scratch<tide::host>{

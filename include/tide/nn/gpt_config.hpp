@@ -332,6 +332,9 @@ struct gpt_spec {
   using element_type = T;  // of parameters, gradients and activations (bf16 / f16: fp32 masters in the scheduler)
   gpt_config config{};
   gpt_options options{};
+  // On CUDA, make_trainer's exec lets f32 GEMMs run in TF32 (exec<cuda>::tf32): about 1e-3
+  // relative error per product, several times the fp32 rate. Ignored elsewhere and for bf16.
+  bool tf32 = false;
   template <class Hooks>
   using model_type = gpt<B, T, Hooks>;
 

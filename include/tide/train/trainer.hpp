@@ -138,7 +138,7 @@ class trainer {
         compress_(compress),
         pipeline_(pipeline),
         pool_(threads),
-        ex_(make_exec()),
+        ex_(make_exec(spec)),
         arena_({.budget = budget_of(spec, off)}),
         stage_(stage_of(spec, pipeline, comm_, opt)),
         tensor_(spec),
@@ -157,10 +157,7 @@ class trainer {
   // On a device backend the model's last kernels finish before its memory goes.
   ~trainer() {
     if constexpr (backend::is_device) {
-      try {
-        compute_.synchronize();
-      } catch (...) {  // a failure the last step reported already
-      }
+      try { compute_.synchronize(); } catch (...) {}  // a failure the last step reported already
     }
   }
 
@@ -431,7 +428,9 @@ class trainer {
   // The tensor-parallel group size that saved `files` (1: none).
   [[nodiscard]] static int saved_tensor(std::span<checkpoint_reader const> files);
 
-  exec<backend> make_exec() {
+  // On a device the compute context's exec; on CUDA with the spec's TF32 choice (gpt_spec::tf32).
+  exec<backend> make_exec(Spec const& spec) {
+    if constexpr (requires { compute_.tf32 = spec.tf32; }) compute_.tf32 = spec.tf32;
     if constexpr (backend::is_device) return compute_.exec_with(pool_);
     else return {pool_};
   }

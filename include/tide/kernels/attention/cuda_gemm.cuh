@@ -145,6 +145,7 @@ inline void check_attention_gemm_limits(char const* op, attention_dims const& d)
 
 }  // namespace detail
 
+TIDE_ABI_NAMESPACE_BEGIN  // the launchers too (tests/cuda/README.md)
 namespace attention_gemm {
 
 // out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C); ws as attention_gemm_parts(false, ...).
@@ -217,4 +218,5 @@ void backward(exec<tide::cuda> const& ex, detail::attention_dims const& d, T* dq
 }
 
 }  // namespace attention_gemm
+TIDE_ABI_NAMESPACE_END
 }  // namespace tide::kernels
