@@ -2,7 +2,9 @@
 // 3072, NH = 12, T = 1024) and at odd ones, in f32 and bf16: matmul forward (with bias, and with
 // bias and GELU) and backward, on cuBLASLt with fused epilogues and on the cublasGemmEx fallback
 // (an exec<cuda> without the cuBLASLt handle), and f32 in TF32; LayerNorm forward and backward,
-// GELU, attention forward and backward on tensor cores (cuBLAS) and on CUDA cores. The host kernels are
+// GELU, attention forward and backward on tensor cores (cuBLAS) and on CUDA cores, the fused
+// classifier (GPT-2's V = 50257 padded to 50304), the embedding forward and backward, AdamW
+// (f32 masters, f32 or bf16 gradients) and the global gradient norm. The host kernels are
 // checked against the scalar references in tests/kernels/; here each CUDA output is compared with
 // the host's on the same inputs. Exit 77 (ctest: skipped) without a device (skip.cuh).
 //
@@ -14,6 +16,16 @@
 //   bf16: 2e-2 for every kernel (outputs are rounded once to bf16, whose ulp is 2^-8 = 3.9e-3 of
 //         the value: a sum that lands on the other side of a rounding boundary is off by one ulp,
 //         and gradients summed over rows by a few).
+//   classifier: f32 1e-5 for losses and dlogits (a row's max and sum over V reordered: the loss's
+//         absolute error (8 + sqrt(V) / 2 + ...) u, docs/kernels/classifier.md, is 8e-6 at
+//         V = 50257 against losses near ln V = 10.8); bf16 2e-2 for dlogits (rounded once), 1e-5
+//         for the losses (float);
+//   embedding: forward 0 (one float add rounded once, on both sides: the same bits); backward
+//         f32 1e-6 (the same position order on both sides; room for FMA-free reassociation
+//         only), bf16 2e-2 (a float sum a hair apart may round to the neighbouring bf16);
+//   AdamW: 1e-6 of the largest value for p, m and v (docs/kernels/adamw.md: 1 ulp plus 2^-20 of
+//         the update, FMA contraction in m and v); the gradient norm 1e-9 relative (double sums,
+//         n 2^-53 for n = 2^22 elements is 5e-10).
 //   TF32: 2e-2 for f32 matmuls with ex.tf32 (inputs cut to a 10-bit mantissa, 2^-10 relative per
 //         input if truncated, 2^-9 per product; the sum's error is then at most 2^-9 sum |a b|.
 //         For normal inputs sum |a b| ~ (2/pi) K s_a s_b and the largest output ~ 4 sqrt(K) s_a
@@ -36,7 +48,11 @@
 #include <vector>
 
 #include <tide/cuda.cuh>
+#include <tide/kernels/adamw/adamw.hpp>
 #include <tide/kernels/attention/attention.hpp>
+#include <tide/kernels/classifier/classifier.hpp>
+#include <tide/kernels/embedding/embedding.hpp>
+#include <tide/kernels/grad_norm/grad_norm.hpp>
 #include <tide/kernels/gelu/gelu.hpp>
 #include <tide/kernels/layernorm/layernorm.hpp>
 #include <tide/kernels/matmul/matmul.hpp>
@@ -94,6 +110,22 @@ struct twin {
     }
     return largest > 0 ? worst / largest : worst;
   }
+};
+
+// Integers (tokens, targets) on both sides: uniform in [0, n).
+struct ints {
+  std::vector<std::int32_t> h;
+  std::int32_t* d = nullptr;
+  ints(std::size_t count, std::int32_t n, std::mt19937& rng) : h(count) {
+    std::uniform_int_distribution<std::int32_t> dist(0, n - 1);
+    for (auto& x : h) x = dist(rng);
+    TIDE_CUDA_CHECK(cudaMalloc(&d, std::max<std::size_t>(count, 1) * sizeof(std::int32_t)));
+    TIDE_CUDA_CHECK(cudaMemcpy(d, h.data(), count * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+  }
+  ints(ints const&) = delete;
+  ~ints() { cudaFree(d); }
+  tide::tensor_view<std::int32_t const, tide::host> hv(tide::shape shape) const { return {h.data(), shape}; }
+  tide::tensor_view<std::int32_t const, tide::cuda> dv(tide::shape shape) const { return {d, shape}; }
 };
 
 template <class T>
@@ -235,6 +267,74 @@ void attention(runner& r, index_t B, index_t T_, index_t C, index_t NH, char con
   expect(dqkv, bound<T>(1e-4), "attention_backward dqkv", at.c_str());
 }
 
+// Logits (N, Vp) of which the first V are the vocabulary; dlogits written separately.
+template <class T>
+void classifier(runner& r, index_t N, index_t V, index_t Vp, char const* shape) {
+  std::mt19937 rng(5);
+  twin<T> logits({N, Vp}, rng, 2.f), dlogits({N, Vp}, rng, 0.f);
+  twin<float> losses({N}, rng, 0.f);
+  ints targets(static_cast<std::size_t>(N), static_cast<std::int32_t>(V), rng);
+  tide::kernels::fused_classifier(r.hx, dlogits.hv(), losses.hv(), logits.hc(), targets.hv({N}), V);
+  tide::kernels::fused_classifier(r.dx, dlogits.dv(), losses.dv(), logits.dc(), targets.dv({N}), V);
+  r.sync();
+  expect(losses, 1e-5, "fused_classifier losses", shape);
+  expect(dlogits, bound<T>(1e-5), "fused_classifier dlogits", shape);
+}
+
+// x (B, T, C) = wte[tokens] + wpe[:T]; dwte, dwpe += from dx.
+template <class T>
+void embedding(runner& r, index_t B, index_t T_, index_t C, index_t V, char const* shape) {
+  std::mt19937 rng(6);
+  twin<T> wte({V, C}, rng, 0.02f), wpe({T_, C}, rng, 0.01f), x({B, T_, C}, rng, 0.f);
+  twin<T> dx({B, T_, C}, rng, 1.f), dwte({V, C}, rng, 0.f), dwpe({T_, C}, rng, 0.f);
+  ints tokens(static_cast<std::size_t>(B * T_), static_cast<std::int32_t>(V), rng);
+  tide::kernels::encoder_forward(r.hx, x.hv(), tokens.hv({B, T_}), wte.hc(), wpe.hc());
+  tide::kernels::encoder_forward(r.dx, x.dv(), tokens.dv({B, T_}), wte.dc(), wpe.dc());
+  tide::kernels::encoder_backward(r.hx, dwte.hv(), dwpe.hv(), dx.hv(), tokens.hv({B, T_}));
+  std::size_t const bytes = tide::kernels::encoder_backward_scratch_bytes(r.dx, B, T_, C, V);
+  void* ws = nullptr;
+  TIDE_CUDA_CHECK(cudaMalloc(&ws, std::max<std::size_t>(bytes, 1)));
+  tide::kernels::encoder_backward(r.dx, dwte.dv(), dwpe.dv(), dx.dv(), tokens.dv({B, T_}),
+                                  tide::kernels::scratch<tide::cuda>{static_cast<std::byte*>(ws), bytes});
+  r.sync();
+  TIDE_CUDA_CHECK(cudaFree(ws));
+  expect(x, 0.0, "encoder_forward", shape);
+  expect(dwte, bound<T>(1e-6), "encoder_backward dwte", shape);
+  expect(dwpe, bound<T>(1e-6), "encoder_backward dwpe", shape);
+}
+
+// One AdamW step on a flat chunk of n parameters (f32 masters, gradients of G), then the norm.
+template <class G>
+void adamw_and_norm(runner& r, index_t n, char const* shape) {
+  std::mt19937 rng(7);
+  twin<float> p({n}, rng, 0.02f), m({n}, rng, 1e-3f), v({n}, rng, 1e-2f);
+  twin<G> g({n}, rng, 1e-2f);
+  for (auto& x : v.h) x = x * x;  // v >= 0: squares of N(0, ...) draws
+  for (auto& x : m.h) x = std::abs(x);
+  TIDE_CUDA_CHECK(cudaMemcpy(v.d, v.h.data(), v.h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  TIDE_CUDA_CHECK(cudaMemcpy(m.d, m.h.data(), m.h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  tide::kernels::adamw_hparams const hp{.lr = 1e-3f, .weight_decay = 0.1f};
+  tide::kernels::adamw(r.hx, hp, 3, p.hv(), g.hc(), m.hv(), v.hv(), 0.5f);
+  tide::kernels::adamw(r.dx, hp, 3, p.dv(), g.dc(), m.dv(), v.dv(), 0.5f);
+  double const want = tide::kernels::global_grad_norm(r.hx, g.hc());
+  tide::kernels::grad_norm_scratch* s = nullptr;
+  TIDE_CUDA_CHECK(cudaMalloc(&s, sizeof *s));
+  tide::kernels::global_grad_norm(r.dx, g.dc(), s);
+  double got = 0;
+  TIDE_CUDA_CHECK(cudaMemcpyAsync(&got, &s->norm, sizeof got, cudaMemcpyDeviceToHost, r.dx.stream));
+  r.sync();
+  TIDE_CUDA_CHECK(cudaFree(s));
+  char const* type = std::is_same_v<G, float> ? "f32 grads" : "bf16 grads";
+  std::string const at = std::string(shape) + " " + type;
+  expect(p, 1e-6, "adamw p", at.c_str());
+  expect(m, 1e-6, "adamw m", at.c_str());
+  expect(v, 1e-6, "adamw v", at.c_str());
+  double const gap = std::abs(got - want) / want;
+  bool const ok = std::isfinite(got) && gap <= 1e-9;
+  std::printf("global_grad_norm %s: %.3g (bound 1e-09)%s\n", at.c_str(), gap, ok ? "" : "  FAILED");
+  failures += !ok;
+}
+
 template <class T>
 void all(runner& r) {
   matmul<T>(r, 2048, 768, 3072, "2048x768x3072");
@@ -253,6 +353,12 @@ void all(runner& r) {
   attention<T>(r, 2, 1024, 768, 12, "B2 T1024 C768 NH12", "cuda-cores");
   attention<T>(r, 1, 37, 48, 4, "B1 T37 C48 NH4");
   attention<T>(r, 1, 37, 48, 4, "B1 T37 C48 NH4", "cuda-cores");
+  classifier<T>(r, 512, 50257, 50304, "N512 V50257 Vp50304");
+  classifier<T>(r, 37, 1000, 1024, "N37 V1000 Vp1024");
+  embedding<T>(r, 8, 1024, 768, 50304, "B8 T1024 C768 V50304");
+  embedding<T>(r, 3, 37, 40, 100, "B3 T37 C40 V100");
+  adamw_and_norm<T>(r, index_t{1} << 22, "n 4194304");
+  adamw_and_norm<T>(r, 1001, "n 1001");
 }
 
 }  // namespace
