@@ -264,6 +264,15 @@ void nccl_of(Boot& bootstrap) {
   c.barrier();
   tide::comm::nccl half = c.split(0, c.rank());
   half.barrier();
+  // make_trainer's data parallelism in device memory (comm::nccl_data_parallel), f32 and bf16
+  auto t = tide::train::make_trainer(tide::nn::gpt_spec<tide::cuda>{}, tide::offload::chunked<>{},
+                                     tide::optim::adamw{.clip_norm = 1.f},
+                                     tide::comm::nccl_data_parallel<Boot>{&c, &bootstrap});
+  (void)t.step(typename decltype(t)::batch_type{});
+  t.save("never");
+  auto h = tide::train::make_trainer(tide::nn::gpt_spec<tide::cuda, bf16>{}, tide::offload::resident{},
+                                     tide::optim::adamw{}, tide::comm::nccl_data_parallel<Boot>{&c, &bootstrap});
+  (void)h.step(typename decltype(h)::batch_type{});
 }
 #endif
 

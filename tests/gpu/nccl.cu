@@ -4,6 +4,10 @@
 // (NCCL itself would stop with "Duplicate GPU detected"). Every operation against values each
 // rank computes itself (small integers: every sum is exact), asynchronous ones through their
 // requests, bf16 sums, a split, and the errors that are checked before anything is enqueued.
+// On each communicator, make_trainer with comm::nccl_data_parallel: a tiny GPT trained 3 steps on
+// the same batches on every rank, whose losses must equal, bit for bit, those of the same
+// trainer without data parallelism (each chunk's sum over W ranks is W g exactly for W <= 2, and
+// the trainer's 1 / W undoes it exactly).
 // Exit 77 (ctest: skipped) on every rank without a usable device.
 
 #include <cstdint>
@@ -16,6 +20,9 @@
 #include <tide/comm/mpi.hpp>
 #include <tide/comm/nccl.cuh>
 #include <tide/comm/self.hpp>
+#include <tide/cuda.cuh>
+#include <tide/nn/gpt.hpp>
+#include <tide/train/trainer.hpp>
 
 #include "skip.cuh"
 
@@ -149,6 +156,36 @@ void exercise(tide::comm::nccl& c) {
   c.barrier();
 }
 
+// Losses of 3 steps of a tiny GPT on CUDA, the same batches on every rank, under `comm`.
+template <class Comm>
+std::vector<float> losses_under(Comm const& comm) {
+  constexpr tide::index_t B = 2, T = 16;
+  tide::nn::gpt_config const config{.layers = 2, .heads = 2, .channels = 32, .vocab = 64, .max_seq = T};
+  auto t = tide::train::make_trainer(tide::nn::gpt_spec<tide::cuda>{.config = config, .options = {.seed = 3}},
+                                     tide::offload::resident{}, tide::optim::adamw{.lr = 1e-3f, .clip_norm = 1.f},
+                                     comm);
+  device_buffer<std::int32_t> tokens(2 * B * T);
+  std::vector<float> out;
+  for (int s = 0; s < 3; ++s) {
+    std::vector<std::int32_t> v(2 * B * T);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int32_t>((i * 5 + s * 11) % 64);
+    tokens.put(v);
+    using view = tide::tensor_view<std::int32_t const, tide::cuda>;
+    out.push_back(t.step({view(tokens.p, {B, T}), view(tokens.p + B * T, {B, T})}).loss);
+  }
+  return out;
+}
+
+template <class Boot>
+void data_parallel_trainer(tide::comm::nccl& c, Boot& boot) {
+  std::vector<float> const alone = losses_under(tide::train::no_comm{});
+  std::vector<float> const summed = losses_under(tide::comm::nccl_data_parallel<Boot>{&c, &boot});
+  expect(alone == summed, "nccl_data_parallel: the losses of one rank's trainer, bit for bit", c.rank());
+  std::printf("rank %d of %d: losses %.7f %.7f %.7f under nccl_data_parallel (alone %.7f %.7f %.7f)\n", c.rank(),
+              c.size(), static_cast<double>(summed[0]), static_cast<double>(summed[1]), static_cast<double>(summed[2]),
+              static_cast<double>(alone[0]), static_cast<double>(alone[1]), static_cast<double>(alone[2]));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -163,10 +200,12 @@ int main(int argc, char** argv) {
     tide::comm::self one;
     tide::comm::nccl alone{one, device, options};
     exercise(alone);
+    data_parallel_trainer(alone, one);
   }
   if (devices >= world.size()) {
     tide::comm::nccl c{world, device, options};
     exercise(c);
+    data_parallel_trainer(c, world);
   } else {
     try {
       tide::comm::nccl c{world, device, options};
