@@ -6,6 +6,10 @@
 //                                     tokens/s at 6 N + 12 L T C flops per token (so the ratio is
 //                                     the MFU against the probe)
 //   offload_4x_vs_resident_cuda       chunked<belady> at a quarter of the model data over resident
+//   adamw_cuda_vs_copy_probe          the CUDA AdamW kernel's bytes per second over GPT-2's 124M
+//                                     parameters (fp32 p, m, v; bf16 gradient and working copy: 28
+//                                     B a parameter), against a device-to-device cudaMemcpy of as
+//                                     many bytes (read + write) in the same run
 // scripts/gpu-check runs it and measures PyTorch's GPT-2 in the same run for
 // gpt2_124m_bf16_vs_torch_compile. TIDE_BENCH_QUICK=1: a 2-layer GPT of 256 channels, 3 steps.
 // Exit 77 without a device. Compiled by nvcc in the suite (cuda/bench_gpu_gpt2.build); it has
@@ -104,6 +108,60 @@ double gemm_probe(int dim) {
   return 10.0 * 2.0 * static_cast<double>(dim) * static_cast<double>(dim) * static_cast<double>(dim) / sec;
 }
 
+// Bytes per second, read + written: the CUDA AdamW step over n parameters (28 B each) and a
+// device-to-device copy moving as many bytes.
+struct adamw_probe_result {
+  double adamw = 0, copy = 0;
+};
+adamw_probe_result adamw_and_copy(std::size_t n) {
+  tide::thread_pool pool{1};
+  tide::memory::compute_context<tide::cuda> ctx;
+  tide::exec<tide::cuda> const ex = ctx.exec_with(pool);
+  float *p = nullptr, *m = nullptr, *v = nullptr;
+  bf16 *g = nullptr, *w = nullptr;
+  TIDE_CUDA_CHECK(cudaMalloc(&p, n * 4));
+  TIDE_CUDA_CHECK(cudaMalloc(&m, n * 4));
+  TIDE_CUDA_CHECK(cudaMalloc(&v, n * 4));
+  TIDE_CUDA_CHECK(cudaMalloc(&g, n * 2));
+  TIDE_CUDA_CHECK(cudaMalloc(&w, n * 2));
+  for (void* q : {static_cast<void*>(p), static_cast<void*>(m), static_cast<void*>(v)})
+    TIDE_CUDA_CHECK(cudaMemset(q, 0, n * 4));
+  TIDE_CUDA_CHECK(cudaMemset(g, 0, n * 2));
+  auto const i = static_cast<tide::index_t>(n);
+  tide::kernels::adamw_hparams const hp{.lr = 3e-4f, .weight_decay = 0.1f};
+  std::int64_t t = 1;
+  double const step = tide::bench::median_seconds(
+      [&] {
+        for (int k = 0; k < 10; ++k)
+          tide::kernels::adamw(ex, hp, t++, tide::tensor_view<float, tide::cuda>(p, {i}),
+                               tide::tensor_view<bf16 const, tide::cuda>(g, {i}),
+                               tide::tensor_view<float, tide::cuda>(m, {i}), tide::tensor_view<float, tide::cuda>(v, {i}),
+                               tide::tensor_view<bf16, tide::cuda>(w, {i}));
+        ctx.synchronize();
+      },
+      5, 1);
+  // The copy: 14 n bytes read and 14 n written (p <- m, m <- v, v <- p, w <- g), 28 n bytes moved.
+  auto const copy_bytes = [&](void* to, void const* from, std::size_t bytes) {
+    TIDE_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, ex.stream));
+  };
+  double const copy = tide::bench::median_seconds(
+      [&] {
+        for (int k = 0; k < 10; ++k) {
+          copy_bytes(p, m, n * 4);
+          copy_bytes(m, v, n * 4);
+          copy_bytes(v, p, n * 4);
+          copy_bytes(w, g, n * 2);
+        }
+        ctx.synchronize();
+      },
+      5, 1);
+  for (void* q : {static_cast<void*>(p), static_cast<void*>(m), static_cast<void*>(v), static_cast<void*>(g),
+                  static_cast<void*>(w)})
+    (void)cudaFree(q);
+  double const bytes = 10.0 * 28.0 * static_cast<double>(n);
+  return {bytes / step, bytes / copy};
+}
+
 }  // namespace
 
 int main() {
@@ -118,6 +176,19 @@ int main() {
   double const flops_per_token = 6.0 * n_params + 12.0 * s.config.layers * static_cast<double>(s.seq) *
                                                       static_cast<double>(s.config.channels);
   double const probe = gemm_probe(quick ? 2048 : 8192);
+  {
+    std::size_t const n = static_cast<std::size_t>(n_params);
+    adamw_probe_result const a = adamw_and_copy(n);
+    tide::bench::figure{.bench = "gpu_gpt2",
+                        .name = "adamw_cuda_vs_copy_probe",
+                        .value = a.adamw / 1e9,
+                        .unit = "GB/s",
+                        .anchor = "cudaMemcpy device to device moving the same bytes, same run",
+                        .anchor_value = a.copy / 1e9,
+                        .goal = 0.8,
+                        .detail = {{"parameters", static_cast<double>(n)}, {"bytes_per_parameter", 28.0}}}
+        .print();
+  }
 
   run const resident = train(s, off::resident{});
   double const resident_tps = tokens / resident.seconds_per_step;
