@@ -4,6 +4,7 @@
 
 #if defined(TIDE_HAS_NCCL)
 #include "tide/comm/nccl.cuh"  // needs tide::nccl
+#include "tide/comm/nccl_data_parallel.cuh"
 #endif
 #include "tide/compress/select.cuh"
 #include "tide/core/cuda.cuh"

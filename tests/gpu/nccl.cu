@@ -19,6 +19,7 @@
 
 #include <tide/comm/mpi.hpp>
 #include <tide/comm/nccl.cuh>
+#include <tide/comm/nccl_data_parallel.cuh>
 #include <tide/comm/self.hpp>
 #include <tide/cuda.cuh>
 #include <tide/nn/gpt.hpp>
@@ -43,7 +44,11 @@ struct device_buffer {
   std::size_t n = 0;
   explicit device_buffer(std::size_t count) : n(count) { TIDE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T))); }
   ~device_buffer() { cudaFree(p); }
-  void put(std::vector<T> const& v) { TIDE_CUDA_CHECK(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  // Landed before the call returns: a kernel on a non-blocking stream may read it next.
+  void put(std::vector<T> const& v) {
+    TIDE_CUDA_CHECK(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    TIDE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   std::vector<T> get() const {
     std::vector<T> v(n);
     TIDE_CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));

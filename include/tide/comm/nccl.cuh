@@ -33,7 +33,8 @@
 // one (the communicator waits for the old operation before it reuses the event), and waiting on
 // it asks whether that newer operation completed, which implies the old one did (one stream).
 //
-// nccl_data_parallel (below) is make_trainer's data parallelism over it, in device memory.
+// comm::nccl_data_parallel (comm/nccl_data_parallel.cuh) is make_trainer's data parallelism over
+// it, in device memory.
 //
 // No test runs this here: the project's machine has no GPU. tests/cuda/instantiate_all.cu
 // compiles every operation for every element type with nvcc, and make_trainer with
@@ -63,8 +64,6 @@
 #include "tide/core/cuda.cuh"
 #include "tide/core/error.hpp"
 #include "tide/memory/stream.cuh"
-#include "tide/offload/chunk_source.hpp"
-#include "tide/offload/gradient_sink.hpp"
 
 namespace tide::comm {
 namespace detail {
@@ -399,6 +398,20 @@ class nccl {
                                    "; NCCL does not say which rank it waits for (comm::mpi's roll call on the bootstrap "
                                    "communicator does)"));
   }
+
+ public:
+  // Ends the communicator for good (ncclCommAbort: its kernels end): every later call throws
+  // tide::error(nccl) with `why`. For a caller whose ranks can no longer agree on the order of
+  // the operations (NCCL matches them by call order), such as a training step abandoned on one
+  // rank after some of its all-reduces were enqueued.
+  void abort(std::string why) noexcept {
+    try {
+      fail_with(std::move(why));
+    } catch (...) {  // fail_with throws the failure it records: recorded is all this wants
+    }
+  }
+
+ private:
   [[noreturn]] void fail_with(std::string message) {
     if (st_->failure.empty()) {
       st_->failure = message;
@@ -411,87 +424,5 @@ class nccl {
 };
 
 static_assert(Communicator<nccl>);
-
-// The gradient sink of nccl_data_parallel: each chunk's gradients all-reduced in place, in device
-// memory, on the communicator's lane, after the event that says backward completed them; the
-// chunk's `done` recorded on the lane behind it. No host staging (reads_device) and no buckets:
-// an offload chunk is already the size of a DDP bucket, and NCCL needs no packing.
-class nccl_sink {
- public:
-  static constexpr bool reads_device = true;
-  struct totals {
-    std::uint64_t chunks = 0;  // chunks summed
-    std::uint64_t bytes = 0;   // gradient bytes summed over the ranks (this rank's contribution)
-  };
-  explicit nccl_sink(nccl* comm) : comm_(comm) {}
-
-  template <Backend B, class T>
-  bool reduce(offload::ready_chunk<B, T> const& r) {
-    static_assert(std::is_same_v<B, cuda>, "comm::nccl_data_parallel sums device chunks: train on tide::cuda "
-                  "(comm::data_parallel over comm::mpi is the host's)");
-    if (r.valid_after != nullptr) comm_->lane().wait(*r.valid_after);
-    nccl::request const req = comm_->all_reduce_async(r.grads, reduce_op::sum);
-    ++totals_->chunks;
-    totals_->bytes += r.grads.size_bytes();
-    if (r.done == nullptr) {
-      comm_->wait(req);
-      return false;
-    }
-    r.done->record(comm_->lane());
-    return true;
-  }
-  [[nodiscard]] totals stats() const noexcept { return *totals_; }
-
- private:
-  nccl* comm_;
-  std::shared_ptr<totals> totals_ = std::make_shared<totals>();  // shared by the trainer's copies
-};
-
-// make_trainer's data parallelism on CUDA: every rank trains on its own data, one GPU each, and
-// each gradient chunk is summed over the GPUs by NCCL in device memory as soon as backward
-// completes it (nccl_sink). The trainer divides by world_size with the rest of its gradient scale.
-// The few agreements the trainer asks of the ranks on the host (a checkpoint set saved on every
-// rank, its name) go over `host`, the communicator that bootstrapped `gpus`:
-//
-//   tide::comm::mpi world{session};
-//   tide::comm::nccl gpus{world, local_rank};
-//   auto trainer = tide::train::make_trainer(tide::nn::gpt_spec<tide::cuda>{...}, offload, optimizer,
-//                                            tide::comm::nccl_data_parallel<tide::comm::mpi>{&gpus, &world});
-//
-// ZeRO is not on this path yet: its optimizer-state shards and parameter gathers run on the host
-// (comm::data_parallel over comm::mpi, which a CUDA trainer also takes, staging through host memory).
-template <Communicator Boot>
-struct nccl_data_parallel {
-  static constexpr std::string_view name = "nccl_data_parallel";
-  nccl* gpus = nullptr;  // the GPUs' communicator; outlives the trainer
-  Boot* host = nullptr;  // the communicator that bootstrapped gpus (the same ranks); outlives the trainer
-
-  using sink_type = nccl_sink;
-  using source_type = offload::host_source;
-
-  [[nodiscard]] int rank() const { return checked().rank(); }
-  [[nodiscard]] int world_size() const { return checked().size(); }
-  [[nodiscard]] sink_type sink() const { return sink_type{&checked()}; }
-  [[nodiscard]] source_type source() const { return {}; }
-  [[nodiscard]] bool all_ranks(bool ok) const { return comm::all_ranks(checked_host(), ok); }
-  [[nodiscard]] std::int64_t of_rank0(std::int64_t value) const { return comm::of_rank0(checked_host(), value); }
-  [[nodiscard]] double sum_over_ranks(double x) const { return comm::sum_over_ranks(checked_host(), x); }
-
- private:
-  nccl& checked() const {
-    TIDE_REQUIRE(gpus != nullptr, "nccl_data_parallel: .gpus is null; pass the address of a comm::nccl that outlives "
-                 "the trainer");
-    checked_host();
-    return *gpus;
-  }
-  Boot& checked_host() const {
-    TIDE_REQUIRE(gpus != nullptr && host != nullptr, "nccl_data_parallel: .gpus or .host is null; pass the addresses of "
-                 "a comm::nccl and of the communicator that bootstrapped it, both outliving the trainer");
-    TIDE_REQUIRE(host->rank() == gpus->rank() && host->size() == gpus->size(), "nccl_data_parallel: .host is rank ",
-                 host->rank(), " of ", host->size(), " but .gpus rank ", gpus->rank(), " of ", gpus->size(),
-                 "; pass the communicator that bootstrapped .gpus");
-    return *host;
-  }
-};
 
 }  // namespace tide::comm

@@ -48,6 +48,7 @@ class stream<cuda> {
   using options = stream_options;
 
   explicit stream(options const& opts = {}) : device_(opts.device) {
+    if (device_ < 0) TIDE_CUDA_CHECK(cudaGetDevice(&device_));
     detail::current_device on(device_);
     TIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&native_, cudaStreamNonBlocking));
   }

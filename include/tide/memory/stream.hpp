@@ -58,7 +58,10 @@ namespace tide::memory {
 using host_function = void (*)(void*);
 
 struct stream_options {
-  int device = 0;              // cuda: the device the stream belongs to; host: ignored
+  // cuda: the device the stream belongs to; -1: the device current when the stream is made (a
+  // process on GPU 3 calls cudaSetDevice(3), or comm::nccl does, and every stream tide makes
+  // afterwards is on it); host: ignored
+  int device = -1;
   std::size_t capacity = 1024; // host: commands that may wait in the ring before enqueue blocks
 };
 

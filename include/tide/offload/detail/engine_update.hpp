@@ -199,7 +199,15 @@ void engine_core<B, T, P, O, S, Src>::optimizer_step(std::uint32_t c, bool apply
   index_t const n = step_elements(c);
   optim::update_args const args{t_, lr_, options_.grad_scale, true};
   if (os_on_device_[c]) {
-    wait_reduced(c);  // the update runs here: the sink must have finished with the gradients
+    // The update runs after the sink finished with the gradients. A sink that reads device
+    // memory (NCCL) records its event on the device: the compute stream waits for it, and the
+    // host goes on enqueuing backward (the step's drain waits for the sink, under its deadline).
+    // Every other sink: the host waits here.
+    if constexpr (B::is_device && !decltype(sinks_)::staged) {
+      if (sinks_.pending(c)) memory::wait(store_.ex_, sinks_.reduced(c));
+    } else {
+      wait_reduced(c);
+    }
     if (!store_.on_device(c) || (!swapped_[c] && !store_.on_device(store_.n_ + c))) {  // deferred: evicted since?
       ids_pair_.assign({c, store_.n_ + c});
       if (swapped_[c]) ids_pair_.pop_back();  // the gradients are in c

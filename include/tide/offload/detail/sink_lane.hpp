@@ -15,7 +15,9 @@
 // block back and records the chunk's `reduced` event, which is all the engine waits for. Two
 // device streams, so that a bucket waiting for a later chunk never blocks that chunk's copy in.
 // A sink that reads device memory itself (NCCL) says `static constexpr bool reads_device = true`
-// and gets the device chunk.
+// and gets the device chunk. A sink may also wait for its own work, under its own deadline
+// (`void wait_reduced(std::uint32_t chunk, memory::event<B> const& done)`, throwing on a
+// failure): the lane's waits for that sink go through it rather than the event alone.
 
 #include <chrono>
 #include <cstddef>
@@ -105,7 +107,8 @@ class sink_lane {
     if (!pending_[c]) return;
     pending_[c] = false;  // a failure is reported once, here, and fails the step
     auto const t0 = std::chrono::steady_clock::now();
-    reduced_[c].synchronize();
+    if constexpr (requires { sink_.wait_reduced(c, reduced_[c]); }) sink_.wait_reduced(c, reduced_[c]);
+    else reduced_[c].synchronize();
     stats_->stall_ms += ms_since(t0);
   }
   // Whether the sink still works on a chunk handed over in this step (in hand-over order; the
@@ -120,7 +123,14 @@ class sink_lane {
   void quiet() noexcept {
     for (std::uint32_t c = 0; c < pending_.size(); ++c)
       if (pending_[c]) {
-        while (!reduced_[c].query()) std::this_thread::yield();
+        if constexpr (requires { sink_.wait_reduced(c, reduced_[c]); }) {
+          try {  // under the sink's deadline; its failure is the step's, already reported
+            sink_.wait_reduced(c, reduced_[c]);
+          } catch (...) {
+          }
+        } else {
+          while (!reduced_[c].query()) std::this_thread::yield();
+        }
         pending_[c] = false;
       }
   }
