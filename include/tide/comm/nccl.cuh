@@ -404,18 +404,19 @@ class nccl {
   // tide::error(nccl) with `why`. For a caller whose ranks can no longer agree on the order of
   // the operations (NCCL matches them by call order), such as a training step abandoned on one
   // rank after some of its all-reduces were enqueued.
-  void abort(std::string why) noexcept {
+  void abort(char const* why) noexcept {
+    if (st_->comm != nullptr) ncclCommAbort(std::exchange(st_->comm, nullptr));  // first: nothing here throws
     try {
-      fail_with(std::move(why));
-    } catch (...) {  // fail_with throws the failure it records: recorded is all this wants
+      if (st_->failure.empty()) st_->failure = why;
+    } catch (...) {  // no memory for the text: the communicator is gone all the same
     }
   }
 
  private:
   [[noreturn]] void fail_with(std::string message) {
     if (st_->failure.empty()) {
-      st_->failure = message;
       if (st_->comm != nullptr) ncclCommAbort(std::exchange(st_->comm, nullptr));  // ends the kernels waiting
+      st_->failure = message;
     }
     TIDE_FAIL(nccl, message);
   }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <thread>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -48,9 +49,10 @@ class nccl_sink {
                  "offload or pipeline policy");
     state& s = *st_;
     if (r.valid_after != nullptr) comm_->lane().wait(*r.valid_after);
-    s.in_step = !r.last;  // a failure from here to the step's last hand-over leaves the ranks out of step
     if (s.requests.size() <= r.chunk) s.requests.resize(r.chunk + 1);
+    s.in_step = true;  // a failure from here to the step's last hand-over leaves the ranks out of step
     s.requests[r.chunk] = comm_->all_reduce_async(r.grads, reduce_op::sum);
+    if (r.last) s.in_step = false;
     ++s.totals.chunks;
     s.totals.bytes += r.grads.size_bytes();
     if (r.done == nullptr) {
@@ -60,8 +62,20 @@ class nccl_sink {
     r.done->record(comm_->lane());
     return true;
   }
-  // The engine's wait for chunk c: its all-reduce, polled under the communicator's deadline.
-  void wait_reduced(std::uint32_t c, memory::event<cuda> const&) { comm_->wait(st_->requests.at(c)); }
+  // The engine's wait for chunk c: its all-reduce, polled under the communicator's deadline. On a
+  // failure (the communicator aborted: its kernels end) the chunk's event is waited for before
+  // the error goes on, so the engine gets the gradient block back only once NCCL let go of it.
+  void wait_reduced(std::uint32_t c, memory::event<cuda> const& done) {
+    try {
+      comm_->wait(st_->requests.at(c));
+    } catch (...) {
+      try {
+        while (!done.query()) std::this_thread::yield();
+      } catch (...) {  // a sticky CUDA error: the event says no more
+      }
+      throw;
+    }
+  }
   // A step abandoned after some of its chunks reached NCCL: the other ranks' next operations would
   // pair with this step's leftovers, so the communicator ends here.
   void abandon_step() noexcept {

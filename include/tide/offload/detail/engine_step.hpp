@@ -290,6 +290,11 @@ void engine_core<B, T, P, O, S, Src>::drain() {
       if (!failure) failure = std::current_exception();
     }
   };
+  // A sink that waits for its own work under a deadline (NCCL) first: the streams below may wait
+  // for that work, and their synchronize has no deadline (its work waits only for compute events
+  // already recorded, so waiting for it first cannot deadlock).
+  if constexpr (decltype(sinks_)::self_waiting)
+    for (std::uint32_t c = 0; c < store_.n_; ++c) wait([&] { wait_reduced(c); });
   if constexpr (B::is_device) wait([&] { memory::synchronize(store_.ex_); });  // device steps, zero fills
   wait([&] { store_.engine_.synchronize(); });
   wait([&] { store_.copy_stream_.synchronize(); });  // the timeline's stamps run after the copies
@@ -315,6 +320,7 @@ void engine_core<B, T, P, O, S, Src>::drain() {
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::wait_idle() noexcept {
   auto const activations_idle = [&] { return !store_.activation_stream_ || store_.activation_stream_->query(); };
+  if constexpr (decltype(sinks_)::self_waiting) sinks_.quiet();  // under its deadline, before the streams that wait for it
   while (!store_.copy_stream_.query() || !activations_idle() || !runner_.idle()) std::this_thread::yield();
   sinks_.quiet();
 }

@@ -66,6 +66,10 @@ template <Backend B, Element T, class S>
 class sink_lane {
  public:
   static constexpr bool staged = stages_for_sink<B, S>;
+  // The sink waits for its own work (under its deadline): not when the lane stages for it, whose
+  // `reduced` also covers the copy back.
+  static constexpr bool self_waiting =
+      !staged && requires(S& s, std::uint32_t c, memory::event<B> const& e) { s.wait_reduced(c, e); };
 
   sink_lane(S const& sink, std::uint32_t n, offload_stats& stats) : sink_(sink), stats_(&stats), stage_(n) {
     reduced_.resize(n);
@@ -107,7 +111,7 @@ class sink_lane {
     if (!pending_[c]) return;
     pending_[c] = false;  // a failure is reported once, here, and fails the step
     auto const t0 = std::chrono::steady_clock::now();
-    if constexpr (requires { sink_.wait_reduced(c, reduced_[c]); }) sink_.wait_reduced(c, reduced_[c]);
+    if constexpr (self_waiting) sink_.wait_reduced(c, reduced_[c]);
     else reduced_[c].synchronize();
     stats_->stall_ms += ms_since(t0);
   }
@@ -123,7 +127,7 @@ class sink_lane {
   void quiet() noexcept {
     for (std::uint32_t c = 0; c < pending_.size(); ++c)
       if (pending_[c]) {
-        if constexpr (requires { sink_.wait_reduced(c, reduced_[c]); }) {
+        if constexpr (self_waiting) {
           try {  // under the sink's deadline; its failure is the step's, already reported
             sink_.wait_reduced(c, reduced_[c]);
           } catch (...) {
