@@ -15,6 +15,7 @@
 #include "tide/comm/communicator.hpp"
 #include "tide/comm/nccl.cuh"
 #include "tide/core/backend.hpp"
+#include "tide/core/cuda.cuh"
 #include "tide/core/error.hpp"
 #include "tide/memory/stream.cuh"
 #include "tide/offload/chunk_source.hpp"
@@ -120,7 +121,17 @@ struct nccl_data_parallel {
 
   [[nodiscard]] int rank() const { return checked().rank(); }
   [[nodiscard]] int world_size() const { return checked().size(); }
-  [[nodiscard]] sink_type sink() const { return sink_type{&checked()}; }
+  // Called as the trainer is built, whose streams are made on the current device: it must be the
+  // communicator's GPU.
+  [[nodiscard]] sink_type sink() const {
+    nccl& g = checked();
+    int current = 0;
+    TIDE_CUDA_CHECK(cudaGetDevice(&current));
+    TIDE_REQUIRE(current == g.device(), "nccl_data_parallel: the trainer is being built on CUDA device ", current,
+                 " but .gpus runs on device ", g.device(), "; call cudaSetDevice(", g.device(),
+                 ") before make_trainer (comm::nccl's constructor does, on the thread that builds it)");
+    return sink_type{&g};
+  }
   [[nodiscard]] source_type source() const { return {}; }
   [[nodiscard]] bool all_ranks(bool ok) const { return comm::all_ranks(checked_host(), ok); }
   [[nodiscard]] std::int64_t of_rank0(std::int64_t value) const { return comm::of_rank0(checked_host(), value); }
