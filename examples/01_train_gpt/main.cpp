@@ -407,7 +407,7 @@ std::size_t device_budget(options const& opt, tide::nn::gpt_config const& config
     tide::thread_pool one{1};
     tide::memory::compute_context<tide::cuda> ctx;
     auto const cuda_scratch = tide::nn::gpt_scratch_of<float>(ctx.exec_with(one), config, opt.batch, opt.seq);
-    activations = std::max(activations, tide::round_up(tide::nn::detail::activation_bytes(
+    activations = std::max(activations, tide::round_up(tide::nn::activation_bytes(
                                             config, model_options(opt, config), opt.batch, opt.seq,
                                             sizeof(float), cuda_scratch), 256));
   }

@@ -518,25 +518,24 @@ TEST_CASE("gpt: recompute_within picks the cheapest blocks that fit, and says wh
   gpt_config const c{.layers = 6, .heads = 2, .channels = 32, .vocab = 32, .max_seq = 16};
   using tide::nn::block_set;
   using tide::nn::recompute_within;
-  namespace d = tide::nn::detail;
   tide::nn::gpt_options const none{};
   // The kernels' scratch the model plans with its activations (the host kernels' on 2 threads).
   tide::thread_pool pool{2};
   tide::exec<tide::host> const ex{pool};
   tide::nn::gpt_scratch const sc = tide::nn::gpt_scratch_of<float>(ex, c, 2, 16);
   CHECK(sc.block_backward > 0);  // attention's backward and the layernorms' partials, at least
-  std::size_t const all = d::activation_bytes(c, none, 2, 16, 4, sc);
-  std::size_t const least = d::activation_bytes(c, {.recompute = block_set::all(6)}, 2, 16, 4, sc);
+  std::size_t const all = tide::nn::activation_bytes(c, none, 2, 16, 4, sc);
+  std::size_t const least = tide::nn::activation_bytes(c, {.recompute = block_set::all(6)}, 2, 16, 4, sc);
   CHECK(recompute_within(c, none, 2, 16, all, {}, 4, sc).empty());  // fits as it is
   // At the footprint of every block recomputed: the fewest blocks (earliest first) that reach it.
   // Here that is 5: the backward's kernel scratch (attention's), live in every backward, is the
   // floor once five blocks recompute, so the sixth saves nothing.
   block_set const most = recompute_within(c, none, 2, 16, least, {}, 4, sc);
   REQUIRE(most.size() > 0);
-  CHECK(d::activation_bytes(c, {.recompute = most}, 2, 16, 4, sc) <= least);
+  CHECK(tide::nn::activation_bytes(c, {.recompute = most}, 2, 16, 4, sc) <= least);
   std::vector<int> fewer;
   for (int l = 0; l + 1 < static_cast<int>(most.size()); ++l) fewer.push_back(l);
-  CHECK(d::activation_bytes(c, {.recompute = block_set(fewer)}, 2, 16, 4, sc) > least);
+  CHECK(tide::nn::activation_bytes(c, {.recompute = block_set(fewer)}, 2, 16, 4, sc) > least);
   // A budget between: fewer blocks than all, and the plan with them fits it, the one with a
   // block fewer does not (the fewest blocks of that order).
   std::size_t const mid = (all + least) / 2;
@@ -546,14 +545,14 @@ TEST_CASE("gpt: recompute_within picks the cheapest blocks that fit, and says wh
   REQUIRE(chosen.size() < 6);
   int const order[6] = {1, 3, 5, 2, 0, 4};
   CHECK(chosen == block_set(std::vector<int>(order, order + chosen.size())));
-  CHECK(d::activation_bytes(c, {.recompute = chosen}, 2, 16, 4, sc) <= mid);
-  CHECK(d::activation_bytes(c, {.recompute = block_set(std::vector<int>(order, order + chosen.size() - 1))}, 2,
+  CHECK(tide::nn::activation_bytes(c, {.recompute = chosen}, 2, 16, 4, sc) <= mid);
+  CHECK(tide::nn::activation_bytes(c, {.recompute = block_set(std::vector<int>(order, order + chosen.size() - 1))}, 2,
                             16, 4, sc) > mid);
   // The model built with it plans exactly that.
   tide::memory::device_arena<tide::host> arena{{.budget = 16_MiB}};
   host_gpt m(c, arena, {.recompute = chosen});
   m.plan_activations(ex, 2, 16);
-  CHECK(m.activations().footprint == d::activation_bytes(c, {.recompute = chosen}, 2, 16, 4, sc));
+  CHECK(m.activations().footprint == tide::nn::activation_bytes(c, {.recompute = chosen}, 2, 16, 4, sc));
   try {
     (void)recompute_within(c, none, 2, 16, least - 1, {}, 4, sc);
     FAIL("expected a budget error");

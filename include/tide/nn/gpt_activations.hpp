@@ -370,20 +370,21 @@ class gpt_activation_plan {
   std::size_t footprint_ = 0, peak_live_ = 0, unplanned_ = 0;
 };
 
-// Bytes of a model's activation buffer for (Bn, Tn): in_flight copies of one plan, with the
-// kernels' scratch `scratch` (gpt_scratch_of).
+}  // namespace tide::nn::detail
+
+namespace tide::nn {
+
+// Bytes of a model's activation buffer for (Bn, Tn), without building the model: in_flight
+// copies of one plan, with the kernels' scratch `scratch` (gpt_scratch_of(ex, config, Bn, Tn) on
+// the exec the model will run on: a CUDA exec with cuBLAS asks for attention's (NH, T, T) scores).
 inline std::size_t activation_bytes(gpt_config const& c, gpt_options const& o, index_t Bn, index_t Tn,
                                     std::size_t element_bytes, gpt_scratch const& scratch = {}) {
-  gpt_activation_plan plan(resolve(c), o.keep_logits, has_tied_buffer(o), element_bytes, o.alignment, o.recompute,
-                           o.offload_activations, o.split_backward);
+  detail::gpt_activation_plan plan(resolve(c), o.keep_logits, has_tied_buffer(o), element_bytes, o.alignment,
+                                   o.recompute, o.offload_activations, o.split_backward);
   plan.replan(Bn, Tn, scratch);
   auto const n = static_cast<std::size_t>(o.in_flight);
   return (n - 1) * round_up(plan.footprint(), o.alignment) + plan.footprint();
 }
-
-}  // namespace tide::nn::detail
-
-namespace tide::nn {
 
 // The blocks to recompute so that a model's activations for (Bn, Tn) fit `budget` bytes, at the
 // least recompute cost: the k cheapest blocks by forward_seconds (each block's measured forward,
@@ -406,7 +407,7 @@ inline block_set recompute_within(gpt_config const& config, gpt_options options,
     std::ranges::stable_sort(order, {}, [&](int l) { return forward_seconds[static_cast<std::size_t>(l)]; });
   auto const bytes_with = [&](int k) {
     options.recompute = block_set(std::vector<int>(order.begin(), order.begin() + k));
-    return detail::activation_bytes(c, options, Bn, Tn, element_bytes, scratch);
+    return activation_bytes(c, options, Bn, Tn, element_bytes, scratch);
   };
   if (bytes_with(0) <= budget) return {};
   std::size_t const least = bytes_with(L);

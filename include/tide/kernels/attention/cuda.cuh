@@ -55,23 +55,12 @@ namespace detail {
 TIDE_ABI_NAMESPACE_BEGIN
 
 inline constexpr int attention_lane_channels = attention_cuda_tuning::max_head_size / 32;
-inline constexpr unsigned attention_full_mask = 0xffffffffu;
 
 // Row stride of a shared (32, HS) tile: odd, so lane l reading row l, column d hits bank
 // (l * stride + d) % 32, a different bank for every lane.
 TIDE_HOST_DEVICE constexpr int attention_tile_stride(int hs) noexcept { return hs % 2 == 0 ? hs + 1 : hs; }
 
-__device__ inline float attention_warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(attention_full_mask, v, o));
-  return v;
-}
-
-__device__ inline float attention_warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(attention_full_mask, v, o);
-  return v;
-}
+// attention_warp_max, attention_warp_sum: attention/cuda_gemm.cuh, which both paths include.
 
 // Rows [r0, r0 + rows) of channels [c0, c0 + HS) of a (T, ld) sequence into shared (rows, stride),
 // times scale; rows past T read as 0.

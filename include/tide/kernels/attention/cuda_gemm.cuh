@@ -45,14 +45,18 @@ TIDE_ABI_NAMESPACE_BEGIN
 
 inline constexpr int attention_gemm_rows_block = 256;  // 8 rows (warps) per block of the row kernel
 
-__device__ inline float attention_gemm_warp_max(float v) {
+inline constexpr unsigned attention_full_mask = 0xffffffffu;
+
+// A warp's max and sum, every lane getting the result (a fixed shuffle tree: the same bits run
+// to run); the CUDA-core kernels (attention/cuda.cuh) use them too.
+__device__ inline float attention_warp_max(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(attention_full_mask, v, o));
   return v;
 }
-__device__ inline float attention_gemm_warp_sum(float v) {
+__device__ inline float attention_warp_sum(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(attention_full_mask, v, o);
   return v;
 }
 
@@ -69,10 +73,10 @@ __global__ void __launch_bounds__(attention_gemm_rows_block)
   float const* const s = S + row * Tn;
   float m = -__builtin_huge_valf();
   for (int j = lane; j <= i; j += 32) m = fmaxf(m, s[j]);
-  m = attention_gemm_warp_max(m);  // key 0 <= i: finite
+  m = attention_warp_max(m);  // key 0 <= i: finite
   float sum = 0.0f;
   for (int j = lane; j <= i; j += 32) sum += expf(s[j] - m);
-  sum = attention_gemm_warp_sum(sum);
+  sum = attention_warp_sum(sum);
   float const l = m + logf(sum);
   T* const p = P + row * Tn;
   for (int j = lane; j < Tn; j += 32) p[j] = from_float<T>(j <= i ? expf(s[j] - l) : 0.0f);
