@@ -264,10 +264,11 @@ void nccl_of(Boot& bootstrap) {
   c.barrier();
   tide::comm::nccl half = c.split(0, c.rank());
   half.barrier();
-  // make_trainer's data parallelism in device memory (comm::nccl_data_parallel), f32 and bf16
+  // make_trainer's data parallelism in device memory (comm::nccl_data_parallel), f32 and bf16,
+  // with ZeRO (the sink's reduce to the owner and the share of the stepped chunks)
   auto t = tide::train::make_trainer(tide::nn::gpt_spec<tide::cuda>{}, tide::offload::chunked<>{},
                                      tide::optim::adamw{.clip_norm = 1.f},
-                                     tide::comm::nccl_data_parallel<Boot>{&c, &bootstrap});
+                                     tide::comm::nccl_data_parallel<Boot>{.gpus = &c, .host = &bootstrap, .zero = 2});
   (void)t.step(typename decltype(t)::batch_type{});
   t.save("never");
   auto h = tide::train::make_trainer(tide::nn::gpt_spec<tide::cuda, bf16>{}, tide::offload::resident{},

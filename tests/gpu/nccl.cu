@@ -4,10 +4,12 @@
 // (NCCL itself would stop with "Duplicate GPU detected"). Every operation against values each
 // rank computes itself (small integers: every sum is exact), asynchronous ones through their
 // requests, bf16 sums, a split, and the errors that are checked before anything is enqueued.
-// On each communicator, make_trainer with comm::nccl_data_parallel: a tiny GPT trained 3 steps on
-// the same batches on every rank, whose losses must equal, bit for bit, those of the same
-// trainer without data parallelism (each chunk's sum over W ranks is W g exactly for W <= 2, and
-// the trainer's 1 / W undoes it exactly).
+// On each communicator, make_trainer with comm::nccl_data_parallel, without ZeRO and under ZeRO-1
+// and 2: a tiny GPT trained 3 steps on the same batches on every rank, whose losses must equal,
+// bit for bit, those of the same trainer without data parallelism (each chunk's sum over W ranks
+// is W g exactly for W <= 2, and the trainer's 1 / W undoes it exactly; ZeRO-2 without clipping,
+// whose norm it sums by chunk owner, in another order). The same code runs on tide::sealed in
+// tests/comm/device_data_parallel.cpp, with the ranks as threads.
 // Exit 77 (ctest: skipped) on every rank without a usable device.
 
 #include <cstdint>
@@ -163,11 +165,11 @@ void exercise(tide::comm::nccl& c) {
 
 // Losses of 3 steps of a tiny GPT on CUDA, the same batches on every rank, under `comm`.
 template <class Comm>
-std::vector<float> losses_under(Comm const& comm) {
+std::vector<float> losses_under(Comm const& comm, float clip_norm = 1.f) {
   constexpr tide::index_t B = 2, T = 16;
   tide::nn::gpt_config const config{.layers = 2, .heads = 2, .channels = 32, .vocab = 64, .max_seq = T};
   auto t = tide::train::make_trainer(tide::nn::gpt_spec<tide::cuda>{.config = config, .options = {.seed = 3}},
-                                     tide::offload::resident{}, tide::optim::adamw{.lr = 1e-3f, .clip_norm = 1.f},
+                                     tide::offload::resident{}, tide::optim::adamw{.lr = 1e-3f, .clip_norm = clip_norm},
                                      comm);
   device_buffer<std::int32_t> tokens(2 * B * T);
   std::vector<float> out;
@@ -183,12 +185,17 @@ std::vector<float> losses_under(Comm const& comm) {
 
 template <class Boot>
 void data_parallel_trainer(tide::comm::nccl& c, Boot& boot) {
-  std::vector<float> const alone = losses_under(tide::train::no_comm{});
-  std::vector<float> const summed = losses_under(tide::comm::nccl_data_parallel<Boot>{&c, &boot});
-  expect(alone == summed, "nccl_data_parallel: the losses of one rank's trainer, bit for bit", c.rank());
-  std::printf("rank %d of %d: losses %.7f %.7f %.7f under nccl_data_parallel (alone %.7f %.7f %.7f)\n", c.rank(),
-              c.size(), static_cast<double>(summed[0]), static_cast<double>(summed[1]), static_cast<double>(summed[2]),
-              static_cast<double>(alone[0]), static_cast<double>(alone[1]), static_cast<double>(alone[2]));
+  for (int zero : {0, 1, 2}) {
+    float const clip = zero == 2 ? 0.f : 1.f;
+    std::vector<float> const alone = losses_under(tide::train::no_comm{}, clip);
+    std::vector<float> const summed =
+        losses_under(tide::comm::nccl_data_parallel<Boot>{.gpus = &c, .host = &boot, .zero = zero}, clip);
+    expect(alone == summed, "nccl_data_parallel: the losses of one rank's trainer, bit for bit", c.rank());
+    std::printf("rank %d of %d, ZeRO-%d: losses %.7f %.7f %.7f under nccl_data_parallel (alone %.7f %.7f %.7f)\n",
+                c.rank(), c.size(), zero, static_cast<double>(summed[0]), static_cast<double>(summed[1]),
+                static_cast<double>(summed[2]), static_cast<double>(alone[0]), static_cast<double>(alone[1]),
+                static_cast<double>(alone[2]));
+  }
 }
 
 }  // namespace

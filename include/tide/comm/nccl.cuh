@@ -61,6 +61,7 @@
 
 #include "tide/comm/communicator.hpp"
 #include "tide/comm/detail/lane.hpp"
+#include "tide/core/backend.hpp"
 #include "tide/core/cuda.cuh"
 #include "tide/core/error.hpp"
 #include "tide/memory/stream.cuh"
@@ -87,6 +88,7 @@ constexpr ncclRedOp_t nccl_op(reduce_op op) noexcept {
 class nccl {
  public:
   static constexpr std::string_view name = "nccl";
+  using backend = cuda;  // spans are device (or managed) memory
   struct request {
     std::uint64_t seq = 0;  // the operation's number; 0: nothing to wait for
   };
@@ -137,6 +139,14 @@ class nccl {
   [[nodiscard]] int rank() const noexcept { return st_->rank; }
   [[nodiscard]] int size() const noexcept { return st_->size; }
   [[nodiscard]] int device() const noexcept { return st_->device; }
+  // For `who` (a comm policy's name), being built on the current device: it must be this one's.
+  void require_current_device(std::string_view who) const {
+    int current = 0;
+    TIDE_CUDA_CHECK(cudaGetDevice(&current));
+    TIDE_REQUIRE(current == device(), who, " over comm::nccl: the trainer is being built on CUDA device ", current,
+                 " but the communicator runs on device ", device(), "; call cudaSetDevice(", device(),
+                 ") before make_trainer (comm::nccl's constructor does, on the thread that builds it)");
+  }
   [[nodiscard]] ncclComm_t native() const noexcept { return st_->comm; }
   // The stream every operation is enqueued on.
   [[nodiscard]] memory::stream<cuda>& lane() noexcept { return st_->stream; }

@@ -174,6 +174,9 @@ void engine_core<B, T, P, O, S, Src>::share_parameters() {
         }
       shared.push_back({reinterpret_cast<T*>(bytes), p.capacity() / sizeof(T)});
     }
+    // A sink that reads the device itself shares on its own stream: the steps enqueued on the
+    // compute stream land first.
+    if constexpr (B::is_device && !decltype(sinks_)::staged) memory::synchronize(store_.ex_);
     sinks_.share_parameters(std::span<std::span<T> const>(shared));
     if constexpr (decltype(sinks_)::staged)
       for (std::uint32_t c = 0; c < store_.n_; ++c) {
