@@ -3,8 +3,10 @@
 // bias and GELU) and backward, on cuBLASLt with fused epilogues and on the cublasGemmEx fallback
 // (an exec<cuda> without the cuBLASLt handle), and f32 in TF32; LayerNorm forward and backward,
 // GELU, attention forward and backward on tensor cores (cuBLAS) and on CUDA cores, the fused
-// classifier (GPT-2's V = 50257 padded to 50304), the embedding forward and backward, AdamW
-// (f32 masters, f32 or bf16 gradients) and the global gradient norm. The host kernels are
+// classifier (GPT-2's V = 50257 padded to 50304), the embedding forward and backward, the
+// residual add forward and backward, softmax (plain, causal) and its backward, AdamW, Adam and
+// SGD with momentum (f32 masters, f32 or bf16 gradients, a bf16 working copy) and the global
+// gradient norm. The host kernels are
 // checked against the scalar references in tests/kernels/; here each CUDA output is compared with
 // the host's on the same inputs. Exit 77 (ctest: skipped) without a device (skip.cuh).
 //
@@ -22,6 +24,11 @@
 //   embedding: forward 0 (one float add rounded once, on both sides: the same bits); backward
 //         f32 1e-6 (the same position order on both sides; room for FMA-free reassociation
 //         only), bf16 2e-2 (a float sum a hair apart may round to the neighbouring bf16);
+//   residual: forward 0 and backward 0 (a float add rounded once, on both sides: the same bits);
+//   softmax: forward and backward f32 1e-5 (the row's max and sum reordered: (8 + sqrt(L) / 2)
+//         u of the largest probability at L = 1024 is 2.4e-6, docs/kernels/softmax.md), bf16 2e-2;
+//   Adam and SGD: as AdamW (docs/kernels/adam.md, sgd.md: m, v and the momentum buffer within
+//         2^-22 of their terms under FMA contraction, p within 1 ulp plus 2^-20 of the update);
 //   AdamW: 1e-6 of the largest value for p, m and v (docs/kernels/adamw.md: 1 ulp plus 2^-20 of
 //         the update, FMA contraction in m and v); the gradient norm 1e-9 relative (double sums,
 //         n 2^-53 for n = 2^22 elements is 5e-10).
@@ -55,6 +62,10 @@
 #include <tide/kernels/gelu/gelu.hpp>
 #include <tide/kernels/layernorm/layernorm.hpp>
 #include <tide/kernels/matmul/matmul.hpp>
+#include <tide/kernels/adam/adam.hpp>
+#include <tide/kernels/residual/residual.hpp>
+#include <tide/kernels/sgd/sgd.hpp>
+#include <tide/kernels/softmax/softmax.hpp>
 
 #include "skip.cuh"
 
@@ -253,6 +264,79 @@ void gelu(runner& r, index_t N, char const* shape) {
   expect(out, bound<T>(1e-5), "gelu_forward", shape);
 }
 
+template <class T>
+void residual(runner& r, index_t N, char const* shape) {
+  std::mt19937 rng(5);
+  twin<T> a({N}, rng, 1.f), b({N}, rng, 1.f), out({N}, rng, 0.f), dout({N}, rng, 1.f);
+  twin<T> da({N}, rng, 1.f), db({N}, rng, 1.f);  // accumulated into
+  tide::kernels::residual_forward(r.hx, out.hv(), a.hc(), b.hc());
+  tide::kernels::residual_forward(r.dx, out.dv(), a.dc(), b.dc());
+  tide::kernels::residual_backward(r.hx, da.hv(), db.hv(), dout.hc());
+  tide::kernels::residual_backward(r.dx, da.dv(), db.dv(), dout.dc());
+  r.sync();
+  expect(out, 0.0, "residual_forward", shape);
+  expect(da, 0.0, "residual_backward da", shape);
+  expect(db, 0.0, "residual_backward db", shape);
+}
+
+template <class T>
+void softmax(runner& r, index_t rows, index_t L, char const* shape) {
+  std::mt19937 rng(6);
+  float const scale = 0.125f;
+  twin<T> x({rows, L}, rng, 4.f), y({rows, L}, rng, 0.f), yc({rows / L, L, L}, rng, 0.f);
+  twin<T> xc({rows / L, L, L}, rng, 4.f), dy({rows, L}, rng, 1.f), dx({rows, L}, rng, 0.f);
+  tide::kernels::softmax_forward(r.hx, y.hv(), x.hc(), scale);
+  tide::kernels::softmax_forward(r.dx, y.dv(), x.dc(), scale);
+  tide::kernels::softmax_forward_causal(r.hx, yc.hv(), xc.hc(), scale);
+  tide::kernels::softmax_forward_causal(r.dx, yc.dv(), xc.dc(), scale);
+  r.sync();
+  expect(y, bound<T>(1e-5), "softmax_forward", shape);
+  expect(yc, bound<T>(1e-5), "softmax_forward_causal", shape);
+  // The backward from the host's probabilities on both sides, so only the backward is compared.
+  TIDE_CUDA_CHECK(cudaMemcpy(y.d, y.h.data(), y.h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  TIDE_CUDA_CHECK(cudaDeviceSynchronize());
+  tide::kernels::softmax_backward(r.hx, dx.hv(), y.hc(), dy.hc(), scale);
+  tide::kernels::softmax_backward(r.dx, dx.dv(), y.dc(), dy.dc(), scale);
+  r.sync();
+  expect(dx, bound<T>(1e-5), "softmax_backward", shape);
+}
+
+// One Adam step and one SGD step (momentum, Nesterov) on a flat chunk of n parameters (f32
+// masters, gradients of G; with G = bf16 a bf16 working copy too), from the same state as AdamW's.
+template <class G>
+void adam_and_sgd(runner& r, index_t n, char const* shape) {
+  std::mt19937 rng(8);
+  twin<float> p({n}, rng, 0.02f), m({n}, rng, 1e-3f), v({n}, rng, 1e-2f), q({n}, rng, 0.02f), buf({n}, rng, 1e-3f);
+  twin<G> g({n}, rng, 1e-2f), wa({n}, rng, 0.f), ws({n}, rng, 0.f);
+  for (auto& x : v.h) x = x * x;  // v >= 0
+  TIDE_CUDA_CHECK(cudaMemcpy(v.d, v.h.data(), v.h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  TIDE_CUDA_CHECK(cudaDeviceSynchronize());
+  tide::kernels::adam_hparams const ha{.lr = 1e-3f, .weight_decay = 0.01f};
+  tide::kernels::sgd_hparams const hs{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f, .nesterov = true};
+  if constexpr (std::is_same_v<G, float>) {
+    tide::kernels::adam(r.hx, ha, 3, p.hv(), g.hc(), m.hv(), v.hv(), 0.5f);
+    tide::kernels::adam(r.dx, ha, 3, p.dv(), g.dc(), m.dv(), v.dv(), 0.5f);
+    tide::kernels::sgd(r.hx, hs, 3, q.hv(), g.hc(), buf.hv(), 0.5f);
+    tide::kernels::sgd(r.dx, hs, 3, q.dv(), g.dc(), buf.dv(), 0.5f);
+  } else {
+    tide::kernels::adam(r.hx, ha, 3, p.hv(), g.hc(), m.hv(), v.hv(), wa.hv(), 0.5f);
+    tide::kernels::adam(r.dx, ha, 3, p.dv(), g.dc(), m.dv(), v.dv(), wa.dv(), 0.5f);
+    tide::kernels::sgd(r.hx, hs, 3, q.hv(), g.hc(), buf.hv(), ws.hv(), 0.5f);
+    tide::kernels::sgd(r.dx, hs, 3, q.dv(), g.dc(), buf.dv(), ws.dv(), 0.5f);
+  }
+  r.sync();
+  std::string const at = std::string(shape) + (std::is_same_v<G, float> ? " f32 grads" : " bf16 grads");
+  expect(p, 1e-6, "adam p", at.c_str());
+  expect(m, 1e-6, "adam m", at.c_str());
+  expect(v, 1e-6, "adam v", at.c_str());
+  expect(q, 1e-6, "sgd p", at.c_str());
+  expect(buf, 1e-6, "sgd momentum", at.c_str());
+  if constexpr (!std::is_same_v<G, float>) {
+    expect(wa, 2e-2, "adam working copy", at.c_str());
+    expect(ws, 2e-2, "sgd working copy", at.c_str());
+  }
+}
+
 // path: "gemm" (tensor cores through cuBLAS: ex.blas set) or "cuda-cores" (the flash-style
 // kernels: ex.blas null).
 template <class T>
@@ -412,6 +496,12 @@ void all(runner& r) {
   embedding<T>(r, 3, 37, 37, 100, "B3 T37 C37 V100");
   adamw_and_norm<T>(r, index_t{1} << 22, "n 4194304");
   adamw_and_norm<T>(r, 1001, "n 1001");
+  adam_and_sgd<T>(r, index_t{1} << 22, "n 4194304");
+  adam_and_sgd<T>(r, 1001, "n 1001");
+  residual<T>(r, 2048 * 768, "2048x768");
+  residual<T>(r, 1001, "1001");
+  softmax<T>(r, 2 * 12 * 1024, 1024, "B2 NH12 T1024");
+  softmax<T>(r, 37 * 37, 37, "37x37x37");
 }
 
 }  // namespace
