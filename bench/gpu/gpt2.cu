@@ -6,6 +6,9 @@
 //                                     tokens/s at 6 N + 12 L T C flops per token (so the ratio is
 //                                     the MFU against the probe)
 //   offload_4x_vs_resident_cuda       chunked<belady> at a quarter of the model data over resident
+//   flash_attention_vs_gemm_cuda      resident with attention's forward fused on tensor cores
+//                                     (gpt_spec::flash_attention) over resident on cuBLAS's GEMMs;
+//                                     both runs' losses in the detail (the same batches)
 //   adamw_cuda_vs_copy_probe          the CUDA AdamW kernel's bytes per second over GPT-2's 124M
 //                                     parameters (fp32 p, m, v; bf16 gradient and working copy: 28
 //                                     B a parameter), against a device-to-device cudaMemcpy of as
@@ -49,9 +52,11 @@ struct run {
 };
 
 template <class Policy>
-run train(shape const& s, Policy const& policy) {
-  auto t = tide::train::make_trainer(tide::nn::gpt_spec<tide::cuda, bf16>{.config = s.config, .options = {.seed = 1}},
-                                     policy, tide::optim::adamw{.lr = 3e-4f, .weight_decay = 0.1f});
+run train(shape const& s, Policy const& policy, bool flash_attention = false) {
+  auto t = tide::train::make_trainer(
+      tide::nn::gpt_spec<tide::cuda, bf16>{
+          .config = s.config, .options = {.seed = 1}, .flash_attention = flash_attention},
+      policy, tide::optim::adamw{.lr = 3e-4f, .weight_decay = 0.1f});
   std::size_t const n = static_cast<std::size_t>(s.batch * s.seq);
   std::vector<std::int32_t> host(2 * n);
   std::mt19937 rng(7);
@@ -205,6 +210,19 @@ int main() {
                                  {"device_peak_bytes", static_cast<double>(resident.peak)},
                                  {"first_loss", resident.first_loss},
                                  {"last_loss", resident.last_loss}}}
+      .print();
+
+  run const flash = train(s, off::resident{}, true);
+  tide::bench::figure{.bench = "gpu_gpt2",
+                      .name = "flash_attention_vs_gemm_cuda",
+                      .value = tokens / flash.seconds_per_step,
+                      .unit = "tokens/s",
+                      .anchor = "resident with attention on cuBLAS GEMMs, same GPU, same run",
+                      .anchor_value = resident_tps,
+                      .detail = {{"first_loss", flash.first_loss},
+                                 {"last_loss", flash.last_loss},
+                                 {"gemm_first_loss", resident.first_loss},
+                                 {"gemm_last_loss", resident.last_loss}}}
       .print();
 
   // Model data: bf16 parameters and gradients, fp32 masters, m and v (16 B per parameter).

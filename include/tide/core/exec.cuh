@@ -34,6 +34,9 @@ struct exec<cuda> {
   void* lt_workspace = nullptr;
   std::size_t lt_workspace_bytes = 0;
   bool tf32 = false;
+  // bf16 causal attention forward fused on tensor cores (kernels/attention/cuda_mma.cuh) where
+  // its shapes fit; off: the cuBLAS path. Off by default until a GPU has checked it.
+  bool flash_attention = false;
 };
 
 }  // namespace tide

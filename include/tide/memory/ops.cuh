@@ -65,7 +65,8 @@ inline void copy_to_device(cuda, void* dst, void const* src, std::size_t bytes) 
 template <Backend B>
 struct compute_context;  // memory/ops.hpp
 // The compute stream, a cuBLAS handle bound to it, a cuBLASLt handle and its workspace:
-// exec<cuda> is all of them. tf32 (false by default) is copied into every exec handed out.
+// exec<cuda> is all of them. tf32 and flash_attention (false by default) are copied into every
+// exec handed out.
 template <>
 struct compute_context<cuda> {
   // cuBLAS's advice for Hopper; 4 MiB is enough before it (cuBLAS docs, "cublasSetWorkspace").
@@ -75,6 +76,7 @@ struct compute_context<cuda> {
   cublasLtHandle_t lt = nullptr;
   void* lt_workspace = nullptr;
   bool tf32 = false;
+  bool flash_attention = false;
   compute_context() {
     cublasStatus_t st = cublasCreate(&blas);
     TIDE_CHECK(st == CUBLAS_STATUS_SUCCESS, cuda, "cublasCreate returned ", static_cast<int>(st),
@@ -97,7 +99,7 @@ struct compute_context<cuda> {
   ~compute_context() { release(); }
   [[nodiscard]] exec<cuda> exec_with(thread_pool&) {
     return {.stream = s.native(), .blas = blas, .lt = lt, .lt_workspace = lt_workspace,
-            .lt_workspace_bytes = lt_workspace_bytes, .tf32 = tf32};
+            .lt_workspace_bytes = lt_workspace_bytes, .tf32 = tf32, .flash_attention = flash_attention};
   }
   void synchronize() { s.synchronize(); }
 

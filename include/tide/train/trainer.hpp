@@ -428,9 +428,12 @@ class trainer {
   // The tensor-parallel group size that saved `files` (1: none).
   [[nodiscard]] static int saved_tensor(std::span<checkpoint_reader const> files);
 
-  // On a device the compute context's exec; on CUDA with the spec's TF32 choice (gpt_spec::tf32).
+  // On a device the compute context's exec; on CUDA with the spec's TF32 and fused-attention
+  // choices (gpt_spec::tf32, flash_attention).
   exec<backend> make_exec(Spec const& spec) {
     if constexpr (requires { compute_.tf32 = spec.tf32; }) compute_.tf32 = spec.tf32;
+    if constexpr (requires { compute_.flash_attention = spec.flash_attention; })
+      compute_.flash_attention = spec.flash_attention;
     if constexpr (backend::is_device) return compute_.exec_with(pool_);
     else return {pool_};
   }

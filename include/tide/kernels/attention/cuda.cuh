@@ -1,7 +1,9 @@
 #pragma once
 // The CUDA path of the attention kernels: the same entry names with exec<cuda> and device views,
-// enqueued on ex.stream. Two implementations, picked by the exec:
+// enqueued on ex.stream. Three implementations, picked by the exec:
 //
+//   ex.flash_attention, bf16, HS a multiple of 16 up to 128: the forward fused on tensor cores
+//                  (attention/cuda_mma.cuh, WMMA); the backward as below, from its lse
 //   ex.blas set    on tensor cores through cuBLAS (attention/cuda_gemm.cuh): batched GEMMs per
 //                  sequence, one sequence's (NH, T, T) scores in the caller's scratch
 //   ex.blas null   flash-style like the host path (online softmax, lse saved, no (T, T)
@@ -29,6 +31,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "tide/core/config.hpp"
 #include "tide/core/cuda.cuh"
@@ -37,6 +40,7 @@
 #include "tide/core/tensor_view.hpp"
 #include "tide/kernels/attention/checks.hpp"
 #include "tide/kernels/attention/cuda_gemm.cuh"
+#include "tide/kernels/attention/cuda_mma.cuh"
 #include "tide/kernels/scratch.hpp"
 #include "tide/kernels/attention/math.hpp"
 
@@ -310,7 +314,9 @@ TIDE_ABI_NAMESPACE_BEGIN
 
 // Scratch on CUDA. With ex.blas (cuBLAS): one sequence's scores, (NH, T, T) fp32 and as much
 // again for P (the backward: dP too, and the rows' dout . out, B NH T floats first). Without:
-// none forward; backward, each query row's dout . out (B NH T floats).
+// none forward; backward, each query row's dout . out (B NH T floats). The fused bf16 forward
+// (ex.flash_attention) uses none of the forward's, which is asked for all the same (the query
+// does not know the element type, and the backward's is larger).
 inline std::size_t attention_forward_scratch_bytes(exec<tide::cuda> const& ex, index_t batch, index_t T, index_t,
                                                    index_t NH) noexcept {
   return ex.blas != nullptr ? detail::attention_gemm_parts(false, batch, T, NH).bytes : 0;
@@ -329,6 +335,12 @@ void attention_forward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> ou
   auto const d = detail::check_attention_forward(out, lse, qkv, NH);
   detail::check_scratch("attention_forward", "attention_forward_scratch_bytes", ws,
                         attention_forward_scratch_bytes(ex, d.B, d.T, d.C, d.NH));
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (ex.flash_attention && detail::attention_mma_fits(d)) {  // fused on tensor cores; the scratch unused
+      if (d.B != 0 && d.T != 0) detail::attention_forward_mma(ex, d, out.data(), lse.data(), qkv.data());
+      return;
+    }
+  }
   if (ex.blas != nullptr) {
     detail::check_attention_gemm_limits("attention_forward", d);
     if (d.B != 0 && d.T != 0) attention_gemm::forward(ex, d, out.data(), lse.data(), qkv.data(), ws);
