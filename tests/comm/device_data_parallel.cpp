@@ -43,19 +43,24 @@ template <class Trainer>
 using feeder = tide::test::batch_feeder<Trainer, batch, seq, config.vocab>;
 
 // What one rank ends with: its losses, every parameter, and by tensor the optimizer state of
-// those it keeps state for (under ZeRO, its own chunks'; empty for the others).
+// those it keeps state for (under ZeRO, its own chunks'; empty for the others). `gather`: under
+// ZeRO-3 every rank gathers every chunk first (a collective); without it, the parameters a rank
+// does not hold are left out.
 struct result {
   std::vector<float> losses, params;
   std::vector<std::vector<float>> state;
 };
 
 template <class Trainer>
-result result_of(Trainer& t, std::vector<float> losses, std::size_t lists = 2) {
+result result_of(Trainer& t, std::vector<float> losses, std::size_t lists = 2, bool gather = true) {
   result out{std::move(losses), {}, {}};
   auto& sched = t.scheduler();
+  if (gather) sched.gather_parameters();
   for (std::uint32_t i = 0; i < t.model().parameters().size(); ++i) {
-    auto const p = sched.read_param(i);
-    out.params.insert(out.params.end(), p.begin(), p.end());
+    if (sched.holds_parameter(i)) {
+      auto const p = sched.read_param(i);
+      out.params.insert(out.params.end(), p.begin(), p.end());
+    }
     auto& s = out.state.emplace_back();
     if (!sched.keeps_state(i)) continue;
     for (std::size_t k = 0; k < lists; ++k) {
@@ -87,7 +92,8 @@ bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
 }
 
 // Each rank's losses and parameters are those of one rank alone, bit for bit; so is the state of
-// every tensor it keeps, and every tensor's state is kept by some rank (by exactly one under ZeRO).
+// every tensor it keeps, and every tensor's state is kept by some rank (by one only, for most
+// tensors, under ZeRO).
 void check_as_alone(std::vector<result> const& ranks, result const& alone, int zero) {
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     CAPTURE(r);
@@ -133,13 +139,13 @@ std::vector<result> two_ranks_under(Offload const& offload, int zero, thread_wor
 
 }  // namespace
 
-TEST_CASE("device_data_parallel: two ranks given the same batches keep the bits of one alone, ZeRO 0, 1 and 2") {
+TEST_CASE("device_data_parallel: two ranks given the same batches keep the bits of one alone, ZeRO 0 to 3") {
   off::resident const resident{.device_budget = 64_MiB, .chunk_bytes = chunk_bytes};
   off::chunked<off::belady> const roomy{.device_budget = 64_MiB, .chunk_bytes = chunk_bytes};
   auto each = [&](auto const& offload, char const* what) {
     INFO(what);
     result const alone = alone_under(offload);
-    for (int zero : {0, 1, 2}) {
+    for (int zero : {0, 1, 2, 3}) {
       CAPTURE(zero);
       thread_world world{2};
       check_as_alone(two_ranks_under(offload, zero, world), alone, zero);
@@ -153,7 +159,7 @@ TEST_CASE("device_data_parallel: two ranks given the same batches keep the bits 
 }
 
 TEST_CASE("device_data_parallel: two ranks on their own batches equal one process accumulating both, with clipping, "
-          "ZeRO 0 and 2") {
+          "ZeRO 0, 2 and 3") {
   // SGD with momentum and a clipped norm (under ZeRO-2, each rank's own chunks' squares summed
   // over the ranks on the host), on rank r the batches of step 2 s + r.
   tide::optim::sgd const clipped{.lr = 0.05f, .momentum = 0.9f, .clip_norm = 0.5f};
@@ -179,7 +185,7 @@ TEST_CASE("device_data_parallel: two ranks on their own batches equal one proces
     alone = result_of(t, {}, 1).params;
   }
   CHECK(max_difference(alone, reference) > 1e-3f);
-  for (int zero : {0, 2}) {
+  for (int zero : {0, 2, 3}) {
     CAPTURE(zero);
     thread_world world{2};
     std::vector<std::vector<float>> params(2);
@@ -187,6 +193,7 @@ TEST_CASE("device_data_parallel: two ranks on their own batches equal one proces
     tide::test::run_ranks(world, [&](int rank) {
       thread_rank r{world, rank};
       auto t = tide::train::make_trainer(spec, resident, clipped, dp{.gpus = &r, .host = &r, .zero = zero});
+      CHECK(t.scheduler().shards_parameters() == (zero == 3));
       feeder<decltype(t)> feed;
       for (int s = 0; s < steps; ++s) (void)t.step(feed(t, 2 * s + rank));
       params[static_cast<std::size_t>(rank)] = result_of(t, {}, 1).params;
@@ -194,7 +201,7 @@ TEST_CASE("device_data_parallel: two ranks on their own batches equal one proces
     });
     // The order of the sums differs only: one process adds micro-batch 1's contributions into the
     // gradients that hold micro-batch 0's, the ranks each sum their own and then add the totals
-    // (and under ZeRO-2 the norm's squares are summed by chunk owner). Each difference is a
+    // (and under ZeRO-2 and 3 the norm's squares are summed by chunk owner). Each difference is a
     // rounding of a gradient (2^-24 relative), carried by SGD into the parameters scaled by lr,
     // with momentum over 4 steps: 1e-6 is the MPI tests' bound for the same model, 100 times what
     // they measure.
@@ -214,7 +221,7 @@ TEST_CASE("device_data_parallel: a step whose collective fails loses nothing on 
           "checkpoint set gives the straight run's bits") {
   off::resident const resident{.device_budget = 64_MiB, .chunk_bytes = chunk_bytes};
   tide::test::scratch_dir dir{"device_data_parallel"};
-  for (int zero : {1, 2}) {
+  for (int zero : {1, 2, 3}) {
     CAPTURE(zero);
     // The straight run, and the device operations each rank enqueued by the start and the end of step 2.
     std::vector<result> straight(2);
@@ -235,7 +242,8 @@ TEST_CASE("device_data_parallel: a step whose collective fails loses nothing on 
       });
     }
     REQUIRE(after_2 > before_2 + 2);
-    // Rank 1's first gradient sum of step 2 fails, or its last operation (sharing the parameters).
+    // Rank 1's first device operation of step 2 fails (a gradient sum; under ZeRO-3 a gather), or
+    // its last (sharing the parameters; under ZeRO-3 a gradient sum).
     for (std::uint64_t fail_at : {before_2 + 1, after_2}) {
       CAPTURE(fail_at);
       {
@@ -247,7 +255,7 @@ TEST_CASE("device_data_parallel: a step whose collective fails loses nothing on 
           auto t = tide::train::make_trainer(spec, resident, opt, dp{.gpus = &r, .host = &r, .zero = zero});
           (void)train(t, 0, 2);
           t.save(dir.path);
-          result const before = result_of(t, {});
+          result const before = result_of(t, {}, 2, false);  // under ZeRO-3 its own chunks
           feeder<decltype(t)> feed;
           try {
             (void)t.step(feed(t, 2));
@@ -255,7 +263,7 @@ TEST_CASE("device_data_parallel: a step whose collective fails loses nothing on 
           } catch (tide::error const& e) {
             CHECK(e.category() == tide::errc::nccl);
           }
-          result const after = result_of(t, {});
+          result const after = result_of(t, {}, 2, false);
           CHECK(same_bits(after.params, before.params));  // parameters and optimizer state as they were
           CHECK(after.state == before.state);
         });
@@ -295,6 +303,6 @@ TEST_CASE("device_data_parallel refuses what it cannot do, naming what to pass")
       CHECK(std::string(e.what()).find(says) != std::string::npos);
     }
   };
-  refused(dp{.gpus = &r, .host = &r, .zero = 3}, "comm::data_parallel over comm::mpi");
+  refused(dp{.gpus = &r, .host = &r, .zero = 4}, "3 (and parameters)");
   refused(dp{.gpus = &r, .host = nullptr}, ".host is null");
 }

@@ -4,11 +4,11 @@
 // (NCCL itself would stop with "Duplicate GPU detected"). Every operation against values each
 // rank computes itself (small integers: every sum is exact), asynchronous ones through their
 // requests, bf16 sums, a split, and the errors that are checked before anything is enqueued.
-// On each communicator, make_trainer with comm::nccl_data_parallel, without ZeRO and under ZeRO-1
-// and 2: a tiny GPT trained 3 steps on the same batches on every rank, whose losses must equal,
+// On each communicator, make_trainer with comm::nccl_data_parallel, without ZeRO and under ZeRO-1,
+// 2 and 3: a tiny GPT trained 3 steps on the same batches on every rank, whose losses must equal,
 // bit for bit, those of the same trainer without data parallelism (each chunk's sum over W ranks
-// is W g exactly for W <= 2, and the trainer's 1 / W undoes it exactly; ZeRO-2 without clipping,
-// whose norm it sums by chunk owner, in another order). The same code runs on tide::sealed in
+// is W g exactly for W <= 2, and the trainer's 1 / W undoes it exactly; ZeRO-2 and 3 without
+// clipping, whose norm they sum by chunk owner, in another order). The same code runs on tide::sealed in
 // tests/comm/device_data_parallel.cpp, with the ranks as threads.
 // Exit 77 (ctest: skipped) on every rank without a usable device.
 
@@ -185,8 +185,8 @@ std::vector<float> losses_under(Comm const& comm, float clip_norm = 1.f) {
 
 template <class Boot>
 void data_parallel_trainer(tide::comm::nccl& c, Boot& boot) {
-  for (int zero : {0, 1, 2}) {
-    float const clip = zero == 2 ? 0.f : 1.f;
+  for (int zero : {0, 1, 2, 3}) {
+    float const clip = zero >= 2 ? 0.f : 1.f;
     std::vector<float> const alone = losses_under(tide::train::no_comm{}, clip);
     std::vector<float> const summed =
         losses_under(tide::comm::nccl_data_parallel<Boot>{.gpus = &c, .host = &boot, .zero = zero}, clip);

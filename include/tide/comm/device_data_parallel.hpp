@@ -1,9 +1,10 @@
 #pragma once
 // make_trainer's data parallelism in device memory, over a communicator that reads and writes
 // device memory on a stream of its own (a DeviceCollective: comm::nccl on tide::cuda). Gradient
-// chunks are summed in place as backward completes them (device_sink); ZeRO-1 and 2 keep each
-// chunk's fp32 master and optimizer state on one rank (chunk c on rank c % W) and share the
-// stepped parameters after the step through device staging. comm/nccl_data_parallel.cuh names it
+// chunks are summed in place as backward completes them (device_sink); ZeRO-1, 2 and 3 keep each
+// chunk's fp32 master and optimizer state on one rank (chunk c on rank c % W); 1 and 2 share the
+// stepped parameters after the step through device staging, 3 broadcasts each chunk from its
+// owner around the blocks that use it. comm/nccl_data_parallel.cuh names it
 // for NCCL; docs/comm.md has the design. It is written once for any DeviceCollective, so the same
 // code runs on tide::sealed in the tests (ranks as threads, tests/support/thread_ranks.hpp) and on
 // GPUs under NCCL (tests/gpu/nccl.cu).
@@ -52,7 +53,7 @@ concept DeviceCollective =
 
 // The gradient sink of device_data_parallel: each chunk's gradients summed in place, in device
 // memory, on the communicator's lane after the event that says backward completed them (to
-// every rank; under ZeRO-2 to the chunk's owner only, the others' copies left undefined, as NCCL
+// every rank; under ZeRO-2 and 3 to the chunk's owner only, the others' copies left undefined, as NCCL
 // leaves them); the chunk's `done` recorded on the lane behind it. No host staging
 // (reads_device) and no buckets: an offload chunk is already the size of a DDP bucket, and the
 // collective needs no packing. The engine's waits for a chunk go through the communicator's
@@ -69,10 +70,12 @@ class device_sink {
   struct totals {
     std::uint64_t chunks = 0;        // chunks summed
     std::uint64_t bytes = 0;         // gradient bytes summed over the ranks (this rank's contribution)
-    std::uint64_t bytes_shared = 0;  // ZeRO: parameter bytes this rank gave after its steps
+    std::uint64_t bytes_shared = 0;  // ZeRO: parameter bytes this rank gave (shares after its steps,
+                                     // ZeRO-3's broadcasts of its chunks)
   };
   // zero: 0 (replicated), 1 (optimizer state and masters sharded), 2 (and gradients reduced to
-  // their owner); device_data_parallel::sink() refuses the rest.
+  // their owner), 3 (and parameters kept by their owner only); device_data_parallel::sink()
+  // refuses the rest.
   device_sink(D* comm, int zero) : comm_(comm) {
     st_->zero = zero;
     if (zero > 0) st_->shard = {comm->rank(), comm->size()};
@@ -130,6 +133,43 @@ class device_sink {
   // ZeRO (offload::ShardingSink): chunk c's master and optimizer state live on rank c % W.
   [[nodiscard]] offload::chunk_shard shard() const noexcept { return st_->shard; }
   [[nodiscard]] int zero_stage() const noexcept { return st_->zero; }
+
+  // ZeRO-3 (offload::ParameterShardingSink): chunk `chunk`'s parameters from its owner into
+  // `block`, in hook order on every rank. The engine's ZeRO-3 holds a gathered chunk in a host
+  // block (the owner's copy is in it already), so the bytes go through one chunk of device
+  // staging on the lane: the owner's copied in, broadcast, copied out on the others. The
+  // gathers queue on the lane behind the gradient sums enqueued before them, in the same order
+  // on every rank. wait_gathered: every gather started has landed (under the deadline).
+  [[nodiscard]] bool shards_parameters() const noexcept { return st_->zero == 3; }
+  template <class T>
+  void gather_async(std::uint32_t chunk, std::span<T> block) {
+    state& s = *st_;
+    if (s.shard.ranks == 1) return;
+    auto& lane = comm_->lane();
+    try {
+      int const owner = s.shard.owner(chunk);
+      bool const mine = owner == s.shard.rank;
+      T* const staged = static_cast<T*>(s.staging_of(block.size_bytes()));
+      if (mine) lane.copy(staged, block.data(), block.size_bytes());
+      s.gathering = comm_->broadcast_async(std::span<T>(staged, block.size()), owner);
+      if (!mine) lane.copy(block.data(), staged, block.size_bytes());
+      s.gathered.record(lane);
+      s.sums.bytes_shared += mine ? block.size_bytes() : 0;
+    } catch (...) {
+      abort_midway("gathering a parameter chunk");
+      throw;
+    }
+  }
+  void wait_gathered() {
+    state& s = *st_;
+    try {
+      comm_->wait(std::exchange(s.gathering, typename D::request{}));
+      s.gathered.synchronize();  // the copy out, behind the broadcast only
+    } catch (...) {
+      abort_midway("gathering a parameter chunk");
+      throw;
+    }
+  }
   // ZeRO-1 and 2, after the step's updates, on every rank with the same chunks (each the same
   // size, in device or host memory: the lane's copies reach both): every rank gets the chunks the
   // others stepped. Each group of W consecutive chunks is one all-gather in device staging of W
@@ -139,7 +179,7 @@ class device_sink {
   template <class T>
   void share_parameters(std::span<std::span<T> const> chunks) {
     state& s = *st_;
-    if (s.zero == 0 || s.shard.ranks == 1 || chunks.empty()) return;
+    if (s.zero == 0 || s.zero == 3 || s.shard.ranks == 1 || chunks.empty()) return;  // ZeRO-3 gathers at use
     auto const w = static_cast<std::size_t>(s.shard.ranks);
     auto const r = static_cast<std::size_t>(s.shard.rank);
     std::size_t const n = chunks.size(), len = chunks[0].size(), bytes = len * sizeof(T);
@@ -171,24 +211,36 @@ class device_sink {
       lane.synchronize();  // the copies out, behind it
       s.sums.bytes_shared += given;
     } catch (...) {
-      comm_->abort("device_data_parallel: sharing the stepped parameters failed on this rank, and the ranks no "
-                   "longer run the same operations; restart every rank from the last checkpoint set");
-      try {
-        lane.synchronize();  // nothing of this share writes a chunk after the caller restored it
-      } catch (...) {
-      }
+      abort_midway("sharing the stepped parameters");
       throw;
     }
   }
 
  private:
+  // A share or a gather failed on this rank: the ranks are out of step, so the communicator ends,
+  // and nothing of the lane's writes a chunk after the caller restored it.
+  void abort_midway(char const* doing) noexcept {
+    comm_->abort(doing[0] == 's' ? "device_data_parallel: sharing the stepped parameters failed on this rank, and "
+                                   "the ranks no longer run the same operations; restart every rank from the last "
+                                   "checkpoint set"
+                                 : "device_data_parallel: gathering a parameter chunk failed on this rank, and the "
+                                   "ranks no longer run the same operations; restart every rank from the last "
+                                   "checkpoint set");
+    try {
+      comm_->lane().synchronize();
+    } catch (...) {
+    }
+  }
+
   struct state {
     totals sums;
     std::vector<typename D::request> requests;  // by chunk: its latest sum
     bool in_step = false;                       // chunks of this step handed over, not the last yet
     int zero = 0;
     offload::chunk_shard shard{};
-    std::optional<memory::device_arena<backend>> staging;  // ZeRO's share: W chunks, grown on demand
+    typename D::request gathering{};  // ZeRO-3: the last gather's broadcast
+    memory::event<backend> gathered;  // ZeRO-3: recorded behind its copy out
+    std::optional<memory::device_arena<backend>> staging;  // ZeRO: W chunks (share) or one (gather), grown on demand
     void* staging_at = nullptr;
     std::size_t staging_bytes = 0;
 
@@ -212,7 +264,7 @@ class device_sink {
 // device each, and each gradient chunk is summed over the devices by `gpus` as soon as backward
 // completes it (device_sink). The trainer divides by world_size with the rest of its gradient
 // scale. The few agreements the trainer asks of the ranks on the host (a checkpoint set saved on
-// every rank, its name, ZeRO-2's gradient norm) go over `host`, the communicator that
+// every rank, its name, the gradient norm under ZeRO-2 and 3) go over `host`, the communicator that
 // bootstrapped `gpus`. For NCCL (comm/nccl_data_parallel.cuh):
 //
 //   tide::comm::mpi world{session};
@@ -223,14 +275,15 @@ class device_sink {
 //
 // ZeRO-1 and 2 (zero = 1, 2) shard the fp32 masters and the optimizer state by chunk (and under 2
 // reduce each chunk's gradients to its owner only); the parameters are shared through device
-// staging of W chunks, beside the offload budget. ZeRO-3 gathers parameters into host blocks:
-// comm::data_parallel over comm::mpi has it.
+// staging of W chunks, beside the offload budget. ZeRO-3 (zero = 3) also keeps each chunk's
+// parameters on its owner only: the engine gathers them around the blocks that use them into
+// host blocks, each through one chunk of the same staging.
 template <DeviceCollective D, Reducer Boot>
 struct device_data_parallel {
   static constexpr std::string_view name = "device_data_parallel";
   D* gpus = nullptr;     // the devices' communicator; outlives the trainer
   Boot* host = nullptr;  // the communicator that bootstrapped gpus (the same ranks); outlives the trainer
-  int zero = 0;          // ZeRO stage: 0 (replicated), 1 (optimizer state and masters), 2 (+ gradients)
+  int zero = 0;  // ZeRO stage: 0 (replicated), 1 (optimizer state and masters), 2 (+ gradients), 3 (+ parameters)
 
   using sink_type = device_sink<D>;
   using source_type = offload::host_source;
@@ -240,9 +293,8 @@ struct device_data_parallel {
   // Called as the trainer is built (whose streams are made on the current device).
   [[nodiscard]] sink_type sink() const {
     D& g = checked();
-    TIDE_REQUIRE(zero >= 0 && zero <= 2, "device_data_parallel over ", D::name, ": zero = ", zero, "; pass 0 "
-                 "(replicated), 1 (optimizer state sharded) or 2 (and gradients): ZeRO-3 gathers parameters into "
-                 "host blocks, which comm::data_parallel over comm::mpi does");
+    TIDE_REQUIRE(zero >= 0 && zero <= 3, "device_data_parallel over ", D::name, ": zero = ", zero, "; pass 0 "
+                 "(replicated), 1 (optimizer state sharded), 2 (and gradients) or 3 (and parameters)");
     if constexpr (requires { g.require_current_device(name); }) g.require_current_device(name);
     return sink_type{&g, zero};
   }

@@ -1,9 +1,10 @@
 #pragma once
 // make_trainer's data parallelism on CUDA over comm::nccl: comm::device_data_parallel
 // (comm/device_data_parallel.hpp) with NCCL as the devices' communicator. Gradient chunks are
-// all-reduced in device memory on the communicator's stream (under ZeRO-2 reduced to their
-// owner), ZeRO-1 and 2 share the stepped parameters with all-gathers in device memory, and the
-// trainer's host agreements go over the communicator that bootstrapped NCCL:
+// all-reduced in device memory on the communicator's stream (under ZeRO-2 and 3 reduced to their
+// owner), ZeRO-1 and 2 share the stepped parameters with all-gathers in device memory, ZeRO-3
+// broadcasts each parameter chunk from its owner around its use, and the trainer's host
+// agreements go over the communicator that bootstrapped NCCL:
 //
 //   tide::comm::mpi world{session};
 //   tide::comm::nccl gpus{world, local_rank};
