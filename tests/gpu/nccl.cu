@@ -1,15 +1,16 @@
 // comm::nccl, launched on 2 ranks (mpiexec -n 2): first each rank alone, a communicator
 // bootstrapped from comm::self (what a machine with one GPU runs); then both ranks over MPI with
 // a GPU each, or, with fewer GPUs than ranks, the refusal that names the shared GPU on every rank
-// (NCCL itself would stop with "Duplicate GPU detected"). Every operation against values each
+// (NCCL itself would stop with "Duplicate GPU detected"). Built without MPI (TIDE_HAS_MPI unset,
+// as scripts/gpu-check does on a machine without one), it is one process: the part alone only. Every operation against values each
 // rank computes itself (small integers: every sum is exact), asynchronous ones through their
 // requests, bf16 sums, a split, and the errors that are checked before anything is enqueued.
 // On each communicator, make_trainer with comm::nccl_data_parallel, without ZeRO and under ZeRO-1,
 // 2 and 3: a tiny GPT trained 3 steps on the same batches on every rank, whose losses must equal,
 // bit for bit, those of the same trainer without data parallelism (each chunk's sum over W ranks
 // is W g exactly for W <= 2, and the trainer's 1 / W undoes it exactly; ZeRO-2 and 3 without
-// clipping, whose norm they sum by chunk owner, in another order). The same code runs on tide::sealed in
-// tests/comm/device_data_parallel.cpp, with the ranks as threads.
+// clipping, whose norm they sum by chunk owner, in another order). The same code runs on
+// tide::sealed in tests/comm/device_data_parallel.cpp, with the ranks as threads.
 // Exit 77 (ctest: skipped) on every rank without a usable device.
 
 #include <cstdint>
@@ -19,7 +20,9 @@
 #include <string>
 #include <vector>
 
+#if TIDE_HAS_MPI
 #include <tide/comm/mpi.hpp>
+#endif
 #include <tide/comm/nccl.cuh>
 #include <tide/comm/nccl_data_parallel.cuh>
 #include <tide/comm/self.hpp>
@@ -201,12 +204,18 @@ void data_parallel_trainer(tide::comm::nccl& c, Boot& boot) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#if TIDE_HAS_MPI
   tide::comm::mpi_session session{&argc, &argv};
   tide::comm::mpi world{session};
-  if (int const code = tide::test::gpu_or_skip(world.rank() == 0); code != 0) return code;
+  int const r = world.rank(), w = world.size();
+#else
+  (void)argc, (void)argv;
+  int const r = 0, w = 1;
+#endif
+  if (int const code = tide::test::gpu_or_skip(r == 0); code != 0) return code;
   int devices = 0;
   TIDE_CUDA_CHECK(cudaGetDeviceCount(&devices));
-  int const r = world.rank(), device = r % devices;
+  int const device = r % devices;
   tide::comm::comm_options const options{.deadline = std::chrono::seconds(60)};
   {  // each rank alone
     tide::comm::self one;
@@ -214,7 +223,8 @@ int main(int argc, char** argv) {
     exercise(alone);
     data_parallel_trainer(alone, one);
   }
-  if (devices >= world.size()) {
+#if TIDE_HAS_MPI
+  if (devices >= w) {
     tide::comm::nccl c{world, device, options};
     exercise(c);
     data_parallel_trainer(c, world);
@@ -230,6 +240,7 @@ int main(int argc, char** argv) {
     }
   }
   world.barrier();
-  std::printf("rank %d: %s\n", r, failures == 0 ? "all passed" : "FAILED");
+#endif
+  std::printf("rank %d of %d: %s\n", r, w, failures == 0 ? "all passed" : "FAILED");
   return failures == 0 ? 0 : 1;
 }
