@@ -27,19 +27,24 @@
 // throws the same tide::error(errc::nccl), which names the operation and the deadline. NCCL does
 // not say which rank it did not hear from; the bootstrap communicator's roll call (comm::mpi)
 // does. Destruction finalises the communicator under the deadline too (ncclCommFinalize, polled),
-// and aborts it past the deadline.
+// and aborts it past the deadline. A watchdog thread per communicator (comm/detail/watchdog.hpp)
+// ends it too when its lane makes no progress for the deadline, whatever the host waits on
+// meanwhile: a host wait behind a collective on a stream (a copy that waits for a gradient
+// chunk's sum) has no deadline of its own, and ending the communicator ends the collective's
+// kernels, so that wait returns and the next call throws. The deadline must exceed the longest
+// a lane may wait for the compute it is ordered after (a step's backward), and the longest an
+// asynchronous operation nobody waits on may wait for its peers (a barrier_async posted while
+// rank 0 writes a checkpoint). Every communicator's NCCL calls and every watchdog take one
+// process-wide lock (NCCL asks that calls on communicators of one device not run concurrently);
+// a communicator is still for one thread at a time.
 //
 // A request stays valid for the next 63 operations: its event is then recorded again for a newer
 // one (the communicator waits for the old operation before it reuses the event), and waiting on
 // it asks whether that newer operation completed, which implies the old one did (one stream).
 //
 // comm::nccl_data_parallel (comm/nccl_data_parallel.cuh) is make_trainer's data parallelism over
-// it, in device memory.
-//
-// No test runs this here: the project's machine has no GPU. tests/cuda/instantiate_all.cu
-// compiles every operation for every element type with nvcc, and make_trainer with
-// nccl_data_parallel; tests/gpu/nccl.cu (label gpu) checks them on 2 ranks where devices exist,
-// skipping itself where none does.
+// it. No GPU runs this here: tests/cuda/instantiate_all.cu compiles every operation for every
+// type with nvcc; tests/gpu/nccl.cu (label gpu) checks them where a device is.
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -51,6 +56,8 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -61,6 +68,7 @@
 
 #include "tide/comm/communicator.hpp"
 #include "tide/comm/detail/lane.hpp"
+#include "tide/comm/detail/watchdog.hpp"
 #include "tide/core/backend.hpp"
 #include "tide/core/cuda.cuh"
 #include "tide/core/error.hpp"
@@ -68,6 +76,8 @@
 
 namespace tide::comm {
 namespace detail {
+
+inline std::recursive_mutex nccl_lock;  // comm::nccl::lock()
 
 template <Transferable T>
 constexpr ncclDataType_t nccl_type() noexcept {
@@ -110,6 +120,7 @@ class nccl {
     check(ncclCommInitRankConfig(&st_->comm, st_->size, id, st_->rank, &config), "ncclCommInitRankConfig");
     settle("ncclCommInitRankConfig");
     st_->make_events();
+    st_->watch();
   }
   nccl(nccl&&) noexcept = default;
   nccl& operator=(nccl&&) noexcept = default;
@@ -147,7 +158,14 @@ class nccl {
                  " but the communicator runs on device ", device(), "; call cudaSetDevice(", device(),
                  ") before make_trainer (comm::nccl's constructor does, on the thread that builds it)");
   }
-  [[nodiscard]] ncclComm_t native() const noexcept { return st_->comm; }
+  // The NCCL handle, for a call tide does not make: under comm::nccl::lock(), as the watchdog may
+  // end it at any moment (null once it has).
+  [[nodiscard]] ncclComm_t native() const noexcept {
+    std::lock_guard guard(lock());
+    return st_->comm;
+  }
+  // The lock every communicator's NCCL calls and every watchdog take.
+  static std::recursive_mutex& lock() noexcept { return detail::nccl_lock; }
   // The stream every operation is enqueued on.
   [[nodiscard]] memory::stream<cuda>& lane() noexcept { return st_->stream; }
 
@@ -269,6 +287,7 @@ class nccl {
   // Whether the operation completed; an error NCCL reported meanwhile fails the communicator.
   bool test(request const& r) {
     if (r.seq == 0) return true;
+    std::lock_guard guard(lock());  // the watchdog may end the communicator meanwhile
     st_->require_intact();
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(st_->comm, &async);
@@ -282,6 +301,7 @@ class nccl {
   // The ranks with the same color (>= 0), ordered by key: ncclCommSplit, on the same device.
   [[nodiscard]] nccl split(int color, int key) {
     TIDE_REQUIRE(color >= 0, "comm::nccl split: color ", color, " must be >= 0 (key ", key, ")");
+    std::lock_guard guard(lock());
     st_->require_intact();
     nccl part{st_->options, st_->device};
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -293,6 +313,7 @@ class nccl {
     check(ncclCommUserRank(part.st_->comm, &part.st_->rank), "ncclCommUserRank");
     check(ncclCommCount(part.st_->comm, &part.st_->size), "ncclCommCount");
     part.st_->make_events();
+    part.st_->watch();
     return part;
   }
 
@@ -310,12 +331,42 @@ class nccl {
     std::uint64_t next = 1;   // the next operation's number
     std::string what;         // the call in progress, for errors
     std::string failure;      // set once: every later call throws it
+    detail::stall_watch stall;  // comm, failure, next, the events: under lock() once the watchdog runs
+    // The watchdog's look at the lane, every period: past the deadline without progress, the end
+    // (the handle taken under the lock, aborted outside it: ncclCommAbort may block).
+    struct watcher {
+      state* st;
+      void operator()() const {
+        ncclComm_t ended = nullptr;
+        {
+          std::lock_guard guard(lock());
+          if (!st->failure.empty() || st->comm == nullptr) return;
+          if (cudaSetDevice(st->device) != cudaSuccess) return;
+          std::uint64_t const next = st->next;
+          auto finished = [&](std::uint64_t seq) {
+            if (seq + ring < next) return true;  // its event was recorded again: the communicator waited for it first
+            return cudaEventQuery(st->events[seq % ring]) != cudaErrorNotReady;  // an error: the next call's to report
+          };
+          auto const late = st->stall.overdue(next, finished, detail::stall_watch::clock::now(), st->options.deadline);
+          if (!late) return;
+          ended = st->take(tide::detail::concat(
+              "comm::nccl: operation #", *late, " on rank ", st->rank, " of ", st->size,
+              " made no progress within its deadline of ", st->options.deadline.count(),
+              " ms, and the communicator's watchdog ended it; NCCL does not say which rank it waits for (comm::mpi's "
+              "roll call on the bootstrap communicator does)"));
+        }
+        ncclCommAbort(ended);
+      }
+    };
+    std::optional<detail::periodic_thread<watcher>> dog;  // destroyed first, by ~state
     state(comm_options o, int dev) : options(o), device(dev), stream(memory::stream_options{.device = dev}) {}
     state(state const&) = delete;
     state& operator=(state const&) = delete;
     // The communicator first, under the deadline (a peer that is gone would make a blocking
     // destroy wait forever), then what its operations used.
     ~state() {
+      dog.reset();  // no look at the lane from here on
+      std::lock_guard guard(lock());  // no other communicator's NCCL call meanwhile
       if (comm != nullptr) {
         bool finished = false;
         if (failure.empty() && ncclCommFinalize(comm) == ncclSuccess) {
@@ -334,14 +385,31 @@ class nccl {
       if (scratch != nullptr) cudaFree(scratch);
     }
     void start(std::string_view call) { what = std::string(call); }
+    void watch() { dog.emplace(detail::periodic_thread<watcher>::period_for(options.deadline), watcher{this}); }
+    // The handle, taken (null from now on; the caller aborts it), and `message` as the failure.
+    ncclComm_t take(std::string_view message) noexcept {
+      std::lock_guard guard(lock());
+      ncclComm_t const c = std::exchange(comm, nullptr);
+      try {
+        if (failure.empty()) failure = message;
+      } catch (...) {  // no memory for the text: require_intact still sees the null handle
+      }
+      return c;
+    }
+    // Ends the communicator (ncclCommAbort: its kernels end) with `message`, once.
+    void end(std::string_view message) noexcept {
+      if (ncclComm_t const c = take(message); c != nullptr) ncclCommAbort(c);
+    }
     void make_events() {
       TIDE_CUDA_CHECK(cudaSetDevice(device));
       for (cudaEvent_t& e : events) TIDE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       TIDE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(int)));
       TIDE_CUDA_CHECK(cudaMemset(scratch, 0, sizeof(int)));
     }
-    void require_intact() const {
-      TIDE_CHECK(failure.empty(), nccl, failure, " (the communicator failed earlier; restart from the last checkpoint)");
+    void require_intact() {
+      std::lock_guard guard(lock());
+      TIDE_CHECK(failure.empty() && comm != nullptr, nccl, failure.empty() ? "comm::nccl: ended" : failure,
+                 " (the communicator failed earlier; restart from the last checkpoint)");
     }
   };
 
@@ -366,6 +434,8 @@ class nccl {
     st_->require_intact();
     std::uint64_t const seq = st_->next;
     if (seq > ring) wait(request{seq - ring});  // the slot's previous operation, before its event is reused
+    std::lock_guard guard(lock());  // to the event's record: the watchdog sees the operation whole or not at all
+    st_->require_intact();
     detail::operation o;
     o.kind = kind;
     o.type = type;
@@ -414,20 +484,11 @@ class nccl {
   // tide::error(nccl) with `why`. For a caller whose ranks can no longer agree on the order of
   // the operations (NCCL matches them by call order), such as a training step abandoned on one
   // rank after some of its all-reduces were enqueued.
-  void abort(char const* why) noexcept {
-    if (st_->comm != nullptr) ncclCommAbort(std::exchange(st_->comm, nullptr));  // first: nothing here throws
-    try {
-      if (st_->failure.empty()) st_->failure = why;
-    } catch (...) {  // no memory for the text: the communicator is gone all the same
-    }
-  }
+  void abort(char const* why) noexcept { st_->end(why != nullptr ? why : "comm::nccl: aborted"); }
 
  private:
   [[noreturn]] void fail_with(std::string message) {
-    if (st_->failure.empty()) {
-      if (st_->comm != nullptr) ncclCommAbort(std::exchange(st_->comm, nullptr));  // ends the kernels waiting
-      st_->failure = message;
-    }
+    st_->end(message);  // ends the kernels waiting; the first failure stays the communicator's
     TIDE_FAIL(nccl, message);
   }
 
