@@ -22,6 +22,7 @@
 #include "tide/kernels/grad_norm/cuda.cuh"
 #include "tide/kernels/layernorm/cuda.cuh"
 #include "tide/kernels/matmul/cuda.cuh"
+#include "tide/kernels/matmul/lt_cache.cuh"
 #include "tide/kernels/residual/cuda.cuh"
 #include "tide/kernels/residual/rows.cuh"
 #include "tide/kernels/sgd/cuda.cuh"

@@ -127,6 +127,12 @@ struct twin {
     }
     return worst;
   }
+  // The device's bytes.
+  std::vector<unsigned char> device_bits() const {
+    std::vector<unsigned char> got(h.size() * sizeof(T));
+    TIDE_CUDA_CHECK(cudaMemcpy(got.data(), d, got.size(), cudaMemcpyDeviceToHost));
+    return got;
+  }
   // max |device - host| / max |host|
   double relative_difference() const {
     std::vector<T> got(h.size());
@@ -222,6 +228,23 @@ void matmul(runner& r, index_t N, index_t C, index_t OC, char const* shape, char
   expect(dinp, tol, "matmul_backward dinp", at.c_str());
   expect(dw, tol, "matmul_backward dweight", at.c_str());
   if (with_bias) expect(db, tol, "matmul_backward dbias", at.c_str());  // without: nothing passed, nothing to see
+  if (path[0] == 'l' && dx.lt_algos != nullptr) {
+    // The forward again, its algorithm from the compute context's cache this time, and once with
+    // the heuristic asked afresh: the same bits (the answer depends on the shape alone).
+    std::size_t const cached = dx.lt_algos->size();
+    twin<T> again({N, OC}, rng, 0.f), fresh({N, OC}, rng, 0.f);
+    tide::kernels::matmul_forward(dx, again.dv(), inp.dc(), w.dc(), db_);
+    tide::exec<tide::cuda> uncached = dx;
+    uncached.lt_algos = nullptr;
+    tide::kernels::matmul_forward(uncached, fresh.dv(), inp.dc(), w.dc(), db_);
+    r.sync();
+    bool const same = again.device_bits() == out.device_bits() && fresh.device_bits() == out.device_bits();
+    bool const kept = cached > 0 && dx.lt_algos->size() == cached;  // no new shape: no new entry
+    std::printf("matmul_forward %s %s: cached algorithm, fresh heuristic and first call give the same bits: %s%s\n",
+                std::is_same_v<T, float> ? "f32" : "bf16", at.c_str(), same && kept ? "yes" : "no",
+                same && kept ? "" : "  FAILED");
+    failures += !(same && kept);
+  }
 }
 
 template <class T>

@@ -14,6 +14,8 @@
 //                           or H100, and about 1e-3 relative error per product. Off by default:
 //                           f32 results then match the host's within fp32 reordering. bf16 and
 //                           f16 GEMMs use tensor cores either way.
+//   lt_algos                the cuBLASLt algorithms chosen so far, by shape (null: the heuristic
+//                           is asked on every call; kernels/matmul/lt_cache.cuh)
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -22,6 +24,10 @@
 #include <cstddef>
 
 #include "tide/core/exec.hpp"
+
+namespace tide::detail {
+struct lt_algo_cache;  // kernels/matmul/lt_cache.cuh
+}  // namespace tide::detail
 
 namespace tide {
 
@@ -37,6 +43,7 @@ struct exec<cuda> {
   // bf16 causal attention forward fused on tensor cores (kernels/attention/cuda_mma.cuh) where
   // its shapes fit; off: the cuBLAS path. Off by default until a GPU has checked it.
   bool flash_attention = false;
+  detail::lt_algo_cache* lt_algos = nullptr;
 };
 
 }  // namespace tide

@@ -12,12 +12,14 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <memory>
 
 #include "tide/core/backend.hpp"
 #include "tide/core/error.hpp"
 #include "tide/core/parallel.hpp"
 #include "tide/core/cuda.cuh"
 #include "tide/core/exec.cuh"
+#include "tide/kernels/matmul/lt_cache.cuh"
 #include "tide/memory/stream.cuh"
 
 namespace tide::memory {
@@ -77,6 +79,7 @@ struct compute_context<cuda> {
   void* lt_workspace = nullptr;
   bool tf32 = false;
   bool flash_attention = false;
+  std::unique_ptr<tide::detail::lt_algo_cache> lt_algos = std::make_unique<tide::detail::lt_algo_cache>();
   compute_context() {
     cublasStatus_t st = cublasCreate(&blas);
     TIDE_CHECK(st == CUBLAS_STATUS_SUCCESS, cuda, "cublasCreate returned ", static_cast<int>(st),
@@ -99,7 +102,8 @@ struct compute_context<cuda> {
   ~compute_context() { release(); }
   [[nodiscard]] exec<cuda> exec_with(thread_pool&) {
     return {.stream = s.native(), .blas = blas, .lt = lt, .lt_workspace = lt_workspace,
-            .lt_workspace_bytes = lt_workspace_bytes, .tf32 = tf32, .flash_attention = flash_attention};
+            .lt_workspace_bytes = lt_workspace_bytes, .tf32 = tf32, .flash_attention = flash_attention,
+            .lt_algos = lt_algos.get()};
   }
   void synchronize() { s.synchronize(); }
 

@@ -25,10 +25,10 @@
 //             in row-group order): deterministic, no atomics, and accumulating (+=), which
 //             cuBLASLt's BGRAD epilogues (they overwrite) are not
 // cuBLASLt's GELU is the tanh form, as tide's: tests/gpu/kernels.cu holds both paths to the
-// host's outputs. The heuristic is asked on every call (as llm.c does), always told 16-byte
-// buffers, so that the bits depend on the shape and not on where offload put the tensors (the
-// chunked policies are bit-identical to resident on CUDA). Not tuned (no GPU where it was
-// written).
+// host's outputs. The heuristic is asked once per shape (ex.lt_algos keeps its answers; without
+// it, on every call, as llm.c does), always told 16-byte buffers, so that the bits depend on the
+// shape and not on where offload put the tensors (the chunked policies are bit-identical to
+// resident on CUDA). Not tuned (no GPU where it was written).
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -38,10 +38,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <source_location>
 #include <type_traits>
 
 #include "tide/core/config.hpp"
+#include "tide/kernels/matmul/lt_cache.cuh"
 #include "tide/core/cuda.cuh"
 #include "tide/core/dtype.hpp"
 #include "tide/core/exec.cuh"
@@ -228,15 +230,27 @@ bool gemm_lt(exec<tide::cuda> const& ex, bool transpose_a, bool transpose_b, ind
   for (auto const which : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     detail::set_preference(lt.preference, which, detail::lt_alignment);
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  cublasStatus_t const asked = cublasLtMatmulAlgoGetHeuristic(ex.lt, lt.op, lt.a, lt.b, lt.c, lt.c, lt.preference,
-                                                              1, &heuristic, &found);
-  if (asked == CUBLAS_STATUS_NOT_SUPPORTED || (asked == CUBLAS_STATUS_SUCCESS && found == 0)) return false;
-  detail::check_cublas(asked, "cublasLtMatmulAlgoGetHeuristic");
+  tide::detail::lt_algo_cache::key const key{
+      .m = M, .n = N, .k = K, .lda = lda, .ldb = ldb, .ldc = ldc, .ldaux = aux != nullptr ? ldaux : 0,
+      .workspace = ex.lt_workspace_bytes, .type = static_cast<int>(type),
+      .compute = static_cast<int>(detail::compute_type<T>(ex)), .epilogue = static_cast<int>(epilogue),
+      .transpose_a = transpose_a, .transpose_b = transpose_b};
+  std::optional<tide::detail::lt_algo_cache::answer> known;
+  if (ex.lt_algos != nullptr) known = ex.lt_algos->find(key);
+  if (!known) {
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    cublasStatus_t const asked = cublasLtMatmulAlgoGetHeuristic(ex.lt, lt.op, lt.a, lt.b, lt.c, lt.c, lt.preference,
+                                                                1, &heuristic, &found);
+    bool const none = asked == CUBLAS_STATUS_NOT_SUPPORTED || (asked == CUBLAS_STATUS_SUCCESS && found == 0);
+    if (!none) detail::check_cublas(asked, "cublasLtMatmulAlgoGetHeuristic");
+    known = tide::detail::lt_algo_cache::answer{.algo = heuristic.algo, .usable = !none};
+    if (ex.lt_algos != nullptr) ex.lt_algos->put(key, *known);
+  }
+  if (!known->usable) return false;
   float const alpha = 1.0f;
   cublasStatus_t const ran = cublasLtMatmul(ex.lt, lt.op, &alpha, b, lt.a, a, lt.b, &beta, c, lt.c, c, lt.c,
-                                            &heuristic.algo, ex.lt_workspace, ex.lt_workspace_bytes, ex.stream);
+                                            &known->algo, ex.lt_workspace, ex.lt_workspace_bytes, ex.stream);
   if (ran == CUBLAS_STATUS_NOT_SUPPORTED) return false;  // launched nothing
   detail::check_cublas(ran, "cublasLtMatmul");
   return true;
