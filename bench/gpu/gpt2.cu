@@ -6,7 +6,7 @@
 //                                     tokens/s at 6 N + 12 L T C flops per token (so the ratio is
 //                                     the MFU against the probe)
 //   offload_4x_vs_resident_cuda       chunked<belady> at a quarter of the model data over resident
-//   flash_attention_vs_gemm_cuda      resident with attention's forward fused on tensor cores
+//   flash_attention_vs_gemm_cuda      resident with attention fused on tensor cores
 //                                     (gpt_spec::flash_attention) over resident on cuBLAS's GEMMs;
 //                                     both runs' losses in the detail (the same batches)
 //   adamw_cuda_vs_copy_probe          the CUDA AdamW kernel's bytes per second over GPT-2's 124M

@@ -14,6 +14,7 @@
 #include "tide/kernels/attention/cuda.cuh"
 #include "tide/kernels/attention/cuda_gemm.cuh"
 #include "tide/kernels/attention/cuda_mma.cuh"
+#include "tide/kernels/attention/cuda_mma_backward.cuh"
 #include "tide/kernels/cast/cuda.cuh"
 #include "tide/kernels/classifier/cuda.cuh"
 #include "tide/kernels/detail/elementwise_step.cuh"

@@ -3,7 +3,7 @@
 // bias and GELU) and backward, on cuBLASLt with fused epilogues and on the cublasGemmEx fallback
 // (an exec<cuda> without the cuBLASLt handle), and f32 in TF32; LayerNorm forward and backward,
 // GELU, attention forward and backward on tensor cores (cuBLAS) and on CUDA cores (and in bf16
-// the forward fused on tensor cores, WMMA, with the cuBLAS backward from its lse), the fused
+// fused on tensor cores, WMMA), the fused
 // classifier (GPT-2's V = 50257 padded to 50304), the embedding forward and backward, the
 // residual add forward and backward, softmax (plain, causal) and its backward, AdamW, Adam and
 // SGD with momentum (f32 masters, f32 or bf16 gradients, a bf16 working copy) and the global
@@ -368,7 +368,7 @@ void attention(runner& r, index_t B, index_t T_, index_t C, index_t NH, char con
   std::mt19937 rng(4);
   tide::exec<tide::cuda> dx = r.dx;
   if (path[0] == 'c') dx.blas = nullptr;
-  if (path[0] == 'f') dx.flash_attention = true;  // bf16: the fused forward, the cuBLAS backward from its lse
+  if (path[0] == 'f') dx.flash_attention = true;  // bf16: forward and backward fused (WMMA)
   std::string const at = std::string(shape) + " " + path;
   twin<T> qkv({B, T_, 3 * C}, rng, 1.f), out({B, T_, C}, rng, 0.f), dout({B, T_, C}, rng, 1.f),
       dqkv({B, T_, 3 * C}, rng, 0.1f);  // not 0: the gradient must be added (+=), not written
@@ -515,7 +515,7 @@ void all(runner& r) {
   attention<T>(r, 2, 1024, 768, 12, "B2 T1024 C768 NH12", "cuda-cores");
   attention<T>(r, 1, 37, 48, 4, "B1 T37 C48 NH4");
   attention<T>(r, 1, 37, 48, 4, "B1 T37 C48 NH4", "cuda-cores");
-  if constexpr (std::is_same_v<T, tide::bf16>) {  // the fused forward: GPT-2's HS 64, HS 16, HS 128
+  if constexpr (std::is_same_v<T, tide::bf16>) {  // fused: GPT-2's HS 64, HS 16, HS 128
     attention<T>(r, 2, 1024, 768, 12, "B2 T1024 C768 NH12", "flash");
     attention<T>(r, 1, 37, 64, 4, "B1 T37 C64 NH4", "flash");
     attention<T>(r, 3, 200, 256, 2, "B3 T200 C256 NH2", "flash");

@@ -40,8 +40,9 @@ struct exec<cuda> {
   void* lt_workspace = nullptr;
   std::size_t lt_workspace_bytes = 0;
   bool tf32 = false;
-  // bf16 causal attention forward fused on tensor cores (kernels/attention/cuda_mma.cuh) where
-  // its shapes fit; off: the cuBLAS path. Off by default until a GPU has checked it.
+  // bf16 causal attention, forward and backward, fused on tensor cores (kernels/attention/
+  // cuda_mma.cuh, cuda_mma_backward.cuh) where its shapes fit; off: the cuBLAS path. Off by
+  // default until a GPU has checked it.
   bool flash_attention = false;
   detail::lt_algo_cache* lt_algos = nullptr;
 };

@@ -335,8 +335,9 @@ struct gpt_spec {
   // On CUDA, make_trainer's exec lets f32 GEMMs run in TF32 (exec<cuda>::tf32): about 1e-3
   // relative error per product, several times the fp32 rate. Ignored elsewhere and for bf16.
   bool tf32 = false;
-  // On CUDA, bf16 attention's forward fused on tensor cores (exec<cuda>::flash_attention): no
-  // (T, T) scores in memory. Not yet checked on a GPU, so off by default. Ignored elsewhere.
+  // On CUDA, bf16 attention fused on tensor cores, forward and backward
+  // (exec<cuda>::flash_attention): no (T, T) scores in memory. Not yet checked on a GPU, so off
+  // by default. Ignored elsewhere.
   bool flash_attention = false;
   template <class Hooks>
   using model_type = gpt<B, T, Hooks>;

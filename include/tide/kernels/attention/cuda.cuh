@@ -2,8 +2,9 @@
 // The CUDA path of the attention kernels: the same entry names with exec<cuda> and device views,
 // enqueued on ex.stream. Three implementations, picked by the exec:
 //
-//   ex.flash_attention, bf16, HS a multiple of 16 up to 128: the forward fused on tensor cores
-//                  (attention/cuda_mma.cuh, WMMA); the backward as below, from its lse
+//   ex.flash_attention, bf16, HS a multiple of 16 up to 128: forward and backward fused on
+//                  tensor cores (attention/cuda_mma.cuh, cuda_mma_backward.cuh: WMMA), where the
+//                  device has the shared memory (else the paths below)
 //   ex.blas set    on tensor cores through cuBLAS (attention/cuda_gemm.cuh): batched GEMMs per
 //                  sequence, one sequence's (NH, T, T) scores in the caller's scratch
 //   ex.blas null   flash-style like the host path (online softmax, lse saved, no (T, T)
@@ -41,6 +42,7 @@
 #include "tide/kernels/attention/checks.hpp"
 #include "tide/kernels/attention/cuda_gemm.cuh"
 #include "tide/kernels/attention/cuda_mma.cuh"
+#include "tide/kernels/attention/cuda_mma_backward.cuh"
 #include "tide/kernels/scratch.hpp"
 #include "tide/kernels/attention/math.hpp"
 
@@ -314,9 +316,9 @@ TIDE_ABI_NAMESPACE_BEGIN
 
 // Scratch on CUDA. With ex.blas (cuBLAS): one sequence's scores, (NH, T, T) fp32 and as much
 // again for P (the backward: dP too, and the rows' dout . out, B NH T floats first). Without:
-// none forward; backward, each query row's dout . out (B NH T floats). The fused bf16 forward
-// (ex.flash_attention) uses none of the forward's, which is asked for all the same (the query
-// does not know the element type, and the backward's is larger).
+// none forward; backward, each query row's dout . out (B NH T floats). The fused bf16 kernels
+// (ex.flash_attention) use none of the forward's and the rows' dout . out of the backward's; the
+// rest is asked for all the same (the query does not know the element type).
 inline std::size_t attention_forward_scratch_bytes(exec<tide::cuda> const& ex, index_t batch, index_t T, index_t,
                                                    index_t NH) noexcept {
   return ex.blas != nullptr ? detail::attention_gemm_parts(false, batch, T, NH).bytes : 0;
@@ -336,7 +338,7 @@ void attention_forward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> ou
   detail::check_scratch("attention_forward", "attention_forward_scratch_bytes", ws,
                         attention_forward_scratch_bytes(ex, d.B, d.T, d.C, d.NH));
   if constexpr (std::is_same_v<T, bf16>) {
-    if (ex.flash_attention && detail::attention_mma_fits(d)) {  // fused on tensor cores; the scratch unused
+    if (ex.flash_attention && detail::attention_mma_fits_forward(d)) {  // fused on tensor cores; the scratch unused
       if (d.B != 0 && d.T != 0) detail::attention_forward_mma(ex, d, out.data(), lse.data(), qkv.data());
       return;
     }
@@ -363,7 +365,9 @@ template <Element T, class D, class Q, class O, class L>
 void attention_backward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> dqkv, D dout, Q qkv, O out, L lse,
                         index_t NH, scratch<tide::cuda> ws) {
   auto const d = detail::check_attention_backward(dqkv, dout, qkv, out, lse, NH);
-  if (ex.blas != nullptr) detail::check_attention_gemm_limits("attention_backward", d);
+  bool fused = false;  // on tensor cores, WMMA (bf16, ex.flash_attention): the cuBLAS path's T limit does not apply
+  if constexpr (std::is_same_v<T, bf16>) fused = ex.flash_attention && detail::attention_mma_fits_backward(d);
+  if (ex.blas != nullptr && !fused) detail::check_attention_gemm_limits("attention_backward", d);
   else detail::check_attention_cuda_limits("attention_backward", d);
   detail::check_scratch("attention_backward", "attention_backward_scratch_bytes", ws,
                         attention_backward_scratch_bytes(ex, d.B, d.T, d.C, d.NH));
@@ -378,6 +382,12 @@ void attention_backward(exec<tide::cuda> const& ex, tensor_view<T, tide::cuda> d
   detail::attention_rowdot_kernel<T><<<rowdot_blocks, attention_cuda_tuning::rows_block, 0, ex.stream>>>(
       rowdot, dout.data(), out.data(), static_cast<int>(d.B), Tn, C, NHi, HS);
   TIDE_CUDA_CHECK(cudaGetLastError());
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (fused) {
+      detail::attention_backward_mma(ex, d, dqkv.data(), dout.data(), qkv.data(), lse.data(), rowdot);
+      return;
+    }
+  }
   if (ex.blas != nullptr) {
     attention_gemm::backward(ex, d, dqkv.data(), dout.data(), qkv.data(), lse.data(), ws);
     return;

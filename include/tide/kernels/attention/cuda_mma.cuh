@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -35,6 +36,7 @@
 namespace tide::kernels {
 
 struct attention_mma_tuning {
+  // The product helpers below take tiles of 32 keys (queries, in the backward's dK dV kernel).
   static constexpr int warps = 4;                // 16 query rows each
   static constexpr int rows = 16 * warps;        // query rows of a block
   static constexpr int keys = 32;                // key and value rows of a tile
@@ -77,6 +79,49 @@ __device__ inline void attention_mma_load(std::uint16_t* dst, int pitch, bf16 co
   }
 }
 
+// The warp's two products on shared memory (bf16 operands as bits, row-major, pitches and 32-byte
+// alignment as attention_mma_layout's; sm_80 and later):
+//   s (16, 32) fp32  = a (16, HS) b^T, b (32, HS): b's rows read as the columns of a col-major B
+//   c (16, HS) fp32 += a (16, 32) b,   b (32, HS): c loaded as the accumulator, stored back
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+__device__ inline void attention_mma_abt(float* s, int lds, std::uint16_t const* a, std::uint16_t const* b, int ld,
+                                         int HS) {
+  namespace wmma = nvcuda::wmma;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+  wmma::fill_fragment(acc[0], 0.0f);
+  wmma::fill_fragment(acc[1], 0.0f);
+  for (int k0 = 0; k0 < HS; k0 += 16) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> x;
+    wmma::load_matrix_sync(x, reinterpret_cast<__nv_bfloat16 const*>(a + k0), ld);
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> y;
+      wmma::load_matrix_sync(y, reinterpret_cast<__nv_bfloat16 const*>(b + 16 * n * ld + k0), ld);
+      wmma::mma_sync(acc[n], x, y, acc[n]);
+    }
+  }
+  wmma::store_matrix_sync(s, acc[0], lds, wmma::mem_row_major);
+  wmma::store_matrix_sync(s + 16, acc[1], lds, wmma::mem_row_major);
+}
+__device__ inline void attention_mma_acc(float* c, int ldc, std::uint16_t const* a, int lda, std::uint16_t const* b,
+                                         int ldb, int HS) {
+  namespace wmma = nvcuda::wmma;
+  for (int n0 = 0; n0 < HS; n0 += 16) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::load_matrix_sync(acc, c + n0, ldc, wmma::mem_row_major);
+#pragma unroll
+    for (int k0 = 0; k0 < 32; k0 += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> x;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> y;
+      wmma::load_matrix_sync(x, reinterpret_cast<__nv_bfloat16 const*>(a + k0), lda);
+      wmma::load_matrix_sync(y, reinterpret_cast<__nv_bfloat16 const*>(b + k0 * ldb + n0), ldb);
+      wmma::mma_sync(acc, x, y, acc);
+    }
+    wmma::store_matrix_sync(c + n0, acc, ldc, wmma::mem_row_major);
+  }
+}
+#endif
+
 // T is bf16 (a template, as every kernel in a header: one definition across translation units).
 template <class T>
 __global__ void __launch_bounds__(32 * attention_mma_tuning::warps)
@@ -86,11 +131,6 @@ __global__ void __launch_bounds__(32 * attention_mma_tuning::warps)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // bf16 fragments need sm_80; attention_mma_fits() keeps older devices off this path
 #else
-  namespace wmma = nvcuda::wmma;
-  using bf16_a = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-  using bf16_b_col = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major>;
-  using bf16_b_row = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-  using accum = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
   constexpr int W = attention_mma_tuning::warps, R = attention_mma_tuning::rows, K = attention_mma_tuning::keys;
   extern __shared__ __align__(128) unsigned char attention_mma_smem[];
   attention_mma_layout const L{HS};
@@ -127,22 +167,7 @@ __global__ void __launch_bounds__(32 * attention_mma_tuning::warps)
     __syncthreads();
     if (r0 >= Tn || j0 > r0 + 15) continue;  // uniform over the warp: no row of it sees this tile
 
-    // S = Q_w K^T: (16, HS) x (HS, 32), K's rows read as the columns of a col-major matrix.
-    accum s[K / 16];
-#pragma unroll
-    for (int n = 0; n < K / 16; ++n) wmma::fill_fragment(s[n], 0.0f);
-    for (int k0 = 0; k0 < HS; k0 += 16) {
-      bf16_a a;
-      wmma::load_matrix_sync(a, reinterpret_cast<__nv_bfloat16 const*>(qs + 16 * warp * L.ldh() + k0), L.ldh());
-#pragma unroll
-      for (int n = 0; n < K / 16; ++n) {
-        bf16_b_col kb;
-        wmma::load_matrix_sync(kb, reinterpret_cast<__nv_bfloat16 const*>(ks + 16 * n * L.ldh() + k0), L.ldh());
-        wmma::mma_sync(s[n], a, kb, s[n]);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < K / 16; ++n) wmma::store_matrix_sync(ss + 16 * n, s[n], L.lds(), wmma::mem_row_major);
+    attention_mma_abt(ss, L.lds(), qs + 16 * warp * L.ldh(), ks, L.ldh(), HS);  // S = Q_w K^T (16, 32)
     __syncwarp();
 
     // The online softmax of row i over this tile's 32 keys, 16 per lane of the pair.
@@ -171,20 +196,7 @@ __global__ void __launch_bounds__(32 * attention_mma_tuning::warps)
     for (int d = d0; d < d0 + HS / 2; ++d) os[rr * L.ldo() + d] *= alpha;
     __syncwarp();
 
-    // O_w += P V: (16, 32) x (32, HS), O_w loaded as the accumulator.
-    for (int n0 = 0; n0 < HS; n0 += 16) {
-      accum o;
-      wmma::load_matrix_sync(o, os + n0, L.ldo(), wmma::mem_row_major);
-#pragma unroll
-      for (int k0 = 0; k0 < K; k0 += 16) {
-        bf16_a p;
-        bf16_b_row v;
-        wmma::load_matrix_sync(p, reinterpret_cast<__nv_bfloat16 const*>(ps + k0), L.ldp());
-        wmma::load_matrix_sync(v, reinterpret_cast<__nv_bfloat16 const*>(vs + k0 * L.ldh() + n0), L.ldh());
-        wmma::mma_sync(o, p, v, o);
-      }
-      wmma::store_matrix_sync(os + n0, o, L.ldo(), wmma::mem_row_major);
-    }
+    attention_mma_acc(os, L.ldo(), ps, L.ldp(), vs, L.ldh(), HS);  // O_w += P V (16, HS)
     __syncwarp();
   }
   if (i < Tn) {
@@ -197,16 +209,26 @@ __global__ void __launch_bounds__(32 * attention_mma_tuning::warps)
 #endif
 }
 
-// Whether the fused kernel takes these dims on the current device (bf16 only: the caller checks
-// the element type; compute capability 8.0 or later).
-inline bool attention_mma_fits(attention_dims const& d) {
-  if (d.HS % 16 != 0 || d.HS > attention_mma_tuning::max_head_size || d.B * d.NH > 65535 ||
-      d.T > (std::int64_t{1} << 30))
-    return false;
-  int device = 0, major = 0;
+// The shared memory a block of the fused kernels may have on the current device: its opt-in
+// limit (99 KiB on sm_86 and sm_89, 163 KiB on sm_80, 227 KiB on sm_90), or 0 before compute
+// capability 8.0 (no bf16 fragments).
+inline int attention_mma_smem_limit() {
+  int device = 0, major = 0, limit = 0;
   TIDE_CUDA_CHECK(cudaGetDevice(&device));
   TIDE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major >= 8;
+  TIDE_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return major >= 8 ? limit : 0;
+}
+
+// Whether a fused kernel needing `smem` bytes of shared memory a block takes these dims on the
+// current device (bf16 only: the caller checks the element type).
+inline bool attention_mma_fits(attention_dims const& d, std::size_t smem) {
+  return d.HS % 16 == 0 && d.HS <= attention_mma_tuning::max_head_size && d.B * d.NH <= 65535 &&
+         d.T <= (std::int64_t{1} << 30) && d.C <= INT_MAX / 3 &&
+         smem <= static_cast<std::size_t>(attention_mma_smem_limit());
+}
+inline bool attention_mma_fits_forward(attention_dims const& d) {
+  return attention_mma_fits(d, attention_mma_layout{static_cast<int>(d.HS)}.bytes());
 }
 
 inline void attention_forward_mma(exec<tide::cuda> const& ex, attention_dims const& d, bf16* out, float* lse,
@@ -214,10 +236,9 @@ inline void attention_forward_mma(exec<tide::cuda> const& ex, attention_dims con
   constexpr int R = attention_mma_tuning::rows;
   attention_mma_layout const L{static_cast<int>(d.HS)};
   auto const smem = static_cast<int>(L.bytes());  // 49 KiB at HS 64, 81 KiB at 128: over the default 48
-  // The largest head size's, always: a call with another HS on another thread never lowers it.
-  constexpr auto most = static_cast<int>(attention_mma_layout{attention_mma_tuning::max_head_size}.bytes());
-  TIDE_CUDA_CHECK(
-      cudaFuncSetAttribute(attention_forward_mma_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+  // The device's limit, always: a call with another HS on another thread never lowers it.
+  TIDE_CUDA_CHECK(cudaFuncSetAttribute(attention_forward_mma_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       attention_mma_smem_limit()));
   dim3 const grid(static_cast<unsigned>((d.T + R - 1) / R), static_cast<unsigned>(d.B * d.NH));
   attention_forward_mma_kernel<bf16><<<grid, 32 * attention_mma_tuning::warps, smem, ex.stream>>>(
       out, lse, qkv, static_cast<int>(d.T), static_cast<int>(d.C), static_cast<int>(d.NH), static_cast<int>(d.HS),
