@@ -3,8 +3,8 @@
 // Then chunked<belady> on CUDA twice: under the resident run's device peak less a third of the
 // model data (the model's bytes at 2/3 on the device: chunks move, and after the warm-up step the
 // optimizer state of most chunks stays on the host, stepped there), and under the resident peak
-// (the state of every chunk on the device). Exit 77 (ctest: skipped) without a device or a
-// driver (skip.cuh).
+// (the state of every chunk on the device). And in bf16: the host, CUDA, and CUDA with attention
+// fused on tensor cores. Exit 77 (ctest: skipped) without a device or a driver (skip.cuh).
 //
 // Tolerances, derived (no GPU has run this yet; the first run that does records what it saw in
 // docs/cuda.md):
@@ -24,6 +24,13 @@
 //     each GEMM input to a 10-bit mantissa (2^-9 relative per product at worst), so a logit of C
 //     = 64 products moves by about 2^-9 of its terms' magnitude, and the loss, a log-sum-exp of
 //     logits near 0 for an untrained model, by about as much: 2e-3, with room for 5 steps.
+//   - bf16 (fp32 masters), within 1e-2 at every step: CUDA against the host's bf16, and CUDA with
+//     attention fused on tensor cores (gpt_spec::flash_attention, HS = 32) against CUDA on
+//     cuBLAS. Every activation is rounded to bf16 (2^-9 relative), and reordered fp32 sums may
+//     land a value on the other side of a rounding boundary: one bf16 ulp (3.9e-3) in some
+//     elements. A logit of C = 64 such products moves by about that of its terms, and the loss
+//     (a log-sum-exp of logits near 0, about 4.8) by a few 1e-3 at most; the fused kernels also
+//     normalise O once at the end rather than P first (2^-9 per weight).
 //   - CUDA chunked against CUDA resident, every step: bit for bit while every chunk step before
 //     it ran on the device (the same kernels read the same bytes: offload only moves them;
 //     cuBLASLt is told one alignment whatever the layout, kernels/matmul/cuda.cuh). Once the host
@@ -80,10 +87,11 @@ struct run {
   std::vector<std::size_t> host_steps_before;  // by step: those of the steps before it
 };
 
-template <class B, class Policy>
-run train(Policy const& policy, bool tf32 = false) {
-  auto t = tide::train::make_trainer(tide::nn::gpt_spec<B>{.config = config, .options = {.seed = 7}, .tf32 = tf32},
-                                     policy, opt);
+template <class B, class E = float, class Policy>
+run train(Policy const& policy, bool tf32 = false, bool flash = false) {
+  auto t = tide::train::make_trainer(
+      tide::nn::gpt_spec<B, E>{.config = config, .options = {.seed = 7}, .tf32 = tf32, .flash_attention = flash},
+      policy, opt);
   run out;
   std::int32_t* device = nullptr;  // tokens, then targets
   std::size_t const n = static_cast<std::size_t>(batch * seq);
@@ -159,6 +167,11 @@ int main() {
   run const resident = train<tide::cuda>(off::resident{});
   compare(resident, host, "CUDA resident against the host");
   compare(train<tide::cuda>(off::resident{}, true), host, "CUDA resident in TF32 against the host", 1e-2);
+  run const host16 = train<tide::host, tide::bf16>(off::resident{});
+  run const cuda16 = train<tide::cuda, tide::bf16>(off::resident{});
+  compare(cuda16, host16, "CUDA resident in bf16 against the host's bf16", 1e-2);
+  compare(train<tide::cuda, tide::bf16>(off::resident{}, false, true), cuda16,
+          "CUDA bf16 with attention fused on tensor cores against CUDA bf16 on cuBLAS", 1e-2);
   // Model data: f32 parameters, gradients, AdamW's m and v.
   std::size_t const model = 4 * tide::nn::gpt_parameters(config, tide::dtype::f32).bytes();
   auto const chunked_at = [&](std::size_t budget) {
