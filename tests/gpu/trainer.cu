@@ -4,7 +4,9 @@
 // model data (the model's bytes at 2/3 on the device: chunks move, and after the warm-up step the
 // optimizer state of most chunks stays on the host, stepped there), and under the resident peak
 // (the state of every chunk on the device). And in bf16: the host, CUDA, and CUDA with attention
-// fused on tensor cores. Exit 77 (ctest: skipped) without a device or a driver (skip.cuh).
+// fused on tensor cores. And checkpoints on CUDA (through staging blocks), saved after 2 steps and
+// loaded into a new trainer: the straight run's losses, bit for bit resident, within 1e-5 chunked.
+// Exit 77 (ctest: skipped) without a device or a driver (skip.cuh).
 //
 // Tolerances, derived (no GPU has run this yet; the first run that does records what it saw in
 // docs/cuda.md):
@@ -47,7 +49,11 @@
 #include <cstdint>
 #include <functional>
 #include <cstdio>
+#include <filesystem>
+#include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <tide/cuda.cuh>
 #include <tide/nn/gpt.hpp>
@@ -87,35 +93,78 @@ struct run {
   std::vector<std::size_t> host_steps_before;  // by step: those of the steps before it
 };
 
+// Step s of trainer t on its backend: the tokens through `device` (2 B T ints) on CUDA.
+template <class Trainer>
+tide::train::step_stats step_at(Trainer& t, int s, std::int32_t* device) {
+  using B = typename Trainer::backend;
+  std::size_t const n = static_cast<std::size_t>(batch * seq);
+  auto const in = tokens_of(s, 0), tg = tokens_of(s, 7);
+  std::int32_t const* pin = in.data();
+  std::int32_t const* ptg = tg.data();
+  if constexpr (B::is_device) {
+    TIDE_CUDA_CHECK(cudaMemcpy(device, in.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+    TIDE_CUDA_CHECK(cudaMemcpy(device + n, tg.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+    TIDE_CUDA_CHECK(cudaDeviceSynchronize());  // landed before the trainer's stream reads them
+    pin = device;
+    ptg = device + n;
+  }
+  using view = tide::tensor_view<std::int32_t const, B>;
+  return t.step({view(pin, {batch, seq}), view(ptg, {batch, seq})});
+}
+
+struct tokens_on_device {
+  std::int32_t* p = nullptr;
+  tokens_on_device() { TIDE_CUDA_CHECK(cudaMalloc(&p, 2 * static_cast<std::size_t>(batch * seq) * sizeof(std::int32_t))); }
+  tokens_on_device(tokens_on_device const&) = delete;
+  ~tokens_on_device() { cudaFree(p); }
+};
+
 template <class B, class E = float, class Policy>
-run train(Policy const& policy, bool tf32 = false, bool flash = false) {
-  auto t = tide::train::make_trainer(
+auto trainer_of(Policy const& policy, bool tf32 = false, bool flash = false) {
+  return tide::train::make_trainer(
       tide::nn::gpt_spec<B, E>{.config = config, .options = {.seed = 7}, .tf32 = tf32, .flash_attention = flash},
       policy, opt);
+}
+
+template <class B, class E = float, class Policy>
+run train(Policy const& policy, bool tf32 = false, bool flash = false) {
+  auto t = trainer_of<B, E>(policy, tf32, flash);
   run out;
-  std::int32_t* device = nullptr;  // tokens, then targets
-  std::size_t const n = static_cast<std::size_t>(batch * seq);
-  if constexpr (B::is_device) TIDE_CUDA_CHECK(cudaMalloc(&device, 2 * n * sizeof(std::int32_t)));
+  tokens_on_device device;
   for (int s = 0; s < steps; ++s) {
-    auto const in = tokens_of(s, 0), tg = tokens_of(s, 7);
-    std::int32_t const* pin = in.data();
-    std::int32_t const* ptg = tg.data();
-    if constexpr (B::is_device) {
-      TIDE_CUDA_CHECK(cudaMemcpy(device, in.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
-      TIDE_CUDA_CHECK(cudaMemcpy(device + n, tg.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
-      TIDE_CUDA_CHECK(cudaDeviceSynchronize());  // landed before the trainer's stream reads them
-      pin = device;
-      ptg = device + n;
-    }
-    using view = tide::tensor_view<std::int32_t const, B>;
-    auto const st = t.step({view(pin, {batch, seq}), view(ptg, {batch, seq})});
+    auto const st = step_at(t, s, device.p);
     out.losses.push_back(st.loss);
     out.peak = st.device_bytes > out.peak ? st.device_bytes : out.peak;
     out.host_steps_before.push_back(out.host_steps);
     out.host_steps += st.offload.host_optimizer_chunks;
   }
-  if constexpr (B::is_device) TIDE_CUDA_CHECK(cudaFree(device));
   return out;
+}
+
+// A checkpoint saved on CUDA after 2 steps (parameters and state read through staging blocks)
+// and loaded into a new CUDA trainer (written back through them): its last steps give the
+// straight run's losses within `bound` relative (0: bit for bit).
+template <class Policy>
+void checkpoint_round_trip(Policy const& policy, char const* what, double bound) {
+  auto const dir = std::filesystem::temp_directory_path() / ("tide-gpu-trainer-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  tokens_on_device device;
+  std::vector<float> straight;
+  {
+    auto t = trainer_of<tide::cuda>(policy);
+    for (int s = 0; s < steps; ++s) {
+      if (s == 2) t.save(dir);
+      straight.push_back(step_at(t, s, device.p).loss);
+    }
+  }
+  auto t = trainer_of<tide::cuda>(policy);
+  t.load(dir);
+  for (int s = 2; s < steps; ++s) {
+    double const got = step_at(t, s, device.p).loss, want = straight[static_cast<std::size_t>(s)];
+    expect(bound == 0 ? got == want : std::abs(got - want) <= bound * std::abs(want), what, s + 1, got, want);
+  }
+  std::filesystem::remove_all(dir);
+  std::printf("%s: checked\n", what);
 }
 
 void compare(run const& got, run const& want, char const* what, double first_bound = 1e-4) {
@@ -178,6 +227,12 @@ int main() {
     return train<tide::cuda>(off::chunked<off::belady>{.device_budget = budget, .chunk_bytes = std::size_t{16} << 10});
   };
   run const chunked = chunked_at(resident.peak - model / 3), roomy = chunked_at(resident.peak);
+  checkpoint_round_trip(off::resident{}, "a CUDA checkpoint, resident: saved at step 2, loaded, bit for bit", 0);
+  // Chunked: the resumed trainer's warm-up step may step on the host a chunk the straight run
+  // stepped on the device (the chunked-against-resident bound above, 1e-5).
+  checkpoint_round_trip(off::chunked<off::belady>{.device_budget = resident.peak - model / 3,
+                                                  .chunk_bytes = std::size_t{16} << 10},
+                        "a CUDA checkpoint, chunked<belady> at 2/3: saved at step 2, loaded, within 1e-5", 1e-5);
   for (run const* c : {&chunked, &roomy}) {
     compare(*c, host, "CUDA chunked<belady> against the host");
     for (int s = 0; s < steps; ++s) {
