@@ -65,6 +65,15 @@ struct stream_options {
   std::size_t capacity = 1024; // host: commands that may wait in the ring before enqueue blocks
 };
 
+// Options for a stream on the same device as `s` (cuda: s.device(); elsewhere the defaults), for
+// a stream made later than s, when another device may be current.
+template <class Stream>
+stream_options options_like(Stream const& s) {
+  stream_options o;
+  if constexpr (requires { s.device(); }) o.device = s.device();
+  return o;
+}
+
 namespace detail {
 template <class B>
 inline constexpr bool backend_has_no_streams = false;

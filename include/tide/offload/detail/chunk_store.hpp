@@ -425,7 +425,7 @@ class chunk_store {
   // per saved tensor of a block).
   memory::transfer_engine<B>& activation_engine() {
     if (!activation_engine_) {
-      activation_stream_.emplace();
+      activation_stream_.emplace(memory::options_like(copy_stream_));  // the trainer's device, not the current one
       activation_engine_.emplace(*activation_stream_, memory::transfer_options{.max_in_flight = 64});
     }
     return *activation_engine_;

@@ -144,8 +144,8 @@ class sink_lane {
     unowned_.clear();
     if constexpr (staged) {  // a failure of the sink is sticky on the streams that waited for it
       try {
-        stage_.down = memory::stream<B>{};
-        stage_.up = memory::stream<B>{};
+        stage_.down = memory::stream<B>{memory::options_like(stage_.down)};  // on the trainer's device
+        stage_.up = memory::stream<B>{memory::options_like(stage_.up)};
         stage_.bridge = memory::stream<host>{};
       } catch (...) {  // no thread to make: the old streams stay, and the next step fails as this one did
       }
