@@ -218,11 +218,15 @@ TEST_CASE("device_data_parallel: two ranks on their own batches equal one proces
 }
 
 TEST_CASE("device_data_parallel: a step whose collective fails loses nothing on either rank, and a restart from the "
-          "checkpoint set gives the straight run's bits") {
+          "checkpoint set gives the straight run's bits; a failure on one rank alone ends the communicator for all") {
   off::resident const resident{.device_budget = 64_MiB, .chunk_bytes = chunk_bytes};
   tide::test::scratch_dir dir{"device_data_parallel"};
-  for (int zero : {1, 2, 3}) {
+  for (int zero : {0, 1, 2, 3}) {
     CAPTURE(zero);
+    // ZeRO: a checkpoint set, a file per rank in a folder. (Without ZeRO every rank writes the same
+    // one file, through a temporary named by the process: ranks as threads of one process would
+    // collide there, so ZeRO-0 is checked without the restart.)
+    bool const restart = zero > 0;
     // The straight run, and the device operations each rank enqueued by the start and the end of step 2.
     std::vector<result> straight(2);
     std::uint64_t before_2 = 0, after_2 = 0;
@@ -254,7 +258,7 @@ TEST_CASE("device_data_parallel: a step whose collective fails loses nothing on 
           thread_rank r{world, rank};
           auto t = tide::train::make_trainer(spec, resident, opt, dp{.gpus = &r, .host = &r, .zero = zero});
           (void)train(t, 0, 2);
-          t.save(dir.path);
+          if (restart) t.save(dir.path);
           result const before = result_of(t, {}, 2, false);  // under ZeRO-3 its own chunks
           feeder<decltype(t)> feed;
           try {
@@ -268,6 +272,7 @@ TEST_CASE("device_data_parallel: a step whose collective fails loses nothing on 
           CHECK(after.state == before.state);
         });
       }
+      if (!restart) continue;
       // Every rank restarts from the checkpoint set: the straight run's bits.
       thread_world world{2};
       std::vector<result> resumed(2);
@@ -285,6 +290,36 @@ TEST_CASE("device_data_parallel: a step whose collective fails loses nothing on 
         CHECK(same_bits(resumed[rank].params, want.params));
         CHECK(resumed[rank].state == want.state);
       }
+    }
+    // A failure of rank 1 alone, as it enqueues its second device operation of step 2 or its
+    // last: rank 1's step is undone, and its abandon (or its failed gather or share) ends the
+    // communicator, so rank 0 hears of it from rank 1, not from a deadline.
+    for (std::uint64_t local_at : {before_2 + 2, after_2}) {
+      CAPTURE(local_at);
+      thread_world world{2};
+      world.local_rank = 1;
+      world.local_at = static_cast<int>(local_at);
+      std::vector<std::string> errors(2);
+      tide::test::run_ranks(world, [&](int rank) {
+        thread_rank r{world, rank};
+        auto t = tide::train::make_trainer(spec, resident, opt, dp{.gpus = &r, .host = &r, .zero = zero});
+        (void)train(t, 0, 2);
+        result const before = result_of(t, {}, 2, false);
+        feeder<decltype(t)> feed;
+        try {
+          (void)t.step(feed(t, 2));
+        } catch (tide::error const& e) {
+          errors[static_cast<std::size_t>(rank)] = e.message();
+        }
+        result const after = result_of(t, {}, 2, false);
+        CHECK(same_bits(after.params, before.params));
+        CHECK(after.state == before.state);
+      });
+      CAPTURE(errors[0]);
+      CAPTURE(errors[1]);
+      CHECK(errors[1].find("local failure injected") != std::string::npos);
+      CHECK(errors[0].find("restart every rank") != std::string::npos);
+      CHECK(errors[0].find("deadline") == std::string::npos);
     }
   }
 }

@@ -56,9 +56,20 @@ class rendezvous {
     posted_[static_cast<std::size_t>(rank)] = mine;
     barrier(lock);
     std::vector<void const*> const all = posted_;
+    ++readers_;  // a rank that fails from here waits for the readers before its buffer may go
     lock.unlock();
-    read(all);
+    try {
+      read(all);
+    } catch (...) {
+      lock.lock();
+      --readers_;
+      fail("thread_rank: a rank failed reading the others' buffers");
+      cv_.notify_all();
+      throw;
+    }
     lock.lock();
+    --readers_;
+    cv_.notify_all();
     barrier(lock);
     lock.unlock();
     write();
@@ -66,10 +77,7 @@ class rendezvous {
   void abort(std::string const& why) {
     {
       std::lock_guard lock(m_);
-      if (!failed_) {
-        failed_ = true;
-        why_ = why;
-      }
+      fail(why);
     }
     cv_.notify_all();
   }
@@ -79,8 +87,18 @@ class rendezvous {
   }
 
  private:
+  void fail(std::string const& why) {
+    if (failed_) return;
+    failed_ = true;
+    why_ = why;
+  }
+  // Throws the rendezvous' failure once no rank reads another's buffer (this one may go then).
+  [[noreturn]] void thrown(std::unique_lock<std::mutex>& lock) {
+    cv_.wait(lock, [&] { return readers_ == 0; });
+    TIDE_FAIL(nccl, why_);
+  }
   void barrier(std::unique_lock<std::mutex>& lock) {
-    if (failed_) TIDE_FAIL(nccl, why_);
+    if (failed_) thrown(lock);
     std::uint64_t const generation = generation_;
     if (++arrived_ == size_) {
       arrived_ = 0;
@@ -89,11 +107,10 @@ class rendezvous {
       return;
     }
     if (!cv_.wait_for(lock, deadline_, [&] { return generation_ != generation || failed_; })) {
-      failed_ = true;
-      why_ = "thread_rank: a collective did not complete within its deadline";
+      fail("thread_rank: a collective did not complete within its deadline");
       cv_.notify_all();
     }
-    if (generation_ == generation) TIDE_FAIL(nccl, why_);
+    if (generation_ == generation) thrown(lock);
   }
 
   int const size_;
@@ -102,6 +119,7 @@ class rendezvous {
   std::condition_variable cv_;
   std::vector<void const*> posted_;
   int arrived_ = 0;
+  int readers_ = 0;  // ranks between the two barriers of a round, reading
   std::uint64_t generation_ = 0;
   bool failed_ = false;
   std::string why_;
@@ -115,7 +133,9 @@ struct thread_world {
   rendezvous device;
   rendezvous host;
   int fail_rank = -1;   // the rank whose fail_at-th device operation (1-based) fails, -1: none
-  int fail_at = 0;
+  int fail_at = 0;      // in the collective: every rank's waiting operations fail
+  int local_rank = -1;  // the rank whose local_at-th device operation fails on its own, as it is
+  int local_at = 0;     // enqueued (a launch that fails): the others hear of it only if it aborts
 };
 
 class thread_rank {
@@ -129,6 +149,14 @@ class thread_rank {
   thread_rank(thread_world& world, int rank) : world_(&world), rank_(rank) {}
   thread_rank(thread_rank const&) = delete;
   thread_rank& operator=(thread_rank const&) = delete;
+  // Left by an exception: the other ranks are told before this lane drains into a round they may
+  // never join.
+  ~thread_rank() {
+    if (std::uncaught_exceptions() > unwinding_) {
+      world_->device.abort("thread_rank: another rank's thread failed");
+      world_->host.abort("thread_rank: another rank's thread failed");
+    }
+  }
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return world_->size; }
@@ -248,23 +276,37 @@ class thread_rank {
   }
   template <class F>
   request enqueue(F run) {
-    std::uint64_t const seq = ++ops_;
+    std::uint64_t const seq = ops_ + 1;  // counted once enqueued: operation n is events_[n - 1]
+    if (world_->local_rank == rank_ && world_->local_at == static_cast<int>(seq))
+      TIDE_FAIL(nccl, "thread_rank: the local failure injected by local_at (nothing enqueued)");
     bool const injected = world_->fail_rank == rank_ && world_->fail_at == static_cast<int>(seq);
     lane_.launch_owned([this, run = std::move(run), injected] {
       try {
-        if (injected) {
-          world_->device.abort("thread_rank: the failure injected by fail_at");
-          TIDE_FAIL(nccl, "thread_rank: the failure injected by fail_at");
-        }
+        if (injected) TIDE_FAIL(nccl, "thread_rank: the failure injected by fail_at");
         run();
-      } catch (tide::error const& e) {
+      } catch (...) {  // every rank's round fails with it, and this lane's later operations
+        std::string const why = failure_text();
+        world_->device.abort(why);
         std::lock_guard lock(m_);
-        if (failure_.empty()) failure_ = e.message();
+        if (failure_.empty()) failure_ = why;
         throw;
       }
     });
     events_.emplace_back().record(lane_);
+    ops_ = seq;
     return {seq};
+  }
+  // The exception in flight, as text.
+  static std::string failure_text() {
+    try {
+      throw;
+    } catch (tide::error const& e) {
+      return e.message();
+    } catch (std::exception const& e) {
+      return e.what();
+    } catch (...) {
+      return "thread_rank: an operation threw";
+    }
   }
   void rethrow() {
     std::lock_guard lock(m_);
@@ -273,6 +315,7 @@ class thread_rank {
 
   thread_world* world_;
   int rank_;
+  int unwinding_ = std::uncaught_exceptions();
   std::uint64_t ops_ = 0;
   std::deque<memory::event<sealed>> events_;  // by operation: recorded behind it
   std::mutex m_;

@@ -91,12 +91,12 @@ class device_sink {
     state& s = *st_;
     if (r.valid_after != nullptr) comm_->lane().wait(*r.valid_after);
     if (s.requests.size() <= r.chunk) s.requests.resize(r.chunk + 1);
-    s.in_step = true;  // a failure from here to the step's last hand-over leaves the ranks out of step
+    s.in_step = true;  // a failure from here to the step's last collective leaves the ranks out of step
     if (s.zero >= 2 && s.shard.ranks > 1)  // to the owner only: half an all-reduce's traffic
       s.requests[r.chunk] = comm_->reduce_async(r.grads, s.shard.owner(r.chunk), reduce_op::sum);
     else
       s.requests[r.chunk] = comm_->all_reduce_async(r.grads, reduce_op::sum);
-    if (r.last) s.in_step = false;
+    if (r.last && !shares(s)) s.in_step = false;  // ZeRO-1 and 2: the share after the step is the last
     ++s.sums.chunks;
     s.sums.bytes += r.grads.size_bytes();
     if (r.done == nullptr) {
@@ -120,8 +120,10 @@ class device_sink {
       throw;
     }
   }
-  // A step abandoned after some of its chunks reached the communicator: the other ranks' next
-  // operations would pair with this step's leftovers, so the communicator ends here.
+  // A step abandoned after some of its collectives were enqueued (a gradient sum, ZeRO-3's gather,
+  // until ZeRO-1 and 2's share is done): the other ranks' next operations would pair with this
+  // step's leftovers, so the communicator ends here. (After a ZeRO-3 evaluation's gathers it ends
+  // too, the ranks being in step then: a restart more than needed, never a mismatch.)
   void abandon_step() noexcept {
     if (!std::exchange(st_->in_step, false)) return;
     comm_->abort("device_data_parallel: a training step failed on this rank after some of its gradients were "
@@ -146,10 +148,11 @@ class device_sink {
     state& s = *st_;
     if (s.shard.ranks == 1) return;
     auto& lane = comm_->lane();
+    s.in_step = true;
     try {
       int const owner = s.shard.owner(chunk);
       bool const mine = owner == s.shard.rank;
-      T* const staged = static_cast<T*>(s.staging_of(block.size_bytes()));
+      T* const staged = static_cast<T*>(s.staging_of(block.size_bytes(), lane));
       if (mine) lane.copy(staged, block.data(), block.size_bytes());
       s.gathering = comm_->broadcast_async(std::span<T>(staged, block.size()), owner);
       if (!mine) lane.copy(block.data(), staged, block.size_bytes());
@@ -179,7 +182,11 @@ class device_sink {
   template <class T>
   void share_parameters(std::span<std::span<T> const> chunks) {
     state& s = *st_;
-    if (s.zero == 0 || s.zero == 3 || s.shard.ranks == 1 || chunks.empty()) return;  // ZeRO-3 gathers at use
+    if (!shares(s)) return;  // ZeRO-3 gathers at use
+    if (chunks.empty()) {
+      s.in_step = false;
+      return;
+    }
     auto const w = static_cast<std::size_t>(s.shard.ranks);
     auto const r = static_cast<std::size_t>(s.shard.rank);
     std::size_t const n = chunks.size(), len = chunks[0].size(), bytes = len * sizeof(T);
@@ -188,7 +195,7 @@ class device_sink {
                  " elements; ZeRO shares chunks of one size");
     auto& lane = comm_->lane();
     try {
-      T* const all = static_cast<T*>(s.staging_of(w * bytes));  // (W, len) on the device
+      T* const all = static_cast<T*>(s.staging_of(w * bytes, lane));  // (W, len) on the device
       typename D::request last{};
       std::size_t given = 0;
       std::size_t g = 0;
@@ -210,6 +217,7 @@ class device_sink {
       comm_->wait(last);
       lane.synchronize();  // the copies out, behind it
       s.sums.bytes_shared += given;
+      s.in_step = false;  // the step's last collective
     } catch (...) {
       abort_midway("sharing the stepped parameters");
       throw;
@@ -217,6 +225,7 @@ class device_sink {
   }
 
  private:
+  static bool shares(auto const& s) noexcept { return (s.zero == 1 || s.zero == 2) && s.shard.ranks > 1; }
   // A share or a gather failed on this rank: the ranks are out of step, so the communicator ends,
   // and nothing of the lane's writes a chunk after the caller restored it.
   void abort_midway(char const* doing) noexcept {
@@ -244,12 +253,14 @@ class device_sink {
     void* staging_at = nullptr;
     std::size_t staging_bytes = 0;
 
-    void* staging_of(std::size_t bytes) {
+    // At least `bytes` of staging; a larger one is made once the lane is done with the old.
+    void* staging_of(std::size_t bytes, memory::stream<backend>& lane) {
       if (staging_bytes < bytes) {
+        if (staging) lane.synchronize();
         staging.reset();
         staging_at = nullptr;
         staging_bytes = 0;
-        staging.emplace(memory::arena_options{.budget = bytes});
+        staging.emplace(memory::arena_options{.budget = (bytes + 255) / 256 * 256});  // allocate() rounds to 256
         staging_at = staging->allocate(bytes);
         staging_bytes = bytes;
       }
