@@ -15,7 +15,7 @@
 //                           f32 results then match the host's within fp32 reordering. bf16 and
 //                           f16 GEMMs use tensor cores either way.
 //   lt_algos                the cuBLASLt algorithms chosen so far, by shape (null: the heuristic
-//                           is asked on every call; kernels/matmul/lt_cache.cuh)
+//                           is asked on every call; core/lt_cache.cuh)
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -26,7 +26,7 @@
 #include "tide/core/exec.hpp"
 
 namespace tide::detail {
-struct lt_algo_cache;  // kernels/matmul/lt_cache.cuh
+struct lt_algo_cache;  // core/lt_cache.cuh
 }  // namespace tide::detail
 
 namespace tide {

@@ -19,7 +19,7 @@
 #include "tide/core/parallel.hpp"
 #include "tide/core/cuda.cuh"
 #include "tide/core/exec.cuh"
-#include "tide/kernels/matmul/lt_cache.cuh"
+#include "tide/core/lt_cache.cuh"
 #include "tide/memory/stream.cuh"
 
 namespace tide::memory {

@@ -43,7 +43,7 @@
 #include <type_traits>
 
 #include "tide/core/config.hpp"
-#include "tide/kernels/matmul/lt_cache.cuh"
+#include "tide/core/lt_cache.cuh"
 #include "tide/core/cuda.cuh"
 #include "tide/core/dtype.hpp"
 #include "tide/core/exec.cuh"
