@@ -159,7 +159,7 @@ class device_sink {
       s.gathered.record(lane);
       s.sums.bytes_shared += mine ? block.size_bytes() : 0;
     } catch (...) {
-      abort_midway("gathering a parameter chunk");
+      abort_midway(gather_failed);
       throw;
     }
   }
@@ -169,7 +169,7 @@ class device_sink {
       comm_->wait(std::exchange(s.gathering, typename D::request{}));
       s.gathered.synchronize();  // the copy out, behind the broadcast only
     } catch (...) {
-      abort_midway("gathering a parameter chunk");
+      abort_midway(gather_failed);
       throw;
     }
   }
@@ -219,7 +219,7 @@ class device_sink {
       s.sums.bytes_shared += given;
       s.in_step = false;  // the step's last collective
     } catch (...) {
-      abort_midway("sharing the stepped parameters");
+      abort_midway(share_failed);
       throw;
     }
   }
@@ -228,13 +228,14 @@ class device_sink {
   static bool shares(auto const& s) noexcept { return (s.zero == 1 || s.zero == 2) && s.shard.ranks > 1; }
   // A share or a gather failed on this rank: the ranks are out of step, so the communicator ends,
   // and nothing of the lane's writes a chunk after the caller restored it.
-  void abort_midway(char const* doing) noexcept {
-    comm_->abort(doing[0] == 's' ? "device_data_parallel: sharing the stepped parameters failed on this rank, and "
-                                   "the ranks no longer run the same operations; restart every rank from the last "
-                                   "checkpoint set"
-                                 : "device_data_parallel: gathering a parameter chunk failed on this rank, and the "
-                                   "ranks no longer run the same operations; restart every rank from the last "
-                                   "checkpoint set");
+  static constexpr char const* gather_failed =
+      "device_data_parallel: gathering a parameter chunk failed on this rank, and the ranks no longer run the same "
+      "operations; restart every rank from the last checkpoint set";
+  static constexpr char const* share_failed =
+      "device_data_parallel: sharing the stepped parameters failed on this rank, and the ranks no longer run the "
+      "same operations; restart every rank from the last checkpoint set";
+  void abort_midway(char const* why) noexcept {
+    comm_->abort(why);
     try {
       comm_->lane().synchronize();
     } catch (...) {

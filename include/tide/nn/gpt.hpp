@@ -22,7 +22,8 @@
 // host), bit-identically; split_backward runs the backward in two passes. On tide::sealed (and any
 // device backend) kernels are queued: synchronize the compute stream before destroying the model
 // or its arena. docs/nn.md has the details. The pieces: nn/gpt_config.hpp, nn/gpt_activations.hpp
-// (the plan), nn/gpt_blocks.hpp (each block's forward and backward).
+// (the plan), nn/detail/stage_slots.hpp (the pass order's checks), nn/gpt_blocks.hpp (each
+// block's forward and backward).
 
 #include <algorithm>
 #include <cstddef>
@@ -52,6 +53,7 @@
 #include "tide/nn/backend_ops.hpp"
 #include "tide/nn/detail/activation_mover.hpp"
 #include "tide/nn/gpt_activations.hpp"
+#include "tide/nn/detail/stage_slots.hpp"
 #include "tide/nn/gpt_blocks.hpp"
 #include "tide/nn/gpt_config.hpp"
 

@@ -41,6 +41,7 @@
 #include "tide/core/parameters.hpp"
 #include "tide/memory/device_arena.hpp"
 #include "tide/nn/gpt_activations.hpp"
+#include "tide/nn/detail/stage_slots.hpp"
 #include "tide/nn/gpt_blocks.hpp"
 #include "tide/nn/gpt_config.hpp"
 #include "tide/tp/block.hpp"

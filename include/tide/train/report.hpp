@@ -24,7 +24,7 @@
 #include "tide/core/error.hpp"
 #include "tide/core/text_format.hpp"
 #include "tide/offload/report.hpp"
-#include "tide/train/trainer.hpp"
+#include "tide/train/step_stats.hpp"
 
 namespace tide::train {
 
