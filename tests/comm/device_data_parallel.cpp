@@ -49,6 +49,10 @@ using feeder = tide::test::batch_feeder<Trainer, batch, seq, config.vocab>;
 struct result {
   std::vector<float> losses, params;
   std::vector<std::vector<float>> state;
+  // ZeRO-3: other ranks' chunks received into device and host blocks, over the steps after the
+  // warm-up (in which a chunked policy does not know its budget yet, so every gather lands on
+  // the host).
+  std::size_t gathered_device = 0, gathered_host = 0;
 };
 
 template <class Trainer>
@@ -73,10 +77,16 @@ result result_of(Trainer& t, std::vector<float> losses, std::size_t lists = 2, b
 }
 
 template <class Trainer>
-std::vector<float> train(Trainer& t, int from = 0, int to = steps) {
+std::vector<float> train(Trainer& t, int from = 0, int to = steps, result* gathers = nullptr) {
   feeder<Trainer> feed;
   std::vector<float> losses;
-  for (int s = from; s < to; ++s) losses.push_back(t.step(feed(t, s)).loss);
+  for (int s = from; s < to; ++s) {
+    losses.push_back(t.step(feed(t, s)).loss);
+    auto const& st = t.scheduler().last_step();
+    if (gathers == nullptr || st.warm_up) continue;
+    gathers->gathered_device += st.gathered_device_bytes;
+    gathers->gathered_host += st.gathered_host_bytes;
+  }
   return losses;
 }
 
@@ -131,8 +141,17 @@ std::vector<result> two_ranks_under(Offload const& offload, int zero, thread_wor
     thread_rank r{world, rank};
     auto t = tide::train::make_trainer(spec, offload, opt, dp{.gpus = &r, .host = &r, .zero = zero});
     CHECK(t.comm().world_size() == 2);
-    auto losses = train(t);
-    out[static_cast<std::size_t>(rank)] = result_of(t, std::move(losses));
+    result gathers;
+    auto losses = train(t, 0, steps, &gathers);
+    auto& mine = out[static_cast<std::size_t>(rank)];
+    mine = result_of(t, std::move(losses));
+    if (zero == 3) {  // gather_parameters() put the other ranks' chunks in host blocks, for the host
+      auto& sched = t.scheduler();
+      for (std::uint32_t i = 0; i < sched.parameters().size(); ++i)
+        if (!sched.keeps_state(i)) CHECK(sched.param_data(i) != nullptr);
+    }
+    mine.gathered_device = gathers.gathered_device;
+    mine.gathered_host = gathers.gathered_host;
   });
   return out;
 }
@@ -142,20 +161,27 @@ std::vector<result> two_ranks_under(Offload const& offload, int zero, thread_wor
 TEST_CASE("device_data_parallel: two ranks given the same batches keep the bits of one alone, ZeRO 0 to 3") {
   off::resident const resident{.device_budget = 64_MiB, .chunk_bytes = chunk_bytes};
   off::chunked<off::belady> const roomy{.device_budget = 64_MiB, .chunk_bytes = chunk_bytes};
-  auto each = [&](auto const& offload, char const* what) {
+  // ZeRO-3's gathers land in device blocks where the budget has room, in host blocks otherwise:
+  // with `device_only` every one after the warm-up finds room; just above the minimum, some do.
+  auto each = [&](auto const& offload, std::string const& what, bool device_only) {
     INFO(what);
     result const alone = alone_under(offload);
     for (int zero : {0, 1, 2, 3}) {
       CAPTURE(zero);
       thread_world world{2};
-      check_as_alone(two_ranks_under(offload, zero, world), alone, zero);
+      auto const ranks = two_ranks_under(offload, zero, world);
+      check_as_alone(ranks, alone, zero);
+      for (auto const& r : ranks) {
+        CHECK((r.gathered_device > 0) == (zero == 3));
+        CHECK((r.gathered_host > 0) == (zero == 3 && !device_only));
+      }
     }
   };
-  each(resident, "resident");
-  each(roomy, "chunked<belady>, every chunk on the device");
+  each(resident, "resident", true);
+  each(roomy, "chunked<belady>, every chunk on the device", true);
   off::chunked<off::belady> tight{.chunk_bytes = chunk_bytes};  // chunks move; some are stepped on the host
   tight.device_budget = tide::test::scheduler_minimum<decltype(tight), float>(config, tight, batch, seq) + 4_KiB;
-  each(tight, "chunked<belady> just above its minimum");
+  each(tight, "chunked<belady> just above its minimum", false);
 }
 
 TEST_CASE("device_data_parallel: two ranks on their own batches equal one process accumulating both, with clipping, "

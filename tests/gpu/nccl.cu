@@ -13,6 +13,7 @@
 // tide::sealed in tests/comm/device_data_parallel.cpp, with the ranks as threads.
 // Exit 77 (ctest: skipped) on every rank without a usable device.
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <numeric>
@@ -166,9 +167,10 @@ void exercise(tide::comm::nccl& c) {
   c.barrier();
 }
 
-// Losses of 3 steps of a tiny GPT on CUDA, the same batches on every rank, under `comm`.
+// Losses of 3 steps of a tiny GPT on CUDA, the same batches on every rank, under `comm`;
+// `gathered`: ZeRO-3's bytes received straight into device blocks, added up.
 template <class Comm>
-std::vector<float> losses_under(Comm const& comm, float clip_norm = 1.f) {
+std::vector<float> losses_under(Comm const& comm, float clip_norm = 1.f, std::size_t* gathered = nullptr) {
   constexpr tide::index_t B = 2, T = 16;
   tide::nn::gpt_config const config{.layers = 2, .heads = 2, .channels = 32, .vocab = 64, .max_seq = T};
   auto t = tide::train::make_trainer(tide::nn::gpt_spec<tide::cuda>{.config = config, .options = {.seed = 3}},
@@ -182,6 +184,7 @@ std::vector<float> losses_under(Comm const& comm, float clip_norm = 1.f) {
     tokens.put(v);
     using view = tide::tensor_view<std::int32_t const, tide::cuda>;
     out.push_back(t.step({view(tokens.p, {B, T}), view(tokens.p + B * T, {B, T})}).loss);
+    if (gathered != nullptr) *gathered += t.scheduler().last_step().gathered_device_bytes;
   }
   return out;
 }
@@ -191,9 +194,12 @@ void data_parallel_trainer(tide::comm::nccl& c, Boot& boot) {
   for (int zero : {0, 1, 2, 3}) {
     float const clip = zero >= 2 ? 0.f : 1.f;
     std::vector<float> const alone = losses_under(tide::train::no_comm{}, clip);
+    std::size_t gathered = 0;
     std::vector<float> const summed =
-        losses_under(tide::comm::nccl_data_parallel<Boot>{.gpus = &c, .host = &boot, .zero = zero}, clip);
+        losses_under(tide::comm::nccl_data_parallel<Boot>{.gpus = &c, .host = &boot, .zero = zero}, clip, &gathered);
     expect(alone == summed, "nccl_data_parallel: the losses of one rank's trainer, bit for bit", c.rank());
+    // resident{}: room for every gather, so ZeRO-3 on several ranks receives in device memory.
+    expect((gathered > 0) == (zero == 3 && c.size() > 1), "ZeRO-3's gathers straight into device blocks", c.rank());
     std::printf("rank %d of %d, ZeRO-%d: losses %.7f %.7f %.7f under nccl_data_parallel (alone %.7f %.7f %.7f)\n",
                 c.rank(), c.size(), zero, static_cast<double>(summed[0]), static_cast<double>(summed[1]),
                 static_cast<double>(summed[2]), static_cast<double>(alone[0]), static_cast<double>(alone[1]),

@@ -366,7 +366,7 @@ struct recording_port {
     return blocks.data() + next_block++;
   }
   void free_gather_block(std::uint32_t c, std::byte* b) { calls.push_back((said("free", c) += ' ') += name(b)); }
-  void abandon_gather_block(std::byte* b) { calls.push_back(std::string("abandon ") += name(b)); }
+  void abandon_gather_block(std::uint32_t c, std::byte* b) { calls.push_back((said("abandon", c) += ' ') += name(b)); }
   void send_own(std::uint32_t c, std::byte*) { calls.push_back(said("send", c)); }
   void gather_async(std::uint32_t c, std::byte*) { calls.push_back(said("gather", c)); }
   void wait_gathered() {
@@ -402,16 +402,19 @@ TEST_CASE("shard_map: rank 1 of 2 holds its own chunks, gathers a block's others
   // A block uses chunks 0 and 1; the next one chunk 2. Chunk 1 is this rank's: it sends it.
   port.calls.clear();
   ids const block{0, 1, 5}, next{2};  // 5: a gradient id, ignored
-  std::span<std::uint32_t const> const next_ids(next);
-  map.gather_for(port, block, &next_ids);
+  map.gather_for(port, block);
   CHECK(port.calls == strings{"alloc 0", "gather 0", "alloc 1", "send 1", "gather 1", "wait", "attach 0",
-                              "free 1 b1", "alloc 2", "gather 2"});
+                              "free 1 b1"});
+  CHECK_FALSE(map.gathering());
+  port.calls.clear();
+  map.gather_ahead(port, next);  // once the block's chunks are resident
+  CHECK(port.calls == strings{"alloc 2", "gather 2"});
   CHECK(map.has_param(0));
   CHECK(map.gathering());
 
   // The next block: chunk 2's gather lands, 0 and 1 are no longer held (1 stays: it owns it).
   port.calls.clear();
-  map.gather_for(port, next, nullptr);
+  map.gather_for(port, next);
   CHECK(port.calls == strings{"wait", "attach 2", "drop 0"});
   CHECK(map.has_param(2));
   CHECK_FALSE(map.has_param(0));
@@ -425,8 +428,8 @@ TEST_CASE("shard_map: a failed gather abandons its blocks, holds nothing new, an
   port.calls.clear();
   port.fail_wait = true;
   ids const block{1, 3};
-  CHECK_THROWS_AS(map.gather_for(port, block, nullptr), std::runtime_error);
-  CHECK(port.calls == strings{"alloc 1", "gather 1", "alloc 3", "gather 3", "wait", "abandon b0", "abandon b1"});
+  CHECK_THROWS_AS(map.gather_for(port, block), std::runtime_error);
+  CHECK(port.calls == strings{"alloc 1", "gather 1", "alloc 3", "gather 3", "wait", "abandon 1 b0", "abandon 3 b1"});
   CHECK_FALSE(map.has_param(1));
   CHECK_FALSE(map.gathering());
   port.calls.clear();
@@ -436,7 +439,8 @@ TEST_CASE("shard_map: a failed gather abandons its blocks, holds nothing new, an
   tide::offload::detail::shard_map whole({.rank = 0, .ranks = 2}, false, 4), one({.rank = 0, .ranks = 1}, true, 4);
   for (auto* m : {&whole, &one}) {
     m->release_all(port);
-    m->gather_for(port, block, nullptr);
+    m->gather_for(port, block);
+    m->gather_ahead(port, block);
     CHECK(m->has_param(3));
   }
   CHECK(port.calls.empty());

@@ -136,13 +136,31 @@ class device_sink {
   [[nodiscard]] offload::chunk_shard shard() const noexcept { return st_->shard; }
   [[nodiscard]] int zero_stage() const noexcept { return st_->zero; }
 
-  // ZeRO-3 (offload::ParameterShardingSink): chunk `chunk`'s parameters from its owner into
-  // `block`, in hook order on every rank. The engine's ZeRO-3 holds a gathered chunk in a host
-  // block (the owner's copy is in it already), so the bytes go through one chunk of device
-  // staging on the lane: the owner's copied in, broadcast, copied out on the others. The
-  // gathers queue on the lane behind the gradient sums enqueued before them, in the same order
-  // on every rank. wait_gathered: every gather started has landed (under the deadline).
+  // ZeRO-3 (offload::ParameterShardingSink, DeviceGatheringSink): chunk `chunk`'s parameters
+  // from its owner into `block`, in hook order on every rank, queued on the lane behind the
+  // gradient sums enqueued before them. Into a device block (gather_into_device, where the
+  // engine's budget has room), the broadcast runs on it, once the lane passed `valid_after`; into
+  // a host block (gather_async), through one chunk of device staging: the owner's copied in,
+  // broadcast, copied out on the others. The broadcasts are the same on every rank wherever each
+  // rank receives. wait_gathered: every gather started has landed (under the deadline).
   [[nodiscard]] bool shards_parameters() const noexcept { return st_->zero == 3; }
+  template <class T>
+  void gather_into_device(std::uint32_t chunk, std::span<T> block, memory::event<backend> const& valid_after) {
+    state& s = *st_;
+    if (s.shard.ranks == 1) return;
+    auto& lane = comm_->lane();
+    s.in_step = true;
+    try {
+      lane.wait(valid_after);
+      int const owner = s.shard.owner(chunk);
+      s.gathering = comm_->broadcast_async(block, owner);
+      s.gathered.record(lane);
+      s.sums.bytes_shared += owner == s.shard.rank ? block.size_bytes() : 0;
+    } catch (...) {
+      abort_midway(gather_failed);
+      throw;
+    }
+  }
   template <class T>
   void gather_async(std::uint32_t chunk, std::span<T> block) {
     state& s = *st_;
@@ -288,8 +306,9 @@ class device_sink {
 // ZeRO-1 and 2 (zero = 1, 2) shard the fp32 masters and the optimizer state by chunk (and under 2
 // reduce each chunk's gradients to its owner only); the parameters are shared through device
 // staging of W chunks, beside the offload budget. ZeRO-3 (zero = 3) also keeps each chunk's
-// parameters on its owner only: the engine gathers them around the blocks that use them into
-// host blocks, each through one chunk of the same staging.
+// parameters on its owner only: the engine gathers them around the blocks that use them, straight
+// into device blocks where its budget has room, into host blocks through one chunk of the same
+// staging otherwise.
 template <DeviceCollective D, Reducer Boot>
 struct device_data_parallel {
   static constexpr std::string_view name = "device_data_parallel";

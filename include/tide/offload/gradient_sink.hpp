@@ -164,6 +164,27 @@ concept ParameterShardingSink =
       s.wait_gathered();
     };
 
+// On a device backend B, a ZeRO-3 sink whose communicator reads and writes B's memory (comm::nccl)
+// may take a gather straight into a device block, so the chunk needs no copy to the device:
+//
+//   template <class T>
+//   void gather_into_device(std::uint32_t chunk, std::span<T> block, memory::event<B> const& valid_after);
+//
+// `block` is device memory, written (elsewhere) or read (on the owner) only after `valid_after`
+// (the compute work that last used the block, and on the owner the copy of its chunk into it).
+// wait_gathered covers these gathers too. If gather_into_device or wait_gathered throws, the sink
+// no longer touches the blocks (its communicator ended and its stream drained): the engine frees
+// them. The engine gathers into device memory where the moment's budget has room, into host
+// blocks through gather_async otherwise.
+template <class S, class B>
+concept DeviceGatheringSink =
+    ParameterShardingSink<S> && B::is_device &&
+    requires(S& s, std::span<float> f, std::span<bf16> h, std::span<f16> q, memory::event<B> const& e) {
+      s.gather_into_device(std::uint32_t{0}, f, e);
+      s.gather_into_device(std::uint32_t{0}, h, e);
+      s.gather_into_device(std::uint32_t{0}, q, e);
+    };
+
 template <class S>
 constexpr bool shards_parameters_of(S const& s) noexcept {
   if constexpr (ParameterShardingSink<S>) return s.shards_parameters();

@@ -33,6 +33,11 @@ struct offload_stats {
   std::size_t prefetch_hits = 0;     // moments' chunks that were already on the device or on their way
   std::size_t demand_fetches = 0;    // moments' chunks fetched when the moment began (a miss)
   std::size_t allocations = 0;       // chunks created zero-filled on the device (gradients), no copy
+  // ZeRO-3: other ranks' parameter chunks this rank received, straight into device blocks (a
+  // device backend whose sink gathers there, with room in the budget), or into host blocks (then
+  // fetched as any host chunk, in h2d_bytes).
+  std::size_t gathered_device_bytes = 0;
+  std::size_t gathered_host_bytes = 0;
   double stall_ms = 0;               // compute waiting for copies and optimizer steps
   double optimizer_ms = 0;           // optimizer time (host steps run beside backward)
   std::size_t host_optimizer_chunks = 0;    // chunks stepped by the host optimizer
@@ -65,7 +70,8 @@ inline std::string to_json(offload_stats const& s) {
   return tide::detail::concat(
       "{\"step\":", s.step, ",\"h2d_bytes\":", s.h2d_bytes, ",\"d2h_bytes\":", s.d2h_bytes, ",\"fetches\":", s.fetches,
       ",\"evictions\":", s.evictions, ",\"clean_drops\":", s.clean_drops, ",\"prefetches\":", s.prefetches, ",\"prefetch_hits\":", s.prefetch_hits,
-      ",\"demand_fetches\":", s.demand_fetches, ",\"allocations\":", s.allocations, ",\"stall_ms\":", s.stall_ms,
+      ",\"demand_fetches\":", s.demand_fetches, ",\"allocations\":", s.allocations,
+      ",\"gathered_device_bytes\":", s.gathered_device_bytes, ",\"gathered_host_bytes\":", s.gathered_host_bytes, ",\"stall_ms\":", s.stall_ms,
       ",\"optimizer_ms\":", s.optimizer_ms, ",\"host_optimizer_chunks\":", s.host_optimizer_chunks,
       ",\"device_optimizer_chunks\":", s.device_optimizer_chunks, ",\"peak_device_bytes\":", s.peak_device_bytes,
       ",\"device_model_bytes\":", s.device_model_bytes, ",\"host_model_bytes\":", s.host_model_bytes,

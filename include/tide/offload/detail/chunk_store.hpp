@@ -168,8 +168,8 @@ class chunk_store {
     arena_->deallocate(p, capacity, 256);
   }
   // A device block for a chunk: from the spare pool, or the arena (reclaiming stale blocks, and
-  // evicting more if fragmentation refuses a request the accounting allowed).
-  std::byte* allocate_device(std::size_t capacity, std::size_t t, std::span<std::uint32_t const> protect) {
+  // evicting more if fragmentation refuses a request the accounting allowed, unless !may_evict).
+  std::byte* allocate_device(std::size_t capacity, std::size_t t, std::span<std::uint32_t const> protect, bool may_evict = true) {
     if (!spare_.empty()) {
       std::byte* p = spare_.back();
       spare_.pop_back();
@@ -184,7 +184,7 @@ class chunk_store {
       } catch (tide::error const& e) {
         if (e.category() != errc::budget) throw;
         if (reclaim_stale(true)) continue;
-        auto const victim = owner_->pick_victim(t, protect, untraced);
+        auto const victim = may_evict ? owner_->pick_victim(t, protect, untraced) : std::nullopt;
         if (!victim) throw;
         evict(*victim);
       }

@@ -113,6 +113,7 @@ class engine_core {
     }
     std::uint32_t const n = store_.n_;
     swapped_.assign(n, false);
+    gather_where_.assign(n, chunk::tier::host);
     store_.keep_host_copies_ = options_.keep_host_copies;
     block_free_.resize(n);
     os_on_device_.assign(n, false);
@@ -264,28 +265,30 @@ class engine_core {
   // shard_map (detail/shard_map.hpp) decides what is held and gathered; the members below are
   // the port through which it moves the bytes.
   [[nodiscard]] bool has_param(std::uint32_t c) const { return shards_.has_param(c); }
-  // Before a block's moment: shard_map::gather_for with the block's chunks and the next moment's.
+  // Before a block's moment: shard_map::gather_for with the block's chunks; once they are
+  // resident, gather_ahead with the next moment's.
   void gather_for(int block, chunk::phase ph);
+  void gather_ahead(int block, chunk::phase ph);
   // The moment the hooks run next when the model goes on as usual (none after the last).
   [[nodiscard]] std::optional<std::pair<int, chunk::phase>> next_moment(int block, chunk::phase ph) const;
   void release_params() { shards_.release_all(*this); }
   void release_params_quietly() noexcept { shards_.abort(*this); }
-  void gather_all() { shards_.gather_all(*this); }
-  // The port.
-  std::byte* gather_block(std::uint32_t c) {
-    return static_cast<std::byte*>(store_.host_.allocate(store_.param_[c].capacity(), 256));
+  void gather_all() {
+    gather_protect_ = {};  // no block is open
+    shards_.gather_all(*this);
   }
-  void free_gather_block(std::uint32_t c, std::byte* block) noexcept {
-    store_.host_.deallocate(block, store_.param_[c].capacity(), 256);
-  }
-  void abandon_gather_block(std::byte* block) noexcept { store_.host_.abandon(block); }  // never unmapped
+  // The port (detail/engine_tiers.hpp). In a step or an evaluation, a gather lands in a device
+  // block where the sink can receive there (DeviceGatheringSink) and the budget has room without
+  // evicting; in a host block otherwise. gather_where_ remembers which.
+  static constexpr bool gathers_device = DeviceGatheringSink<S, B> && std::is_same_v<Src, host_source>;
+  std::byte* gather_block(std::uint32_t c);
+  std::byte* device_gather_block(std::uint32_t c);  // nullptr: no room
+  void free_gather_block(std::uint32_t c, std::byte* block) noexcept;
+  void abandon_gather_block(std::uint32_t c, std::byte* block) noexcept;
   void send_own(std::uint32_t c, std::byte* block);
   void gather_async(std::uint32_t c, std::byte* block);
   void wait_gathered();
-  void attach_gathered(std::uint32_t c, std::byte* block) noexcept {
-    TIDE_ASSERT(store_.param_[c].payload() == nullptr);
-    store_.param_[c].attach(block, chunk::tier::host);
-  }
+  void attach_gathered(std::uint32_t c, std::byte* block) noexcept;
   void drop_param(std::uint32_t c);
   // Parameter chunk c no longer pinned on the device (pinned chunks count in ctx_.pinned_bytes).
   void unpin_param(std::uint32_t c) noexcept {
@@ -475,6 +478,9 @@ class engine_core {
   std::vector<std::uint32_t> ids_pair_ = std::vector<std::uint32_t>(2);
   bool params_sharded_ = false;  // ZeRO-3 on more than one rank
   shard_map shards_;             // ZeRO-3: the chunks held now, the gathers in flight
+  std::vector<chunk::tier> gather_where_;  // by chunk: where its gather in flight lands
+  memory::event<B> gathers_after_;         // device gathers: the compute work before them
+  std::span<std::uint32_t const> gather_protect_;  // the open moment's chunks, which a gather never evicts
 
   std::int64_t t_ = 1;  // the optimizer step number of the step in progress
   bool step_open_ = false;

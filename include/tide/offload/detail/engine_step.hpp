@@ -54,6 +54,7 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
     this->gather_for(block, ph);
     res_.make_resident(res_.ids_of(block, ph), store::untraced);
     for (std::uint32_t i : store_.uses_.of(block)) store_.param_.transition(i, chunk::tensor_state::compute);
+    this->gather_ahead(block, ph);
     res_.access_.open(store_.uses_.of(block), block, ph);
     return;
   }
@@ -79,6 +80,9 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
   }
   sample_non_model();
   res_.tide_.push_back({{block, ph}, store_.model_on_device(), store_.non_model_now(), res_.plan_.ctx.budget});
+  auto const g0 = std::chrono::steady_clock::now();
+  this->gather_ahead(block, ph);  // the next moment's chunks, before the prefetches take the room
+  block_start_ += std::chrono::steady_clock::now() - g0;  // the warm-up times compute only
   res_.prefetch(t);
   add_moves_to_last_sample();
   res_.access_.open(store_.uses_.of(block), block, ph);

@@ -171,10 +171,17 @@ void engine_core<B, T, P, O, S, Src>::drop_param_file_copies() noexcept {
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::gather_for(int block, chunk::phase ph) {
   if (!params_sharded_) return;
+  gather_protect_ = res_.ids_of(block, ph);
+  shards_.gather_for(*this, gather_protect_);
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::gather_ahead(int block, chunk::phase ph) {
+  if (!params_sharded_) return;
   auto const next = next_moment(block, ph);
-  std::span<std::uint32_t const> next_ids;
-  if (next) next_ids = res_.ids_of(next->first, next->second);
-  shards_.gather_for(*this, res_.ids_of(block, ph), next ? &next_ids : nullptr);
+  if (!next) return;
+  gather_protect_ = res_.ids_of(block, ph);
+  shards_.gather_ahead(*this, res_.ids_of(next->first, next->second));
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
@@ -197,16 +204,93 @@ engine_core<B, T, P, O, S, Src>::next_moment(int block, chunk::phase ph) const {
   return std::nullopt;
 }
 
+// A device block, inside a step or an evaluation, when the budget has room for one more chunk
+// at this moment and the two after it (the block's optimizer moment, the next block's), which
+// the block holds until the next hook; nothing is evicted for it (the arena refusing a block
+// the accounting allowed: nullptr). gather_parameters() between steps gathers into host blocks:
+// the host reads them there (param_data), and no chunk is evicted.
+template <Backend B, Element T, class P, class O, class S, class Src>
+std::byte* engine_core<B, T, P, O, S, Src>::device_gather_block(std::uint32_t c) {
+  if constexpr (gathers_device) {
+    if (!step_open_ && !evaluating_) return nullptr;
+    std::size_t const t = evaluating_ ? store::untraced : res_.current_;
+    std::size_t const non_model = store_.non_model_now();
+    std::size_t room = res_.plan_.capacity(t, non_model);
+    for (std::size_t u = t + 1; t != store::untraced && u <= t + 2 && u < res_.plan_.ctx.moments; ++u)
+      room = std::min(room, res_.plan_.capacity(u, non_model));
+    if (store_.model_on_device() + store_.block_bytes() > room) return nullptr;
+    try {
+      return store_.allocate_device(store_.param_[c].capacity(), t, gather_protect_, false);
+    } catch (tide::error const& e) {
+      if (e.category() != errc::budget) throw;
+    }
+  }
+  (void)c;
+  return nullptr;
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+std::byte* engine_core<B, T, P, O, S, Src>::gather_block(std::uint32_t c) {
+  if (std::byte* const p = device_gather_block(c)) {
+    gather_where_[c] = chunk::tier::device;
+    if (!store_.shard_.owns(c)) fetched(c);  // the eviction policy: it arrives as a fetch would
+    return p;
+  }
+  gather_where_[c] = chunk::tier::host;
+  return static_cast<std::byte*>(store_.host_.allocate(store_.param_[c].capacity(), 256));
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::free_gather_block(std::uint32_t c, std::byte* block) noexcept {
+  if (gather_where_[c] == chunk::tier::device) store_.free_block(block, chunk::tier::device, store_.param_[c].capacity());
+  else store_.host_.deallocate(block, store_.param_[c].capacity(), 256);
+}
+
+// A device block: the sink let go of it before its failure reached here (DeviceGatheringSink). A
+// host block is never unmapped: the communicator may still write it.
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::abandon_gather_block(std::uint32_t c, std::byte* block) noexcept {
+  if (gather_where_[c] == chunk::tier::device) free_gather_block(c, block);
+  else store_.host_.abandon(block);
+}
+
+// The owner's chunk c, as it is now, into the block it sends from: a copy, as the chunk may move
+// (or a host step write it) while the broadcast runs. Into a device block in compute order,
+// behind the kernels that wrote the chunk; into a host block through a read after them.
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::send_own(std::uint32_t c, std::byte* block) {
+  wait_optimizer(c);  // a host step writes the chunk's host payload
   store_.settle(c);
-  store_.read_to_host(store_.param_[c], block, store_.param_[c].capacity());
+  chunk::chunk const& own = store_.param_[c];
+  std::size_t const bytes = own.capacity();
+  if (gather_where_[c] == chunk::tier::host) store_.read_to_host(own, block, bytes);
+  else if (own.tier() == chunk::tier::device) memory::copy_in_order(store_.ex_, block, own.payload(), bytes);
+  else memory::write_from_host(store_.ex_, block, own.payload(), bytes);
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::gather_async(std::uint32_t c, std::byte* block) {
-  if constexpr (ParameterShardingSink<S>)
-    sinks_.sink().gather_async(c, std::span<T>(reinterpret_cast<T*>(block), store_.param_[c].capacity() / sizeof(T)));
+  if constexpr (ParameterShardingSink<S>) {
+    std::span<T> const bytes(reinterpret_cast<T*>(block), store_.param_[c].capacity() / sizeof(T));
+    if constexpr (gathers_device) {
+      if (gather_where_[c] == chunk::tier::device) {
+        // The block's last reader (the chunk it held before) and, on the owner, the copy into it.
+        memory::record(store_.ex_, gathers_after_);
+        sinks_.sink().gather_into_device(c, bytes, gathers_after_);
+        return;
+      }
+    }
+    sinks_.sink().gather_async(c, bytes);
+  }
+}
+
+template <Backend B, Element T, class P, class O, class S, class Src>
+void engine_core<B, T, P, O, S, Src>::attach_gathered(std::uint32_t c, std::byte* block) noexcept {
+  chunk::chunk& ch = store_.param_[c];
+  TIDE_ASSERT(ch.payload() == nullptr);
+  ch.attach(block, gather_where_[c]);
+  (gather_where_[c] == chunk::tier::device ? store_.cur_.gathered_device_bytes : store_.cur_.gathered_host_bytes) +=
+      ch.capacity();
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>

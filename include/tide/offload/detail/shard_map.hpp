@@ -3,13 +3,15 @@
 // bring the others' chunks around the blocks that use them (a ParameterShardingSink). It decides;
 // the engine moves the bytes, through the port it passes to each call:
 //
-//   std::byte* gather_block(c)               a new host block for chunk c's parameters
-//   void free_gather_block(c, block)         back to the pool (the owner's copy was sent)
-//   void abandon_gather_block(block)         never reused: a failed gather may still write it
+//   std::byte* gather_block(c)               a new block for chunk c's parameters (the engine
+//                                            picks the tier: device memory where it can)
+//   void free_gather_block(c, block)         back where it came from (the owner's copy was sent)
+//   void abandon_gather_block(c, block)      after a failed gather: a host block is never reused
+//                                            (the communicator may still write it)
 //   void send_own(c, block)                  the owner's chunk c copied into block, to send
 //   void gather_async(c, block)              the sink's broadcast of chunk c into block
 //   void wait_gathered()                     the sink's gathers landed (throws what they threw)
-//   void attach_gathered(c, block)           block becomes chunk c's payload, on the host
+//   void attach_gathered(c, block)           block becomes chunk c's payload, on its tier
 //   void drop_param(c)                       chunk c's payload freed, wherever it is
 //
 // held(c) changes only at block hooks, which every rank runs in the same order, so it is the same
@@ -49,17 +51,21 @@ class shard_map {
   [[nodiscard]] bool gathering() const noexcept { return !gathering_.empty(); }
 
   // Before a block's moment: the gathers started for it land, the chunks it does not use
-  // (`ids`, sorted, parameter chunks first) are freed, the rest of its chunks are gathered, and
-  // the next moment's gathers start (`next`: its ids; none after the last moment).
+  // (`ids`, sorted, parameter chunks first) are freed, and the rest of its chunks are gathered.
   template <class Port>
-  void gather_for(Port& port, std::span<std::uint32_t const> ids, std::span<std::uint32_t const> const* next) {
+  void gather_for(Port& port, std::span<std::uint32_t const> ids) {
     if (!sharded_) return;
     finish(port);
     for (std::uint32_t c = 0; c < held_.size(); ++c)
       if (held_[c] && !std::ranges::binary_search(ids, c)) release(port, c);
     start(port, ids);
     finish(port);
-    if (next != nullptr) start(port, *next);
+  }
+  // Once the moment's chunks are resident: the next moment's gathers start (`next`: its ids),
+  // to land while the block computes.
+  template <class Port>
+  void gather_ahead(Port& port, std::span<std::uint32_t const> next) {
+    if (sharded_) start(port, next);
   }
   // Every chunk held on every rank (a collective: every rank calls it), until the next block
   // frees what it does not use.
@@ -121,7 +127,7 @@ class shard_map {
     } catch (...) {
       for (auto const& [c, block] : gathering_) {
         pending_[c] = false;
-        port.abandon_gather_block(block);
+        port.abandon_gather_block(c, block);
       }
       gathering_.clear();
       throw;
