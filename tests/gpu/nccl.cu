@@ -174,7 +174,8 @@ std::vector<float> losses_under(Comm const& comm, float clip_norm = 1.f, std::si
   constexpr tide::index_t B = 2, T = 16;
   tide::nn::gpt_config const config{.layers = 2, .heads = 2, .channels = 32, .vocab = 64, .max_seq = T};
   auto t = tide::train::make_trainer(tide::nn::gpt_spec<tide::cuda>{.config = config, .options = {.seed = 3}},
-                                     tide::offload::resident{}, tide::optim::adamw{.lr = 1e-3f, .clip_norm = clip_norm},
+                                     tide::offload::resident{.chunk_bytes = 32 << 10},  // several chunks
+                                     tide::optim::adamw{.lr = 1e-3f, .clip_norm = clip_norm},
                                      comm);
   device_buffer<std::int32_t> tokens(2 * B * T);
   std::vector<float> out;
@@ -198,7 +199,8 @@ void data_parallel_trainer(tide::comm::nccl& c, Boot& boot) {
     std::vector<float> const summed =
         losses_under(tide::comm::nccl_data_parallel<Boot>{.gpus = &c, .host = &boot, .zero = zero}, clip, &gathered);
     expect(alone == summed, "nccl_data_parallel: the losses of one rank's trainer, bit for bit", c.rank());
-    // resident{}: room for every gather, so ZeRO-3 on several ranks receives in device memory.
+    // resident: room for every gather, and several chunks, so that under ZeRO-3 every rank of
+    // several gathers some, in device memory.
     expect((gathered > 0) == (zero == 3 && c.size() > 1), "ZeRO-3's gathers straight into device blocks", c.rank());
     std::printf("rank %d of %d, ZeRO-%d: losses %.7f %.7f %.7f under nccl_data_parallel (alone %.7f %.7f %.7f)\n",
                 c.rank(), c.size(), zero, static_cast<double>(summed[0]), static_cast<double>(summed[1]),

@@ -183,7 +183,7 @@ class chunk_store {
         return p;
       } catch (tide::error const& e) {
         if (e.category() != errc::budget) throw;
-        if (reclaim_stale(true)) continue;
+        if (reclaim_stale(may_evict)) continue;  // !may_evict: an option, not worth a wait
         auto const victim = may_evict ? owner_->pick_victim(t, protect, untraced) : std::nullopt;
         if (!victim) throw;
         evict(*victim);

@@ -205,9 +205,8 @@ engine_core<B, T, P, O, S, Src>::next_moment(int block, chunk::phase ph) const {
 }
 
 // A device block, inside a step or an evaluation, when the budget has room for one more chunk
-// at this moment and the two after it (the block's optimizer moment, the next block's), which
-// the block holds until the next hook; nothing is evicted for it (the arena refusing a block
-// the accounting allowed: nullptr). gather_parameters() between steps gathers into host blocks:
+// at this moment and the next two (the block holds it until the next hook); nothing is evicted
+// for it, nor waited for (the arena refusing a block the accounting allowed: nullptr). gather_parameters() between steps gathers into host blocks:
 // the host reads them there (param_data), and no chunk is evicted.
 template <Backend B, Element T, class P, class O, class S, class Src>
 std::byte* engine_core<B, T, P, O, S, Src>::device_gather_block(std::uint32_t c) {
@@ -216,8 +215,9 @@ std::byte* engine_core<B, T, P, O, S, Src>::device_gather_block(std::uint32_t c)
     std::size_t const t = evaluating_ ? store::untraced : res_.current_;
     std::size_t const non_model = store_.non_model_now();
     std::size_t room = res_.plan_.capacity(t, non_model);
-    for (std::size_t u = t + 1; t != store::untraced && u <= t + 2 && u < res_.plan_.ctx.moments; ++u)
-      room = std::min(room, res_.plan_.capacity(u, non_model));
+    if (t != store::untraced)  // the moments the trace holds (none while it records)
+      for (std::size_t u = t + 1; u <= t + 2 && u < res_.plan_.tracer.moments(); ++u)
+        room = std::min(room, res_.plan_.capacity(u, non_model));
     if (store_.model_on_device() + store_.block_bytes() > room) return nullptr;
     try {
       return store_.allocate_device(store_.param_[c].capacity(), t, gather_protect_, false);
