@@ -3,7 +3,8 @@
 // collective's operations on a stream of their own. Two ranks given the same batches sum to twice
 // one rank's gradients, exactly, and the trainer divides by 2, exactly: every rank must keep the
 // bits of one rank training alone, with ZeRO-1 and 2 too (the state sharded, the stepped
-// parameters shared through device staging, the others' gradients left NaN by reduce).
+// parameters broadcast in place or, for chunks on the host, through device staging, the others'
+// gradients left NaN by reduce) and 3 (the parameters gathered into device or host blocks).
 
 #include <doctest/doctest.h>
 

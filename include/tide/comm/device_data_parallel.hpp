@@ -2,9 +2,8 @@
 // make_trainer's data parallelism in device memory, over a communicator that reads and writes
 // device memory on a stream of its own (a DeviceCollective: comm::nccl on tide::cuda). Gradient
 // chunks are summed in place as backward completes them (device_sink); ZeRO-1, 2 and 3 keep each
-// chunk's fp32 master and optimizer state on one rank (chunk c on rank c % W); 1 and 2 share the
-// stepped parameters after the step through device staging, 3 broadcasts each chunk from its
-// owner around the blocks that use it. comm/nccl_data_parallel.cuh names it
+// chunk's fp32 master and optimizer state on one rank (chunk c on rank c % W); 1 and 2 broadcast
+// the stepped parameters from their owners after the step, 3 around the blocks that use them. comm/nccl_data_parallel.cuh names it
 // for NCCL; docs/comm.md has the design. It is written once for any DeviceCollective, so the same
 // code runs on tide::sealed in the tests (ranks as threads, tests/support/thread_ranks.hpp) and on
 // GPUs under NCCL (tests/gpu/nccl.cu).
@@ -38,14 +37,13 @@ namespace tide::comm {
 template <class D>
 concept DeviceCollective =
     Backend<typename D::backend> && D::backend::is_device &&
-    requires(D& d, D const& cd, std::span<float> f, std::span<float const> cf, typename D::request const& r) {
+    requires(D& d, D const& cd, std::span<float> f, typename D::request const& r) {
       { D::name } -> std::convertible_to<std::string_view>;
       { cd.rank() } -> std::same_as<int>;
       { cd.size() } -> std::same_as<int>;
       { d.lane() } -> std::same_as<memory::stream<typename D::backend>&>;
       { d.all_reduce_async(f, reduce_op::sum) } -> std::same_as<typename D::request>;
       { d.reduce_async(f, 0, reduce_op::sum) } -> std::same_as<typename D::request>;
-      { d.all_gather_async(cf, f) } -> std::same_as<typename D::request>;
       { d.broadcast_async(f, 0) } -> std::same_as<typename D::request>;
       d.wait(r);
       d.abort("why");
@@ -192,45 +190,41 @@ class device_sink {
     }
   }
   // ZeRO-1 and 2, after the step's updates, on every rank with the same chunks (each the same
-  // size, in device or host memory: the lane's copies reach both): every rank gets the chunks the
-  // others stepped. Each group of W consecutive chunks is one all-gather in device staging of W
-  // chunks (this rank's copied in, the others' copied out); a last group of fewer chunks is a
-  // broadcast from each owner. Returns once every chunk is in place. A failure midway aborts
-  // the communicator (the ranks are out of step) and goes on.
+  // size): every rank gets the chunks the others stepped, one broadcast per chunk from its owner,
+  // in chunk order. A chunk in device memory (`tiers`: where each lies) is broadcast in place,
+  // straight into the other ranks' blocks; one in host memory, or where the tiers are not given,
+  // through one chunk of device staging (the owner's copied in, the others' copied out; the
+  // lane's copies reach both memories). The broadcasts are the same on every rank wherever each
+  // rank keeps each chunk. Returns once every chunk is in place. A failure midway aborts the
+  // communicator (the ranks are out of step) and goes on.
   template <class T>
-  void share_parameters(std::span<std::span<T> const> chunks) {
+  void share_parameters(std::span<std::span<T> const> chunks, std::span<chunk::tier const> tiers = {}) {
     state& s = *st_;
     if (!shares(s)) return;  // ZeRO-3 gathers at use
     if (chunks.empty()) {
       s.in_step = false;
       return;
     }
-    auto const w = static_cast<std::size_t>(s.shard.ranks);
-    auto const r = static_cast<std::size_t>(s.shard.rank);
     std::size_t const n = chunks.size(), len = chunks[0].size(), bytes = len * sizeof(T);
     for (auto const& c : chunks)
       TIDE_CHECK(c.size() == len, usage, "device_data_parallel: parameter chunks of ", c.size(), " and ", len,
                  " elements; ZeRO shares chunks of one size");
     auto& lane = comm_->lane();
     try {
-      T* const all = static_cast<T*>(s.staging_of(w * bytes, lane));  // (W, len) on the device
       typename D::request last{};
       std::size_t given = 0;
-      std::size_t g = 0;
-      for (; g + w <= n; g += w) {
-        lane.copy(all + r * len, chunks[g + r].data(), bytes);
-        last = comm_->all_gather_async(std::span<T const>(all + r * len, len), std::span<T>(all, w * len));
-        for (std::size_t k = 0; k < w; ++k)
-          if (k != r) lane.copy(chunks[g + k].data(), all + k * len, bytes);
-        given += bytes;
-      }
-      for (std::size_t c = g; c < n; ++c) {
+      for (std::size_t c = 0; c < n; ++c) {
         int const owner = s.shard.owner(static_cast<std::uint32_t>(c));
         bool const mine = owner == s.shard.rank;
-        if (mine) lane.copy(all, chunks[c].data(), bytes);
-        last = comm_->broadcast_async(std::span<T>(all, len), owner);
-        if (!mine) lane.copy(chunks[c].data(), all, bytes);
         given += mine ? bytes : 0;
+        if (c < tiers.size() && tiers[c] == chunk::tier::device) {
+          last = comm_->broadcast_async(chunks[c], owner);
+          continue;
+        }
+        T* const staged = static_cast<T*>(s.staging_of(bytes, lane));
+        if (mine) lane.copy(staged, chunks[c].data(), bytes);
+        last = comm_->broadcast_async(std::span<T>(staged, len), owner);
+        if (!mine) lane.copy(chunks[c].data(), staged, bytes);
       }
       comm_->wait(last);
       lane.synchronize();  // the copies out, behind it
@@ -268,7 +262,7 @@ class device_sink {
     offload::chunk_shard shard{};
     typename D::request gathering{};  // ZeRO-3: the last gather's broadcast
     memory::event<backend> gathered;  // ZeRO-3: recorded behind its copy out
-    std::optional<memory::device_arena<backend>> staging;  // ZeRO: W chunks (share) or one (gather), grown on demand
+    std::optional<memory::device_arena<backend>> staging;  // ZeRO: one chunk, for chunks in host memory
     void* staging_at = nullptr;
     std::size_t staging_bytes = 0;
 
@@ -304,10 +298,11 @@ class device_sink {
 //                                            dp{.gpus = &gpus, .host = &world, .zero = 1});
 //
 // ZeRO-1 and 2 (zero = 1, 2) shard the fp32 masters and the optimizer state by chunk (and under 2
-// reduce each chunk's gradients to its owner only); the parameters are shared through device
-// staging of W chunks, beside the offload budget. ZeRO-3 (zero = 3) also keeps each chunk's
-// parameters on its owner only: the engine gathers them around the blocks that use them, straight
-// into device blocks where its budget has room, into host blocks through one chunk of the same
+// reduce each chunk's gradients to its owner only); after the step each chunk is broadcast from
+// its owner, straight into the other ranks' device blocks (a chunk on the host tier goes through
+// one chunk of device staging, beside the offload budget). ZeRO-3 (zero = 3) also keeps each
+// chunk's parameters on its owner only: the engine gathers them around the blocks that use them,
+// straight into device blocks where its budget has room, into host blocks through the same
 // staging otherwise.
 template <DeviceCollective D, Reducer Boot>
 struct device_data_parallel {

@@ -127,7 +127,8 @@ struct chunk_shard {
 // host bytes per parameter fall as the ranks grow), frees their gradients once the sink is done
 // with them, and calls share_parameters after the last update of every applied step with each
 // parameter chunk's whole payload (host-writable: on a device backend a host copy, written back
-// after). A failure there fails the step:
+// after; a sink that reads_device gets the payloads where they are, and if it takes a second
+// argument, `std::span<chunk::tier const>`, where each one lies). A failure there fails the step:
 // the engine puts back what it overwrote.
 template <class S>
 concept ShardingSink = requires(S const& s) {

@@ -159,7 +159,9 @@ template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::share_parameters() {
   if constexpr (ShardingSink<S>) {
     auto& shared = sinks_.shared();
+    auto& tiers = sinks_.shared_tiers();
     shared.clear();
+    tiers.clear();
     for (std::uint32_t c = 0; c < store_.n_; ++c) {
       if (!store_.shard_.owns(c)) {
         if (undo_record<O::state_lists>* u = begin_undo(c, step_elements(c))) undo_.save(*u, targets_of(c), store_.ex_);
@@ -167,12 +169,15 @@ void engine_core<B, T, P, O, S, Src>::share_parameters() {
       }
       chunk::chunk& p = store_.param_[c];
       std::byte* bytes = p.payload();
+      chunk::tier where = p.tier();
       if constexpr (decltype(sinks_)::staged)  // the sink shares them on the host: a device chunk through staging
         if (p.tier() == chunk::tier::device) {
           bytes = sinks_.share_staging(c, p.capacity());
           memory::read_to_host(store_.ex_, bytes, p.payload(), p.capacity());
+          where = chunk::tier::host;
         }
       shared.push_back({reinterpret_cast<T*>(bytes), p.capacity() / sizeof(T)});
+      tiers.push_back(where);
     }
     // A sink that reads the device itself shares on its own stream: the steps enqueued on the
     // compute stream land first.

@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tide/chunk/chunk.hpp"
 #include "tide/memory/stream.hpp"
 #include "tide/offload/detail/clock.hpp"
 #include "tide/offload/gradient_sink.hpp"
@@ -165,9 +166,12 @@ class sink_lane {
       return true;
     });
   }
-  // After the step's updates: every parameter chunk, from the rank that stepped it.
+  // After the step's updates: every parameter chunk, from the rank that stepped it. A sink that
+  // takes where each chunk lies (one over device memory) gets shared_tiers() too.
   void share_parameters(std::span<std::span<T> const> chunks) {
-    if constexpr (ShardingSink<S>) sink_.share_parameters(chunks);
+    std::span<chunk::tier const> const tiers(tiers_);
+    if constexpr (requires { sink_.share_parameters(chunks, tiers); }) sink_.share_parameters(chunks, tiers);
+    else if constexpr (ShardingSink<S>) sink_.share_parameters(chunks);
   }
   // The host block chunk c's parameters are shared through (bytes long), when they are on the device.
   [[nodiscard]] std::byte* share_staging(std::uint32_t c, std::size_t bytes)
@@ -177,8 +181,9 @@ class sink_lane {
     stage_.params[c].resize(bytes);
     return stage_.params[c].data();
   }
-  // The list share_parameters() takes, reused from step to step.
+  // The lists share_parameters() takes (the chunks, where each lies), reused from step to step.
   [[nodiscard]] std::vector<std::span<T>>& shared() noexcept { return shared_; }
+  [[nodiscard]] std::vector<chunk::tier>& shared_tiers() noexcept { return tiers_; }
 
  private:
   // The hand-over through host staging (see the top of this file).
@@ -219,6 +224,7 @@ class sink_lane {
   std::size_t reduced_upto_ = 0;           // reducing_[< this] are known finished
   std::vector<std::uint32_t> unowned_;     // ZeRO: gradients of chunks another rank steps, freed once reduced
   std::vector<std::span<T>> shared_;       // ZeRO: every parameter chunk, for share_parameters
+  std::vector<chunk::tier> tiers_;         // and where each lies
   [[no_unique_address]] std::conditional_t<staged, sink_staging<B>, no_staging> stage_;  // a host sink on a device backend
 };
 
