@@ -54,6 +54,8 @@ struct result {
   // warm-up (in which a chunked policy does not know its budget yet, so every gather lands on
   // the host).
   std::size_t gathered_device = 0, gathered_host = 0;
+  // ZeRO-1/2: chunks shared in place in device memory, and through the sink's staging.
+  std::uint64_t shared_in_place = 0, shared_staged = 0;
 };
 
 template <class Trainer>
@@ -153,6 +155,8 @@ std::vector<result> two_ranks_under(Offload const& offload, int zero, thread_wor
     }
     mine.gathered_device = gathers.gathered_device;
     mine.gathered_host = gathers.gathered_host;
+    mine.shared_in_place = t.scheduler().sink().stats().shared_in_place;
+    mine.shared_staged = t.scheduler().sink().stats().shared_staged;
   });
   return out;
 }
@@ -164,7 +168,9 @@ TEST_CASE("device_data_parallel: two ranks given the same batches keep the bits 
   off::chunked<off::belady> const roomy{.device_budget = 64_MiB, .chunk_bytes = chunk_bytes};
   // ZeRO-3's gathers land in device blocks where the budget has room, in host blocks otherwise:
   // with `device_only` every one after the warm-up finds room; just above the minimum, some do.
-  auto each = [&](auto const& offload, std::string const& what, bool device_only) {
+  // ZeRO-1/2's shares go in place for chunks in device memory, through the staging for those on
+  // the host: under `resident` every chunk is on the device; under chunked some are on the host.
+  auto each = [&](auto const& offload, std::string const& what, bool device_only, bool all_on_device) {
     INFO(what);
     result const alone = alone_under(offload);
     for (int zero : {0, 1, 2, 3}) {
@@ -172,17 +178,20 @@ TEST_CASE("device_data_parallel: two ranks given the same batches keep the bits 
       thread_world world{2};
       auto const ranks = two_ranks_under(offload, zero, world);
       check_as_alone(ranks, alone, zero);
+      bool const shares = zero == 1 || zero == 2;
       for (auto const& r : ranks) {
         CHECK((r.gathered_device > 0) == (zero == 3));
         CHECK((r.gathered_host > 0) == (zero == 3 && !device_only));
+        CHECK((r.shared_in_place > 0) == shares);
+        CHECK((r.shared_staged > 0) == (shares && !all_on_device));
       }
     }
   };
-  each(resident, "resident", true);
-  each(roomy, "chunked<belady>, every chunk on the device", true);
+  each(resident, "resident", true, true);
+  each(roomy, "chunked<belady>, every chunk on the device", true, false);
   off::chunked<off::belady> tight{.chunk_bytes = chunk_bytes};  // chunks move; some are stepped on the host
   tight.device_budget = tide::test::scheduler_minimum<decltype(tight), float>(config, tight, batch, seq) + 4_KiB;
-  each(tight, "chunked<belady> just above its minimum", false);
+  each(tight, "chunked<belady> just above its minimum", false, false);
 }
 
 TEST_CASE("device_data_parallel: two ranks on their own batches equal one process accumulating both, with clipping, "

@@ -70,6 +70,10 @@ class device_sink {
     std::uint64_t bytes = 0;         // gradient bytes summed over the ranks (this rank's contribution)
     std::uint64_t bytes_shared = 0;  // ZeRO: parameter bytes this rank gave (shares after its steps,
                                      // ZeRO-3's broadcasts of its chunks)
+    // ZeRO-1/2: chunks received or sent in place in device memory, and through the staging (this
+    // rank keeps them in host memory, or the engine did not say where they lie).
+    std::uint64_t shared_in_place = 0;
+    std::uint64_t shared_staged = 0;
   };
   // zero: 0 (replicated), 1 (optimizer state and masters sharded), 2 (and gradients reduced to
   // their owner), 3 (and parameters kept by their owner only); device_data_parallel::sink()
@@ -212,23 +216,27 @@ class device_sink {
     auto& lane = comm_->lane();
     try {
       typename D::request last{};
-      std::size_t given = 0;
+      std::size_t given = 0, in_place = 0, through_staging = 0;
       for (std::size_t c = 0; c < n; ++c) {
         int const owner = s.shard.owner(static_cast<std::uint32_t>(c));
         bool const mine = owner == s.shard.rank;
         given += mine ? bytes : 0;
         if (c < tiers.size() && tiers[c] == chunk::tier::device) {
           last = comm_->broadcast_async(chunks[c], owner);
+          ++in_place;
           continue;
         }
         T* const staged = static_cast<T*>(s.staging_of(bytes, lane));
         if (mine) lane.copy(staged, chunks[c].data(), bytes);
         last = comm_->broadcast_async(std::span<T>(staged, len), owner);
         if (!mine) lane.copy(chunks[c].data(), staged, bytes);
+        ++through_staging;
       }
       comm_->wait(last);
       lane.synchronize();  // the copies out, behind it
       s.sums.bytes_shared += given;
+      s.sums.shared_in_place += in_place;
+      s.sums.shared_staged += through_staging;
       s.in_step = false;  // the step's last collective
     } catch (...) {
       abort_midway(share_failed);

@@ -78,6 +78,7 @@ class sink_lane {
     reducing_.reserve(n);  // a step appends to these, and allocates nothing
     unowned_.reserve(n);
     shared_.reserve(n);
+    tiers_.reserve(n);
   }
 
   // The chunks whose gradients complete in a step (each is handed over once per step).
@@ -170,7 +171,8 @@ class sink_lane {
   // takes where each chunk lies (one over device memory) gets shared_tiers() too.
   void share_parameters(std::span<std::span<T> const> chunks) {
     std::span<chunk::tier const> const tiers(tiers_);
-    if constexpr (requires { sink_.share_parameters(chunks, tiers); }) sink_.share_parameters(chunks, tiers);
+    if constexpr (ShardingSink<S> && requires { sink_.share_parameters(chunks, tiers); })
+      sink_.share_parameters(chunks, tiers);
     else if constexpr (ShardingSink<S>) sink_.share_parameters(chunks);
   }
   // The host block chunk c's parameters are shared through (bytes long), when they are on the device.
