@@ -188,7 +188,7 @@ TEST_CASE("device_data_parallel: two ranks given the same batches keep the bits 
     }
   };
   each(resident, "resident", true, true);
-  each(roomy, "chunked<belady>, every chunk on the device", true, false);
+  each(roomy, "chunked<belady>, roomy: every gather finds room", true, false);
   off::chunked<off::belady> tight{.chunk_bytes = chunk_bytes};  // chunks move; some are stepped on the host
   tight.device_budget = tide::test::scheduler_minimum<decltype(tight), float>(config, tight, batch, seq) + 4_KiB;
   each(tight, "chunked<belady> just above its minimum", false, false);

@@ -3,9 +3,9 @@
 // device memory on a stream of its own (a DeviceCollective: comm::nccl on tide::cuda). Gradient
 // chunks are summed in place as backward completes them (device_sink); ZeRO-1, 2 and 3 keep each
 // chunk's fp32 master and optimizer state on one rank (chunk c on rank c % W); 1 and 2 broadcast
-// the stepped parameters from their owners after the step, 3 around the blocks that use them. comm/nccl_data_parallel.cuh names it
-// for NCCL; docs/comm.md has the design. It is written once for any DeviceCollective, so the same
-// code runs on tide::sealed in the tests (ranks as threads, tests/support/thread_ranks.hpp) and on
+// the stepped parameters from their owners after the step, 3 around the blocks that use them.
+// comm/nccl_data_parallel.cuh names it for NCCL; docs/comm.md has the design. It is written once
+// for any DeviceCollective, so the same code runs on tide::sealed in the tests (ranks as threads, tests/support/thread_ranks.hpp) and on
 // GPUs under NCCL (tests/gpu/nccl.cu).
 
 #include <concepts>

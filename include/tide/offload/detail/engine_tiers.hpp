@@ -206,8 +206,9 @@ engine_core<B, T, P, O, S, Src>::next_moment(int block, chunk::phase ph) const {
 
 // A device block, inside a step or an evaluation, when the budget has room for one more chunk
 // at this moment and the next two (the block holds it until the next hook); nothing is evicted
-// for it, nor waited for (the arena refusing a block the accounting allowed: nullptr). gather_parameters() between steps gathers into host blocks:
-// the host reads them there (param_data), and no chunk is evicted.
+// for it, nor waited for (the arena refusing a block the accounting allowed: nullptr).
+// gather_parameters() between steps gathers into host blocks: the host reads them there
+// (param_data), and no chunk is evicted.
 template <Backend B, Element T, class P, class O, class S, class Src>
 std::byte* engine_core<B, T, P, O, S, Src>::device_gather_block(std::uint32_t c) {
   if constexpr (gathers_device) {
