@@ -3,19 +3,24 @@
 // every scheduler policy trains a small GPT there with the bits of the same run on tide::host.
 // The arena's blocks are mapped PROT_NONE, so any host access to a chunk on the device faults;
 // the kernels run on the compute stream's worker, so a copy that is not ordered after the kernels
-// that use its block races (TSan) and changes a bit (these checks).
+// that use its block races (TSan) and changes a bit (these checks). A hook leaves the waits for
+// its copies to the compute stream, and the warm-up times blocks there.
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string_view>
 #include <utility>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tide/comm/data_parallel.hpp"
@@ -283,4 +288,121 @@ TEST_CASE("offload::scheduler on sealed: the arena's peak is the model's plan, k
     CHECK(arena.stats().in_use == plan + st.device_model_bytes);
   }
   inputs.deallocate(tokens, 2 * batch * seq * sizeof(std::int32_t));
+}
+
+namespace {
+
+// A host function that holds a stream until opened: work enqueued behind it waits, and so does
+// any host thread that waits for that work. A watchdog opens it after 10 s, so a wait that should
+// not have happened fails a check instead of hanging the test.
+struct stream_gate {
+  std::mutex m;
+  std::condition_variable cv;
+  bool open = false, forced = false;
+  std::thread watchdog;
+  void operator()() {  // on the stream
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return open; });
+  }
+  void hold(mem::stream<sealed>& s) {
+    mem::launch(s, *this);
+    watchdog = std::thread([this] {
+      std::unique_lock lock(m);
+      if (cv.wait_for(lock, std::chrono::seconds(10), [&] { return open; })) return;
+      open = forced = true;
+      cv.notify_all();
+    });
+  }
+  bool still_held() {
+    std::lock_guard lock(m);
+    return !open;
+  }
+  void release() {
+    {
+      std::lock_guard lock(m);
+      open = true;
+    }
+    cv.notify_all();
+    watchdog.join();
+  }
+};
+
+// chunked<belady> with the optimizer state kept on the host: each parameter chunk is stepped there
+// and fetched back at its next use, into room the budget has (no eviction to wait for).
+struct state_on_host : off::chunked<off::belady> {
+  double* forward_ms = nullptr;  // where after_warm_up writes the measured forward block time
+  static std::string name() { return "state_on_host"; }
+  template <class Engine>
+  void after_warm_up(Engine&, off::policy_context const& c) {
+    if (forward_ms != nullptr) *forward_ms = c.forward_ms;
+  }
+};
+
+// The hooks of one step of the model's blocks (no model: the gradients are the zero-filled chunks),
+// with `in_forward(b)` run between each forward block's hooks.
+template <class Sched, class F>
+void hook_step(Sched& sched, tide::block_uses const& uses, F&& in_forward) {
+  for (int b = uses.first_block; b <= uses.last_block(); ++b) {
+    sched.pre_forward(b);
+    in_forward(b);
+    sched.post_forward(b);
+  }
+  for (int b = uses.last_block(); b >= uses.first_block; --b) {
+    sched.pre_backward(b);
+    sched.post_backward(b);
+  }
+  sched.step();
+}
+
+}  // namespace
+
+TEST_CASE("offload::scheduler on sealed: a hook makes compute wait for the chunks it fetches; the host goes on") {
+  using sched_t = off::scheduler<sealed, float, state_on_host, tide::optim::adamw>;
+  auto const uses = tide::nn::gpt_block_uses(config);
+  auto run = [&](bool gated) {
+    timeline<sealed> tl;
+    mem::device_arena<sealed> arena{{.budget = 4_MiB}};
+    std::vector<std::vector<float>> params;
+    {
+      sched_t sched{tl.ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), uses,
+                    state_on_host{{.chunk_bytes = chunk_bytes}}, {}, adamw};
+      hook_step(sched, uses, [](int) {});  // the warm-up
+      hook_step(sched, uses, [](int) {});
+      // Block 0's chunks were stepped last, on the host: the next step fetches them at its first
+      // hook, with the copy ordered after the compute work so far, which the gate holds.
+      stream_gate gate;
+      if (gated) gate.hold(tl.compute.value());
+      hook_step(sched, uses, [&](int b) {
+        if (!gated || b != uses.first_block) return;
+        CHECK(gate.still_held());  // the hook returned without waiting for its fetches
+        gate.release();
+        CHECK_FALSE(gate.forced);
+      });
+      CHECK(sched.last_step().demand_fetches > 0);
+      CHECK(sched.last_step().host_optimizer_chunks > 0);
+      for (std::uint32_t i = 0; i < uses.params.size(); ++i) params.push_back(sched.read_param(i));
+      mem::synchronize(tl.ex);
+    }
+    return params;
+  };
+  auto const straight = run(false);
+  auto const gated = run(true);
+  REQUIRE(gated.size() == straight.size());
+  for (std::size_t i = 0; i < straight.size(); ++i) CHECK(same_bits(gated[i], straight[i]));
+}
+
+TEST_CASE("offload::scheduler on sealed: the warm-up times forward blocks on the compute stream, not on the host") {
+  // layer_window<0> sizes its window from this time; the host only enqueues a device's kernels.
+  using sched_t = off::scheduler<sealed, float, state_on_host, tide::optim::adamw>;
+  auto const uses = tide::nn::gpt_block_uses(config);
+  timeline<sealed> tl;
+  mem::device_arena<sealed> arena{{.budget = 4_MiB}};
+  double forward_ms = -1;
+  sched_t sched{tl.ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), uses,
+                state_on_host{{.chunk_bytes = chunk_bytes}, &forward_ms}, {}, adamw};
+  // Each forward block's "kernel" sleeps 20 ms on the compute stream.
+  auto kernel = [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
+  hook_step(sched, uses, [&](int) { mem::launch(tl.compute.value(), kernel); });
+  mem::synchronize(tl.ex);
+  CHECK(forward_ms >= 20.0);  // the mean forward block: at least its kernel's sleep
 }

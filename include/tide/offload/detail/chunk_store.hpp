@@ -191,6 +191,14 @@ class chunk_store {
     }
   }
 
+  // The compute work issued from now on runs after chunk id's copy in flight. A device backend's
+  // compute stream waits for it and this thread goes on (a later settle frees the copy's source);
+  // tide::host's compute is this thread, which settles.
+  void compute_after(std::uint32_t id) {
+    if constexpr (B::is_device)
+      if (in_flight_[id] && !ready_[id].query()) return memory::wait(ex_, ready_[id]);
+    settle(id);
+  }
   // Waits for chunk id's copy in flight, then frees the block it was copied from.
   void settle(std::uint32_t id) {
     if (in_flight_[id]) {
@@ -332,12 +340,12 @@ class chunk_store {
     return dev;
   }
   // Evicts `victim` and returns its device block for chunk `id`. A copy into the block queues
-  // behind the victim's copy out on the copy stream; a zero fill runs in compute order, so this
-  // thread waits for the copy out first.
+  // behind the victim's copy out on the copy stream; a zero fill runs in compute order, after
+  // the copy out.
   std::byte* hand_over(std::uint32_t victim, std::uint32_t id) {
     ++cur_.evictions;
     std::byte* block = copy_out(victim);
-    if (chunk_of(id).payload() == nullptr && !(id < n_ && owner_->param_on_file(id))) settle(victim);
+    if (chunk_of(id).payload() == nullptr && !(id < n_ && owner_->param_on_file(id))) compute_after(victim);
     return block;
   }
   void evict(std::uint32_t id) {
@@ -442,18 +450,10 @@ class chunk_store {
   // activation copy lane.
   copy_span* open_span(std::string name, std::size_t bytes, bool activations = false) {
     if (!tracing()) return nullptr;
-    copy_span& sp = spans_.emplace_back();
-    sp.recorder = trace_;
-    sp.name = std::move(name);
-    sp.bytes = bytes;
-    sp.where = activations ? lane::activation_copy : lane::copy;
-    sp.on = activations ? &*activation_stream_ : &copy_stream_;
-    memory::launch(*sp.on, sp.begin);
-    return &sp;
+    return detail::open_span(spans_, trace_, std::move(name), bytes, activations ? lane::activation_copy : lane::copy,
+                             activations ? *activation_stream_ : copy_stream_);
   }
-  void close_span(copy_span* sp) {
-    if (sp != nullptr) memory::launch(*sp->on, sp->end);
-  }
+  void close_span(copy_span* sp) { detail::close_span(sp); }
 
   // ---- state: read by the engine that owns the store; written through the moves above, and by
   // the engine where it attaches a block it made (a gradient slot, a ring block, a file read) ----

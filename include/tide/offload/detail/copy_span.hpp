@@ -3,7 +3,9 @@
 // them; the engine's activation copies too).
 
 #include <cstddef>
+#include <deque>
 #include <string>
+#include <utility>
 
 #include "tide/core/backend.hpp"
 #include "tide/memory/stream.hpp"
@@ -32,5 +34,24 @@ struct copy_span {
     }
   } end{this};
 };
+
+// A span opened in `spans` (stable addresses: the stream holds a pointer into it) for a copy about
+// to be issued on `on`; close_span after issuing it.
+template <Backend B>
+copy_span<B>* open_span(std::deque<copy_span<B>>& spans, trace_recorder* recorder, std::string name,
+                        std::size_t bytes, lane where, memory::stream<B>& on) {
+  copy_span<B>& sp = spans.emplace_back();
+  sp.recorder = recorder;
+  sp.name = std::move(name);
+  sp.bytes = bytes;
+  sp.where = where;
+  sp.on = &on;
+  memory::launch(on, sp.begin);
+  return &sp;
+}
+template <Backend B>
+void close_span(copy_span<B>* sp) {
+  if (sp != nullptr) memory::launch(*sp->on, sp->end);
+}
 
 }  // namespace tide::offload::detail

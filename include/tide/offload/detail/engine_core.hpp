@@ -493,7 +493,6 @@ class engine_core {
   std::pair<std::size_t, std::size_t> moves_mark_{};  // h2d and evicted bytes at the last sample
   bool handed_over_ = false;  // defer_sink: hand_over_gradients() ran in this step
   double block_t0_ = 0;       // the open block's start on the trace
-  std::chrono::steady_clock::time_point block_start_{};  // the open block's start (the warm-up's forward time)
 };
 
 }  // namespace detail

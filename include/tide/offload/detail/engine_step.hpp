@@ -72,7 +72,7 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
   std::size_t const t = res_.plan_.tracer.at({block, ph}, ids, {}, {}, written_);
   res_.current_ = t;
   this->gather_for(block, ph);  // before the block's clock starts: the warm-up times compute only
-  if (ph == chunk::phase::forward && res_.plan_.tracer.recording()) block_start_ = std::chrono::steady_clock::now();
+  if (ph == chunk::phase::forward && res_.plan_.tracer.recording()) res_.forward_begins();
   res_.make_resident(ids, t);
   for (std::uint32_t i : store_.uses_.of(block)) {
     store_.param_.transition(i, chunk::tensor_state::compute);
@@ -82,7 +82,7 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
   res_.tide_.push_back({{block, ph}, store_.model_on_device(), store_.non_model_now(), res_.plan_.ctx.budget});
   auto const g0 = std::chrono::steady_clock::now();
   this->gather_ahead(block, ph);  // the next moment's chunks, before the prefetches take the room
-  block_start_ += std::chrono::steady_clock::now() - g0;  // the warm-up times compute only
+  res_.forward_excludes(std::chrono::steady_clock::now() - g0);  // the warm-up times compute only
   res_.prefetch(t);
   add_moves_to_last_sample();
   res_.access_.open(store_.uses_.of(block), block, ph);
@@ -97,10 +97,7 @@ void engine_core<B, T, P, O, S, Src>::post_forward(int block) {
     store_.param_.transition(i, this->evaluating_ ? chunk::tensor_state::hold : chunk::tensor_state::hold_after_fwd);
   res_.access_.leave(store_.uses_.of(block));
   sample_non_model();
-  if (res_.plan_.tracer.recording() && !this->evaluating_) {  // the warm-up's compute time, for policies
-    res_.forward_ms_ += detail::ms_since(block_start_);
-    ++res_.forward_blocks_;
-  }
+  if (res_.plan_.tracer.recording() && !this->evaluating_) res_.forward_ends();  // the warm-up's compute time
 }
 
 // A split backward's input pass reads the block's parameters and writes no gradient; the weight
@@ -189,6 +186,7 @@ void engine_core<B, T, P, O, S, Src>::finish(bool apply) {
   this->extra_undo_.discard();
   if (this->files_) this->files_->commit();  // the new state on file becomes current
   bool const warm_up = res_.plan_.tracer.recording();
+  if (warm_up) res_.forward_times_drained();
   res_.plan_.tracer.end_step();
   res_.plan_.ctx.recording = false;
   if (warm_up && res_.plan_.tracer.warm()) res_.after_warm_up();

@@ -8,8 +8,10 @@
 // is its block_access (detail/block_access.hpp).
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <span>
 #include <string>
@@ -18,8 +20,11 @@
 #include <vector>
 
 #include "tide/chunk/memory_tracer.hpp"
+#include "tide/memory/ops.hpp"
+#include "tide/memory/stream.hpp"
 #include "tide/offload/detail/block_access.hpp"
 #include "tide/offload/detail/chunk_store.hpp"
+#include "tide/offload/detail/clock.hpp"
 #include "tide/offload/detail/moments.hpp"
 #include "tide/offload/detail/residency_planner.hpp"
 #include "tide/offload/scheduler_policy.hpp"
@@ -86,11 +91,14 @@ class residency {
     return moments_.ids_of(block, ph);
   }
 
-  // Makes the chunks of the moment resident; on return every one is on the device and its copy
-  // is complete.
+  // Makes the chunks of the moment resident; on return every one is on the device and the
+  // compute that follows runs after its copy (chunk_store::compute_after): on a device backend
+  // the compute stream waits for the copies, not the host, which goes on to the next moment and
+  // keeps the device's queue full.
   void make_resident(std::vector<std::uint32_t> const& ids, std::size_t t) {
     std::span<std::uint32_t const> const protect(ids);
     std::size_t const need = st_.block_bytes();
+    if constexpr (B::is_device) (void)st_.refresh_in_flight();  // copies already done give their blocks back
     for (std::uint32_t id : ids) {
       plan_.used(id);
       if (st_.on_device(id)) {
@@ -112,7 +120,7 @@ class residency {
                  bytes_of{plan_.hard_limit(st_.non_model_now())}, "); raise device_budget");
       st_.fetch(id, t, protect);
     }
-    for (std::uint32_t id : ids) st_.settle(id);
+    for (std::uint32_t id : ids) st_.compute_after(id);
   }
 
   // Fetches the next moments' chunks ahead, as the planner walks them, within the budget and the
@@ -142,6 +150,26 @@ class residency {
   void abort() noexcept {
     plan_.tracer.abort_step();
     tide_.clear();
+    forward_events_.clear();
+  }
+
+  // ---- the warm-up's forward time per block (policy_context::forward_ms) ---------------------
+  // tide::host times a block on this thread, its compute timeline. A device backend times it
+  // with events on the compute stream, read once the step drained: its host only enqueues the
+  // kernels, so the host's clock would time the launches.
+  void forward_begins() {
+    if constexpr (B::is_device) memory::record(st_.ex_, forward_events_.emplace_back().first);
+    else forward_start_ = std::chrono::steady_clock::now();
+  }
+  void forward_excludes(std::chrono::steady_clock::duration host_time) { forward_start_ += host_time; }
+  void forward_ends() {
+    if constexpr (B::is_device) memory::record(st_.ex_, forward_events_.back().second);
+    else forward_ms_ += ms_since(forward_start_);
+    ++forward_blocks_;
+  }
+  void forward_times_drained() {
+    for (auto& [begin, end] : forward_events_) forward_ms_ += elapsed_ms(begin, end);
+    forward_events_.clear();
   }
 
   // The trace is known: what the warm-up measured goes to the policy, which places what it
@@ -200,6 +228,8 @@ class residency {
   std::size_t current_ = 0;
   double forward_ms_ = 0;         // forward block time in the warm-up (for policies: layer_window<0>)
   std::size_t forward_blocks_ = 0;
+  std::chrono::steady_clock::time_point forward_start_{};  // tide::host: the open forward block's start
+  std::deque<std::pair<memory::event<B>, memory::event<B>>> forward_events_;  // a device: per block, until drained
   offload_stats last_{};          // the last completed step
   std::vector<tide_sample> tide_, last_tide_;
 };
