@@ -610,7 +610,7 @@ TEST_CASE("a parameter that uses() lists in no block is named as such when the m
   sched.abort_step();
 }
 
-TEST_CASE("hooks out of order are errors: backward must run the blocks in reverse") {
+TEST_CASE("hooks out of order are errors: backward must run the blocks in reverse, a step waits for the open block") {
   off::chunked<off::belady> const cfg{.chunk_bytes = chunk_bytes};
   tide::thread_pool pool{1};
   tide::exec<host> ex{pool};
@@ -619,6 +619,12 @@ TEST_CASE("hooks out of order are errors: backward must run the blocks in revers
                                tide::nn::gpt_block_uses(config), cfg, {}, adamw};
   sched.pre_forward(-1);
   CHECK_THROWS_AS(sched.pre_forward(0), tide::error);  // -1 is still open
+  try {
+    sched.step();
+    FAIL("a step with a block open");
+  } catch (tide::error const& e) {
+    CHECK(std::string(e.message()).find("block -1 is open") != std::string::npos);
+  }
   sched.post_forward(-1);
   try {
     sched.pre_backward(0);  // the last block (the head) comes first

@@ -406,3 +406,26 @@ TEST_CASE("offload::scheduler on sealed: the warm-up times forward blocks on the
   mem::synchronize(tl.ex);
   CHECK(forward_ms >= 20.0);  // the mean forward block: at least its kernel's sleep
 }
+
+TEST_CASE("offload::scheduler on sealed: the timeline's compute lane shows when the stream ran each block") {
+  using sched_t = off::scheduler<sealed, float, state_on_host, tide::optim::adamw>;
+  auto const uses = tide::nn::gpt_block_uses(config);
+  timeline<sealed> tl;
+  mem::device_arena<sealed> arena{{.budget = 4_MiB}};
+  sched_t sched{tl.ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), uses,
+                state_on_host{{.chunk_bytes = chunk_bytes}}, {}, adamw};
+  off::trace_recorder trace;
+  sched.set_trace(&trace);
+  auto kernel = [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
+  hook_step(sched, uses, [&](int) { mem::launch(tl.compute.value(), kernel); });
+  sched.set_trace(nullptr);
+  std::vector<off::trace_event> forward;
+  for (off::trace_event const& e : trace.events())
+    if (e.where == off::lane::compute && e.name.starts_with("forward ")) forward.push_back(e);
+  REQUIRE(forward.size() == uses.params.size());
+  for (std::size_t b = 0; b < forward.size(); ++b) {
+    INFO("forward block " << b);
+    CHECK(forward[b].duration_us >= 20e3);  // the stream ran its 20 ms kernel inside the span
+    if (b > 0) CHECK(forward[b].start_us >= forward[b - 1].start_us + forward[b - 1].duration_us);  // in stream order
+  }
+}

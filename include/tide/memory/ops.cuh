@@ -40,6 +40,11 @@ inline void wait(exec<cuda> const& ex, event<cuda> const& e) {
 
 inline void synchronize(exec<cuda> const& ex) { TIDE_CUDA_CHECK(cudaStreamSynchronize(ex.stream)); }
 
+inline event<cuda> event_like(stream<cuda> const& s) {
+  detail::current_device on(s.device());
+  return event<cuda>{};
+}
+
 inline void read_to_host(exec<cuda> const& ex, void* dst, void const* src, std::size_t bytes) {
   if (bytes != 0) TIDE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ex.stream));
   TIDE_CUDA_CHECK(cudaStreamSynchronize(ex.stream));

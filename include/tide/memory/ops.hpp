@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "tide/core/backend.hpp"
@@ -117,6 +118,15 @@ struct compute_context {
   [[nodiscard]] exec<B> exec_with(thread_pool& pool) { return {pool, s}; }
   void synchronize() { s.synchronize(); }
 };
+
+// An event for streams on s's device. tide::cuda makes it with that device current (ops.cuh), as
+// cudaEventRecord on s requires when the calling thread's current device is another trainer's;
+// host and sealed events belong to no device.
+template <Backend B>
+  requires(!std::is_same_v<B, cuda>)
+event<B> event_like(stream<B> const&) {
+  return event<B>{};
+}
 
 #if defined(__CUDACC__)
 }  // namespace tide::memory

@@ -35,6 +35,7 @@
 #include "tide/offload/chunk_source.hpp"
 #include "tide/offload/detail/backward_order.hpp"
 #include "tide/offload/detail/chunk_store.hpp"
+#include "tide/offload/detail/compute_spans.hpp"
 #include "tide/offload/detail/residency.hpp"
 #include "tide/offload/detail/shard_map.hpp"
 #include "tide/offload/detail/sink_lane.hpp"
@@ -492,7 +493,7 @@ class engine_core {
   std::string broken_;            // a failure on a worker: every later step reports it
   std::pair<std::size_t, std::size_t> moves_mark_{};  // h2d and evicted bytes at the last sample
   bool handed_over_ = false;  // defer_sink: hand_over_gradients() ran in this step
-  double block_t0_ = 0;       // the open block's start on the trace
+  compute_spans<B> compute_lane_;  // the timeline's compute lane: blocks, device optimizer steps
 };
 
 }  // namespace detail

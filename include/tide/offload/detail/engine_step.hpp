@@ -38,7 +38,6 @@ namespace tide::offload::detail {
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
-  if (store_.tracing()) block_t0_ = trace_recorder::now_us();
   TIDE_CHECK(block >= store_.uses_.first_block && block <= store_.uses_.last_block() && this->backward_.in_a_run(block),
              usage, "offload ", P::name(), ": block ", block, " is not one of uses() (", store_.uses_.first_block, "..",
              store_.uses_.last_block(), this->backward_.one_run() ? "" : ", in one of its runs", ")");
@@ -49,6 +48,7 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
                                               "end_evaluation() before training");
     this->require_intact();
     if (!this->placed_) this->first_placement();
+    if (store_.tracing()) compute_lane_.open(store_.ex_, store_.copy_stream_);
     res_.plan_.tick();
     store_.reclaim_stale(false);
     this->gather_for(block, ph);
@@ -58,7 +58,8 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
     res_.access_.open(store_.uses_.of(block), block, ph);
     return;
   }
-  this->begin_step_if_needed();
+  this->begin_step_if_needed();  // may drain (the first placement): the span opens after it
+  if (store_.tracing()) compute_lane_.open(store_.ex_, store_.copy_stream_);
   res_.plan_.tick();
   store_.reclaim_stale(false);
   auto const& ids = res_.ids_of(block, ph);
@@ -71,8 +72,7 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
         written_.push_back(id);
   std::size_t const t = res_.plan_.tracer.at({block, ph}, ids, {}, {}, written_);
   res_.current_ = t;
-  this->gather_for(block, ph);  // before the block's clock starts: the warm-up times compute only
-  if (ph == chunk::phase::forward && res_.plan_.tracer.recording()) res_.forward_begins();
+  this->gather_for(block, ph);
   res_.make_resident(ids, t);
   for (std::uint32_t i : store_.uses_.of(block)) {
     store_.param_.transition(i, chunk::tensor_state::compute);
@@ -80,19 +80,19 @@ void engine_core<B, T, P, O, S, Src>::enter(int block, chunk::phase ph) {
   }
   sample_non_model();
   res_.tide_.push_back({{block, ph}, store_.model_on_device(), store_.non_model_now(), res_.plan_.ctx.budget});
-  auto const g0 = std::chrono::steady_clock::now();
   this->gather_ahead(block, ph);  // the next moment's chunks, before the prefetches take the room
-  res_.forward_excludes(std::chrono::steady_clock::now() - g0);  // the warm-up times compute only
   res_.prefetch(t);
   add_moves_to_last_sample();
   res_.access_.open(store_.uses_.of(block), block, ph);
+  // The warm-up times the block's compute only: its clock starts once the moment's copies are
+  // issued (a device stream's begin marker passes once the stream's waits for them are met).
+  if (ph == chunk::phase::forward && res_.plan_.tracer.recording()) res_.forward_begins();
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::post_forward(int block) {
   if (store_.tracing())
-    store_.trace_->complete(tide::detail::concat("forward ", block), "compute", lane::compute, block_t0_,
-                           trace_recorder::now_us());
+    compute_lane_.close(store_.ex_, *store_.trace_, tide::detail::concat("forward ", block), "compute");
   for (std::uint32_t i : store_.uses_.of(block))
     store_.param_.transition(i, this->evaluating_ ? chunk::tensor_state::hold : chunk::tensor_state::hold_after_fwd);
   res_.access_.leave(store_.uses_.of(block));
@@ -110,8 +110,7 @@ void engine_core<B, T, P, O, S, Src>::pre_backward_input(int block) {
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::post_backward_input(int block) {
   if (store_.tracing())
-    store_.trace_->complete(tide::detail::concat("backward input ", block), "compute", lane::compute, block_t0_,
-                           trace_recorder::now_us());
+    compute_lane_.close(store_.ex_, *store_.trace_, tide::detail::concat("backward input ", block), "compute");
   for (std::uint32_t i : store_.uses_.of(block)) store_.param_.transition(i, chunk::tensor_state::hold_after_fwd);
   res_.access_.leave(store_.uses_.of(block));
   sample_non_model();
@@ -126,8 +125,7 @@ void engine_core<B, T, P, O, S, Src>::pre_backward(int block) {
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::post_backward(int block) {
   if (store_.tracing())
-    store_.trace_->complete(tide::detail::concat("backward ", block), "compute", lane::compute, block_t0_,
-                           trace_recorder::now_us());
+    compute_lane_.close(store_.ex_, *store_.trace_, tide::detail::concat("backward ", block), "compute");
   for (std::uint32_t i : store_.uses_.of(block)) {
     store_.param_.transition(i, chunk::tensor_state::hold_after_bwd);
     store_.grad_.transition(i, chunk::tensor_state::hold_after_bwd);
@@ -163,6 +161,8 @@ template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::finish(bool apply) {
   this->require_intact();
   TIDE_REQUIRE(this->step_open_, "offload::scheduler::step() without a forward since the last step");
+  TIDE_REQUIRE(!res_.access_.in_block(), "offload::scheduler::step() while block ", res_.access_.block(),
+               " is open; call its post_forward / post_backward first");
   auto const m = static_cast<std::size_t>(this->options_.micro_steps);
   TIDE_REQUIRE(this->backward_.at_rest(m), "offload::scheduler::step(): ", this->backward_.passes() % m, " of ", m,
                " micro-step backward passes ran",
@@ -309,9 +309,11 @@ void engine_core<B, T, P, O, S, Src>::drain() {
   if (failure) {
     wait_idle();
     store_.spans_.clear();
+    compute_lane_.forget();
     std::rethrow_exception(failure);
   }
   store_.spans_.clear();
+  compute_lane_.drained();
   free_reduced_unowned(true);
   for (std::uint32_t c = 0; c < store_.n_; ++c)
     if (runner_.pending(c)) swap_in_update(c);  // a host step no one waited for: its swap

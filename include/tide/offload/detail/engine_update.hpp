@@ -224,11 +224,12 @@ void engine_core<B, T, P, O, S, Src>::optimizer_step(std::uint32_t c, bool apply
     auto const t0 = std::chrono::steady_clock::now();
     undo_record<O::state_lists>* const u = apply ? begin_undo(c, n) : nullptr;
     if (apply) store_.drop_shadow(c);  // the device copy changes: the host one is stale
-    double const start = store_.tracing() ? trace_recorder::now_us() : 0;
+    bool const traced = apply && store_.tracing();
+    if (traced) compute_lane_.open(store_.ex_, store_.copy_stream_);
     if (apply) runner_.journalled_update(store_.ex_, c, update_of(c), targets_of(c), u, args);
-    if (apply && store_.tracing())
-      store_.trace_->complete(tide::detail::concat(O::name, " chunk ", c, " (device)"), "optimizer", lane::compute,
-                             start, trace_recorder::now_us(), static_cast<std::size_t>(n) * (8 + 4 * fp32_lists));
+    if (traced)
+      compute_lane_.close(store_.ex_, *store_.trace_, tide::detail::concat(O::name, " chunk ", c, " (device)"),
+                          "optimizer", static_cast<std::size_t>(n) * (8 + 4 * fp32_lists));
     store_.cur_.optimizer_ms += ms_since(t0);
     ++store_.cur_.device_optimizer_chunks;
     store_.param_.transition_chunk(c, chunk::tensor_state::hold);

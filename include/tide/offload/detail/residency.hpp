@@ -158,17 +158,29 @@ class residency {
   // with events on the compute stream, read once the step drained: its host only enqueues the
   // kernels, so the host's clock would time the launches.
   void forward_begins() {
-    if constexpr (B::is_device) memory::record(st_.ex_, forward_events_.emplace_back().first);
-    else forward_start_ = std::chrono::steady_clock::now();
+    if constexpr (B::is_device) {
+      timed_block& b = forward_events_.emplace_back(event_like(st_.copy_stream_), event_like(st_.copy_stream_));
+      memory::record(st_.ex_, b.begin);
+    } else {
+      forward_start_ = std::chrono::steady_clock::now();
+    }
   }
-  void forward_excludes(std::chrono::steady_clock::duration host_time) { forward_start_ += host_time; }
   void forward_ends() {
-    if constexpr (B::is_device) memory::record(st_.ex_, forward_events_.back().second);
-    else forward_ms_ += ms_since(forward_start_);
-    ++forward_blocks_;
+    if constexpr (B::is_device) {
+      if (forward_events_.empty() || forward_events_.back().ended) return;  // the block began before the warm-up
+      memory::record(st_.ex_, forward_events_.back().end);
+      forward_events_.back().ended = true;
+    } else {
+      forward_ms_ += ms_since(forward_start_);
+      ++forward_blocks_;
+    }
   }
   void forward_times_drained() {
-    for (auto& [begin, end] : forward_events_) forward_ms_ += elapsed_ms(begin, end);
+    for (timed_block const& b : forward_events_) {
+      if (!b.ended) continue;
+      forward_ms_ += elapsed_ms(b.begin, b.end);
+      ++forward_blocks_;
+    }
     forward_events_.clear();
   }
 
@@ -229,7 +241,11 @@ class residency {
   double forward_ms_ = 0;         // forward block time in the warm-up (for policies: layer_window<0>)
   std::size_t forward_blocks_ = 0;
   std::chrono::steady_clock::time_point forward_start_{};  // tide::host: the open forward block's start
-  std::deque<std::pair<memory::event<B>, memory::event<B>>> forward_events_;  // a device: per block, until drained
+  struct timed_block {  // a device: a forward block's events, until the step drained
+    memory::event<B> begin, end;
+    bool ended = false;
+  };
+  std::deque<timed_block> forward_events_;
   offload_stats last_{};          // the last completed step
   std::vector<tide_sample> tide_, last_tide_;
 };
