@@ -407,7 +407,7 @@ TEST_CASE("offload::scheduler on sealed: the warm-up times forward blocks on the
   CHECK(forward_ms >= 20.0);  // the mean forward block: at least its kernel's sleep
 }
 
-TEST_CASE("offload::scheduler on sealed: the timeline's compute lane shows when the stream ran each block") {
+TEST_CASE("offload::scheduler on sealed: the timeline's compute lane shows when the stream ran each block, an evaluation's too") {
   using sched_t = off::scheduler<sealed, float, state_on_host, tide::optim::adamw>;
   auto const uses = tide::nn::gpt_block_uses(config);
   timeline<sealed> tl;
@@ -418,13 +418,21 @@ TEST_CASE("offload::scheduler on sealed: the timeline's compute lane shows when 
   sched.set_trace(&trace);
   auto kernel = [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
   hook_step(sched, uses, [&](int) { mem::launch(tl.compute.value(), kernel); });
-  sched.set_trace(nullptr);
+  // An evaluation's forward blocks: on the timeline once it ends.
+  sched.begin_evaluation();
+  for (int b = uses.first_block; b <= uses.last_block(); ++b) {
+    sched.pre_forward(b);
+    mem::launch(tl.compute.value(), kernel);
+    sched.post_forward(b);
+  }
+  sched.end_evaluation();
   std::vector<off::trace_event> forward;
   for (off::trace_event const& e : trace.events())
     if (e.where == off::lane::compute && e.name.starts_with("forward ")) forward.push_back(e);
-  REQUIRE(forward.size() == uses.params.size());
+  sched.set_trace(nullptr);
+  REQUIRE(forward.size() == 2 * uses.params.size());  // the step's, then the evaluation's
   for (std::size_t b = 0; b < forward.size(); ++b) {
-    INFO("forward block " << b);
+    INFO("forward span " << b);
     CHECK(forward[b].duration_us >= 20e3);  // the stream ran its 20 ms kernel inside the span
     if (b > 0) CHECK(forward[b].start_us >= forward[b - 1].start_us + forward[b - 1].duration_us);  // in stream order
   }

@@ -352,13 +352,13 @@ class scheduler {
   void end_evaluation() {
     e_.evaluating_ = false;
     e_.release_params();  // ZeRO-3: other ranks' chunks are gathered again when next used
+    if (e_.store_.tracing()) e_.drain();  // a device's compute spans reach the timeline now
   }
 
-  // Records the timeline into `r` (nullptr: stop): each block's compute on the compute lane, each
-  // chunk copy on the copy lane (stamped by the copy stream itself), each block's offloaded
-  // activations on the activation copy lane (stamped likewise), each host update on the
-  // optimizer lane, the sink's work on the comm lane. Write it with r->write(path, name):
-  // Perfetto opens it.
+  // Records the timeline into `r` (nullptr: stop): each block's compute on the compute lane, each chunk
+  // copy on the copy lane (stamped by the copy stream itself), each block's offloaded activations on
+  // the activation copy lane (stamped likewise), each host update on the optimizer lane, the sink's
+  // work on the comm lane. Write it with r->write(path, name): Perfetto opens it.
   void set_trace(trace_recorder* r) {
     e_.drain();
     e_.store_.trace_ = r;

@@ -7,8 +7,8 @@
 // readings would time the launches. A span there is two events recorded on the compute stream,
 // put on the trace clock once the engine has drained: an anchor event, recorded when the stream
 // was idle at a known trace time (once per drain, at the first span: this one wait is the cost of
-// tracing), plus each event's time since the anchor (cudaEventElapsedTime). Spans of an
-// evaluation reach the recorder at the next drain: step(), set_trace, or a read between steps. Copy spans are
+// tracing), plus each event's time since the anchor (cudaEventElapsedTime). An evaluation's
+// spans reach the recorder when it ends (end_evaluation drains while tracing). Copy spans are
 // stamped on the same clock by their streams (detail/copy_span.hpp), so the lanes line up.
 
 #include <cstddef>
@@ -32,21 +32,26 @@ class compute_spans {
   // the events are made.
   void open(exec<B> const& ex, memory::stream<B> const& like) {
     if constexpr (B::is_device) {
+      if (!spans_.empty() && spans_.back().to == nullptr) spans_.pop_back();  // its block threw
       if (!anchor_) {
         memory::synchronize(ex);
-        anchor_.emplace(event_like(like));
-        memory::record(ex, *anchor_);
+        memory::event<B> anchor = event_like(like);
+        memory::record(ex, anchor);
         anchor_us_ = trace_recorder::now_us();
+        anchor_.emplace(std::move(anchor));
       }
       memory::record(ex, spans_.emplace_back(event_like(like), event_like(like)).begin);
     } else {
       start_us_ = trace_recorder::now_us();
     }
+    open_ = true;
   }
-  // The span opened last ends here, in compute order; on a device it reaches `to` at drained().
+  // The open span ends here, in compute order; on a device it reaches `to` at drained(). Nothing
+  // is open when tracing began inside the block, or a drain inside it took the span.
   void close(exec<B> const& ex, trace_recorder& to, std::string name, char const* category, std::size_t bytes = 0) {
+    if (!open_) return;
+    open_ = false;
     if constexpr (B::is_device) {
-      if (spans_.empty() || spans_.back().to != nullptr) return;  // tracing began inside the span
       span& s = spans_.back();
       memory::record(ex, s.end);
       s.to = &to;
@@ -58,21 +63,25 @@ class compute_spans {
     }
   }
   // The compute stream finished everything recorded: the device's spans go to their recorders.
+  // They leave this object first, so a failure here drops them rather than leaving them half read.
   void drained() {
     if constexpr (B::is_device) {
-      for (span& s : spans_) {
+      std::deque<span> spans = std::exchange(spans_, {});
+      std::optional<memory::event<B>> anchor = std::exchange(anchor_, std::nullopt);
+      open_ = false;
+      for (span& s : spans) {
         if (s.to == nullptr) continue;  // opened, never closed (a block that threw)
-        double const begin = anchor_us_ + 1e3 * elapsed_ms(*anchor_, s.begin);
-        double const end = anchor_us_ + 1e3 * elapsed_ms(*anchor_, s.end);
+        double const begin = anchor_us_ + 1e3 * elapsed_ms(*anchor, s.begin);
+        double const end = anchor_us_ + 1e3 * elapsed_ms(*anchor, s.end);
         s.to->complete(std::move(s.name), s.category, lane::compute, begin, end, s.bytes);
       }
-      forget();
     }
   }
   // A failed drain: the events may never pass.
   void forget() noexcept {
     spans_.clear();
     anchor_.reset();
+    open_ = false;
   }
 
  private:
@@ -83,10 +92,11 @@ class compute_spans {
     char const* category = "";
     std::size_t bytes = 0;
   };
-  double start_us_ = 0;                   // tide::host: the open span's start
+  double start_us_ = 0;                     // tide::host: the open span's start
+  bool open_ = false;                       // a span was opened and not yet closed
   std::optional<memory::event<B>> anchor_;  // a device: recorded on an idle stream at anchor_us_
   double anchor_us_ = 0;
-  std::deque<span> spans_;                // a device: recorded, not yet on the timeline
+  std::deque<span> spans_;                  // a device: recorded, not yet on the timeline
 };
 
 }  // namespace tide::offload::detail

@@ -313,12 +313,12 @@ void engine_core<B, T, P, O, S, Src>::drain() {
     std::rethrow_exception(failure);
   }
   store_.spans_.clear();
-  compute_lane_.drained();
   free_reduced_unowned(true);
   for (std::uint32_t c = 0; c < store_.n_; ++c)
     if (runner_.pending(c)) swap_in_update(c);  // a host step no one waited for: its swap
   runner_.drained();
   for (std::uint32_t id = 0; id < store_.ids_; ++id) store_.settle(id);
+  compute_lane_.drained();  // last: what it reads is complete, and the engine is settled if it throws
 }
 
 template <Backend B, Element T, class P, class O, class S, class Src>
