@@ -10,11 +10,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -37,6 +35,7 @@
 #include "tide/offload/scheduler.hpp"
 #include "tide/optim/adamw.hpp"
 #include "support/errors.hpp"
+#include "support/gate.hpp"
 #include "support/gpt_steps.hpp"
 #include "support/sealed_gpt.hpp"
 
@@ -292,41 +291,6 @@ TEST_CASE("offload::scheduler on sealed: the arena's peak is the model's plan, k
 
 namespace {
 
-// A host function that holds a stream until opened: work enqueued behind it waits, and so does
-// any host thread that waits for that work. A watchdog opens it after 10 s, so a wait that should
-// not have happened fails a check instead of hanging the test.
-struct stream_gate {
-  std::mutex m;
-  std::condition_variable cv;
-  bool open = false, forced = false;
-  std::thread watchdog;
-  void operator()() {  // on the stream
-    std::unique_lock lock(m);
-    cv.wait(lock, [&] { return open; });
-  }
-  void hold(mem::stream<sealed>& s) {
-    mem::launch(s, *this);
-    watchdog = std::thread([this] {
-      std::unique_lock lock(m);
-      if (cv.wait_for(lock, std::chrono::seconds(10), [&] { return open; })) return;
-      open = forced = true;
-      cv.notify_all();
-    });
-  }
-  bool still_held() {
-    std::lock_guard lock(m);
-    return !open;
-  }
-  void release() {
-    {
-      std::lock_guard lock(m);
-      open = true;
-    }
-    cv.notify_all();
-    watchdog.join();
-  }
-};
-
 // chunked<belady> with the optimizer state kept on the host: each parameter chunk is stepped there
 // and fetched back at its next use, into room the budget has (no eviction to wait for).
 struct state_on_host : off::chunked<off::belady> {
@@ -369,14 +333,14 @@ TEST_CASE("offload::scheduler on sealed: a hook makes compute wait for the chunk
       hook_step(sched, uses, [](int) {});  // the warm-up
       hook_step(sched, uses, [](int) {});
       // Block 0's chunks were stepped last, on the host: the next step fetches them at its first
-      // hook, with the copy ordered after the compute work so far, which the gate holds.
-      stream_gate gate;
-      if (gated) gate.hold(tl.compute.value());
+      // hook, with the copy ordered after the compute work so far, which the gate holds. A hook
+      // that waited for its fetches would return only once the gate timed out and threw.
+      tide::test::gate gate;
+      if (gated) tl.compute->launch(&tide::test::gate::pass, &gate);
       hook_step(sched, uses, [&](int b) {
         if (!gated || b != uses.first_block) return;
-        CHECK(gate.still_held());  // the hook returned without waiting for its fetches
-        gate.release();
-        CHECK_FALSE(gate.forced);
+        CHECK_FALSE(tl.compute->query());  // the hook returned with the compute stream still held
+        gate.open();
       });
       CHECK(sched.last_step().demand_fetches > 0);
       CHECK(sched.last_step().host_optimizer_chunks > 0);
