@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <optional>
 #include <span>
@@ -112,13 +113,13 @@ run_result train(Policy const& policy, std::size_t budget, tide::nn::gpt_options
 }
 
 template <class Policy>
-std::size_t minimum_of(Policy const& policy) {
+std::size_t minimum_of(Policy const& policy, std::size_t non_model = tide::test::activation_bytes(config, batch, seq)) {
   tide::thread_pool pool{1};
   tide::exec<host> ex{pool};
   mem::device_arena<host> arena{{.budget = 64_MiB}};
   off::scheduler<host, float, Policy> sched{ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32),
                                             tide::nn::gpt_block_uses(config), policy};
-  return sched.minimum_device_bytes(tide::test::activation_bytes(config, batch, seq));
+  return sched.minimum_device_bytes(non_model);
 }
 
 // The sealed run against the host run of the same policy, budget, options and sink.
@@ -318,6 +319,22 @@ void hook_step(Sched& sched, tide::block_uses const& uses, F&& in_forward) {
   sched.step();
 }
 
+template <class Sched>
+std::vector<std::vector<float>> read_params(Sched& sched, tide::block_uses const& uses) {
+  std::vector<std::vector<float>> params;
+  for (std::uint32_t i = 0; i < uses.params.size(); ++i) params.push_back(sched.read_param(i));
+  return params;
+}
+
+// run(gated) trains and returns the parameters; a run with the gate keeps the bits of one without.
+template <class Run>
+void check_same_bits_gated(Run&& run) {
+  auto const straight = run(false);
+  auto const gated = run(true);
+  REQUIRE(gated.size() == straight.size());
+  for (std::size_t i = 0; i < straight.size(); ++i) CHECK(same_bits(gated[i], straight[i]));
+}
+
 }  // namespace
 
 TEST_CASE("offload::scheduler on sealed: a hook makes compute wait for the chunks it fetches; the host goes on") {
@@ -344,15 +361,12 @@ TEST_CASE("offload::scheduler on sealed: a hook makes compute wait for the chunk
       });
       CHECK(sched.last_step().demand_fetches > 0);
       CHECK(sched.last_step().host_optimizer_chunks > 0);
-      for (std::uint32_t i = 0; i < uses.params.size(); ++i) params.push_back(sched.read_param(i));
+      params = read_params(sched, uses);
       mem::synchronize(tl.ex);
     }
     return params;
   };
-  auto const straight = run(false);
-  auto const gated = run(true);
-  REQUIRE(gated.size() == straight.size());
-  for (std::size_t i = 0; i < straight.size(); ++i) CHECK(same_bits(gated[i], straight[i]));
+  check_same_bits_gated(run);
 }
 
 TEST_CASE("offload::scheduler on sealed: the warm-up times forward blocks on the compute stream, not on the host") {
@@ -400,4 +414,50 @@ TEST_CASE("offload::scheduler on sealed: the timeline's compute lane shows when 
     CHECK(forward[b].duration_us >= 20e3);  // the stream ran its 20 ms kernel inside the span
     if (b > 0) CHECK(forward[b].start_us >= forward[b - 1].start_us + forward[b - 1].duration_us);  // in stream order
   }
+}
+
+TEST_CASE("offload::scheduler on sealed: a hook short of room takes blocks whose copy out is in flight; the host goes on") {
+  // chunked at its minimum keeps the state on the host: backward copies each chunk it finished
+  // out for its host step, and the next block's chunks need the room those blocks hold. A copy
+  // out runs after the compute work before it, which the gate holds: a hook that waited for one
+  // on the host would return only once the gate timed out and threw.
+  using policy = off::chunked<off::belady>;
+  using sched_t = off::scheduler<sealed, float, policy, tide::optim::adamw>;
+  auto const uses = tide::nn::gpt_block_uses(config);
+  policy const tight{.chunk_bytes = chunk_bytes};
+  std::size_t const budget = minimum_of(tight, 0) + 4_KiB;  // no model: the arena holds chunks only
+  auto run = [&](bool gated) {
+    timeline<sealed> tl;
+    mem::device_arena<sealed> arena{{.budget = budget}};
+    std::vector<std::vector<float>> params;
+    {
+      sched_t sched{tl.ex, arena, tide::nn::gpt_parameters(config, tide::dtype::f32), uses, tight, {}, adamw};
+      hook_step(sched, uses, [](int) {});  // the warm-up
+      for (int b = uses.first_block; b <= uses.last_block(); ++b) {
+        sched.pre_forward(b);
+        sched.post_forward(b);
+      }
+      // The gate holds the compute stream from each block's last hook to the next block's first,
+      // as a device still running a block's backward kernels would.
+      std::deque<tide::test::gate> gates;
+      sched.pre_backward(uses.last_block());
+      for (int b = uses.last_block(); b > uses.first_block; --b) {
+        if (gated) tl.compute->launch(&tide::test::gate::pass, &gates.emplace_back());
+        sched.post_backward(b);  // queues the host steps of the chunks b finished: copies out first
+        sched.pre_backward(b - 1);
+        if (gated) {
+          CHECK_FALSE(tl.compute->query());  // the hooks returned with the compute stream still held
+          gates.back().open();
+        }
+      }
+      sched.post_backward(uses.first_block);
+      sched.step();
+      CHECK(sched.last_step().host_optimizer_chunks > 0);
+      CHECK(sched.last_step().evictions > 0);
+      params = read_params(sched, uses);
+      mem::synchronize(tl.ex);
+    }
+    return params;
+  };
+  check_same_bits_gated(run);
 }

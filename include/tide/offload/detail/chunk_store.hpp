@@ -16,7 +16,6 @@
 // before detach: every move allocates its new block and issues its copy before the chunk lets go
 // of the old one, so a refused block or copy leaves the chunk where it was.
 
-#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -170,13 +169,13 @@ class chunk_store {
   // A device block for a chunk: from the spare pool, or the arena (reclaiming stale blocks, and
   // evicting more if fragmentation refuses a request the accounting allowed, unless !may_evict).
   std::byte* allocate_device(std::size_t capacity, std::size_t t, std::span<std::uint32_t const> protect, bool may_evict = true) {
-    if (!spare_.empty()) {
-      std::byte* p = spare_.back();
-      spare_.pop_back();
-      spare_bytes_ -= round_up(capacity, 256);
-      return p;
-    }
     for (;;) {
+      if (!spare_.empty()) {  // a reclaimed block may have gone there
+        std::byte* p = spare_.back();
+        spare_.pop_back();
+        spare_bytes_ -= round_up(capacity, 256);
+        return p;
+      }
       try {
         auto* p = static_cast<std::byte*>(arena_->allocate(capacity, 256));
         device_bytes_ += round_up(capacity, 256);
@@ -210,6 +209,12 @@ class chunk_store {
     }
     if (stale_[id] != nullptr) free_block(std::exchange(stale_[id], nullptr), stale_where_[id], chunk_of(id).capacity());
   }
+  // A copy of chunk id was issued and ready_[id] recorded after it (and after any earlier copy of
+  // id, which it queued behind).
+  void mark_in_flight(std::uint32_t id) {
+    copies_in_flight_ += in_flight_[id] ? 0 : 1;
+    in_flight_[id] = true;
+  }
   void set_stale(std::uint32_t id, std::byte* p, chunk::tier where) {
     TIDE_ASSERT(stale_[id] == nullptr);
     stale_[id] = p;
@@ -236,9 +241,12 @@ class chunk_store {
   // Copies chunk id to the device (or creates it zero-filled there if it has no payload, or reads
   // it from the NVMe tier's file if its parameters live there: param_on_file).
   // `handover`: a victim's device block to reuse (its copy out is already queued before ours).
+  // Chunk id's own copy out still in flight (its block taken or freed): on a device backend the
+  // fetch queues behind it on the copy stream instead of the host waiting for it.
   void fetch(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect, std::byte* handover = nullptr) {
     chunk::chunk& ch = chunk_of(id);
-    settle(id);
+    if (B::is_device && in_flight_[id] && stale_[id] == nullptr) copy_stream_.wait(ready_[id]);
+    else settle(id);
     owner_->before_fetch(id);
     // A parameter chunk on file comes through a host block of its own, read before the device
     // block is taken (a failed read leaves nothing to give back) and freed once the copy landed.
@@ -263,8 +271,7 @@ class chunk_store {
       close_span(span);
       ch.attach(dev, chunk::tier::device);
       set_stale(id, from_file, chunk::tier::host);  // freed once the copy landed: the file keeps the bytes
-      in_flight_[id] = true;
-      ++copies_in_flight_;
+      mark_in_flight(id);
       ++cur_.fetches;
       cur_.h2d_bytes += ch.capacity();
     } else if (ch.payload() == nullptr) {
@@ -288,8 +295,7 @@ class chunk_store {
       ch.attach(dev, chunk::tier::device);
       if (id < n_ && keep_host_copies_ && owner_->holds_parameters(id)) shadow_[id] = host;  // changed by the optimizer only
       else set_stale(id, host, chunk::tier::host);  // freed once the copy landed
-      in_flight_[id] = true;
-      ++copies_in_flight_;
+      mark_in_flight(id);
       ++cur_.fetches;
       cur_.h2d_bytes += ch.capacity();
     }
@@ -299,10 +305,15 @@ class chunk_store {
   // Copies chunk id to the host (into `into`, a host block of the caller's, or a new one from
   // the pool). Returns its device block, still being read by the copy: the caller either hands it
   // over (the next copy on the stream runs after this one) or leaves it stale until the copy is
-  // done.
+  // done. A fetch of id still in flight: a device backend's copy stream waits for it, not the
+  // host, and the copy out goes into the block the fetch reads (free once the fetch read it), not
+  // into `into` (the caller sees which block the chunk holds).
   std::byte* copy_out(std::uint32_t id, std::byte* into = nullptr) {
     chunk::chunk& ch = chunk_of(id);
-    settle(id);
+    bool const behind_fetch = B::is_device && in_flight_[id] && !(id < n_ && owner_->param_in_file(id)) &&
+                              (stale_[id] == nullptr || stale_where_[id] == chunk::tier::host);
+    if (behind_fetch) copy_stream_.wait(ready_[id]);
+    else settle(id);
     owner_->before_copy_out(id);
     after_compute();  // the block's last writer may be a kernel still running
     if (id < n_ && owner_->param_in_file(id)) {  // clean: the file holds these bytes, nothing to copy
@@ -320,6 +331,8 @@ class chunk_store {
       owner_->released(id);
       return dev;
     }
+    std::byte* const fetched_from = behind_fetch ? std::exchange(stale_[id], nullptr) : nullptr;
+    if (fetched_from != nullptr) into = fetched_from;
     auto* host = into != nullptr ? into : static_cast<std::byte*>(host_.allocate(ch.capacity(), 256));
     std::byte* const dev = ch.payload();
     copy_span* span = open_span(id, "evict ", ch.capacity());
@@ -327,6 +340,7 @@ class chunk_store {
       engine_.copy_async(host, dev, ch.capacity(), memory::copy_direction::device_to_host, ready_[id]);
     } catch (...) {
       if (into == nullptr) host_.deallocate(host, ch.capacity(), 256);
+      stale_[id] = fetched_from;  // the fetch still reads it
       throw;
     }
     close_span(span);
@@ -334,8 +348,7 @@ class chunk_store {
     ch.attach(host, chunk::tier::host);
     evicted_bytes_ += ch.capacity();
     if (id < n_) owner_->released(id);
-    in_flight_[id] = true;
-    ++copies_in_flight_;
+    mark_in_flight(id);
     cur_.d2h_bytes += ch.capacity();
     return dev;
   }
@@ -345,8 +358,12 @@ class chunk_store {
   std::byte* hand_over(std::uint32_t victim, std::uint32_t id) {
     ++cur_.evictions;
     std::byte* block = copy_out(victim);
-    if (chunk_of(id).payload() == nullptr && !(id < n_ && owner_->param_on_file(id))) compute_after(victim);
+    if (zero_filled(id)) compute_after(victim);
     return block;
+  }
+  // Whether fetch(id) creates chunk id zero-filled (in compute order) rather than copying it.
+  [[nodiscard]] bool zero_filled(std::uint32_t id) {
+    return chunk_of(id).payload() == nullptr && !(id < n_ && owner_->param_on_file(id));
   }
   void evict(std::uint32_t id) {
     ++cur_.evictions;
@@ -385,38 +402,6 @@ class chunk_store {
     if (shadow_[c] == nullptr) return;
     settle(c);  // a copy in flight may still read it
     host_.deallocate(std::exchange(shadow_[c], nullptr), param_[c].capacity(), 256);
-  }
-
-  // Chunk c's master, optimizer state and extra lists to the device (those it keeps: under ZeRO
-  // another rank keeps the state of chunks this one does not own). All or nothing: every device
-  // block is acquired before any list lets go of its host block.
-  void move_state_to_device(std::uint32_t c) {
-    std::array<chunk::chunk*, 1 + max_state_lists + max_extra_lists> lists{};
-    std::size_t k = 0;
-    auto add = [&](chunk::chunk& ch) {
-      if (ch.payload() != nullptr) lists[k++] = &ch;
-    };
-    for (auto& l : state_) add(l[c]);
-    if constexpr (!B::is_device)  // on a device the sink that keeps them reads them on the host
-      for (auto& l : extra_) add(l[c]);
-    if constexpr (has_master) add(master_[c]);
-    std::array<std::byte*, lists.size()> dev{};
-    try {
-      for (std::size_t i = 0; i < k; ++i) dev[i] = static_cast<std::byte*>(arena_->allocate(lists[i]->capacity(), 256));
-    } catch (...) {
-      for (std::size_t i = 0; i < k; ++i)
-        if (dev[i] != nullptr) arena_->deallocate(dev[i], lists[i]->capacity(), 256);
-      throw;
-    }
-    for (std::size_t i = 0; i < k; ++i) {
-      chunk::chunk& ch = *lists[i];
-      memory::write_from_host(ex_, dev[i], ch.payload(), ch.capacity());  // in compute order; staged
-      std::byte* host = ch.detach();
-      ch.attach(dev[i], chunk::tier::device);
-      host_.deallocate(host, ch.capacity(), 256);
-      device_bytes_ += round_up(ch.capacity(), 256);
-      cur_.h2d_bytes += ch.capacity();
-    }
   }
 
   // Copies issued on the copy stream from now on run after the compute work issued so far: a

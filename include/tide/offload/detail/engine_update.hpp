@@ -5,6 +5,7 @@
 // shared parameters, and gradient-slot reuse.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +17,39 @@
 #include "tide/offload/detail/engine_core.hpp"
 
 namespace tide::offload::detail {
+
+// Chunk c's master, optimizer state and extra lists to the device (those the store keeps: under
+// ZeRO another rank keeps the state of chunks this one does not own). All or nothing: every
+// device block is acquired before any list lets go of its host block.
+template <Backend B, Element T, class Engine>
+void move_state_to_device(chunk_store<B, T, Engine>& st, std::uint32_t c) {
+  std::array<chunk::chunk*, 1 + max_state_lists + max_extra_lists> lists{};
+  std::size_t k = 0;
+  auto add = [&](chunk::chunk& ch) {
+    if (ch.payload() != nullptr) lists[k++] = &ch;
+  };
+  for (auto& l : st.state_) add(l[c]);
+  if constexpr (!B::is_device)  // on a device the sink that keeps them reads them on the host
+    for (auto& l : st.extra_) add(l[c]);
+  if constexpr (chunk_store<B, T, Engine>::has_master) add(st.master_[c]);
+  std::array<std::byte*, lists.size()> dev{};
+  try {
+    for (std::size_t i = 0; i < k; ++i) dev[i] = static_cast<std::byte*>(st.arena_->allocate(lists[i]->capacity(), 256));
+  } catch (...) {
+    for (std::size_t i = 0; i < k; ++i)
+      if (dev[i] != nullptr) st.arena_->deallocate(dev[i], lists[i]->capacity(), 256);
+    throw;
+  }
+  for (std::size_t i = 0; i < k; ++i) {
+    chunk::chunk& ch = *lists[i];
+    memory::write_from_host(st.ex_, dev[i], ch.payload(), ch.capacity());  // in compute order; staged
+    std::byte* host = ch.detach();
+    ch.attach(dev[i], chunk::tier::device);
+    st.host_.deallocate(host, ch.capacity(), 256);
+    st.device_bytes_ += round_up(ch.capacity(), 256);
+    st.cur_.h2d_bytes += ch.capacity();
+  }
+}
 
 template <Backend B, Element T, class P, class O, class S, class Src>
 void engine_core<B, T, P, O, S, Src>::pin_parameters() {
@@ -46,7 +80,7 @@ std::uint32_t engine_core<B, T, P, O, S, Src>::place_state_on_device(std::uint32
       if (files_->forget(c)) host_kept_ += round_up(store_.param_[c].capacity(), 256);  // on the host again
     }
     try {
-      store_.move_state_to_device(c);
+      move_state_to_device(store_, c);
     } catch (tide::error const& e) {
       if (required || e.category() != errc::budget) throw;
       break;
@@ -239,7 +273,9 @@ void engine_core<B, T, P, O, S, Src>::optimizer_step(std::uint32_t c, bool apply
   // Host state: parameters and gradients go to the host; the step runs on the optimizer worker
   // after both copies, and the parameter chunk is not fetched again before it finished.
   // The gradients copied out for a step queued on the worker go to a block of the gradient
-  // ring (host_steps_in_flight blocks), acquired before anything moves.
+  // ring (host_steps_in_flight blocks), acquired before anything moves; on a device backend,
+  // gradients whose fetch is still in flight go to the block they came from (copy_out), and the
+  // ring block goes back.
   std::byte* const ring =
       apply && options_.overlap_optimizer && store_.on_device(store_.n_ + c)
           ? runner_.take_ring_block(c, [this] { return sinks_.outstanding(); })
@@ -250,6 +286,7 @@ void engine_core<B, T, P, O, S, Src>::optimizer_step(std::uint32_t c, bool apply
     if (store_.on_device(c)) store_.set_stale(c, store_.copy_out(c), chunk::tier::device);
     if (store_.on_device(store_.n_ + c))
       store_.set_stale(store_.n_ + c, store_.copy_out(store_.n_ + c, ring), chunk::tier::device);
+    if (ring != nullptr && store_.grad_[c].payload() != ring) runner_.reclaim_ring_block(ring);
   } catch (...) {
     if (ring != nullptr && store_.grad_[c].payload() != ring) runner_.reclaim_ring_block(ring);  // not taken
     throw;

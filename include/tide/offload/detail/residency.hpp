@@ -106,10 +106,10 @@ class residency {
         continue;
       }
       ++st_.cur_.demand_fetches;
-      while (st_.model_on_device() + need > plan_.capacity(t, st_.non_model_now()) && st_.reclaim_stale(true)) {
-      }
-      residency_move const m =
-          plan_.demand(t, protect, st_.model_on_device(), need, st_.non_model_now(), evictable());
+      if constexpr (!B::is_device)  // its compute is this thread: it frees stale blocks first
+        while (st_.model_on_device() + need > plan_.capacity(t, st_.non_model_now()) && st_.reclaim_stale(true)) {
+        }
+      residency_move const m = plan_.demand(t, protect, resident(), need, st_.non_model_now(), evictable());
       if (m.what == residency_move::kind::evict_then_fetch) {
         st_.fetch_into(id, t, protect, m.victim, st_.hand_over(m.victim, id));
         continue;
@@ -118,7 +118,7 @@ class residency {
                  id, " on the device but every chunk there is in use (model data on the device ",
                  bytes_of{st_.model_on_device()}, ", device room for chunks ",
                  bytes_of{plan_.hard_limit(st_.non_model_now())}, "); raise device_budget");
-      st_.fetch(id, t, protect);
+      if (!reuse_stale(id, t, protect)) st_.fetch(id, t, protect);
     }
     for (std::uint32_t id : ids) st_.compute_after(id);
   }
@@ -139,11 +139,52 @@ class residency {
       if (m.what == residency_move::kind::stop) return false;
       if (m.what == residency_move::kind::evict_then_fetch)
         st_.fetch_into(id, t, protect, m.victim, st_.hand_over(m.victim, id));
-      else
+      else if (!reuse_stale(id, t, protect))
         st_.fetch(id, t, protect);
       ++st_.cur_.prefetches;
       return true;
     });
+  }
+
+  // The model bytes on the device as a demand fetch counts them: a block whose copy out is still
+  // in flight (stale) is free, since a fetch takes it. A device backend takes it at once
+  // (reuse_stale: stream order); tide::host frees it first, once its copy is done, and fetches
+  // into the arena's room (the same decisions).
+  [[nodiscard]] std::size_t resident() const {
+    std::size_t bytes = st_.model_on_device();
+    for (std::uint32_t v = 0; v < st_.ids_; ++v)
+      if (st_.stale_[v] != nullptr && st_.stale_where_[v] == chunk::tier::device)
+        bytes -= round_up(st_.chunk_of(v).capacity(), 256);
+    return bytes;
+  }
+  // On a device backend, fetches chunk id into a stale device block of its size (its own, else
+  // one whose copy is done, else any): the fetch's copy queues behind the block's copy out on the
+  // copy stream, a zero fill waits for it on the compute stream; nothing waits on the host.
+  // False: none.
+  bool reuse_stale(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect) {
+    if constexpr (B::is_device) {
+      auto usable = [&](std::uint32_t v) {
+        return st_.stale_[v] != nullptr && st_.stale_where_[v] == chunk::tier::device &&
+               st_.chunk_of(v).capacity() == st_.chunk_of(id).capacity();
+      };
+      std::optional<std::uint32_t> pick;
+      if (usable(id)) pick = id;
+      for (std::uint32_t v = 0; v < st_.ids_ && pick != id; ++v) {
+        if (!usable(v)) continue;
+        if (!pick) pick = v;
+        if (!st_.in_flight_[v] || st_.ready_[v].query()) {
+          pick = v;
+          break;
+        }
+      }
+      if (!pick) return false;
+      std::byte* const block = std::exchange(st_.stale_[*pick], nullptr);
+      st_.copy_stream_.wait(st_.ready_[*pick]);  // the block's copy out (or the fetch it follows)
+      if (st_.zero_filled(id)) st_.compute_after(*pick);
+      st_.fetch_into(id, t, protect, *pick, block);
+      return true;
+    }
+    return false;
   }
 
   // A step that threw: the trace forgets its moments, the tide its samples.
