@@ -158,6 +158,56 @@ TEST_CASE("make_trainer on sealed: a step whose collective fails loses nothing, 
   each(resident, "resident: the optimizer on the device");
 }
 
+TEST_CASE("make_trainer on sealed: a copy that fails anywhere in a tight step loses nothing, and training goes on to the "
+          "same bits") {
+  // chunked at its minimum with the optimizer on the host beside backward: on a device the copies
+  // queue behind one another (a fetch behind a copy out, a copy out behind a fetch, a fetch into a
+  // block whose copy out is in flight), so a refused copy must leave each chunk, its blocks and
+  // the ring where they were. Every copy of the warm-up and of a steady step, one run each.
+  tide::optim::adamw const opt{.lr = 3e-3f};
+  auto policy = off::chunked<off::belady>{.chunk_bytes = chunk_bytes};
+  policy.device_budget = minimum_of(policy) + 4_KiB;
+  auto straight = tide::train::make_trainer(spec_on<sealed>(), policy, opt);
+  feeder<decltype(straight)> feed;
+  std::vector<std::size_t> copies;  // by step
+  for (int s = 0; s < steps; ++s) {
+    std::size_t const before = straight.scheduler().transfers().stats().copies;
+    (void)straight.step(feed(straight, s));
+    copies.push_back(straight.scheduler().transfers().stats().copies - before);
+  }
+  auto const reference = state_of(straight);
+  std::size_t const host_bytes = straight.scheduler().host_pool_stats().bytes_requested;
+  for (int faulty : {0, steps - 1}) {
+    std::size_t failures = 0;
+    for (std::size_t n = 1; n <= copies[std::size_t(faulty)]; ++n) {
+      CAPTURE(faulty);
+      CAPTURE(n);
+      auto t = tide::train::make_trainer(spec_on<sealed>(), policy, opt);
+      for (int s = 0; s < steps; ++s) {
+        if (s != faulty) {
+          (void)t.step(feed(t, s));
+          continue;
+        }
+        auto const before = state_of(t);
+        t.scheduler().transfers().fail_copy(n);
+        try {
+          (void)t.step(feed(t, s));
+        } catch (tide::error const& e) {
+          ++failures;
+          CHECK(e.category() == tide::errc::io);
+          t.scheduler().transfers().fail_copy(0);
+          CHECK(state_of(t) == before);  // parameters and optimizer state as they were
+          (void)t.step(feed(t, s));      // the same step again
+        }
+      }
+      CHECK(same_bits(state_of(t), reference));
+      CHECK(t.scheduler().host_pool_stats().bytes_requested == host_bytes);  // no host block lost
+    }
+    MESSAGE("step " << faulty << ": " << copies[std::size_t(faulty)] << " copies, " << failures << " failed steps");
+    CHECK(failures == copies[std::size_t(faulty)]);  // every copy is the step's: refusing it fails the step
+  }
+}
+
 TEST_CASE("make_trainer on sealed: the NVMe tier, with state and with parameters on file, keeps the host's bits") {
   tide::optim::adamw const opt{.lr = 3e-3f};
   auto policy = off::chunked<off::belady>{.chunk_bytes = chunk_bytes};
