@@ -242,11 +242,14 @@ class chunk_store {
   // it from the NVMe tier's file if its parameters live there: param_on_file).
   // `handover`: a victim's device block to reuse (its copy out is already queued before ours).
   // Chunk id's own copy out still in flight (its block taken or freed): on a device backend the
-  // fetch queues behind it on the copy stream instead of the host waiting for it.
+  // fetch queues behind it on the copy stream instead of the host waiting for it (a source that
+  // fills on a stream of its own waits for the copy stream, as for a handed-over block).
   void fetch(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect, std::byte* handover = nullptr) {
     chunk::chunk& ch = chunk_of(id);
-    if (B::is_device && in_flight_[id] && stale_[id] == nullptr) copy_stream_.wait(ready_[id]);
+    bool const behind_copy_out = B::is_device && in_flight_[id] && stale_[id] == nullptr;
+    if (behind_copy_out) copy_stream_.wait(ready_[id]);
     else settle(id);
+    bool const after_copy_stream = handover != nullptr || behind_copy_out;
     owner_->before_fetch(id);
     // A parameter chunk on file comes through a host block of its own, read before the device
     // block is taken (a failed read leaves nothing to give back) and freed once the copy landed.
@@ -262,7 +265,7 @@ class chunk_store {
     if (from_file != nullptr) {
       copy_span* span = open_span(id, "fetch ", ch.capacity());
       try {
-        owner_->fill_chunk(id, dev, from_file, ch.capacity(), handover != nullptr);
+        owner_->fill_chunk(id, dev, from_file, ch.capacity(), after_copy_stream);
       } catch (...) {
         if (handover == nullptr) free_block(dev, chunk::tier::device, ch.capacity());
         host_.deallocate(from_file, ch.capacity(), 256);
@@ -284,7 +287,7 @@ class chunk_store {
       std::byte* const host = ch.payload();
       copy_span* span = open_span(id, "fetch ", ch.capacity());
       try {
-        if (id < n_) owner_->fill_chunk(id, dev, host, ch.capacity(), handover != nullptr);  // the source slot
+        if (id < n_) owner_->fill_chunk(id, dev, host, ch.capacity(), after_copy_stream);  // the source slot
         else engine_.copy_async(dev, host, ch.capacity(), memory::copy_direction::host_to_device, ready_[id]);
       } catch (...) {
         if (handover == nullptr) free_block(dev, chunk::tier::device, ch.capacity());
@@ -358,7 +361,12 @@ class chunk_store {
   std::byte* hand_over(std::uint32_t victim, std::uint32_t id) {
     ++cur_.evictions;
     std::byte* block = copy_out(victim);
-    if (zero_filled(id)) compute_after(victim);
+    try {
+      if (zero_filled(id)) compute_after(victim);
+    } catch (...) {
+      set_stale(victim, block, chunk::tier::device);  // freed once its copy out is done
+      throw;
+    }
     return block;
   }
   // Whether fetch(id) creates chunk id zero-filled (in compute order) rather than copying it.

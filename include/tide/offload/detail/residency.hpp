@@ -111,7 +111,7 @@ class residency {
         }
       residency_move const m = plan_.demand(t, protect, resident(), need, st_.non_model_now(), evictable());
       if (m.what == residency_move::kind::evict_then_fetch) {
-        st_.fetch_into(id, t, protect, m.victim, st_.hand_over(m.victim, id));
+        evict_then_fetch(id, t, protect, m.victim);
         continue;
       }
       TIDE_CHECK(m.what == residency_move::kind::fetch, budget, "offload ", P::name(), ": moment ", t, " needs chunk ",
@@ -138,8 +138,8 @@ class residency {
                                               st_.non_model_now(), evictable());
       if (m.what == residency_move::kind::stop) return false;
       if (m.what == residency_move::kind::evict_then_fetch)
-        st_.fetch_into(id, t, protect, m.victim, st_.hand_over(m.victim, id));
-      else if (!reuse_stale(id, t, protect))
+        evict_then_fetch(id, t, protect, m.victim);
+      else
         st_.fetch(id, t, protect);
       ++st_.cur_.prefetches;
       return true;
@@ -160,7 +160,8 @@ class residency {
   // On a device backend, fetches chunk id into a stale device block of its size (its own, else
   // one whose copy is done, else any): the fetch's copy queues behind the block's copy out on the
   // copy stream, a zero fill waits for it on the compute stream; nothing waits on the host.
-  // False: none.
+  // False: none. Demand fetches only: a prefetch takes the arena's room, as on tide::host, so
+  // the bytes on the device (which the next prefetch plans with) are the same on both.
   bool reuse_stale(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect) {
     if constexpr (B::is_device) {
       auto usable = [&](std::uint32_t v) {
@@ -179,12 +180,27 @@ class residency {
       }
       if (!pick) return false;
       std::byte* const block = std::exchange(st_.stale_[*pick], nullptr);
-      st_.copy_stream_.wait(st_.ready_[*pick]);  // the block's copy out (or the fetch it follows)
-      if (st_.zero_filled(id)) st_.compute_after(*pick);
+      try {
+        st_.copy_stream_.wait(st_.ready_[*pick]);  // the block's copy out (or the fetch it follows)
+        if (st_.zero_filled(id)) st_.compute_after(*pick);
+      } catch (...) {
+        st_.set_stale(*pick, block, chunk::tier::device);
+        throw;
+      }
       st_.fetch_into(id, t, protect, *pick, block);
       return true;
     }
     return false;
+  }
+  // Evicts `victim` and fetches id into its block; on a device backend, when id's own block is
+  // still stale (its copy out in flight), id goes back into that one and the victim's block is
+  // left stale instead: a fetch beside its own stale block would wait on the host to free it.
+  void evict_then_fetch(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect, std::uint32_t victim) {
+    if (B::is_device && st_.stale_[id] != nullptr && st_.stale_where_[id] == chunk::tier::device) {
+      st_.evict(victim);
+      if (reuse_stale(id, t, protect)) return;
+    }
+    st_.fetch_into(id, t, protect, victim, st_.hand_over(victim, id));
   }
 
   // A step that threw: the trace forgets its moments, the tide its samples.
