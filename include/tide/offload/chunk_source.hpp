@@ -8,7 +8,7 @@
 //
 //   struct my_source {
 //     template <Backend B> void fill(fill_request<B> const& r) {
-//       // write r.bytes into r.device (after *r.block_free, if set), then record *r.ready
+//       // after *r.block_free, if set: read r.host, write r.bytes into r.device; record *r.ready
 //     }
 //     void released(std::uint32_t chunk) noexcept {}   // the chunk left the device
 //   };
@@ -35,7 +35,9 @@ struct fill_request {
   std::size_t bytes = 0;
   memory::transfer_engine<B>* copies = nullptr;  // the engine's copy lane
   memory::stream<B>* copy_stream = nullptr;      // the stream `copies` issues on
-  memory::event<B> const* block_free = nullptr;  // writes to `device` wait for this (a handed-over block)
+  // Reads of `host` and writes to `device` wait for this, if set: the copy stream's work so far (a
+  // handed-over block's copy out, or this chunk's own copy out, which writes `host`).
+  memory::event<B> const* block_free = nullptr;
   memory::event<B>* ready = nullptr;             // record when `device` holds the chunk
 };
 

@@ -137,7 +137,7 @@ consteval bool check_scheduler_policy() {
                   { p.prefetch_depth(ctx) } -> std::convertible_to<int>;
                   { p.max_in_flight() } -> std::convertible_to<int>;
                 }, "SchedulerPolicy: P needs `int prefetch_depth(policy_context const&) const` (moments to fetch "
-                   "ahead; 0: none) and `int max_in_flight() const` (prefetch copies at once)");
+                   "ahead; 0: none) and `int max_in_flight() const` (copies in flight at which the prefetch stops)");
   static_assert(requires(P& p, detail::placement_engine& e, policy_context const& ctx) {
                   p.place(e);
                   p.after_warm_up(e, ctx);

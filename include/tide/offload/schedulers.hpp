@@ -103,7 +103,7 @@ struct chunked {
   std::size_t chunk_bytes = 0;  // 0: searched so that two chunks take at most a quarter of the budget
   std::size_t reserved = 0;     // device bytes kept out of the chunk budget
   int prefetch_moments = 0;     // how many moments ahead chunks are fetched; 0: as far as the budget allows
-  int max_in_flight_copies = 4; // prefetch copies outstanding at once
+  int max_in_flight_copies = 4; // the prefetch stops with this many copies outstanding (of any kind)
   Policy policy{};
   // Host-side knobs, passed on by make_trainer (offload/scheduler_options.hpp), the NVMe tier
   // among them: past memory.host_budget of model data kept between steps, the optimizer state of

@@ -8,7 +8,7 @@
 //   pick_victim(t, protect, beyond)   the arena refused a block: which chunk makes room
 //   before_fetch(id), fetched(id)     around a fetch (a gather under ZeRO-3; the eviction policy)
 //   param_on_file(c), read_param_file(c)   a parameter chunk whose bytes are in the NVMe tier
-//   fill_chunk(c, dev, host, bytes, handed_over)   the chunk source fills a parameter chunk
+//   fill_chunk(c, dev, host, bytes, after_copy_stream)   the chunk source fills a parameter chunk
 //   holds_parameters(c)               whether a fetched parameter chunk's host copy may be kept
 //   before_copy_out(id), param_in_file(c), released(c)   around a copy out
 //   reclaim_ring_block(p)             a host block being freed may be the update runner's
@@ -124,7 +124,6 @@ class chunk_store {
   [[nodiscard]] Engine& owner() noexcept { return *owner_; }
 
   // ---- the chunks, their blocks and the moves (the engine and its residency part call these) ---
-
   [[nodiscard]] chunk::chunk& chunk_of(std::uint32_t id) { return id < n_ ? param_[id] : grad_[id - n_]; }
   [[nodiscard]] bool on_device(std::uint32_t id) {
     chunk::chunk& ch = chunk_of(id);
@@ -209,8 +208,7 @@ class chunk_store {
     }
     if (stale_[id] != nullptr) free_block(std::exchange(stale_[id], nullptr), stale_where_[id], chunk_of(id).capacity());
   }
-  // A copy of chunk id was issued and ready_[id] recorded after it (and after any earlier copy of
-  // id, which it queued behind).
+  // A copy of chunk id was issued, ready_[id] recorded after it (and after any earlier one).
   void mark_in_flight(std::uint32_t id) {
     copies_in_flight_ += in_flight_[id] ? 0 : 1;
     in_flight_[id] = true;
@@ -241,9 +239,8 @@ class chunk_store {
   // Copies chunk id to the device (or creates it zero-filled there if it has no payload, or reads
   // it from the NVMe tier's file if its parameters live there: param_on_file).
   // `handover`: a victim's device block to reuse (its copy out is already queued before ours).
-  // Chunk id's own copy out still in flight (its block taken or freed): on a device backend the
-  // fetch queues behind it on the copy stream instead of the host waiting for it (a source that
-  // fills on a stream of its own waits for the copy stream, as for a handed-over block).
+  // Chunk id's own copy out in flight (its block taken or freed): on a device backend the fetch
+  // queues behind it on the copy stream (a source on a stream of its own waits for that stream).
   void fetch(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect, std::byte* handover = nullptr) {
     chunk::chunk& ch = chunk_of(id);
     bool const behind_copy_out = B::is_device && in_flight_[id] && stale_[id] == nullptr;
@@ -369,8 +366,7 @@ class chunk_store {
     }
     return block;
   }
-  // Whether fetch(id) creates chunk id zero-filled (in compute order) rather than copying it.
-  [[nodiscard]] bool zero_filled(std::uint32_t id) {
+  [[nodiscard]] bool zero_filled(std::uint32_t id) {  // fetch(id) zero-fills it in compute order
     return chunk_of(id).payload() == nullptr && !(id < n_ && owner_->param_on_file(id));
   }
   void evict(std::uint32_t id) {

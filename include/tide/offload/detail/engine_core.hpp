@@ -232,9 +232,9 @@ class engine_core {
   }
   void fetched(std::uint32_t id) { res_.fetched(id); }
   void before_fetch(std::uint32_t id);
-  // The chunk source fills parameter chunk c's device block (a handed-over block is free once the
-  // copy stream passed the victim's copy out; the default source copies on that stream, in order).
-  void fill_chunk(std::uint32_t c, std::byte* device, std::byte const* host, std::size_t bytes, bool handed_over);
+  // The chunk source fills parameter chunk c's device block (`after_copy_stream`: the block or the
+  // host copy is ready once the copy stream passed its work so far; the default copies there).
+  void fill_chunk(std::uint32_t c, std::byte* device, std::byte const* host, std::size_t bytes, bool after_copy_stream);
   void released(std::uint32_t c) noexcept {
     if (!swapped_[c]) source_.released(c);  // a slot holding gradients was not filled by the source
   }

@@ -319,14 +319,14 @@ void engine_core<B, T, P, O, S, Src>::free_param_payload(std::uint32_t c) noexce
 template <Backend B, Element T, class P, class O, class S, class Src>
 void
 engine_core<B, T, P, O, S, Src>::fill_chunk(std::uint32_t c, std::byte* device, std::byte const* host,
-                                              std::size_t bytes, bool handed_over) {
+                                              std::size_t bytes, bool after_copy_stream) {
   if (swapped_[c]) {  // it holds gradients (reuse_grad_slots), not what the source makes: a plain copy
     store_.engine_.copy_async(device, host, bytes, memory::copy_direction::host_to_device, store_.ready_[c]);
     return;
   }
   memory::event<B> const* free_after = nullptr;
   if constexpr (!std::is_same_v<Src, host_source>) {
-    if (handed_over) {
+    if (after_copy_stream) {
       block_free_[c].record(store_.copy_stream_);
       free_after = &block_free_[c];
     }

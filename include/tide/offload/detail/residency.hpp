@@ -139,7 +139,7 @@ class residency {
       if (m.what == residency_move::kind::stop) return false;
       if (m.what == residency_move::kind::evict_then_fetch)
         evict_then_fetch(id, t, protect, m.victim);
-      else
+      else if (!(own_stale(id) && reuse_stale(id, t, protect)))  // its own block: the same bytes as a fetch
         st_.fetch(id, t, protect);
       ++st_.cur_.prefetches;
       return true;
@@ -160,8 +160,9 @@ class residency {
   // On a device backend, fetches chunk id into a stale device block of its size (its own, else
   // one whose copy is done, else any): the fetch's copy queues behind the block's copy out on the
   // copy stream, a zero fill waits for it on the compute stream; nothing waits on the host.
-  // False: none. Demand fetches only: a prefetch takes the arena's room, as on tide::host, so
-  // the bytes on the device (which the next prefetch plans with) are the same on both.
+  // False: none. A prefetch takes only the chunk's own block (a fetch on tide::host frees it
+  // first): any other would leave the device with fewer bytes than tide::host, and the next
+  // prefetch would plan with other numbers.
   bool reuse_stale(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect) {
     if constexpr (B::is_device) {
       auto usable = [&](std::uint32_t v) {
@@ -192,15 +193,21 @@ class residency {
     }
     return false;
   }
-  // Evicts `victim` and fetches id into its block; on a device backend, when id's own block is
-  // still stale (its copy out in flight), id goes back into that one and the victim's block is
-  // left stale instead: a fetch beside its own stale block would wait on the host to free it.
+  // Evicts `victim` and fetches id into its block. When id's own block is still stale (its copy
+  // out in flight), the victim's block is left stale instead and id goes back into its own (a
+  // device backend: behind the copy out; tide::host: into the room it frees once the copy is
+  // done): a fetch beside its own stale block would wait on the host to free it.
   void evict_then_fetch(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect, std::uint32_t victim) {
-    if (B::is_device && st_.stale_[id] != nullptr && st_.stale_where_[id] == chunk::tier::device) {
+    if (own_stale(id)) {
       st_.evict(victim);
-      if (reuse_stale(id, t, protect)) return;
+      if (!reuse_stale(id, t, protect)) st_.fetch(id, t, protect);
+      return;
     }
     st_.fetch_into(id, t, protect, victim, st_.hand_over(victim, id));
+  }
+  // Chunk id's own device block is stale (its copy out may be in flight).
+  [[nodiscard]] bool own_stale(std::uint32_t id) const {
+    return st_.stale_[id] != nullptr && st_.stale_where_[id] == chunk::tier::device;
   }
 
   // A step that threw: the trace forgets its moments, the tide its samples.
