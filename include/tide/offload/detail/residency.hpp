@@ -149,7 +149,7 @@ class residency {
   // The model bytes on the device as a demand fetch counts them: a block whose copy out is still
   // in flight (stale) is free, since a fetch takes it. A device backend takes it at once
   // (reuse_stale: stream order); tide::host frees it first, once its copy is done, and fetches
-  // into the arena's room (the same decisions).
+  // into the arena's room (the same bytes to plan with).
   [[nodiscard]] std::size_t resident() const {
     std::size_t bytes = st_.model_on_device();
     for (std::uint32_t v = 0; v < st_.ids_; ++v)
