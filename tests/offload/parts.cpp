@@ -804,10 +804,11 @@ TEST_CASE("chunk_store on sealed: fetch, copy out and hand-over move the bytes; 
   CHECK(std::equal(host_of(1), host_of(1) + elems, changed.begin()));
   CHECK(device_values(2) == expected(2, 0));
 
-  // A hand-over: chunk 0 (clean: dropped, no copy) gives its block to chunk 3, whose fill is
-  // told it was handed one.
+  // A hand-over: chunk 0 (clean: dropped, no copy) is evicted and its stale block taken for chunk
+  // 3, whose fill is told it was handed one.
   owner.calls.clear();
-  std::byte* const handed = st.hand_over(0, 3);
+  st.evict(0);
+  std::byte* const handed = st.take_stale(0, 3);
   ids const protect3{3};
   st.fetch_into(3, 0, protect3, 0, handed);
   st.settle(3);

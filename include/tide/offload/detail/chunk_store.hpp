@@ -1,7 +1,7 @@
 #pragma once
 // The offload engine's tier store: where a chunk's bytes live and the moves between tiers. It
 // holds the chunk lists and their blocks, the pinned host tier, the copy stream and its events,
-// and carries out the moves (fetch, copy out, hand a victim's block over, evict, drop a clean
+// and carries out the moves (fetch, copy out, take a stale block for a fetch, evict, drop a clean
 // chunk, settle, reclaim). No decision is made here: the engine owns the store (a member, not a
 // base) and its residency part decides what to fetch and what to evict. The store asks its owner
 // (Engine, called through owner_, resolved at compile time) at these points only:
@@ -352,16 +352,17 @@ class chunk_store {
     cur_.d2h_bytes += ch.capacity();
     return dev;
   }
-  // Evicts `victim` and returns its device block for chunk `id`. A copy into the block queues
-  // behind the victim's copy out on the copy stream; a zero fill runs in compute order, after
-  // the copy out.
-  std::byte* hand_over(std::uint32_t victim, std::uint32_t id) {
-    ++cur_.evictions;
-    std::byte* block = copy_out(victim);
+  // Chunk v's stale device block (its copy out may be in flight), taken for chunk id's fetch: a
+  // copy into it queues behind that copy on the copy stream (on a device the stream also waits for
+  // ready_[v], which a source filling on a stream of its own records); a zero fill runs in
+  // compute order, after it. If a wait throws, the block is v's stale block again.
+  std::byte* take_stale(std::uint32_t v, std::uint32_t id) {
+    std::byte* const block = std::exchange(stale_[v], nullptr);
     try {
-      if (zero_filled(id)) compute_after(victim);
+      if constexpr (B::is_device) copy_stream_.wait(ready_[v]);
+      if (zero_filled(id)) compute_after(v);
     } catch (...) {
-      set_stale(victim, block, chunk::tier::device);  // freed once its copy out is done
+      set_stale(v, block, chunk::tier::device);
       throw;
     }
     return block;
@@ -373,8 +374,8 @@ class chunk_store {
     ++cur_.evictions;
     set_stale(id, copy_out(id), chunk::tier::device);
   }
-  // fetch(id) into the block `victim` handed over; if the fetch throws, the block is the victim's
-  // stale block again (freed once its copy out is done), so nothing leaks.
+  // fetch(id) into the block take_stale(victim, id) gave; if the fetch throws, the block is the
+  // victim's stale block again (freed once its copy out is done), so nothing leaks.
   void fetch_into(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect, std::uint32_t victim,
                   std::byte* block) {
     try {

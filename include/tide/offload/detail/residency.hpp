@@ -139,7 +139,7 @@ class residency {
       if (m.what == residency_move::kind::stop) return false;
       if (m.what == residency_move::kind::evict_then_fetch)
         evict_then_fetch(id, t, protect, m.victim);
-      else if (!(own_stale(id) && reuse_stale(id, t, protect)))  // its own block: the same bytes as a fetch
+      else if (!(stale_on_device(id) && reuse_stale(id, t, protect)))  // its own block: the same bytes as a fetch
         st_.fetch(id, t, protect);
       ++st_.cur_.prefetches;
       return true;
@@ -153,8 +153,7 @@ class residency {
   [[nodiscard]] std::size_t resident() const {
     std::size_t bytes = st_.model_on_device();
     for (std::uint32_t v = 0; v < st_.ids_; ++v)
-      if (st_.stale_[v] != nullptr && st_.stale_where_[v] == chunk::tier::device)
-        bytes -= round_up(st_.chunk_of(v).capacity(), 256);
+      if (stale_on_device(v)) bytes -= round_up(st_.chunk_of(v).capacity(), 256);
     return bytes;
   }
   // On a device backend, fetches chunk id into a stale device block of its size (its own, else
@@ -166,8 +165,7 @@ class residency {
   bool reuse_stale(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect) {
     if constexpr (B::is_device) {
       auto usable = [&](std::uint32_t v) {
-        return st_.stale_[v] != nullptr && st_.stale_where_[v] == chunk::tier::device &&
-               st_.chunk_of(v).capacity() == st_.chunk_of(id).capacity();
+        return stale_on_device(v) && st_.chunk_of(v).capacity() == st_.chunk_of(id).capacity();
       };
       std::optional<std::uint32_t> pick;
       if (usable(id)) pick = id;
@@ -180,34 +178,22 @@ class residency {
         }
       }
       if (!pick) return false;
-      std::byte* const block = std::exchange(st_.stale_[*pick], nullptr);
-      try {
-        st_.copy_stream_.wait(st_.ready_[*pick]);  // the block's copy out (or the fetch it follows)
-        if (st_.zero_filled(id)) st_.compute_after(*pick);
-      } catch (...) {
-        st_.set_stale(*pick, block, chunk::tier::device);
-        throw;
-      }
-      st_.fetch_into(id, t, protect, *pick, block);
+      st_.fetch_into(id, t, protect, *pick, st_.take_stale(*pick, id));
       return true;
     }
     return false;
   }
-  // Evicts `victim` and fetches id into its block. When id's own block is still stale (its copy
-  // out in flight), the victim's block is left stale instead and id goes back into its own (a
-  // device backend: behind the copy out; tide::host: into the room it frees once the copy is
-  // done): a fetch beside its own stale block would wait on the host to free it.
+  // Evicts `victim` and fetches id into a block left stale, in stream order: the victim's, or id's
+  // own when its copy out is still in flight (the victim's block then waits to be freed or taken).
+  // A fetch beside its own stale block would wait on the host to free it.
   void evict_then_fetch(std::uint32_t id, std::size_t t, std::span<std::uint32_t const> protect, std::uint32_t victim) {
-    if (own_stale(id)) {
-      st_.evict(victim);
-      if (!reuse_stale(id, t, protect)) st_.fetch(id, t, protect);
-      return;
-    }
-    st_.fetch_into(id, t, protect, victim, st_.hand_over(victim, id));
+    st_.evict(victim);
+    std::uint32_t const from = stale_on_device(id) ? id : victim;
+    st_.fetch_into(id, t, protect, from, st_.take_stale(from, id));
   }
-  // Chunk id's own device block is stale (its copy out may be in flight).
-  [[nodiscard]] bool own_stale(std::uint32_t id) const {
-    return st_.stale_[id] != nullptr && st_.stale_where_[id] == chunk::tier::device;
+  // Chunk v left a device block behind, freed once its copy out is done (or taken by a fetch).
+  [[nodiscard]] bool stale_on_device(std::uint32_t v) const {
+    return st_.stale_[v] != nullptr && st_.stale_where_[v] == chunk::tier::device;
   }
 
   // A step that threw: the trace forgets its moments, the tide its samples.
